@@ -1,0 +1,161 @@
+"""Federation configuration: one TOML file, every key defaulted except the peer list.
+
+```toml
+local_cluster = "home"
+subject_prefix = "irisfed"
+heartbeat_interval_s = 2
+heartbeat_ttl_s = 6
+
+[[peers]]
+id = "home"
+attributes = { device_type = "cpu" }   # optional: this peer agent's own advertisement
+slots = 4                              # optional, for its agent
+backend = "subprocess"                 # optional, for its agent
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ConfigError
+from shared.federation.peer import validate_peer_id
+from shared.subjects import Subjects
+
+CONFIG_ENV = "IRISFED_CONFIG"
+DATABASE_URL_ENV = "IRISFED_DATABASE_URL"
+NATS_URL_ENV = "IRISFED_NATS_URL"
+
+_TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
+             "peers", "tick_interval_s", "assign_grace_s"}
+_PEER_KEYS = {"id", "attributes", "slots", "backend"}
+BACKEND_KINDS = ("subprocess", "simulated")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConfig:
+    """A configured peer; attributes/slots/backend are defaults for its own agent."""
+
+    id: str
+    attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    slots: int = 4
+    backend: str = "subprocess"
+
+
+@dataclass(frozen=True, slots=True)
+class FederationConfig:
+    """The whole federation's settings (see the module docstring for the file form)."""
+
+    peers: tuple[PeerConfig, ...]
+    local_cluster: str = "home"
+    subject_prefix: str = "irisfed"
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 6.0
+    tick_interval_s: float = 1.0
+    # How long a job may sit `assigned` on an unreachable peer before the tick requeues it.
+    assign_grace_s: float = 10.0
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.subject_prefix)
+
+    @property
+    def peer_ids(self) -> tuple[str, ...]:
+        return tuple(p.id for p in self.peers)
+
+    def peer(self, peer_id: str) -> PeerConfig:
+        for peer in self.peers:
+            if peer.id == peer_id:
+                return peer
+        raise ConfigError(f"peer {peer_id!r} is not in the configuration (peers: {', '.join(self.peer_ids)})")
+
+
+def _positive(raw: Mapping[str, Any], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def parse_attributes(raw: object, where: str) -> dict[str, tuple[str, ...]]:
+    """``{key: value-or-list}`` → ``{key: (str, ...)}``, with a clear error otherwise."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: attributes must be a table of key = value or [values]")
+    result = {}
+    for key, value in raw.items():
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{where}: attribute {key!r} must be strings or numbers")
+        result[str(key).strip()] = tuple(str(v).strip() for v in values)
+    return result
+
+
+def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
+    """Validate a decoded TOML document into a FederationConfig."""
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+    peers_raw = raw.get("peers")
+    if not isinstance(peers_raw, list) or not peers_raw:
+        raise ConfigError("the configuration needs at least one [[peers]] entry with an id")
+    peers = []
+    for entry in peers_raw:
+        if not isinstance(entry, Mapping):
+            raise ConfigError("each [[peers]] entry must be a table")
+        bad = set(entry) - _PEER_KEYS
+        if bad:
+            raise ConfigError(f"unknown keys in [[peers]]: {', '.join(sorted(bad))}")
+        peer_id = validate_peer_id(entry.get("id"))
+        slots = entry.get("slots", 4)
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 0:
+            raise ConfigError(f"peer {peer_id}: slots must be a whole number >= 0")
+        backend = entry.get("backend", "subprocess")
+        if backend not in BACKEND_KINDS:
+            raise ConfigError(f"peer {peer_id}: backend must be one of {', '.join(BACKEND_KINDS)}")
+        peers.append(PeerConfig(
+            id=peer_id,
+            attributes=parse_attributes(entry.get("attributes", {}), f"peer {peer_id}"),
+            slots=slots,
+            backend=backend,
+        ))
+    ids = [p.id for p in peers]
+    duplicates = {i for i in ids if ids.count(i) > 1}
+    if duplicates:
+        raise ConfigError(f"peers configured twice: {', '.join(sorted(duplicates))}")
+    local = raw.get("local_cluster", "home")
+    if local not in ids:
+        raise ConfigError(f"local_cluster {local!r} must be one of the [[peers]] ids ({', '.join(ids)})")
+    interval = _positive(raw, "heartbeat_interval_s", 2.0)
+    ttl = _positive(raw, "heartbeat_ttl_s", 6.0)
+    if ttl <= interval:
+        raise ConfigError("heartbeat_ttl_s must be larger than heartbeat_interval_s")
+    prefix = raw.get("subject_prefix", "irisfed")
+    Subjects(prefix)  # validates
+    return FederationConfig(
+        peers=tuple(peers),
+        local_cluster=local,
+        subject_prefix=prefix,
+        heartbeat_interval_s=interval,
+        heartbeat_ttl_s=ttl,
+        tick_interval_s=_positive(raw, "tick_interval_s", 1.0),
+        assign_grace_s=_positive(raw, "assign_grace_s", 10.0),
+    )
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> FederationConfig:
+    """Read the TOML file at ``path`` (or $IRISFED_CONFIG)."""
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        raise ConfigError(f"no configuration: pass --config FILE or set {CONFIG_ENV}")
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    return parse_config(raw)

@@ -1,0 +1,1 @@
+"""Federation routing: peers, their reachability, and the submit-time classify rules."""

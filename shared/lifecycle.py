@@ -1,0 +1,82 @@
+"""The job lifecycle: states and the one table of allowed transitions.
+
+Who moves a job:
+- router: (new) → queued | assigned (LOCAL) | rejected; queued/assigned → killed on cancel
+- scheduler tick: queued → assigned; queued → unschedulable (deadline passed);
+  assigned/running → queued | failed when the owner peer is lost
+- peer agent: assigned → running → succeeded | failed | killed; assigned → killed
+  (a stored cancel applied before start); assigned → failed (launch error)
+
+The database enforces the same moves with compare-and-set updates
+(``... WHERE state = $old AND epoch = $epoch``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    """A job's state. Persisted in ``jobs.state``: append only."""
+
+    QUEUED = "queued"
+    ASSIGNED = "assigned"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    REJECTED = "rejected"
+    UNSCHEDULABLE = "unschedulable"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.REJECTED, JobState.UNSCHEDULABLE}
+)
+ACTIVE_STATES = frozenset({JobState.ASSIGNED, JobState.RUNNING})
+
+# The states a job may be created in (changelog rows with from_state NULL).
+INITIAL_STATES = frozenset({JobState.QUEUED, JobState.ASSIGNED, JobState.REJECTED})
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset(
+        {JobState.ASSIGNED, JobState.KILLED, JobState.UNSCHEDULABLE, JobState.FAILED}
+    ),
+    JobState.ASSIGNED: frozenset(
+        {JobState.RUNNING, JobState.QUEUED, JobState.KILLED, JobState.FAILED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.SUCCEEDED, JobState.FAILED, JobState.KILLED, JobState.QUEUED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.KILLED: frozenset(),
+    JobState.REJECTED: frozenset(),
+    JobState.UNSCHEDULABLE: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A state change the lifecycle does not allow."""
+
+
+def can_transition(old: JobState | None, new: JobState) -> bool:
+    """Whether a job may move from ``old`` (None: not yet created) to ``new``."""
+    if old is None:
+        return new in INITIAL_STATES
+    return new in TRANSITIONS[old]
+
+
+def check_transition(old: JobState | None, new: JobState) -> None:
+    """Raise IllegalTransition unless ``old`` → ``new`` is allowed."""
+    if not can_transition(old, new):
+        shown = old.value if old is not None else "(new)"
+        raise IllegalTransition(f"a job cannot move from {shown} to {new.value}")
+
+
+def sources_of(new: JobState) -> frozenset[JobState]:
+    """Every state from which a job may move to ``new``."""
+    return frozenset(old for old, targets in TRANSITIONS.items() if new in targets)

@@ -1,0 +1,275 @@
+"""Wire contract v1: every message irisfed sends or receives over NATS.
+
+What producers and users send (``SubmitRequest``, ``CancelRequest``) is decoded
+strictly: unknown fields, unknown ops, wrong types, missing required fields and
+bodies over ``MAX_BODY_BYTES`` raise :class:`shared.errors.InvalidRequest`.
+Messages between irisfed's own services (heartbeats, notices, events) tolerate
+unknown fields so services can be upgraded one at a time.
+
+Evolution rule: new fields get defaults; a field's type never changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+
+from shared.constraints import Constraint, ConstraintError, ConstraintOp
+from shared.errors import InvalidRequest
+
+WIRE_VERSION = 1
+# Generous for any real job spec, small enough that a hostile producer cannot
+# make a router buffer megabytes per request.
+MAX_BODY_BYTES = 64 * 1024
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+JobId = Annotated[str, Meta(pattern=JOB_ID_PATTERN, description="client idempotency key")]
+Text = Annotated[str, Meta(max_length=4096)]
+Name = Annotated[str, Meta(max_length=256)]
+MapKey = Annotated[str, Meta(min_length=1, max_length=256)]
+Scalar = str | int | float
+
+
+# ---------------------------------------------------------------- producer → router
+
+
+class ConstraintSpec(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """A constraint on the wire: ``{"key", "op", "value"}``; no value for exists/not_exists."""
+
+    key: Annotated[str, Meta(min_length=1, max_length=128)]
+    op: ConstraintOp
+    value: Scalar | list[Scalar] | None = None
+
+    def __post_init__(self) -> None:
+        # msgspec turns this ValueError into a ValidationError naming the field path.
+        self.to_constraint()
+
+    def to_constraint(self) -> Constraint:
+        return Constraint(key=self.key, op=self.op, value=self.value)
+
+
+class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """Submit a job (``<prefix>.submit``, request/reply)."""
+
+    command: Annotated[list[Text], Meta(min_length=1, max_length=256)]
+    job_id: JobId | None = None
+    name: Name = ""
+    env: Annotated[dict[MapKey, Text], Meta(max_length=128)] = {}
+    constraints: Annotated[list[ConstraintSpec], Meta(max_length=64)] = []
+    cluster_pin: Annotated[str, Meta(max_length=64)] = ""
+    priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
+    max_retries: Annotated[int, Meta(ge=0, le=100)] = 2
+    deadline_s: Annotated[float, Meta(gt=0, le=31_536_000)] | None = None
+    labels: Annotated[dict[MapKey, Name], Meta(max_length=64)] = {}
+
+    def __post_init__(self) -> None:
+        if not self.command[0].strip():
+            raise ValueError("command[0] (the program) must not be empty")
+
+    def constraint_list(self) -> list[Constraint]:
+        return [spec.to_constraint() for spec in self.constraints]
+
+    def spec_hash(self) -> str:
+        """A stable hash of everything but ``job_id``: same hash, same job."""
+        return hashlib.sha256(_canonical.encode(msgspec.structs.replace(self, job_id=None))).hexdigest()
+
+
+class CancelRequest(Struct, forbid_unknown_fields=True, frozen=True):
+    """Request cancellation of a job (``<prefix>.cancel``, request/reply)."""
+
+    job_id: JobId
+
+
+# ---------------------------------------------------------------- router → producer
+
+
+class PeerVerdictMsg(Struct, frozen=True):
+    """Why one peer can or cannot take a job (see shared.federation.router.PeerVerdict)."""
+
+    peer_id: str
+    code: str
+    detail: str = ""
+
+
+class SubmitReply(Struct, frozen=True):
+    """Successful answer to a submit; sent only after the job is committed."""
+
+    job_id: str
+    disposition: str
+    state: str
+    peer_id: str
+    duplicate: bool
+    reason: str
+    verdicts: list[PeerVerdictMsg] = []
+
+
+class ErrorBody(Struct, frozen=True):
+    code: str
+    message: str
+
+
+class ErrorReply(Struct, frozen=True):
+    """Failure answer to any request: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorBody
+
+
+class CancelReply(Struct, frozen=True):
+    """Answer to a cancel. ``outcome`` is one of CANCEL_OUTCOMES."""
+
+    job_id: str
+    state: str
+    outcome: str
+
+
+CANCEL_OUTCOMES = {
+    "never_started": "the job had not started; it is killed and will never run",
+    "kill_sent": "the owner peer is online; it was told to kill the job",
+    "pending_owner_offline": "the owner peer is offline; the cancel is stored and applied when it returns",
+    "already_finished": "the job had already finished; nothing changed",
+    "already_requested": "a cancel was already requested for this job",
+}
+
+
+# ---------------------------------------------------------------- service ↔ service
+
+
+class Capacity(Struct, frozen=True):
+    total: int
+    free: int
+
+
+class BackendAd(Struct, frozen=True):
+    """One backend in a heartbeat."""
+
+    name: str
+    attributes: dict[str, list[str]]
+    capacity: Capacity
+
+
+class Heartbeat(Struct, frozen=True):
+    """A peer agent's capability advertisement (``<prefix>.heartbeat.<peer_id>``).
+
+    ``seq`` increases strictly within one agent run (``run_id``).
+    """
+
+    peer_id: str
+    seq: int
+    sent_at: datetime
+    ttl_s: float
+    backends: list[BackendAd]
+    run_id: str = ""
+
+
+class AssignmentNotice(Struct, frozen=True):
+    """``<prefix>.assign.<peer_id>``: job_id was assigned to that peer under ``epoch``."""
+
+    job_id: str
+    peer_id: str
+    epoch: int
+
+
+class CancelNotice(Struct, frozen=True):
+    """``<prefix>.cancel.<peer_id>``: kill job_id, which that peer owns under ``epoch``."""
+
+    job_id: str
+    peer_id: str
+    epoch: int
+
+
+class JobEvent(Struct, frozen=True):
+    """``<prefix>.events.<job_id>``: a committed state change, for live watchers."""
+
+    job_id: str
+    state: str
+    peer_id: str
+    epoch: int
+    at: datetime
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class TickWake(Struct, frozen=True):
+    """``<prefix>.tick.wake``: queued work was committed; a tick should run now."""
+
+    reason: str = ""
+
+
+# ---------------------------------------------------------------- codecs
+
+encoder = msgspec.json.Encoder()
+_canonical = msgspec.json.Encoder(order="sorted")
+
+_T = TypeVar("_T")
+_strict_decoders: dict[type, msgspec.json.Decoder] = {
+    SubmitRequest: msgspec.json.Decoder(SubmitRequest),
+    CancelRequest: msgspec.json.Decoder(CancelRequest),
+}
+_internal_decoders: dict[type, msgspec.json.Decoder] = {
+    kind: msgspec.json.Decoder(kind)
+    for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake,
+                 SubmitReply, CancelReply, ErrorReply)
+}
+
+
+def decode_request(kind: type[_T], data: bytes) -> _T:
+    """Strictly decode a producer's request; any problem raises InvalidRequest."""
+    if len(data) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"body is {len(data)} bytes; the limit is {MAX_BODY_BYTES}")
+    if not data:
+        raise InvalidRequest("empty body: expected a JSON object")
+    try:
+        return _strict_decoders[kind].decode(data)
+    except (msgspec.DecodeError, ConstraintError) as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def decode_internal(kind: type[_T], data: bytes) -> _T:
+    """Decode a message from another irisfed service (unknown fields tolerated)."""
+    return _internal_decoders[kind].decode(data)
+
+
+def decode_reply(data: bytes) -> SubmitReply | CancelReply | ErrorReply:
+    """Decode a router reply, for clients: an error, a submit reply or a cancel reply."""
+    raw = msgspec.json.decode(data)
+    if isinstance(raw, dict) and "error" in raw:
+        return msgspec.convert(raw, ErrorReply)
+    if isinstance(raw, dict) and "outcome" in raw:
+        return msgspec.convert(raw, CancelReply)
+    return msgspec.convert(raw, SubmitReply)
+
+
+def error_reply(code: str, message: str) -> bytes:
+    return encoder.encode(ErrorReply(ErrorBody(code=code, message=message)))
+
+
+WIRE_MESSAGES: tuple[type, ...] = (
+    SubmitRequest,
+    SubmitReply,
+    ErrorReply,
+    CancelRequest,
+    CancelReply,
+    Heartbeat,
+    AssignmentNotice,
+    CancelNotice,
+    JobEvent,
+    TickWake,
+)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every wire message, keyed by message name."""
+    schemas, components = msgspec.json.schema_components(WIRE_MESSAGES)
+    result = {}
+    for kind, schema in zip(WIRE_MESSAGES, schemas, strict=True):
+        result[kind.__name__] = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": kind.__name__,
+            **schema,
+            "$defs": components,
+        }
+    return result

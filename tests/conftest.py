@@ -1,0 +1,117 @@
+"""Session-wide real servers; per-test isolated database and subject prefix."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import asyncpg
+import nats
+import pytest
+from hypothesis import HealthCheck, settings
+
+from services.common import db as dbmod
+from tests.infra.provision import Servers, provision_servers, with_database
+
+# Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.
+settings.register_profile("irisfed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("irisfed")
+
+
+@pytest.fixture(scope="session")
+def servers() -> Servers:
+    provided = provision_servers()
+    try:
+        yield provided
+    finally:
+        provided.close()
+
+
+async def _admin(servers: Servers) -> asyncpg.Connection:
+    return await asyncpg.connect(servers.database_url)
+
+
+@pytest.fixture(scope="session")
+def template_database(servers: Servers) -> str:
+    """A database migrated to head once per session; each test clones it."""
+    import asyncio
+
+    name = f"irisfed_template_{os.getpid()}"
+
+    async def create() -> None:
+        conn = await _admin(servers)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    dbmod.migrate(with_database(servers.database_url, name))
+    yield name
+
+    async def drop() -> None:
+        conn = await _admin(servers)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(drop())
+    except Exception:  # noqa: BLE001 - the server may already be gone
+        pass
+
+
+@pytest.fixture
+async def database_url(servers: Servers, template_database: str) -> str:
+    """A fresh database at schema head, private to this test."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    conn = await _admin(servers)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    finally:
+        await conn.close()
+    yield with_database(servers.database_url, name)
+    conn = await _admin(servers)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def empty_database_url(servers: Servers) -> str:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"e_{uuid.uuid4().hex[:16]}"
+    conn = await _admin(servers)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield with_database(servers.database_url, name)
+    conn = await _admin(servers)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pool(database_url: str):
+    pool = await dbmod.connect(database_url)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def subject_prefix() -> str:
+    """A prefix no other test uses, so tests never see each other's messages."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def nats_client(servers: Servers):
+    client = await nats.connect(servers.nats_url)
+    yield client
+    await client.drain()

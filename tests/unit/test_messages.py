@@ -1,0 +1,157 @@
+import json
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.errors import InvalidRequest
+from shared.messages import (
+    MAX_BODY_BYTES, WIRE_MESSAGES, AssignmentNotice, BackendAd, CancelRequest, Capacity, Heartbeat,
+    JobEvent, SubmitReply, SubmitRequest, decode_internal, decode_reply, decode_request, encoder,
+    error_reply, json_schemas,
+)
+
+
+def submit(**fields) -> bytes:
+    body = {"command": ["echo", "hi"], **fields}
+    return json.dumps(body).encode()
+
+
+def test_minimal_submit_decodes_with_defaults():
+    req = decode_request(SubmitRequest, submit())
+    assert req.command == ["echo", "hi"]
+    assert (req.job_id, req.cluster_pin, req.priority, req.max_retries) == (None, "", 0, 2)
+
+
+def test_full_submit_roundtrips():
+    body = submit(
+        job_id="train-1.v2_x", name="train", env={"A": "1"}, cluster_pin="gpu-west", priority=5,
+        max_retries=0, deadline_s=30.5, labels={"team": "ml"},
+        constraints=[{"key": "device_type", "op": "eq", "value": "gpu"},
+                     {"key": "zone", "op": "in", "value": ["a", "b"]},
+                     {"key": "spot", "op": "not_exists"}],
+    )
+    req = decode_request(SubmitRequest, body)
+    again = decode_request(SubmitRequest, encoder.encode(req))
+    assert again == req
+    assert [c.describe() for c in req.constraint_list()] == ["device_type == gpu", "zone in [a, b]", "not_exists(spot)"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"not json", "malformed"),
+        (b"", "empty body"),
+        (b"[]", "Expected `object`"),
+        (submit(**{"cluster-pin": "x"}), "unknown field `cluster-pin`"),
+        (json.dumps({"name": "x"}).encode(), "missing required field `command`"),
+        (submit(command=[]), "length >= 1"),
+        (submit(command="echo"), "Expected `array`"),
+        (submit(command=[""]), "command[0]"),
+        (submit(command=[1]), "Expected `str`"),
+        (submit(priority="high"), "Expected `int`"),
+        (submit(priority=True), "Expected `int`"),
+        (submit(max_retries=-1), ">= 0"),
+        (submit(deadline_s=0), "> 0"),
+        (submit(job_id="bad id"), "job_id"),
+        (submit(job_id="-leading"), "job_id"),
+        (submit(job_id="x" * 129), "job_id"),
+        (submit(env={"A": 1}), "Expected `str`"),
+        (submit(constraints=[{"key": "k", "op": "like", "value": "x"}]), "Invalid enum value 'like'"),
+        (submit(constraints=[{"key": "k", "op": "gt", "value": "big"}]), "numeric"),
+        (submit(constraints=[{"key": "k", "op": "in", "value": "a"}]), "list"),
+        (submit(constraints=[{"key": "k", "op": "exists", "value": "a"}]), "takes no value"),
+        (submit(constraints=[{"key": "k", "op": "eq", "value": "a", "extra": 1}]), "unknown field `extra`"),
+        (submit(constraints=[{"op": "eq", "value": "a"}]), "missing required field `key`"),
+        (submit(constraints=[{"key": "k", "op": "eq", "value": {"a": 1}}]), "Expected"),
+    ],
+)
+def test_bad_submits_raise_one_clear_error(body, fragment):
+    with pytest.raises(InvalidRequest) as info:
+        decode_request(SubmitRequest, body)
+    assert fragment in info.value.message
+    assert info.value.code == "invalid_request"
+
+
+def test_oversize_body_rejected_before_parsing():
+    body = submit(name="x" * (MAX_BODY_BYTES + 1))
+    with pytest.raises(InvalidRequest, match="limit is"):
+        decode_request(SubmitRequest, body)
+
+
+def test_deep_nesting_is_an_error_not_a_crash():
+    body = b'{"command": ["x"], "env": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(InvalidRequest):
+        decode_request(SubmitRequest, body)
+
+
+@given(st.binary(max_size=2048))
+@settings(max_examples=300)
+def test_arbitrary_bytes_never_crash_the_decoder(data):
+    for kind in (SubmitRequest, CancelRequest):
+        try:
+            decode_request(kind, data)
+        except InvalidRequest:
+            pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["command", "job_id", "constraints", "env", "priority", "cluster_pin", "x"]), json_values))
+@settings(max_examples=300)
+def test_arbitrary_json_objects_decode_or_raise_invalid_request(body):
+    try:
+        req = decode_request(SubmitRequest, json.dumps(body).encode())
+    except InvalidRequest:
+        return
+    assert req.command and req.command[0].strip()
+
+
+def test_spec_hash_ignores_job_id_only():
+    a = decode_request(SubmitRequest, submit(job_id="a", env={"X": "1", "Y": "2"}))
+    b = decode_request(SubmitRequest, submit(job_id="b", env={"Y": "2", "X": "1"}))
+    c = decode_request(SubmitRequest, submit(job_id="a", env={"X": "1"}))
+    assert a.spec_hash() == b.spec_hash() != c.spec_hash()
+
+
+def test_cancel_request_strict():
+    assert decode_request(CancelRequest, b'{"job_id": "j1"}').job_id == "j1"
+    with pytest.raises(InvalidRequest, match="unknown field"):
+        decode_request(CancelRequest, b'{"job_id": "j1", "force": true}')
+
+
+def test_internal_messages_tolerate_unknown_fields():
+    hb = Heartbeat(peer_id="p", seq=3, sent_at=datetime.now(UTC), ttl_s=6.0, run_id="r",
+                   backends=[BackendAd("b", {"device_type": ["gpu"]}, Capacity(8, 2))])
+    raw = msgspec.json.decode(encoder.encode(hb))
+    raw["added_in_v2"] = {"anything": True}
+    assert decode_internal(Heartbeat, msgspec.json.encode(raw)) == hb
+    notice = AssignmentNotice("j", "p", 4)
+    assert decode_internal(AssignmentNotice, encoder.encode(notice)) == notice
+    event = JobEvent("j", "running", "p", 1, datetime.now(UTC))
+    assert decode_internal(JobEvent, encoder.encode(event)) == event
+
+
+def test_reply_decoding_for_clients():
+    err = decode_reply(error_reply("conflict", "different spec"))
+    assert err.error.code == "conflict"
+    ok = decode_reply(encoder.encode(SubmitReply("j", "queue", "queued", "", False, "r")))
+    assert ok.disposition == "queue"
+
+
+def test_json_schemas_cover_every_message():
+    schemas = json_schemas()
+    assert set(schemas) == {kind.__name__ for kind in WIRE_MESSAGES}
+    submit_schema = schemas["SubmitRequest"]
+    target = submit_schema["$defs"]["SubmitRequest"]
+    assert target["required"] == ["command"]
+    assert target["additionalProperties"] is False
+    assert set(target["properties"]) >= {"command", "job_id", "constraints", "cluster_pin", "deadline_s"}
+    json.dumps(schemas)  # serialisable
