@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import NamedTuple, Union
+from enum import StrEnum
+from typing import NamedTuple
 
-Scalar = Union[str, int, float]
+Scalar = str | int | float
 Attributes = Mapping[str, Sequence[Scalar]]
 
 MAX_KEY_LENGTH = 128
@@ -40,7 +40,7 @@ class Mismatch(NamedTuple):
     detail: str
 
 
-class ConstraintOp(str, Enum):
+class ConstraintOp(StrEnum):
     """Comparison operators. Persisted and on the wire as these values: append only."""
 
     EQ = "eq"

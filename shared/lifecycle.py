@@ -13,10 +13,10 @@ The database enforces the same moves with compare-and-set updates
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """A job's state. Persisted in ``jobs.state``: append only."""
 
     QUEUED = "queued"

@@ -25,6 +25,8 @@ def upgrade() -> None:
             disposition       text NOT NULL CHECK (disposition IN ('local','queue','reject')),
             pinned_peer_id    text,
             owner_peer_id     text,
+            -- the owner's backend that runs it (capacity is accounted per peer and backend)
+            backend           text,
             epoch             bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
             attempts          integer NOT NULL DEFAULT 0,
             max_retries       integer NOT NULL DEFAULT 0 CHECK (max_retries >= 0),
@@ -38,6 +40,8 @@ def upgrade() -> None:
             finished_at       timestamptz,
             deadline_at       timestamptz,
             exit_code         integer,
+            -- where the owner keeps stdout/stderr (a path on the owner's machine)
+            log_dir           text,
             reason            text NOT NULL DEFAULT '',
             -- the routing/tick explanation of the latest decision, for `irisfed explain`
             explanation       jsonb,
@@ -50,7 +54,7 @@ def upgrade() -> None:
     # The tick's claim scans queued jobs in priority order; a partial index keeps that
     # scan proportional to the queue, not to the table.
     op.execute(
-        "CREATE INDEX jobs_queued_by_priority ON jobs (priority DESC, submitted_at, job_id) "
+        "CREATE INDEX jobs_queued_by_priority ON jobs ((-priority), submitted_at, job_id) "
         "WHERE state = 'queued'"
     )
     # Agents reconcile their own live jobs; the tick looks for live jobs of lost peers.

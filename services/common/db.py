@@ -28,9 +28,14 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InterfaceError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.PostgresConnectionError,
     ConnectionError,
     asyncio.TimeoutError,
 )
+
+
+# A submit waiting on a dead database should fail fast with `unavailable`, not hang.
+CONNECT_TIMEOUT_S = 5.0
 
 
 def alembic_config(database_url: str) -> Config:
@@ -98,7 +103,8 @@ async def connect(
     """A pool with our codecs; with ``check``, verify the schema head first."""
     try:
         pool = await asyncpg.create_pool(
-            database_url, min_size=min_size, max_size=max_size, init=_init_connection
+            database_url, min_size=min_size, max_size=max_size, init=_init_connection,
+            timeout=CONNECT_TIMEOUT_S,
         )
     except CONNECTION_ERRORS as exc:
         raise Unavailable(f"cannot reach Postgres: {exc}") from exc

@@ -18,14 +18,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from shared.constraints import Constraint, first_mismatch
 from shared.errors import UnknownPeer
 from shared.federation.peer import FederationPeer
 
 
-class SubmitDisposition(str, Enum):
+class SubmitDisposition(StrEnum):
     """Where a job goes at submit. Persisted in ``jobs.disposition``: append only."""
 
     LOCAL = "local"

@@ -3,8 +3,14 @@ import itertools
 import pytest
 
 from shared.lifecycle import (
-    INITIAL_STATES, TERMINAL_STATES, TRANSITIONS, IllegalTransition, JobState, can_transition,
-    check_transition, sources_of,
+    INITIAL_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    can_transition,
+    check_transition,
+    sources_of,
 )
 
 S = JobState

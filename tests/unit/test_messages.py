@@ -8,9 +8,22 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidRequest
 from shared.messages import (
-    MAX_BODY_BYTES, WIRE_MESSAGES, AssignmentNotice, BackendAd, CancelRequest, Capacity, Heartbeat,
-    JobEvent, SubmitReply, SubmitRequest, decode_internal, decode_reply, decode_request, encoder,
-    error_reply, json_schemas,
+    MAX_BODY_BYTES,
+    WIRE_MESSAGES,
+    AssignmentNotice,
+    BackendAd,
+    CancelRequest,
+    Capacity,
+    Heartbeat,
+    JobEvent,
+    SubmitReply,
+    SubmitRequest,
+    decode_internal,
+    decode_reply,
+    decode_request,
+    encoder,
+    error_reply,
+    json_schemas,
 )
 
 

@@ -1,0 +1,500 @@
+"""``irisfed``: the command line for operators and users.
+
+Servers come from flags, then the environment (IRISFED_DATABASE_URL,
+IRISFED_NATS_URL, IRISFED_CONFIG), then ``.irisfed/connect.json`` that a running
+``irisfed up`` writes in the current directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from services.cli.parse import CONSTRAINT_HELP, parse_attr_flags, parse_constraint, parse_pairs
+from shared.config import (
+    CONFIG_ENV,
+    DATABASE_URL_ENV,
+    NATS_URL_ENV,
+    FederationConfig,
+    load_config,
+)
+from shared.errors import ConfigError, IrisfedError, Unavailable
+from shared.subjects import Subjects
+
+CONNECT_FILE = Path(".irisfed") / "connect.json"
+TERMINAL = {"succeeded", "failed", "killed", "rejected", "unschedulable"}
+
+
+# ---------------------------------------------------------------- settings
+
+
+def _connect_defaults() -> dict[str, str]:
+    try:
+        return json.loads(CONNECT_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def database_url(args: argparse.Namespace) -> str:
+    url = getattr(args, "database_url", None) or os.environ.get(DATABASE_URL_ENV) \
+        or _connect_defaults().get("database_url")
+    if not url:
+        raise ConfigError(f"no database: pass --database-url or set {DATABASE_URL_ENV} (or run `irisfed up`)")
+    return url
+
+
+def nats_url(args: argparse.Namespace) -> str:
+    url = getattr(args, "nats_url", None) or os.environ.get(NATS_URL_ENV) \
+        or _connect_defaults().get("nats_url")
+    if not url:
+        raise ConfigError(f"no NATS server: pass --nats-url or set {NATS_URL_ENV} (or run `irisfed up`)")
+    return url
+
+
+def federation_config(args: argparse.Namespace, required: bool = True) -> FederationConfig | None:
+    path = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or _connect_defaults().get("config")
+    if not path:
+        if required:
+            raise ConfigError(f"no configuration: pass --config FILE or set {CONFIG_ENV}")
+        return None
+    return load_config(path)
+
+
+def subjects(args: argparse.Namespace) -> Subjects:
+    if getattr(args, "prefix", None):
+        return Subjects(args.prefix)
+    config = federation_config(args, required=False)
+    return config.subjects if config else Subjects()
+
+
+# ---------------------------------------------------------------- services
+
+
+def _service_main(args: argparse.Namespace) -> int:
+    from services.common import db
+    from services.common.bus import connect_nats
+    from services.common.log import setup_logging
+    from services.common.runtime import run_service
+
+    setup_logging(args.log_level)
+    config = federation_config(args)
+    db_url, n_url = database_url(args), nats_url(args)
+
+    async def main(stop: asyncio.Event) -> None:
+        pool = await db.with_retry(lambda: db.connect(db_url, max_size=args.db_pool), attempts=30)
+        holder: dict[str, Any] = {}
+
+        async def reconnected() -> None:
+            if "service" in holder and hasattr(holder["service"], "on_reconnect"):
+                await holder["service"].on_reconnect()
+
+        nc = await connect_nats(n_url, f"irisfed-{args.command}", on_reconnect=reconnected, stop=stop)
+        try:
+            service = _build_service(args, config, pool, nc)
+            holder["service"] = service
+            await service.start()
+            await stop.wait()
+            await service.close()
+        finally:
+            await nc.drain() if nc.is_connected else await nc.close()
+            await pool.close()
+
+    return run_service(main)
+
+
+def _build_service(args, config, pool, nc):
+    if args.command == "router":
+        from services.router.service import Router, RouterSettings
+
+        return Router(config, pool, nc, RouterSettings(writers=args.writers))
+    if args.command == "tick":
+        from services.tick.service import Tick, TickSettings
+
+        return Tick(config, pool, nc, TickSettings(batch_size=args.batch_size))
+    from services.peer_agent.service import PeerAgent
+
+    return PeerAgent(config, pool, nc, agent_settings(args, config))
+
+
+def agent_settings(args: argparse.Namespace, config: FederationConfig):
+    from services.peer_agent.service import AgentSettings, BackendSpec
+
+    peer = config.peer(args.peer_id)  # a clear error when the peer is not configured
+    attributes = parse_attr_flags(args.attr) if args.attr else {k: list(v) for k, v in peer.attributes.items()}
+    slots = args.slots if args.slots is not None else peer.slots
+    kind = args.backend or peer.backend
+    if slots < 0:
+        raise ConfigError("--slots must be >= 0")
+    return AgentSettings(
+        peer_id=args.peer_id,
+        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots),),
+        work_root=Path(args.work_dir),
+        heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
+        heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
+        reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,
+        simulated_duration_s=args.sim_duration,
+    )
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from services.common import db
+
+    url = database_url(args)
+    if args.downgrade:
+        db.downgrade(url, args.downgrade)
+        print(f"downgraded to {args.downgrade}")
+    else:
+        db.migrate(url, args.revision)
+        print(f"database at schema revision {db.schema_head() if args.revision == 'head' else args.revision}")
+    return 0
+
+
+# ---------------------------------------------------------------- client commands
+
+
+async def _request(args: argparse.Namespace, subject: str, body: bytes) -> dict:
+    import nats
+
+    try:
+        nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=1)
+    except Exception as exc:  # noqa: BLE001
+        raise Unavailable(f"cannot reach NATS at {nats_url(args)}: {exc}") from None
+    try:
+        reply = await nc.request(subject, body, timeout=args.timeout)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        raise Unavailable(f"no router answered on {subject} within {args.timeout}s") from None
+    finally:
+        await nc.close()
+    return msgspec.json.decode(reply.data)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _reply_or_fail(reply: dict) -> dict:
+    if "error" in reply:
+        err = reply["error"]
+        raise _ReplyError(err["code"], err["message"])
+    return reply
+
+
+class _ReplyError(IrisfedError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not command:
+        raise ConfigError("give the command to run after --, e.g. irisfed submit -- echo hi")
+    body: dict[str, Any] = {"command": command}
+    if args.id:
+        body["job_id"] = args.id
+    if args.name:
+        body["name"] = args.name
+    if args.constraint:
+        body["constraints"] = [parse_constraint(c).to_wire() for c in args.constraint]
+    if args.pin:
+        body["cluster_pin"] = args.pin
+    if args.priority is not None:
+        body["priority"] = args.priority
+    if args.max_retries is not None:
+        body["max_retries"] = args.max_retries
+    if args.deadline is not None:
+        body["deadline_s"] = args.deadline
+    if args.env:
+        body["env"] = parse_pairs(args.env, "--env")
+    if args.label:
+        body["labels"] = parse_pairs(args.label, "--label")
+    reply = asyncio.run(_request(args, subjects(args).submit, json.dumps(body).encode()))
+    if args.json:
+        _print_json(reply)
+        return 1 if "error" in reply else 0
+    reply = _reply_or_fail(reply)
+    where = f" on {reply['peer_id']}" if reply["peer_id"] else ""
+    dup = " (duplicate: original answer)" if reply["duplicate"] else ""
+    print(f"{reply['job_id']}: {reply['disposition']} → {reply['state']}{where}{dup}")
+    if reply["disposition"] == "reject":
+        print(f"  {reply['reason']}")
+        return 3
+    if args.wait:
+        return _watch(args, reply["job_id"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_request(args, subjects(args).cancel, json.dumps({"job_id": args.job_id}).encode()))
+    if args.json:
+        _print_json(reply)
+        return 1 if "error" in reply else 0
+    reply = _reply_or_fail(reply)
+    from shared.messages import CANCEL_OUTCOMES
+
+    print(f"{reply['job_id']}: {reply['state']} ({reply['outcome']}: {CANCEL_OUTCOMES.get(reply['outcome'], '')})")
+    return 0
+
+
+async def _with_store(args: argparse.Namespace, action):
+    from services.common import db
+    from services.common.store import Store
+
+    pool = await db.connect(database_url(args), max_size=2)
+    try:
+        return await action(Store(pool))
+    finally:
+        await pool.close()
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    rows = asyncio.run(_with_store(args, lambda s: s.job_list(args.state, args.limit)))
+    if args.json:
+        _print_json([dict(r) for r in rows])
+    else:
+        views.console().print(views.jobs_table(rows))
+    return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    async def fetch(store):
+        return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
+
+    job, history = asyncio.run(_with_store(args, fetch))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({"job": dict(job), "changelog": [dict(r) for r in history]})
+    else:
+        views.print_job(job, history)
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    rows = asyncio.run(_with_store(args, lambda s: s.peer_heartbeat_list()))
+    config = federation_config(args, required=False)
+    if args.json:
+        _print_json([dict(r) for r in rows])
+    else:
+        views.console().print(views.peers_table(rows, config))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    job = asyncio.run(_with_store(args, lambda s: s.job_get(args.job_id)))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+        return 1
+    if not job["log_dir"]:
+        print(f"irisfed: job {args.job_id} has no logs yet (state {job['state']})", file=sys.stderr)
+        return 1
+    path = Path(job["log_dir"]) / ("stderr" if args.stderr else "stdout")
+    try:
+        sys.stdout.write(path.read_text(errors="replace"))
+    except OSError:
+        print(f"irisfed: logs are on peer {job['owner_peer_id']} at {path}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    return _watch(args, args.job_id)
+
+
+def _watch(args: argparse.Namespace, job_id: str) -> int:
+    """Follow one job to a terminal state: NATS events, with Postgres as the fallback."""
+    import nats
+
+    from services.common import db
+    from services.common.store import Store
+
+    async def follow() -> str:
+        pool = await db.connect(database_url(args), max_size=2)
+        store = Store(pool)
+        nc = await nats.connect(nats_url(args), connect_timeout=3)
+        changed = asyncio.Event()
+
+        async def on_event(msg) -> None:
+            changed.set()
+
+        await nc.subscribe(subjects(args).events(job_id), cb=on_event)
+        last = None
+        try:
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            while True:
+                job = await store.job_get(job_id)
+                if job is None:
+                    raise IrisfedError(f"no job {job_id!r}")
+                line = (job["state"], job["owner_peer_id"], job["epoch"])
+                if line != last:
+                    owner = f" on {job['owner_peer_id']}" if job["owner_peer_id"] else ""
+                    code = f" exit={job['exit_code']}" if job["exit_code"] is not None else ""
+                    print(f"{time.strftime('%H:%M:%S')} {job_id}: {job['state']}{owner} epoch={job['epoch']}{code} {job['reason']}", flush=True)
+                    last = line
+                if job["state"] in TERMINAL:
+                    return job["state"]
+                if deadline and time.monotonic() > deadline:
+                    raise IrisfedError(f"timed out waiting for {job_id}")
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            await nc.close()
+            await pool.close()
+
+    state = asyncio.run(follow())
+    return 0 if state == "succeeded" else 1
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="irisfed", description="Federate batch jobs across clusters.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def servers(p: argparse.ArgumentParser, db: bool = True, nats: bool = True) -> None:
+        if db:
+            p.add_argument("--database-url", help=f"Postgres URL (default ${DATABASE_URL_ENV})")
+        if nats:
+            p.add_argument("--nats-url", help=f"NATS URL (default ${NATS_URL_ENV})")
+        p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
+
+    def service(p: argparse.ArgumentParser) -> None:
+        servers(p)
+        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        p.add_argument("--db-pool", type=int, default=10, help="max Postgres connections")
+
+    p = sub.add_parser("up", help="start a whole federation on this machine (the embedded default)")
+    servers(p)
+    p.add_argument("--state-dir", default=".irisfed", help="where data, logs and job output live")
+    p.add_argument("--no-live", action="store_true", help="print plain progress lines instead of a live table")
+
+    p = sub.add_parser("router", help="run a router (answers submit and cancel)")
+    service(p)
+    p.add_argument("--writers", type=int, default=4, help="concurrent group-commit writers")
+
+    p = sub.add_parser("tick", help="run a scheduler tick (places queued jobs)")
+    service(p)
+    p.add_argument("--batch-size", type=int, default=1000, help="queued jobs claimed per transaction")
+
+    p = sub.add_parser("peer-agent", help="run the agent of one peer cluster")
+    service(p)
+    p.add_argument("--peer-id", required=True)
+    p.add_argument("--attr", action="append", metavar="KEY=VALUE", help="advertised attribute (repeatable)")
+    p.add_argument("--slots", type=int, help="jobs this peer runs at once")
+    p.add_argument("--backend", choices=["subprocess", "simulated"])
+    p.add_argument("--work-dir", default=".irisfed/work", help="per-job working directories")
+    p.add_argument("--heartbeat-interval", type=float)
+    p.add_argument("--heartbeat-ttl", type=float)
+    p.add_argument("--reconcile-interval", type=float)
+    p.add_argument("--sim-duration", type=float, default=0.0, help="simulated backend: default job length (s)")
+
+    p = sub.add_parser("migrate", help="upgrade (or downgrade) the database schema")
+    p.add_argument("--database-url")
+    p.add_argument("--revision", default="head")
+    p.add_argument("--downgrade", metavar="REVISION")
+
+    def client(p: argparse.ArgumentParser) -> None:
+        servers(p, db=False)
+        p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+        p.add_argument("--timeout", type=float, default=10.0)
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("submit", help="submit a job: irisfed submit [flags] -- COMMAND...")
+    client(p)
+    p.add_argument("--database-url", help="for --wait")
+    p.add_argument("--id", help="job_id (idempotency key)")
+    p.add_argument("--name")
+    p.add_argument("--constraint", action="append", metavar="EXPR", help=CONSTRAINT_HELP)
+    p.add_argument("--pin", help="run only on this peer")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--max-retries", type=int)
+    p.add_argument("--deadline", type=float, metavar="SECONDS", help="max time queued")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    client(p)
+    p.add_argument("job_id")
+
+    p = sub.add_parser("watch", help="follow one job until it ends")
+    client(p)
+    p.add_argument("--database-url")
+    p.add_argument("job_id")
+    p.set_defaults(timeout=0.0)
+
+    p = sub.add_parser("jobs", help="list jobs (the unified view)")
+    servers(p, nats=False)
+    p.add_argument("--state")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("job", help="one job and its history")
+    servers(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("peers", help="peers and their newest advertisement")
+    servers(p, nats=False)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("logs", help="a job's stdout (or --stderr)")
+    servers(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--stderr", action="store_true")
+    return parser
+
+
+COMMANDS = {
+    "router": _service_main,
+    "tick": _service_main,
+    "peer-agent": _service_main,
+    "migrate": cmd_migrate,
+    "submit": cmd_submit,
+    "cancel": cmd_cancel,
+    "jobs": cmd_jobs,
+    "job": cmd_job,
+    "peers": cmd_peers,
+    "logs": cmd_logs,
+    "watch": cmd_watch,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        from services.cli.up import cmd_up
+
+        handler = cmd_up
+    else:
+        handler = COMMANDS[args.command]
+    try:
+        return handler(args)
+    except _ReplyError as exc:
+        print(f"irisfed: {exc.message}", file=sys.stderr)
+        return 1
+    except IrisfedError as exc:
+        print(f"irisfed: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

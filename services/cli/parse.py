@@ -1,0 +1,64 @@
+"""Parsing command-line shorthands into wire values. Pure."""
+
+from __future__ import annotations
+
+import re
+
+from shared.config import parse_attributes
+from shared.constraints import Constraint, ConstraintError, ConstraintOp, as_number
+from shared.errors import ConfigError, InvalidRequest
+
+_OPERATOR = re.compile(r"^\s*([^=!<>\s]+)\s*(==|=|!=|>=|<=|>|<)\s*(.*?)\s*$")
+_SYMBOLS = {
+    "=": ConstraintOp.EQ, "==": ConstraintOp.EQ, "!=": ConstraintOp.NE,
+    ">=": ConstraintOp.GE, "<=": ConstraintOp.LE, ">": ConstraintOp.GT, "<": ConstraintOp.LT,
+}
+CONSTRAINT_HELP = (
+    "KEY=VALUE, KEY!=VALUE, KEY>=N, KEY<=N, KEY>N, KEY<N, KEY=in:A,B, exists:KEY, not_exists:KEY"
+)
+
+
+def parse_constraint(text: str) -> Constraint:
+    """``device_type=gpu``, ``memory_gb>=80``, ``zone=in:a,b``, ``exists:spot`` → Constraint."""
+    try:
+        for prefix, op in (("not_exists:", ConstraintOp.NOT_EXISTS), ("exists:", ConstraintOp.EXISTS)):
+            if text.startswith(prefix):
+                return Constraint(text[len(prefix):].strip(), op)
+        match = _OPERATOR.match(text)
+        if not match:
+            raise InvalidRequest(f"cannot read constraint {text!r}; use {CONSTRAINT_HELP}")
+        key, symbol, value = match.groups()
+        op = _SYMBOLS[symbol]
+        if op is ConstraintOp.EQ and value.startswith("in:"):
+            items = [item.strip() for item in value[3:].split(",") if item.strip()]
+            return Constraint(key, ConstraintOp.IN, items)
+        if op in (ConstraintOp.GT, ConstraintOp.GE, ConstraintOp.LT, ConstraintOp.LE):
+            number = as_number(value)
+            if number is None:
+                raise InvalidRequest(f"constraint {text!r}: {symbol} needs a number, got {value!r}")
+            return Constraint(key, op, int(number) if number.is_integer() else number)
+        return Constraint(key, op, value)
+    except ConstraintError as exc:
+        raise InvalidRequest(f"constraint {text!r}: {exc}") from None
+
+
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    """``["A=1", "B=2"]`` → ``{"A": "1", "B": "2"}``."""
+    result: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{what} {item!r} must look like KEY=VALUE")
+        result[key.strip()] = value
+    return result
+
+
+def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
+    """Repeatable ``--attr key=value`` flags; a key given twice advertises both values."""
+    merged: dict[str, list[str]] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--attr {item!r} must look like KEY=VALUE")
+        merged.setdefault(key.strip(), []).append(value.strip())
+    return {k: list(v) for k, v in parse_attributes(merged, "--attr").items()}

@@ -1,0 +1,61 @@
+"""NATS at the edge: connect with endless reconnects, publish our structs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import nats
+from nats.aio.client import Client
+
+from services.common.log import EventLogger
+from shared.messages import encoder
+
+log = EventLogger("bus")
+
+
+async def connect_nats(
+    url: str,
+    name: str,
+    *,
+    on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+) -> Client:
+    """Connect to NATS, retrying until it answers; reconnect forever afterwards."""
+
+    async def disconnected() -> None:
+        log.warning("nats_disconnected", client=name)
+
+    async def reconnected() -> None:
+        log.info("nats_reconnected", client=name)
+        if on_reconnect is not None:
+            await on_reconnect()
+
+    async def error(exc: Exception) -> None:
+        log.debug("nats_error", client=name, error=str(exc))
+
+    delay = 0.2
+    while True:
+        try:
+            return await nats.connect(
+                url,
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
+                error_cb=error,
+            )
+        except (TimeoutError, OSError, nats.errors.NoServersError) as exc:
+            if stop is not None and stop.is_set():
+                raise
+            log.warning("nats_connect_retry", client=name, error=str(exc), retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+
+async def publish(nc: Client, subject: str, message: msgspec.Struct) -> None:
+    """Publish one of our structs (fire and forget; Postgres already holds the truth)."""
+    await nc.publish(subject, encoder.encode(message))

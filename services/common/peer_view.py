@@ -1,0 +1,93 @@
+"""The routing view of the federation's peers, fed by heartbeats (NATS and Postgres)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from shared.config import FederationConfig
+from shared.federation.peer import Backend, FederationPeer
+from shared.messages import Heartbeat
+
+
+@dataclass(frozen=True, slots=True)
+class _Advert:
+    run_id: str
+    seq: int
+    backends: tuple[Backend, ...]
+    ttl_s: float
+    received_at: float
+
+
+def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
+    """Heartbeat backends (decoded JSON) → Backend values."""
+    return tuple(
+        Backend(
+            name=b["name"],
+            attributes={k: tuple(v) for k, v in b["attributes"].items()},
+            total=b["capacity"]["total"],
+            free=b["capacity"]["free"],
+        )
+        for b in backends
+    )
+
+
+class PeerView:
+    """Newest advertisement per configured peer; unconfigured peers are ignored."""
+
+    def __init__(self, config: FederationConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self._adverts: dict[str, _Advert] = {}
+
+    def _accept(self, peer_id: str, advert: _Advert) -> bool:
+        if peer_id not in self.config.peer_ids:
+            return False
+        current = self._adverts.get(peer_id)
+        newer = (
+            current is None
+            or advert.run_id != current.run_id and advert.received_at >= current.received_at
+            or advert.run_id == current.run_id and advert.seq > current.seq
+        )
+        if newer:
+            self._adverts[peer_id] = advert
+        return newer
+
+    def apply_heartbeat(self, heartbeat: Heartbeat, received_at: float | None = None) -> bool:
+        """Record a heartbeat received now (our clock); False when old or unconfigured."""
+        backends = tuple(
+            Backend(b.name, {k: tuple(v) for k, v in b.attributes.items()},
+                    b.capacity.total, b.capacity.free)
+            for b in heartbeat.backends
+        )
+        advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, heartbeat.ttl_s,
+                         self.clock() if received_at is None else received_at)
+        return self._accept(heartbeat.peer_id, advert)
+
+    def apply_rows(self, rows: Iterable[Mapping]) -> None:
+        """Merge ``peer_heartbeat`` rows (what other services' peers told Postgres)."""
+        for row in rows:
+            advert = _Advert(row["run_id"], row["seq"], backends_from_wire(row["backends"]),
+                             row["ttl_s"], row["received_epoch"])
+            self._accept(row["peer_id"], advert)
+
+    def peers(self) -> list[FederationPeer]:
+        """Every configured peer with its newest advertisement, for PeerRouter."""
+        result = []
+        for peer_id in self.config.peer_ids:
+            advert = self._adverts.get(peer_id)
+            if advert is None:
+                result.append(FederationPeer(peer_id, ttl_s=self.config.heartbeat_ttl_s))
+            else:
+                result.append(FederationPeer(peer_id, advert.backends, advert.received_at, advert.ttl_s))
+        return result
+
+    def local_backends(self) -> tuple[Backend, ...]:
+        """The local cluster's advertised shape (newest heartbeat, stale or not)."""
+        advert = self._adverts.get(self.config.local_cluster)
+        return advert.backends if advert else ()
+
+    def reachable_ids(self) -> list[str]:
+        now = self.clock()
+        return [p.peer_id for p in self.peers() if p.is_reachable(now)]

@@ -1,0 +1,65 @@
+"""Running a service: signals, owned tasks, clean shutdown, clear start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from services.common.log import EventLogger
+from shared.errors import IrisfedError
+
+log = EventLogger("runtime")
+
+
+class TaskOwner:
+    """Owns a service's background tasks; ``close`` cancels and awaits them all."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def forever(name: str, step: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    """Run ``step`` every ``interval_s``; one failure is logged, never fatal to the loop."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - background loops never die on one error
+            log.error("loop_step_failed", loop=name, error=repr(exc))
+        await asyncio.sleep(interval_s)
+
+
+def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Run ``main(stop)`` until SIGTERM/SIGINT sets ``stop``; return a process exit code."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    try:
+        asyncio.run(runner())
+    except IrisfedError as exc:
+        print(f"irisfed: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

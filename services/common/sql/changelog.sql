@@ -1,0 +1,19 @@
+-- Queries on `federation_changelog` (append-only; rows are written by jobs.sql
+-- in the same statement as the state change they record).
+
+-- changelog_for_job --
+SELECT seq, from_state, to_state, peer_id, epoch, at, actor, detail
+FROM federation_changelog WHERE job_id = $1 ORDER BY seq;
+
+-- changelog_since --
+-- Incremental sync: changes to a peer's jobs after changelog position $2.
+SELECT c.seq, c.job_id, c.from_state, c.to_state, c.peer_id, c.epoch, c.at
+FROM federation_changelog c
+WHERE c.seq > $2 AND c.peer_id = $1
+ORDER BY c.seq
+LIMIT $3;
+
+-- changelog_all --
+-- The whole changelog in replay order, for invariant checks and audits.
+SELECT seq, job_id, from_state, to_state, peer_id, epoch, actor, detail
+FROM federation_changelog ORDER BY job_id, seq;

@@ -1,0 +1,165 @@
+-- Queries on `jobs`. Every state change is a compare-and-set on (state, epoch)
+-- and writes its federation_changelog row in the same statement, so a job's
+-- state and its history can never disagree.
+
+-- job_insert_batch --
+-- Create many jobs (one router group-commit batch) with their first changelog rows.
+-- Existing job_ids are skipped; the caller answers those as duplicates or conflicts.
+WITH input AS (
+    SELECT *
+    -- JSON documents arrive as text: a JSON array inside an array parameter would
+    -- otherwise be read as another array dimension.
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::bigint[], $10::int[], $11::int[],
+                $12::double precision[], $13::text[], $14::text[], $15::text[])
+        AS t(job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
+             backend, epoch, max_retries, priority, deadline_s, reason, explanation, submit_reply)
+), inserted AS (
+    INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
+                      backend, epoch, max_retries, priority, deadline_at, reason, explanation,
+                      submit_reply, assigned_at, finished_at)
+    SELECT job_id, spec::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
+           backend, epoch, max_retries, priority,
+           CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
+           reason, explanation::jsonb, submit_reply::jsonb,
+           CASE WHEN state = 'assigned' THEN now() END,
+           CASE WHEN state = 'rejected' THEN now() END
+    FROM input
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING job_id, state, owner_peer_id, epoch, reason
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, NULL, state, owner_peer_id, epoch, 'router', reason FROM inserted
+)
+SELECT job_id FROM inserted;
+
+-- job_get_submitted --
+-- The spec hash and first reply of existing jobs, to answer resubmissions.
+SELECT job_id, spec_hash, submit_reply FROM jobs WHERE job_id = ANY($1::text[]);
+
+-- job_get --
+SELECT * FROM jobs WHERE job_id = $1;
+
+-- job_get_for_update --
+-- Lock one job while deciding what a cancel does to it.
+SELECT job_id, state, owner_peer_id, epoch, cancel_requested FROM jobs WHERE job_id = $1 FOR UPDATE;
+
+-- job_list --
+-- The unified view: newest first, optionally one state.
+SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command
+FROM jobs
+WHERE ($1::text IS NULL OR state = $1)
+ORDER BY submitted_at DESC, job_id
+LIMIT $2;
+
+-- job_count_by_state --
+SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
+
+-- job_move --
+-- Compare-and-set one job from (state $2, epoch $3) to state $4 under epoch $5 and
+-- owner $6, recording why. Returns the changelog seq, or no row when the CAS lost.
+WITH moved AS (
+    UPDATE jobs SET
+        state = $4,
+        epoch = $5,
+        owner_peer_id = $6,
+        reason = $7,
+        exit_code = COALESCE($8, exit_code),
+        log_dir = COALESCE($10, log_dir),
+        attempts = attempts + CASE WHEN $4 = 'running' THEN 1 ELSE 0 END,
+        avoid_peers = CASE WHEN $11::text IS NULL THEN avoid_peers
+                           ELSE array_append(avoid_peers, $11::text) END,
+        backend = CASE WHEN $4 = 'queued' THEN NULL ELSE backend END,
+        updated_at = now(),
+        started_at = CASE WHEN $4 = 'running' THEN now() ELSE started_at END,
+        finished_at = CASE WHEN $4 IN ('succeeded','failed','killed','rejected','unschedulable')
+                           THEN now() ELSE finished_at END
+    WHERE job_id = $1 AND state = $2 AND epoch = $3
+    RETURNING job_id, owner_peer_id, epoch
+)
+INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+SELECT job_id, $2, $4, COALESCE(owner_peer_id, $6), epoch, $9, $7 FROM moved
+RETURNING seq;
+
+-- job_request_cancel --
+-- Durably remember a cancel; the owner applies it when it sees it.
+UPDATE jobs SET cancel_requested = true, cancel_requested_at = now(), updated_at = now()
+WHERE job_id = $1;
+
+-- job_claim_queued --
+-- Lock the next batch of queued jobs in priority order, after the keyset cursor
+-- ($2, $3, $4) = (-priority, submitted_at, job_id) of the last job seen (NULLs: from the
+-- start). The cursor matches jobs_queued_by_priority, so each batch is an index range
+-- scan. SKIP LOCKED lets several ticks claim disjoint batches.
+SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
+       spec->'constraints' AS constraints
+FROM jobs
+WHERE state = 'queued'
+  AND ($2::int IS NULL OR (-priority, submitted_at, job_id) > ($2::int, $3::timestamptz, $4::text))
+ORDER BY -priority, submitted_at, job_id
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- job_live_counts --
+-- Slots in use per peer and backend: assigned and running jobs.
+SELECT owner_peer_id, backend, count(*) AS live
+FROM jobs
+WHERE state IN ('assigned', 'running')
+GROUP BY owner_peer_id, backend;
+
+-- job_assign_batch --
+-- The tick's commit: queued → assigned for many jobs at once, CAS on epoch.
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
+        AS t(job_id, epoch, peer_id, backend)
+), moved AS (
+    UPDATE jobs SET state = 'assigned', epoch = jobs.epoch + 1, owner_peer_id = input.peer_id,
+                    backend = input.backend, assigned_at = now(), updated_at = now(),
+                    reason = 'assigned to ' || input.peer_id
+    FROM input
+    WHERE jobs.job_id = input.job_id AND jobs.state = 'queued' AND jobs.epoch = input.epoch
+    RETURNING jobs.job_id, jobs.owner_peer_id, jobs.epoch
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, 'queued', 'assigned', owner_peer_id, epoch, 'tick', 'placed' FROM moved
+)
+SELECT job_id, owner_peer_id, epoch FROM moved;
+
+-- job_expire_deadlines --
+-- Queued jobs past their deadline become unschedulable.
+WITH moved AS (
+    UPDATE jobs SET state = 'unschedulable', updated_at = now(), finished_at = now(),
+                    reason = 'waited longer than its deadline_s without a peer able to run it'
+    WHERE job_id IN (
+        SELECT job_id FROM jobs
+        WHERE state = 'queued' AND deadline_at IS NOT NULL AND deadline_at < now()
+        LIMIT $1 FOR UPDATE SKIP LOCKED)
+    RETURNING job_id, epoch, reason
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, 'queued', 'unschedulable', NULL, epoch, 'tick', reason FROM moved
+)
+SELECT job_id, epoch FROM moved;
+
+-- job_live_for_owner --
+-- Everything a peer agent should be doing: its assigned and running jobs.
+SELECT job_id, state, epoch, spec, backend, cancel_requested, priority
+FROM jobs
+WHERE owner_peer_id = $1 AND state IN ('assigned', 'running')
+ORDER BY priority DESC, submitted_at, job_id;
+
+-- job_stale_on_peers --
+-- Live jobs owned by peers that are not reachable now ($1: reachable peer ids),
+-- assigned or last updated before $2 seconds ago.
+SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id
+FROM jobs
+WHERE state IN ('assigned', 'running')
+  AND NOT (owner_peer_id = ANY($1::text[]))
+  AND updated_at < now() - make_interval(secs => $2)
+LIMIT $3
+FOR UPDATE SKIP LOCKED;
+
+-- job_states_all --
+-- Every job's current state and epoch, for invariant checks.
+SELECT job_id, state, epoch, owner_peer_id, pinned_peer_id, exit_code FROM jobs ORDER BY job_id;

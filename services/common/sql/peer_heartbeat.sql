@@ -1,0 +1,21 @@
+-- Queries on `peer_heartbeat`: the newest advertisement of each peer.
+
+-- peer_heartbeat_upsert --
+-- Keep only the newest heartbeat: a higher seq within a run, or any seq of a new run.
+INSERT INTO peer_heartbeat (peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now(), now() + make_interval(secs => $5))
+ON CONFLICT (peer_id) DO UPDATE
+SET run_id = EXCLUDED.run_id, seq = EXCLUDED.seq, backends = EXCLUDED.backends,
+    ttl_s = EXCLUDED.ttl_s, sent_at = EXCLUDED.sent_at,
+    received_at = EXCLUDED.received_at, expires_at = EXCLUDED.expires_at
+WHERE peer_heartbeat.run_id <> EXCLUDED.run_id OR peer_heartbeat.seq < EXCLUDED.seq;
+
+-- peer_heartbeat_list --
+-- All advertisements, with receive time as epoch seconds for the routing view.
+SELECT peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at,
+       extract(epoch FROM received_at)::double precision AS received_epoch,
+       expires_at > now() AS reachable
+FROM peer_heartbeat ORDER BY peer_id;
+
+-- peer_heartbeat_reachable --
+SELECT expires_at > now() FROM peer_heartbeat WHERE peer_id = $1;

@@ -1,0 +1,13 @@
+-- Queries on `federation_sync_state`: how far each peer has synchronized each job.
+
+-- sync_state_upsert --
+INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
+VALUES ($1, $2, now(), $3, $4)
+ON CONFLICT (job_id, peer_id) DO UPDATE
+SET synced_at = now(),
+    changelog_seq = GREATEST(federation_sync_state.changelog_seq, EXCLUDED.changelog_seq),
+    epoch = EXCLUDED.epoch;
+
+-- sync_state_position --
+-- The changelog position up to which a peer has synchronized (0 when never).
+SELECT COALESCE(max(changelog_seq), 0) FROM federation_sync_state WHERE peer_id = $1;

@@ -1,0 +1,1 @@
+"""The peer agent: one per cluster; advertises, accepts assignments, runs jobs, reports."""

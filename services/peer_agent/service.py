@@ -1,0 +1,398 @@
+"""The peer agent: one per cluster.
+
+It advertises its backends on ``heartbeat.<self>`` (and in ``peer_heartbeat``)
+every interval; listens on ``assign.<self>`` and ``cancel.<self>``; and
+reconciles with Postgres at start, on NATS reconnect and periodically, so a
+missed message delays work but never loses it. It accepts a job with a
+compare-and-set on its epoch (assigned → running), runs it on its backend,
+writes the terminal state with the exit code under the same epoch, records
+``federation_sync_state`` and publishes ``events.<job_id>``. A write refused
+because the epoch moved on means the job was fenced away: the local copy is
+killed and nothing is reported for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.common.bus import publish
+from services.common.db import CONNECTION_ERRORS
+from services.common.log import EventLogger
+from services.common.runtime import TaskOwner, forever
+from services.common.store import Store
+from services.peer_agent.backends import (
+    Backend,
+    LaunchError,
+    RunHandle,
+    RunSpec,
+    SimulatedBackend,
+    SubprocessBackend,
+)
+from shared.config import FederationConfig
+from shared.lifecycle import JobState
+from shared.messages import (
+    AssignmentNotice,
+    BackendAd,
+    CancelNotice,
+    Capacity,
+    Heartbeat,
+    JobEvent,
+    decode_internal,
+)
+from shared.records import Move
+from shared.retry import may_retry_infra_failure
+
+log = EventLogger("peer-agent")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend this agent offers: its kind, advertised attributes and slots."""
+
+    name: str
+    kind: str = "subprocess"
+    attributes: dict[str, list[str]] = field(default_factory=dict)
+    slots: int = 4
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    peer_id: str
+    backends: tuple[BackendSpec, ...]
+    work_root: Path = Path(".irisfed/work")
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 6.0
+    reconcile_interval_s: float = 2.0
+    kill_grace_s: float = 5.0
+    simulated_duration_s: float = 0.0
+
+
+@dataclass
+class _Run:
+    job_id: str
+    epoch: int
+    backend: str
+    handle: RunHandle | None = None
+    exit_code: int | None = None
+    cancel_requested: bool = False
+    fenced: bool = False
+    launch_error: str = ""
+
+
+@dataclass
+class _Pending:
+    job_id: str
+    epoch: int
+    backend: str
+    priority: int
+    spec: dict
+
+
+class PeerAgent:
+    """Runs the jobs the federation assigns to one peer."""
+
+    def __init__(self, config: FederationConfig, pool: asyncpg.Pool, nc: Client,
+                 settings: AgentSettings) -> None:
+        self.config = config
+        self.subjects = config.subjects
+        self.pool = pool
+        self.store = Store(pool)
+        self.nc = nc
+        self.settings = settings
+        self.peer_id = settings.peer_id
+        self.run_id = uuid.uuid4().hex
+        self.seq = 0
+        self.backends: dict[str, Backend] = {}
+        for spec in settings.backends:
+            if spec.kind == "simulated":
+                self.backends[spec.name] = SimulatedBackend(settings.simulated_duration_s)
+            else:
+                self.backends[spec.name] = SubprocessBackend(settings.work_root / self.peer_id)
+        self.specs = {spec.name: spec for spec in settings.backends}
+        self.runs: dict[str, _Run] = {}
+        self.pending: dict[str, _Pending] = {}
+        # Reconcile and job transitions take this lock so each sees the other's effects.
+        self.lock = asyncio.Lock()
+        self.reconcile_wanted = asyncio.Event()
+        self.reconciled = 0
+        self.tasks = TaskOwner()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self.subjects.assign(self.peer_id), cb=self.on_assign)
+        await self.nc.subscribe(self.subjects.cancel_notice(self.peer_id), cb=self.on_cancel)
+        await self.nc.flush()
+        await self.heartbeat()
+        await self.reconcile()
+        self.tasks.spawn(forever("heartbeat", self.heartbeat, self.settings.heartbeat_interval_s),
+                         name="agent-heartbeat")
+        self.tasks.spawn(self._reconcile_loop(), name="agent-reconcile")
+        log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
+                 backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
+
+    async def close(self) -> None:
+        """Stop: kill what we run (its rows stay `running`; our next start recovers them)."""
+        await self.tasks.close()
+        for run in list(self.runs.values()):
+            if run.handle is not None and run.exit_code is None:
+                await run.handle.kill(self.settings.kill_grace_s)
+
+    async def on_reconnect(self) -> None:
+        self.reconcile_wanted.set()
+
+    # ------------------------------------------------------------ heartbeat
+
+    def advertisement(self) -> list[BackendAd]:
+        ads = []
+        for spec in self.settings.backends:
+            busy = sum(1 for r in self.runs.values() if r.backend == spec.name)
+            waiting = sum(1 for p in self.pending.values() if p.backend == spec.name)
+            free = max(0, spec.slots - busy - waiting)
+            ads.append(BackendAd(spec.name, spec.attributes, Capacity(spec.slots, free)))
+        return ads
+
+    async def heartbeat(self) -> None:
+        self.seq += 1
+        message = Heartbeat(
+            peer_id=self.peer_id, seq=self.seq, sent_at=datetime.now(UTC),
+            ttl_s=self.settings.heartbeat_ttl_s, backends=self.advertisement(), run_id=self.run_id,
+        )
+        if self.nc.is_connected:
+            await publish(self.nc, self.subjects.heartbeat(self.peer_id), message)
+        await self.store.peer_heartbeat_upsert(
+            self.peer_id, self.run_id, self.seq, msgspec.to_builtins(message.backends),
+            message.ttl_s, message.sent_at,
+        )
+
+    # ------------------------------------------------------------ messages
+
+    async def on_assign(self, msg: Msg) -> None:
+        try:
+            notice = decode_internal(AssignmentNotice, msg.data)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("assign_notice_ignored", error=str(exc))
+            return
+        log.debug("assign_notice", job_id=notice.job_id, peer_id=self.peer_id, epoch=notice.epoch)
+        self.reconcile_wanted.set()
+
+    async def on_cancel(self, msg: Msg) -> None:
+        try:
+            notice = decode_internal(CancelNotice, msg.data)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cancel_notice_ignored", error=str(exc))
+            return
+        async with self.lock:
+            self.pending.pop(notice.job_id, None)
+            run = self.runs.get(notice.job_id)
+            if run is not None and run.epoch == notice.epoch and not run.cancel_requested:
+                await self._kill(run, cancel=True)
+        self.reconcile_wanted.set()
+
+    # ------------------------------------------------------------ reconcile
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.reconcile_wanted.wait(), self.settings.reconcile_interval_s)
+            except TimeoutError:
+                pass
+            self.reconcile_wanted.clear()
+            try:
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except CONNECTION_ERRORS as exc:
+                log.warning("reconcile_db_unavailable", peer_id=self.peer_id, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - never die on one error
+                log.error("reconcile_failed", peer_id=self.peer_id, error=repr(exc))
+
+    async def reconcile(self) -> None:
+        """Make local runs match what Postgres says this peer owns, then start work."""
+        async with self.lock:
+            rows = await self.store.job_live_for_owner(self.peer_id)
+            owned = {row["job_id"]: row for row in rows}
+            for run in list(self.runs.values()):
+                row = owned.get(run.job_id)
+                if run.exit_code is not None:
+                    continue  # finished; its report is being written
+                if row is None or row["epoch"] != run.epoch or row["state"] != JobState.RUNNING.value:
+                    await self._fence(run, "the job is no longer ours under this epoch")
+                elif row["cancel_requested"] and not run.cancel_requested:
+                    await self._kill(run, cancel=True)
+            for job_id, pending in list(self.pending.items()):
+                row = owned.get(job_id)
+                if row is None or row["epoch"] != pending.epoch or row["state"] != JobState.ASSIGNED.value:
+                    del self.pending[job_id]
+            for row in rows:
+                job_id = row["job_id"]
+                if job_id in self.runs or job_id in self.pending:
+                    continue
+                if row["state"] == JobState.ASSIGNED.value:
+                    self.pending[job_id] = _Pending(job_id, row["epoch"], self._backend_for(row["backend"]),
+                                                    row["priority"], row["spec"])
+                else:
+                    await self._recover_orphan(row)
+            await self._start_pending()
+        self.reconciled += 1
+
+    def _backend_for(self, name: str | None) -> str:
+        if name in self.backends:
+            return name
+        return self.settings.backends[0].name
+
+    async def _recover_orphan(self, row: asyncpg.Record) -> None:
+        """A `running` row with no local run: a previous agent run died under it."""
+        job_id, epoch = row["job_id"], row["epoch"]
+        backend = self.backends[self._backend_for(row["backend"])]
+        killed = backend.kill_leftover(job_id, epoch)
+        job = await self.store.job_get(job_id)
+        retry = may_retry_infra_failure(job["attempts"], job["max_retries"])
+        if row["cancel_requested"]:
+            move = Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=self.peer_id,
+                        owner_peer_id=self.peer_id, reason="cancelled while its agent was down")
+        elif retry:
+            move = Move(job_id, JobState.RUNNING, JobState.QUEUED, epoch, actor=self.peer_id,
+                        owner_peer_id=None, new_epoch=epoch + 1,
+                        reason=f"agent on {self.peer_id} restarted while running it; retrying")
+        else:
+            move = Move(job_id, JobState.RUNNING, JobState.FAILED, epoch, actor=self.peer_id,
+                        owner_peer_id=self.peer_id,
+                        reason=f"agent on {self.peer_id} restarted while running it; no retries left")
+        if await self._write(move):
+            log.warning("orphan_recovered", job_id=job_id, peer_id=self.peer_id, epoch=epoch,
+                        state=move.to_state.value, leftover_killed=killed)
+
+    async def _start_pending(self) -> None:
+        order = sorted(self.pending.values(), key=lambda p: -p.priority)
+        for pending in order:
+            spec = self.specs[pending.backend]
+            busy = sum(1 for r in self.runs.values() if r.backend == pending.backend)
+            if busy >= spec.slots:
+                continue
+            del self.pending[pending.job_id]
+            await self._start(pending)
+
+    async def _start(self, pending: _Pending) -> None:
+        job_id, epoch = pending.job_id, pending.epoch
+        backend = self.backends[pending.backend]
+        log_dir = None
+        if isinstance(backend, SubprocessBackend):
+            log_dir = str(backend.run_dir(job_id, epoch).resolve())
+        accepted = await self._write(Move(
+            job_id, JobState.ASSIGNED, JobState.RUNNING, epoch, actor=self.peer_id,
+            owner_peer_id=self.peer_id, reason=f"running on {self.peer_id}/{pending.backend}",
+            log_dir=log_dir,
+        ))
+        if not accepted:
+            log.info("accept_lost", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
+            return
+        run = _Run(job_id, epoch, pending.backend)
+        self.runs[job_id] = run
+        spec = pending.spec
+        try:
+            run.handle = await backend.launch(RunSpec(
+                job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
+                dict(spec.get("labels", {})),
+            ))
+        except LaunchError as exc:
+            run.launch_error = str(exc)
+            run.exit_code = -1
+            log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
+        log.info("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
+        self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
+
+    # ------------------------------------------------------------ finishing
+
+    async def _finish(self, run: _Run) -> None:
+        if run.handle is not None:
+            run.exit_code = await run.handle.wait()
+        while True:
+            try:
+                async with self.lock:
+                    await self._report(run)
+                    self.runs.pop(run.job_id, None)
+                    await self._start_pending()
+                return
+            except CONNECTION_ERRORS as exc:
+                # Partitioned from Postgres: keep the result and report when it returns.
+                log.warning("report_deferred", job_id=run.job_id, peer_id=self.peer_id, error=str(exc))
+                await asyncio.sleep(self.settings.reconcile_interval_s)
+
+    async def _report(self, run: _Run) -> None:
+        if run.fenced:
+            log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
+            return
+        job = await self.store.job_get(run.job_id)
+        if run.launch_error:
+            retry = job is not None and may_retry_infra_failure(job["attempts"], job["max_retries"])
+            move = Move(run.job_id, JobState.RUNNING, JobState.QUEUED if retry else JobState.FAILED,
+                        run.epoch, actor=self.peer_id,
+                        owner_peer_id=None if retry else self.peer_id,
+                        new_epoch=run.epoch + 1 if retry else None,
+                        reason=f"launch failed: {run.launch_error}" + ("; retrying" if retry else ""))
+        else:
+            cancelled = run.cancel_requested or (job is not None and job["cancel_requested"])
+            if cancelled:
+                to_state, reason = JobState.KILLED, "cancelled by request"
+            elif run.exit_code == 0:
+                to_state, reason = JobState.SUCCEEDED, "exit code 0"
+            else:
+                to_state, reason = JobState.FAILED, f"exit code {run.exit_code}"
+            move = Move(run.job_id, JobState.RUNNING, to_state, run.epoch, actor=self.peer_id,
+                        owner_peer_id=self.peer_id, reason=reason, exit_code=run.exit_code)
+        if not await self._write(move):
+            log.warning("fenced_write_refused", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        state=move.to_state.value)
+            return
+        log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                 state=move.to_state.value, exit_code=run.exit_code)
+
+    async def _kill(self, run: _Run, cancel: bool) -> None:
+        run.cancel_requested = run.cancel_requested or cancel
+        if run.handle is not None:
+            self.tasks.spawn(run.handle.kill(self.settings.kill_grace_s), name=f"kill-{run.job_id}")
+
+    async def _fence(self, run: _Run, why: str) -> None:
+        run.fenced = True
+        log.warning("fencing_local_copy", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, why=why)
+        if run.handle is not None:
+            self.tasks.spawn(run.handle.kill(self.settings.kill_grace_s), name=f"fence-{run.job_id}")
+
+    # ------------------------------------------------------------ writes
+
+    async def _write(self, move: Move) -> bool:
+        """CAS ``move`` + sync state in one transaction, then announce it. False: CAS lost."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            seq = await self.store.job_move(move, conn)
+            if seq is None:
+                return False
+            epoch = move.epoch if move.new_epoch is None else move.new_epoch
+            await self.store.sync_state_upsert(move.job_id, self.peer_id, seq, epoch, conn)
+        if self.nc.is_connected:
+            await publish(self.nc, self.subjects.events(move.job_id), JobEvent(
+                move.job_id, move.to_state.value, move.owner_peer_id or "", epoch, datetime.now(UTC),
+                exit_code=move.exit_code, reason=move.reason,
+            ))
+        return True
+
+
+async def run_peer_agent(config: FederationConfig, pool: asyncpg.Pool, nc: Client,
+                         settings: AgentSettings, stop: asyncio.Event) -> PeerAgent:
+    agent = PeerAgent(config, pool, nc, settings)
+    await agent.start()
+    try:
+        await stop.wait()
+    finally:
+        await agent.close()
+    return agent
+

@@ -1,0 +1,1 @@
+"""The router service: answers submit and cancel requests, committing before it replies."""

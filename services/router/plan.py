@@ -1,0 +1,82 @@
+"""Pure decisions of the router: the job row and reply for a submit, and cancel outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.constraints import Constraint, matches_all
+from shared.federation.peer import Backend
+from shared.federation.router import SubmitDisposition, SubmitPlan
+from shared.lifecycle import JobState
+from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest
+from shared.records import NewJob
+
+# LOCAL jobs are created already assigned to the local agent, under this first epoch.
+FIRST_EPOCH = 1
+
+
+def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend]) -> Backend | None:
+    """The local cluster's first backend that satisfies every constraint, if any."""
+    for backend in local:
+        if matches_all(constraints, backend.attributes):
+            return backend
+    return None
+
+
+def plan_new_job(
+    request: SubmitRequest,
+    plan: SubmitPlan,
+    job_id: str,
+    local_cluster: str,
+    local_backend: Backend | None,
+) -> tuple[NewJob, SubmitReply]:
+    """The row to insert and the reply to send once it is committed."""
+    disposition = plan.disposition
+    owner = backend = None
+    epoch = 0
+    if disposition is SubmitDisposition.LOCAL:
+        state, owner, epoch = JobState.ASSIGNED, local_cluster, FIRST_EPOCH
+        backend = local_backend.name if local_backend else None
+        peer_id = local_cluster
+    elif disposition is SubmitDisposition.QUEUE:
+        state, peer_id = JobState.QUEUED, plan.pinned_peer_id
+    else:
+        state, peer_id = JobState.REJECTED, ""
+    verdicts = [PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts]
+    reply = SubmitReply(
+        job_id=job_id, disposition=disposition.value, state=state.value, peer_id=peer_id,
+        duplicate=False, reason=plan.reason,
+        verdicts=verdicts if disposition is SubmitDisposition.REJECT else [],
+    )
+    spec = msgspec.to_builtins(msgspec.structs.replace(request, job_id=None))
+    job = NewJob(
+        job_id=job_id,
+        spec=spec,
+        spec_hash=request.spec_hash(),
+        state=state.value,
+        disposition=disposition.value,
+        pinned_peer_id=plan.pinned_peer_id or None,
+        owner_peer_id=owner,
+        backend=backend,
+        epoch=epoch,
+        max_retries=request.max_retries,
+        priority=request.priority,
+        deadline_s=request.deadline_s,
+        reason=plan.reason,
+        explanation=msgspec.to_builtins(verdicts) if verdicts else None,
+        submit_reply=msgspec.to_builtins(reply),
+    )
+    return job, reply
+
+
+def cancel_action(state: JobState, cancel_requested: bool) -> str:
+    """What a cancel does to a job in ``state``: kill_now | ask_owner | repeat | nothing."""
+    if state.is_terminal:
+        return "nothing"
+    if state in (JobState.QUEUED, JobState.ASSIGNED):
+        # Not started: killing it in the database fences the owner's start (its CAS
+        # assigned → running can no longer succeed).
+        return "kill_now"
+    return "repeat" if cancel_requested else "ask_owner"

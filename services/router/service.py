@@ -1,0 +1,268 @@
+"""The router: decode → classify → commit (grouped) → reply → notify.
+
+Submits are decoded strictly and classified at once in the NATS callback; valid
+ones join a queue that a few writer tasks drain in batches, each batch one
+``job_insert_batch`` statement in one transaction (group commit). Replies go out
+only after that commit, so an acknowledged job is always in Postgres. After the
+commit the router publishes what others wait for: ``assign.<local>`` for LOCAL
+jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.common.bus import publish
+from services.common.db import CONNECTION_ERRORS
+from services.common.log import EventLogger
+from services.common.peer_view import PeerView
+from services.common.runtime import TaskOwner, forever
+from services.common.store import Store
+from services.router.plan import cancel_action, local_backend_for, plan_new_job
+from shared.config import FederationConfig
+from shared.errors import Conflict, IrisfedError, NotFound
+from shared.federation.router import PeerRouter, RoutingRequest
+from shared.lifecycle import JobState
+from shared.messages import (
+    AssignmentNotice,
+    CancelNotice,
+    CancelReply,
+    CancelRequest,
+    Heartbeat,
+    JobEvent,
+    SubmitReply,
+    SubmitRequest,
+    TickWake,
+    decode_internal,
+    decode_request,
+    encoder,
+    error_reply,
+)
+from shared.records import Move, NewJob
+from shared.subjects import SUBMIT_QUEUE_GROUP
+
+log = EventLogger("router")
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Tuning knobs with defaults that suit one router on a small machine."""
+
+    writers: int = 4  # concurrent group-commit transactions
+    max_batch: int = 1000  # jobs per transaction at most
+    view_refresh_s: float | None = None  # default: the heartbeat interval
+
+
+@dataclass
+class _Pending:
+    job: NewJob
+    reply: SubmitReply
+    msg: Msg
+
+
+class Router:
+    """Answers ``<prefix>.submit`` and ``<prefix>.cancel`` (queue group: run many)."""
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        pool: asyncpg.Pool,
+        nc: Client,
+        settings: RouterSettings = RouterSettings(),
+        clock: Callable[[], float] = time.time,
+        new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.config = config
+        self.subjects = config.subjects
+        self.pool = pool
+        self.store = Store(pool)
+        self.nc = nc
+        self.settings = settings
+        self.clock = clock
+        self.new_job_id = new_job_id
+        self.view = PeerView(config, clock)
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.tasks = TaskOwner()
+        self.batches_committed = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.refresh_view()
+        await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
+        await self.nc.subscribe(self.subjects.submit, queue=SUBMIT_QUEUE_GROUP, cb=self.on_submit)
+        await self.nc.subscribe(self.subjects.cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
+        await self.nc.flush()
+        for i in range(self.settings.writers):
+            self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
+        refresh = self.settings.view_refresh_s or self.config.heartbeat_interval_s
+        self.tasks.spawn(forever("view_refresh", self.refresh_view, refresh), name="router-view")
+        log.info("router_started", prefix=self.subjects.prefix, peers=",".join(self.config.peer_ids))
+
+    async def close(self) -> None:
+        await self.tasks.close()
+
+    # ------------------------------------------------------------ peer view
+
+    async def refresh_view(self) -> None:
+        """Merge what Postgres knows of heartbeats (covers missed NATS messages)."""
+        self.view.apply_rows(await self.store.peer_heartbeat_list())
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        try:
+            self.view.apply_heartbeat(decode_internal(Heartbeat, msg.data))
+        except Exception as exc:  # noqa: BLE001 - one bad heartbeat must not stop the view
+            log.warning("heartbeat_ignored", subject=msg.subject, error=str(exc))
+
+    # ------------------------------------------------------------ submit
+
+    async def on_submit(self, msg: Msg) -> None:
+        try:
+            request = decode_request(SubmitRequest, msg.data)
+            constraints = request.constraint_list()
+            local_backend = local_backend_for(constraints, self.view.local_backends())
+            plan = PeerRouter(self.view.peers(), self.clock).classify(
+                RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
+            )
+            job, reply = plan_new_job(
+                request, plan, request.job_id or self.new_job_id(), self.config.local_cluster,
+                local_backend,
+            )
+        except IrisfedError as exc:
+            await self._respond(msg, error_reply(exc.code, exc.message))
+            return
+        self.queue.put_nowait(_Pending(job, reply, msg))
+
+    async def _writer(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < self.settings.max_batch and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            try:
+                await self._commit(batch)
+            except asyncio.CancelledError:
+                for item in batch:
+                    await self._respond(item.msg, error_reply("unavailable", "router shutting down"))
+                raise
+            except CONNECTION_ERRORS as exc:
+                log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
+                await self._fail_all(batch, "unavailable", f"database unavailable: {exc}; nothing was written, retry")
+            except Exception as exc:  # noqa: BLE001 - answer every waiting producer
+                log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
+                await self._fail_all(batch, "internal", f"internal error: {exc}; nothing was written")
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        # The first submit of a job_id in a batch is the one inserted; later ones in
+        # the same batch are answered like resubmissions.
+        first: dict[str, _Pending] = {}
+        for item in batch:
+            first.setdefault(item.job.job_id, item)
+        async with self.pool.acquire() as conn, conn.transaction():
+            created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
+            repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
+            existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
+        self.batches_committed += 1
+        for item in batch:
+            job_id = item.job.job_id
+            if job_id in created and first[job_id] is item:
+                await self._respond(item.msg, encoder.encode(item.reply))
+                continue
+            original = existing[job_id]
+            if original["spec_hash"] != item.job.spec_hash:
+                exc = Conflict(f"job_id {job_id!r} already names a job with a different spec")
+                await self._respond(item.msg, error_reply(exc.code, exc.message))
+            else:
+                await self._respond(item.msg, encoder.encode({**original["submit_reply"], "duplicate": True}))
+        await self._announce([first[job_id].job for job_id in created])
+
+    async def _announce(self, jobs: list[NewJob]) -> None:
+        """After commit: wake agents and the tick, and tell watchers."""
+        now = datetime.now(UTC)
+        queued = False
+        for job in jobs:
+            if job.state == JobState.ASSIGNED.value:
+                await publish(self.nc, self.subjects.assign(job.owner_peer_id),
+                              AssignmentNotice(job.job_id, job.owner_peer_id, job.epoch))
+            queued = queued or job.state == JobState.QUEUED.value
+            await publish(self.nc, self.subjects.events(job.job_id),
+                          JobEvent(job.job_id, job.state, job.owner_peer_id or "", job.epoch, now,
+                                   reason=job.reason))
+        if queued:
+            await publish(self.nc, self.subjects.tick_wake, TickWake("submit"))
+
+    async def _fail_all(self, batch: list[_Pending], code: str, message: str) -> None:
+        for item in batch:
+            await self._respond(item.msg, error_reply(code, message))
+
+    @staticmethod
+    async def _respond(msg: Msg, body: bytes) -> None:
+        if msg.reply:
+            await msg.respond(body)
+
+    # ------------------------------------------------------------ cancel
+
+    async def on_cancel(self, msg: Msg) -> None:
+        try:
+            request = decode_request(CancelRequest, msg.data)
+            reply = await self.cancel(request.job_id)
+        except IrisfedError as exc:
+            await self._respond(msg, error_reply(exc.code, exc.message))
+            return
+        except CONNECTION_ERRORS as exc:
+            await self._respond(msg, error_reply("unavailable", f"database unavailable: {exc}; retry"))
+            return
+        await self._respond(msg, encoder.encode(reply))
+
+    async def cancel(self, job_id: str) -> CancelReply:
+        """Cancel ``job_id`` durably; the reply's outcome says what happened."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await self.store.job_get_for_update(conn, job_id)
+            if row is None:
+                raise NotFound(f"no job {job_id!r}")
+            state = JobState(row["state"])
+            owner, epoch = row["owner_peer_id"], row["epoch"]
+            action = cancel_action(state, row["cancel_requested"])
+            if action == "nothing":
+                return CancelReply(job_id, state.value, "already_finished")
+            await self.store.job_request_cancel(conn, job_id)
+            if action == "kill_now":
+                await self.store.job_move(Move(
+                    job_id, state, JobState.KILLED, epoch, actor="router", owner_peer_id=owner,
+                    reason="cancelled before it started",
+                ), conn)
+                outcome, new_state = "never_started", JobState.KILLED
+            else:
+                reachable = await self.store.peer_heartbeat_reachable(owner, conn)
+                outcome = "kill_sent" if reachable else "pending_owner_offline"
+                if action == "repeat":
+                    outcome = "already_requested" if reachable else outcome
+                new_state = state
+        # Committed: now tell the owner (it also finds the flag on its next reconcile).
+        if owner:
+            await publish(self.nc, self.subjects.cancel_notice(owner), CancelNotice(job_id, owner, epoch))
+        if new_state is JobState.KILLED:
+            await publish(self.nc, self.subjects.events(job_id),
+                          JobEvent(job_id, new_state.value, owner or "", epoch, datetime.now(UTC),
+                                   reason="cancelled before it started"))
+        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=outcome)
+        return CancelReply(job_id, new_state.value, outcome)
+
+
+async def run_router(config: FederationConfig, pool: asyncpg.Pool, nc: Client, stop: asyncio.Event,
+                     settings: RouterSettings = RouterSettings()) -> None:
+    """The router's whole life: start, serve until ``stop``, close."""
+    router = Router(config, pool, nc, settings)
+    await router.start()
+    try:
+        await stop.wait()
+    finally:
+        await router.close()

@@ -1,0 +1,218 @@
+"""The scheduler tick: runs on an interval and whenever woken.
+
+Each run: (1) queued jobs past ``deadline_s`` become ``unschedulable``;
+(2) live jobs of peers unreachable for longer than the grace period are
+recovered (requeued, or failed when out of retries; pinned jobs never move);
+(3) queued jobs are claimed in priority order, in batches, with ``FOR UPDATE
+SKIP LOCKED``, placed by the pure ``assign_queued`` on reachable matching peers
+with free slots, committed with a compare-and-set that bumps the epoch, and only
+then announced on ``assign.<peer>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import asyncpg
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.common.bus import publish
+from services.common.log import EventLogger
+from services.common.peer_view import PeerView
+from services.common.runtime import TaskOwner, forever
+from services.common.store import Store
+from services.tick.plan import queued_job_from_row, recover_from_lost_peer
+from shared.config import FederationConfig
+from shared.lifecycle import JobState
+from shared.messages import AssignmentNotice, Heartbeat, JobEvent, decode_internal
+from shared.placement import assign_queued, free_slots
+from shared.records import Move
+from shared.subjects import TICK_QUEUE_GROUP
+
+log = EventLogger("tick")
+
+
+@dataclass(frozen=True)
+class TickSettings:
+    batch_size: int = 1000  # queued jobs claimed per transaction
+
+
+@dataclass
+class TickResult:
+    """What one run did."""
+
+    assigned: list[tuple[str, str, int]] = field(default_factory=list)  # job, peer, epoch
+    expired: int = 0
+    recovered: int = 0
+    waiting: int = 0
+
+
+class Tick:
+    """Places queued work; many may run at once (claims never overlap)."""
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        pool: asyncpg.Pool,
+        nc: Client | None,
+        settings: TickSettings = TickSettings(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.subjects = config.subjects
+        self.pool = pool
+        self.store = Store(pool)
+        self.nc = nc
+        self.settings = settings
+        self.clock = clock
+        self.view = PeerView(config, clock)
+        self.wake = asyncio.Event()
+        self.tasks = TaskOwner()
+        self.runs = 0
+
+    async def start(self) -> None:
+        await self.refresh_view()
+        if self.nc is not None:
+            await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
+            await self.nc.subscribe(self.subjects.tick_wake, queue=TICK_QUEUE_GROUP, cb=self.on_wake)
+            await self.nc.flush()
+        self.tasks.spawn(forever("view_refresh", self.refresh_view, self.config.heartbeat_interval_s),
+                         name="tick-view")
+        self.tasks.spawn(self._loop(), name="tick-loop")
+        log.info("tick_started", prefix=self.subjects.prefix)
+
+    async def close(self) -> None:
+        await self.tasks.close()
+
+    async def refresh_view(self) -> None:
+        self.view.apply_rows(await self.store.peer_heartbeat_list())
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        try:
+            heartbeat = decode_internal(Heartbeat, msg.data)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("heartbeat_ignored", subject=msg.subject, error=str(exc))
+            return
+        if self.view.apply_heartbeat(heartbeat):
+            # A peer (re)appearing or freeing slots may make queued work placeable.
+            self.wake.set()
+
+    async def on_wake(self, msg: Msg) -> None:
+        self.wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_interval_s)
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the loop never dies on one error
+                log.error("tick_failed", error=repr(exc))
+                await asyncio.sleep(min(1.0, self.config.tick_interval_s))
+
+    async def run_once(self) -> TickResult:
+        """One full pass: deadlines, lost peers, placement. Returns what it did."""
+        result = TickResult()
+        expired = await self.store.job_expire_deadlines()
+        result.expired = len(expired)
+        now_dt = datetime.now(UTC)
+        for row in expired:
+            log.info("job_unschedulable", job_id=row["job_id"], epoch=row["epoch"])
+            await self._event(row["job_id"], JobState.UNSCHEDULABLE, "", row["epoch"], now_dt,
+                              "deadline passed")
+        result.recovered = await self.recover_lost_peers()
+        await self._place(result)
+        self.runs += 1
+        return result
+
+    async def recover_lost_peers(self) -> int:
+        """Requeue or fail live jobs whose owner stayed unreachable past the grace period."""
+        reachable = self.view.reachable_ids()
+        recovered = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await self.store.job_stale_on_peers(conn, reachable, self.config.assign_grace_s)
+            for row in rows:
+                if row["pinned_peer_id"]:
+                    continue  # pinned jobs never move; they wait for their peer
+                state, owner = JobState(row["state"]), row["owner_peer_id"]
+                decision = recover_from_lost_peer(state, owner, row["attempts"], row["max_retries"])
+                new_epoch = row["epoch"] + 1
+                seq = await self.store.job_move(Move(
+                    row["job_id"], state, decision.to_state, row["epoch"], actor="tick",
+                    owner_peer_id=None if decision.to_state is JobState.QUEUED else owner,
+                    new_epoch=new_epoch, reason=decision.reason,
+                    avoid_peer=owner if decision.avoid_owner else None,
+                ), conn)
+                if seq is not None:
+                    recovered.append((row["job_id"], decision, owner, new_epoch))
+        now_dt = datetime.now(UTC)
+        for job_id, decision, owner, epoch in recovered:
+            log.warning("job_recovered_from_lost_peer", job_id=job_id, peer_id=owner, epoch=epoch,
+                        state=decision.to_state.value)
+            await self._event(job_id, decision.to_state, owner, epoch, now_dt, decision.reason)
+        if recovered:
+            self.wake.set()
+        return len(recovered)
+
+    async def _place(self, result: TickResult) -> None:
+        peers = self.view.peers()
+        now = self.clock()
+        if not any(p.is_reachable(now) for p in peers):
+            return
+        cursor = None
+        while True:
+            async with self.pool.acquire() as conn, conn.transaction():
+                live = await self.store.job_live_counts(conn)
+                rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
+                if not rows:
+                    return
+                jobs = [queued_job_from_row(r) for r in rows]
+                placements, waiting = assign_queued(jobs, peers, live, now)
+                moved = await self.store.job_assign_batch(
+                    conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements]
+                )
+            result.waiting += len(waiting)
+            now_dt = datetime.now(UTC)
+            for row in moved:
+                job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
+                result.assigned.append((job_id, peer_id, epoch))
+                await self._notify_assigned(job_id, peer_id, epoch, now_dt)
+            if len(rows) < self.settings.batch_size:
+                return
+            reachable = [p for p in peers if p.is_reachable(now)]
+            if sum(free_slots(reachable, live).values()) <= len(placements):
+                return  # no slot left anywhere: the rest of the queue waits for the next run
+            last = rows[-1]
+            cursor = (-last["priority"], last["submitted_at"], last["job_id"])
+
+    async def _notify_assigned(self, job_id: str, peer_id: str, epoch: int, at: datetime) -> None:
+        if self.nc is None:
+            return
+        await publish(self.nc, self.subjects.assign(peer_id), AssignmentNotice(job_id, peer_id, epoch))
+        await self._event(job_id, JobState.ASSIGNED, peer_id, epoch, at, "")
+
+    async def _event(self, job_id: str, state: JobState, peer_id: str, epoch: int, at: datetime,
+                     reason: str) -> None:
+        if self.nc is not None:
+            await publish(self.nc, self.subjects.events(job_id),
+                          JobEvent(job_id, state.value, peer_id or "", epoch, at, reason=reason))
+
+
+async def run_tick(config: FederationConfig, pool: asyncpg.Pool, nc: Client, stop: asyncio.Event,
+                   settings: TickSettings = TickSettings()) -> None:
+    tick = Tick(config, pool, nc, settings)
+    await tick.start()
+    try:
+        await stop.wait()
+    finally:
+        await tick.close()
