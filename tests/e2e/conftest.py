@@ -1,0 +1,179 @@
+"""A federation of real service subprocesses against the session's real servers.
+
+Each test gets its own database and subject prefix, short heartbeats so fault
+tests are quick, and, when it ends, every process stopped by PID and the
+changelog-replay invariant checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from services.common import db as dbmod
+from services.common.store import Store
+from tests.infra.invariants import assert_changelog_replays
+from tests.infra.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = {"succeeded", "failed", "killed", "rejected", "unschedulable"}
+
+PEERS = {
+    "home": {"device_type": "cpu"},
+    "gpu-west": {"device_type": "gpu", "device_variant": "h100"},
+    "tpu-east": {"device_type": "tpu"},
+}
+
+
+def config_text(prefix: str) -> str:
+    lines = [
+        'local_cluster = "home"',
+        f'subject_prefix = "{prefix}"',
+        "heartbeat_interval_s = 0.25",
+        "heartbeat_ttl_s = 1.5",
+        "tick_interval_s = 0.25",
+        "assign_grace_s = 1.0",
+    ]
+    for peer_id, attrs in PEERS.items():
+        inline = ", ".join(f'{k} = "{v}"' for k, v in attrs.items())
+        lines += ["", "[[peers]]", f'id = "{peer_id}"', f"attributes = {{ {inline} }}", "slots = 2"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Federation:
+    """Start, stop and crash services; submit and wait like a user would."""
+
+    tmp: Path
+    database_url: str
+    nats_url: str
+    prefix: str
+    nats: object
+    store: Store
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def config_path(self) -> Path:
+        return self.tmp / "federation.toml"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
+        env.update({
+            "IRISFED_DATABASE_URL": self.database_url,
+            "IRISFED_NATS_URL": self.nats_url,
+            "IRISFED_CONFIG": str(self.config_path),
+            "PYTHONPATH": str(ROOT),
+        })
+        return env
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen:
+        module = {"router": "services.router", "tick": "services.tick"}.get(name, "services.peer_agent")
+        args = [sys.executable, "-m", module, "--log-level", "debug", *extra]
+        if module == "services.peer_agent":
+            args += ["--peer-id", name, "--work-dir", str(self.tmp / "work")]
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
+        process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=self.tmp, start_new_session=True)
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def stop(self, name: str) -> int:
+        process = self.processes.pop(name)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return process.returncode
+
+    def kill(self, name: str) -> None:
+        """Crash a service (SIGKILL): no clean-up of any kind."""
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait()
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    async def start_federation(self, *agents: str) -> None:
+        self.start("router")
+        self.start("tick")
+        for agent in agents:
+            self.start(agent)
+        await self.wait_router()
+        for agent in agents:
+            await self.wait_agent(agent)
+
+    async def wait_router(self) -> None:
+        async def answered():
+            reply = await self.request("cancel", {"job_id": "readiness-probe"})
+            return reply is not None
+        await wait_for(answered, "the router to answer")
+
+    async def wait_agent(self, peer_id: str) -> None:
+        async def advertised():
+            rows = await self.store.peer_heartbeat_list()
+            return any(r["peer_id"] == peer_id and r["reachable"] for r in rows)
+        await wait_for(advertised, f"{peer_id} to advertise")
+
+    async def request(self, verb: str, body: dict | bytes, timeout: float = 2.0) -> dict | None:
+        import nats
+
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        try:
+            reply = await self.nats.request(f"{self.prefix}.{verb}", data, timeout=timeout)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return None
+        return json.loads(reply.data)
+
+    async def submit(self, body: dict) -> dict:
+        reply = await wait_for(lambda: self.request("submit", body), "a submit reply")
+        return reply
+
+    async def cancel(self, job_id: str) -> dict:
+        return await wait_for(lambda: self.request("cancel", {"job_id": job_id}), "a cancel reply")
+
+    async def job(self, job_id: str):
+        return await self.store.job_get(job_id)
+
+    async def wait_state(self, job_id: str, *states: str, timeout: float = 60.0):
+        async def reached():
+            job = await self.store.job_get(job_id)
+            return job if job is not None and job["state"] in states else None
+        return await wait_for(reached, f"{job_id} to reach {states}", timeout=timeout)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli", *args], env=self.env, cwd=self.tmp,
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+
+    def close(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+
+@pytest.fixture
+async def federation(tmp_path, database_url, servers, subject_prefix, nats_client):
+    pool = await dbmod.connect(database_url, max_size=4)
+    fed = Federation(tmp_path, database_url, servers.nats_url, subject_prefix, nats_client, Store(pool))
+    fed.config_path.write_text(config_text(subject_prefix))
+    try:
+        yield fed
+    finally:
+        fed.close()
+        try:
+            await assert_changelog_replays(fed.store)
+        finally:
+            await pool.close()

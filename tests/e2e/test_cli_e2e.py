@@ -1,0 +1,121 @@
+"""The `irisfed` command line against a running federation, and `irisfed up` from nothing."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_cli_submit_with_constraints_and_read_commands(federation):
+    await federation.start_federation("home", "gpu-west")
+    submitted = federation.cli("submit", "--id", "cli-1", "--constraint", "device_type=gpu",
+                               "--constraint", "device_variant=in:h100,b200", "--priority", "2",
+                               "--wait", "--", "sh", "-c", "echo from-cli")
+    assert submitted.returncode == 0, submitted.stderr
+    assert "cli-1: queue → queued" in submitted.stdout
+    assert "succeeded on gpu-west" in submitted.stdout
+
+    jobs = json.loads(federation.cli("jobs", "--json").stdout)
+    assert [(j["job_id"], j["state"], j["owner_peer_id"]) for j in jobs] == [("cli-1", "succeeded", "gpu-west")]
+    detail = json.loads(federation.cli("job", "cli-1", "--json").stdout)
+    assert [c["to_state"] for c in detail["changelog"]] == ["queued", "assigned", "running", "succeeded"]
+    peers = json.loads(federation.cli("peers", "--json").stdout)
+    assert {p["peer_id"] for p in peers} == {"home", "gpu-west"}
+    table = federation.cli("jobs")
+    assert table.returncode == 0 and "cli-1" in table.stdout
+    assert federation.cli("logs", "cli-1").stdout == "from-cli\n"
+
+    rejected = federation.cli("submit", "--constraint", "device_type=fpga", "--", "true")
+    assert rejected.returncode == 3 and "no peer can host" in rejected.stdout
+    bad = federation.cli("submit", "--constraint", "memory>=lots", "--", "true")
+    assert bad.returncode == 2 and "needs a number" in bad.stderr
+    unknown = federation.cli("submit", "--pin", "mars", "--", "true")
+    assert unknown.returncode == 1 and "unknown_peer" in unknown.stderr
+
+
+async def test_cli_cancel_and_watch(federation):
+    await federation.start_federation("home")
+    reply = await federation.submit({"command": ["sleep", "300"], "job_id": "long-1"})
+    await federation.wait_state("long-1", "running")
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "watch", "long-1"], env=federation.env,
+        cwd=federation.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    cancelled = federation.cli("cancel", reply["job_id"])
+    assert cancelled.returncode == 0 and "kill_sent" in cancelled.stdout
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 1, err  # watch exits non-zero unless the job succeeded
+    assert "long-1: killed" in out
+
+
+def test_services_refuse_an_unmigrated_database(servers, tmp_path, subject_prefix):
+    from tests.e2e.conftest import config_text
+    (tmp_path / "f.toml").write_text(config_text(subject_prefix))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "IRISFED_CONFIG": str(tmp_path / "f.toml"),
+           "IRISFED_NATS_URL": servers.nats_url, "IRISFED_DATABASE_URL": servers.database_url}
+    result = subprocess.run([sys.executable, "-m", "services.router"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "run `irisfed migrate`" in result.stderr
+
+
+def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
+    env["PYTHONPATH"] = str(ROOT)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--state-dir", str(state), "--no-live"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        lines = []
+        for line in up.stdout:
+            lines.append(line)
+            if "irisfed up: ready" in line:
+                break
+        assert any("ready" in line for line in lines), "".join(lines)
+        connect = json.loads((state / "connect.json").read_text())
+        client_env = {**env, "IRISFED_DATABASE_URL": connect["database_url"],
+                      "IRISFED_NATS_URL": connect["nats_url"], "IRISFED_CONFIG": connect["config"]}
+
+        def cli(*args):
+            return subprocess.run([sys.executable, "-m", "services.cli", *args], env=client_env,
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+
+        for _ in range(100):  # the router needs a moment; each try is a real request
+            result = cli("submit", "--wait", "--constraint", "device_type=gpu", "--", "echo", "demo")
+            if "no router answered" not in result.stderr and "unreachable" not in result.stdout:
+                break
+            time.sleep(0.2)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "succeeded on gpu-west" in result.stdout
+        pids = json.loads((state / "pids.json").read_text())
+        everything = pids["servers"] + list(pids["children"].values())
+        assert len(everything) == 2 + 2 + 3
+    finally:
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=120)
+    assert up.returncode == 0, rest
+    assert "irisfed up: stopped" in rest
+    for pid in everything:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    pg_folder = state / "postgres"
+    relocated = pg_folder / "DATA_LOCATION"
+    if relocated.exists():  # root with a 0700 temp dir: the cluster lives elsewhere
+        pg_folder = Path(relocated.read_text().strip())
+    try:
+        assert (pg_folder / "pgdata" / "PG_VERSION").exists()  # data kept for next time
+    finally:
+        if relocated.exists():
+            shutil.rmtree(pg_folder, ignore_errors=True)
