@@ -1,0 +1,50 @@
+"""Factories for rows and messages, with overridable defaults."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import msgspec
+
+from services.common.store import Store
+from services.router.plan import plan_new_job
+from shared.config import FederationConfig, parse_config
+from shared.federation.router import SubmitDisposition, SubmitPlan
+from shared.messages import SubmitRequest
+from shared.records import NewJob
+
+_ids = itertools.count(1)
+
+
+def make_config(**overrides) -> FederationConfig:
+    raw = {
+        "local_cluster": "home",
+        "heartbeat_interval_s": 0.25,
+        "heartbeat_ttl_s": 1.5,
+        "tick_interval_s": 0.25,
+        "peers": [{"id": "home"}, {"id": "gpu-west"}, {"id": "tpu-east"}],
+    }
+    raw.update(overrides)
+    return parse_config(raw)
+
+
+def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> NewJob:
+    """A job row as the router would build it (default: an unpinned queued job)."""
+    body = {"command": ["true"], "job_id": f"job-{next(_ids)}", **request_fields}
+    request = msgspec.convert(body, SubmitRequest)
+    plan = SubmitPlan(SubmitDisposition(disposition), pinned_peer_id=pin, reason="test")
+    job, _ = plan_new_job(request, plan, body["job_id"], "home", None)
+    return job
+
+
+async def insert_jobs(store: Store, jobs: list[NewJob]) -> None:
+    async with store.db.acquire() as conn, conn.transaction():
+        await store.job_insert_batch(conn, jobs)
+
+
+async def advertise(store: Store, peer_id: str, slots: int = 2, run_id: str = "run-1", seq: int = 1,
+                    ttl_s: float = 60.0, **attributes: str) -> None:
+    backends = [{"name": "main", "attributes": {k: [v] for k, v in attributes.items()},
+                 "capacity": {"total": slots, "free": slots}}]
+    await store.peer_heartbeat_upsert(peer_id, run_id, seq, backends, ttl_s, datetime.now(UTC))

@@ -1,0 +1,118 @@
+"""The tick against real Postgres: placement, concurrency, deadlines, lost peers."""
+
+import asyncio
+import time
+
+from services.common.store import Store
+from services.tick.service import Tick
+from shared.lifecycle import JobState
+from shared.records import Move
+from tests.infra.factories import advertise, insert_jobs, make_config, make_job
+from tests.infra.invariants import assert_changelog_replays
+
+
+async def test_places_by_constraint_and_capacity(pool):
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=2, device_type="gpu")
+    await advertise(store, "tpu-east", slots=5, device_type="tpu")
+    gpu = {"constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}]}
+    jobs = [make_job(**gpu) for _ in range(3)] + [make_job()]
+    await insert_jobs(store, jobs)
+    tick = Tick(make_config(), pool, None)
+    await tick.refresh_view()
+    result = await tick.run_once()
+    owners = {job_id: peer for job_id, peer, _ in result.assigned}
+    assert sorted(owners.values()) == ["gpu-west", "gpu-west", "tpu-east"]
+    assert owners[jobs[3].job_id] == "tpu-east"
+    assert result.waiting == 1  # the third GPU job: no slot left
+    waiting = await store.job_get(jobs[2].job_id)
+    assert waiting["state"] == "queued"
+    assert all(epoch == 1 for _, _, epoch in result.assigned)
+    await assert_changelog_replays(store)
+
+
+async def test_priority_order_decides_who_gets_the_last_slot(pool):
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=1)
+    low, high = make_job(priority=1), make_job(priority=5)
+    await insert_jobs(store, [low, high])
+    tick = Tick(make_config(), pool, None)
+    await tick.refresh_view()
+    result = await tick.run_once()
+    assert [job_id for job_id, _, _ in result.assigned] == [high.job_id]
+
+
+async def test_concurrent_ticks_never_double_assign(pool, database_url):
+    from services.common import db as dbmod
+
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=500)
+    await advertise(store, "tpu-east", slots=500)
+    jobs = [make_job() for _ in range(400)]
+    await insert_jobs(store, jobs)
+    other_pool = await dbmod.connect(database_url)
+    try:
+        ticks = [Tick(make_config(), p, None, ) for p in (pool, other_pool)]
+        for tick in ticks:
+            tick.settings = type(tick.settings)(batch_size=50)
+            await tick.refresh_view()
+        results = await asyncio.gather(*(t.run_once() for t in ticks), *(t.run_once() for t in ticks))
+    finally:
+        await other_pool.close()
+    assigned = [job_id for r in results for job_id, _, _ in r.assigned]
+    assert len(assigned) == len(set(assigned)) == 400
+    rows = await pool.fetch(
+        "SELECT job_id, count(*) FROM federation_changelog WHERE to_state = 'assigned' GROUP BY job_id"
+    )
+    assert len(rows) == 400 and all(r["count"] == 1 for r in rows)
+    await assert_changelog_replays(store)
+
+
+async def test_deadline_makes_queued_jobs_unschedulable(pool):
+    store = Store(pool)
+    job = make_job(deadline_s=0.001, constraints=[{"key": "device_type", "op": "eq", "value": "quantum"}])
+    await insert_jobs(store, [job])
+    await pool.execute("SELECT pg_sleep(0.01)")
+    result = await Tick(make_config(), pool, None).run_once()
+    assert result.expired == 1
+    row = await store.job_get(job.job_id)
+    assert row["state"] == "unschedulable" and "deadline" in row["reason"]
+    await assert_changelog_replays(store)
+
+
+async def _assign_and_start(store, job, peer, start=False):
+    await insert_jobs(store, [job])
+    async with store.db.acquire() as conn, conn.transaction():
+        await store.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
+    if start:
+        await store.job_move(Move(job.job_id, JobState.ASSIGNED, JobState.RUNNING, 1, "test", peer))
+
+
+async def test_lost_peer_work_is_requeued_or_failed_and_pins_stay(pool):
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=4)
+    never_started = make_job(max_retries=0)
+    running_retry = make_job(max_retries=1)
+    running_final = make_job(max_retries=0)
+    pinned = make_job(pin="gpu-west")
+    await _assign_and_start(store, never_started, "gpu-west")
+    await _assign_and_start(store, running_retry, "gpu-west", start=True)
+    await _assign_and_start(store, running_final, "gpu-west", start=True)
+    await _assign_and_start(store, pinned, "gpu-west", start=True)
+    config = make_config(assign_grace_s=0.001)
+    # The peer's heartbeat is fresh in the database, but to this tick's clock it is
+    # long gone: time is injected, no sleeping.
+    tick = Tick(config, pool, None, clock=lambda: time.time() + 3600)
+    await tick.refresh_view()
+    await pool.execute("SELECT pg_sleep(0.01)")
+    assert await tick.recover_lost_peers() == 3
+
+    row = await store.job_get(never_started.job_id)
+    assert (row["state"], row["epoch"], row["owner_peer_id"]) == ("queued", 2, None)
+    row = await store.job_get(running_retry.job_id)
+    assert (row["state"], row["epoch"], row["avoid_peers"]) == ("queued", 2, ["gpu-west"])
+    row = await store.job_get(running_final.job_id)
+    assert row["state"] == "failed" and "peer lost" in row["reason"]
+    row = await store.job_get(pinned.job_id)
+    assert (row["state"], row["epoch"]) == ("running", 1)
+    await assert_changelog_replays(store)
