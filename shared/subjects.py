@@ -35,6 +35,11 @@ class Subjects:
     def tick_wake(self) -> str:
         return f"{self.prefix}.tick.wake"
 
+    @property
+    def tick_ping(self) -> str:
+        """Health probe: every running tick answers with how many runs it made."""
+        return f"{self.prefix}.tick.ping"
+
     def heartbeat(self, peer_id: str = "*") -> str:
         return f"{self.prefix}.heartbeat.{peer_id}"
 

@@ -363,6 +363,34 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
     return 0 if state == "succeeded" else 1
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the named service answers (for container health checks)."""
+
+    async def probe() -> bool:
+        if args.service == "peer-agent":
+            if not args.peer_id:
+                raise ConfigError("health peer-agent needs --peer-id")
+            rows = await _with_store(args, lambda s: s.peer_heartbeat_list())
+            return any(r["peer_id"] == args.peer_id and r["reachable"] for r in rows)
+        names = subjects(args)
+        subject = names.cancel if args.service == "router" else names.tick_ping
+        body = json.dumps({"job_id": "health-probe"}).encode() if args.service == "router" else b""
+        import nats
+
+        nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=1)
+        try:
+            await nc.request(subject, body, timeout=args.timeout)
+            return True
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return False
+        finally:
+            await nc.close()
+
+    healthy = asyncio.run(probe())
+    print(f"{args.service}: {'healthy' if healthy else 'not answering'}")
+    return 0 if healthy else 1
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -443,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p.set_defaults(timeout=0.0)
 
+    p = sub.add_parser("health", help="exit 0 when a service answers (container health checks)")
+    client(p)
+    p.add_argument("--database-url", help="for peer-agent")
+    p.add_argument("service", choices=["router", "tick", "peer-agent"])
+    p.add_argument("--peer-id")
+    p.set_defaults(timeout=3.0)
+
     p = sub.add_parser("jobs", help="list jobs (the unified view)")
     servers(p, nats=False)
     p.add_argument("--state")
@@ -477,6 +512,7 @@ COMMANDS = {
     "peers": cmd_peers,
     "logs": cmd_logs,
     "watch": cmd_watch,
+    "health": cmd_health,
 }
 
 

@@ -80,6 +80,7 @@ class Tick:
         if self.nc is not None:
             await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
             await self.nc.subscribe(self.subjects.tick_wake, queue=TICK_QUEUE_GROUP, cb=self.on_wake)
+            await self.nc.subscribe(self.subjects.tick_ping, cb=self.on_ping)
             await self.nc.flush()
         self.tasks.spawn(forever("view_refresh", self.refresh_view, self.config.heartbeat_interval_s),
                          name="tick-view")
@@ -104,6 +105,10 @@ class Tick:
 
     async def on_wake(self, msg: Msg) -> None:
         self.wake.set()
+
+    async def on_ping(self, msg: Msg) -> None:
+        if msg.reply:
+            await msg.respond(str(self.runs).encode())
 
     async def _loop(self) -> None:
         while True:

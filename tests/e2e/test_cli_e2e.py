@@ -119,3 +119,12 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
     finally:
         if relocated.exists():
             shutil.rmtree(pg_folder, ignore_errors=True)
+
+
+async def test_health_probes_answer_for_running_services(federation):
+    assert federation.cli("health", "router").returncode == 1  # nothing running yet
+    await federation.start_federation("home")
+    for args in (["router"], ["tick"], ["peer-agent", "--peer-id", "home"]):
+        result = federation.cli("health", *args)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert federation.cli("health", "peer-agent", "--peer-id", "gpu-west").returncode == 1

@@ -1,0 +1,13 @@
+# One image for every irisfed service (router, tick, peer-agent, migrate).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY services ./services
+COPY migrations ./migrations
+RUN pip install --no-cache-dir . && useradd --create-home irisfed
+COPY deploy/federation.toml /etc/irisfed/federation.toml
+USER irisfed
+ENV IRISFED_CONFIG=/etc/irisfed/federation.toml
+ENTRYPOINT []
+CMD ["irisfed", "--help"]

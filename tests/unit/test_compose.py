@@ -1,0 +1,71 @@
+"""compose.yaml cannot be run here (no Docker engine), so check it is consistent."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.cli import build_parser
+from shared.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def parses(command: list[str]) -> bool:
+    assert command[0] == "irisfed", command
+    try:
+        build_parser().parse_args(command[1:])
+    except SystemExit:
+        return False
+    return True
+
+
+def test_topology_has_every_role():
+    assert {"nats", "postgres", "migrate", "router", "tick"} <= set(SERVICES)
+    agents = [name for name, svc in SERVICES.items() if "peer-agent" in svc.get("command", [])]
+    assert len(agents) == 2
+    attrs = [tuple(svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--attr")
+             for name, svc in SERVICES.items() if name in agents]
+    assert attrs[0] != attrs[1]  # the two peers advertise different hardware
+
+
+@pytest.mark.parametrize("name", [n for n, s in SERVICES.items() if s.get("image") == "irisfed:latest"])
+def test_every_irisfed_command_is_a_real_subcommand(name):
+    service = SERVICES[name]
+    assert parses(service["command"]), service["command"]
+    health = service.get("healthcheck", {}).get("test")
+    if health:
+        assert health[0] == "CMD" and parses(health[1:]), health
+
+
+def test_one_image_built_from_the_repo_dockerfile():
+    ours = [s for s in SERVICES.values() if s.get("image", "").startswith("irisfed")]
+    assert {s["image"] for s in ours} == {"irisfed:latest"}
+    builders = [s for s in ours if "build" in s]
+    assert len(builders) == 1 and (ROOT / builders[0]["build"] / "Dockerfile").exists()
+
+
+def test_dependencies_and_health_checks_are_consistent():
+    for name, service in SERVICES.items():
+        assert "restart" in service, f"{name} has no restart policy"
+        if name != "migrate":
+            assert "healthcheck" in service, f"{name} has no health check"
+        for dependency, rule in service.get("depends_on", {}).items():
+            assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
+            condition = rule["condition"]
+            if condition == "service_healthy":
+                assert "healthcheck" in SERVICES[dependency]
+            if condition == "service_completed_successfully":
+                assert SERVICES[dependency]["restart"] == "no"
+    for name in ("router", "tick"):
+        assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_mounted_federation_config_is_valid_and_names_the_agents():
+    config = load_config(ROOT / "deploy" / "federation.toml")
+    for service in SERVICES.values():
+        command = service.get("command", [])
+        if "peer-agent" in command:
+            assert command[command.index("--peer-id") + 1] in config.peer_ids
