@@ -10,7 +10,7 @@ Rules, applied to jobs in the order given (the tick passes priority order):
   spreads load.
 - Free slots are the backend's advertised total minus the jobs already live on
   it, and each placement made here takes one, so a tick never over-commits.
-Jobs left waiting carry a reason for the operator.
+Jobs left waiting carry the rule that held them and a verdict per peer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from shared.constraints import Constraint, matches_all
 from shared.federation.peer import FederationPeer
-from shared.federation.router import judge_peer
+from shared.federation.router import PeerVerdict, judge_peer
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +44,16 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
+    """A job left queued, with the rule that held it back and each peer's verdict."""
+
     job_id: str
-    reason: str
+    rule: str
+    verdicts: tuple[PeerVerdict, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        details = "; ".join(v.describe() for v in self.verdicts)
+        return f"{self.rule}: {details}" if details else self.rule
 
 
 def free_slots(
@@ -71,11 +79,14 @@ def assign_queued(
     slots = free_slots(reachable, live)
     # Jobs mostly share a few constraint sets: match each set against the peers once.
     matching_by_constraints: dict[tuple[Constraint, ...], list[tuple[str, str]]] = {}
+    # Slots only shrink during a run, so a job kind that had to wait once would wait
+    # again for the same reasons: explain it once.
+    explained: dict[tuple, Waiting] = {}
     placements: list[Placement] = []
     waiting: list[Waiting] = []
     for job in jobs:
         if job.pinned_peer_id:
-            choice, reason = _place_pinned(job, by_id.get(job.pinned_peer_id), slots, now)
+            choice = _place_pinned(job, by_id.get(job.pinned_peer_id), slots, now)
         else:
             matching = matching_by_constraints.get(job.constraints)
             if matching is None:
@@ -86,9 +97,13 @@ def assign_queued(
                     if matches_all(job.constraints, backend.attributes)
                 ]
                 matching_by_constraints[job.constraints] = matching
-            choice, reason = _place_unpinned(job, matching, peers, slots, now)
+            choice = _place_unpinned(job, matching, slots)
         if choice is None:
-            waiting.append(Waiting(job.job_id, reason))
+            key = (job.constraints, job.pinned_peer_id, job.avoid_peers)
+            why = explained.get(key)
+            if why is None:
+                why = explained[key] = explain_waiting(job, peers, slots, now)
+            waiting.append(Waiting(job.job_id, why.rule, why.verdicts))
             continue
         slots[choice] -= 1
         placements.append(Placement(job.job_id, job.epoch, choice[0], choice[1]))
@@ -97,50 +112,60 @@ def assign_queued(
 
 def _place_pinned(
     job: QueuedJob, peer: FederationPeer | None, slots: dict[tuple[str, str], int], now: float
-) -> tuple[tuple[str, str] | None, str]:
-    pin = job.pinned_peer_id
-    if peer is None:
-        return None, f"pinned to {pin}, which is not in the configuration"
-    if not peer.is_reachable(now):
-        return None, f"pinned to {pin}, which is unreachable; waiting for it to return"
-    if not peer.backends:
-        return None, f"pinned to {pin}, which advertises no backends"
-    open_backends = [b for b in peer.backends if slots.get((pin, b.name), 0) > 0]
+) -> tuple[str, str] | None:
+    if peer is None or not peer.is_reachable(now):
+        return None
+    open_backends = [b for b in peer.backends if slots.get((peer.peer_id, b.name), 0) > 0]
     if not open_backends:
-        return None, f"pinned to {pin}, which has no free slot"
+        return None
     matching = [b for b in open_backends if matches_all(job.constraints, b.attributes)]
-    best = max(matching or open_backends, key=lambda b: (slots[(pin, b.name)], b.name))
-    return (pin, best.name), ""
+    best = max(matching or open_backends, key=lambda b: (slots[(peer.peer_id, b.name)], b.name))
+    return peer.peer_id, best.name
 
 
 def _place_unpinned(
-    job: QueuedJob,
-    matching: Sequence[tuple[str, str]],
-    peers: Sequence[FederationPeer],
-    slots: dict[tuple[str, str], int],
-    now: float,
-) -> tuple[tuple[str, str] | None, str]:
+    job: QueuedJob, matching: Sequence[tuple[str, str]], slots: dict[tuple[str, str], int]
+) -> tuple[str, str] | None:
     best: tuple[int, str, str] | None = None
-    full: list[str] = []
     for peer_id, backend_name in matching:
         if peer_id in job.avoid_peers:
             continue
         free = slots[(peer_id, backend_name)]
         if free <= 0:
-            full.append(peer_id)
             continue
         # Most free slots first; ties go to the smaller peer id, then backend name.
         candidate = (-free, peer_id, backend_name)
         if best is None or candidate < best:
             best = candidate
-    if best is not None:
-        return (best[1], best[2]), ""
-    if full:
-        return None, "matching peers have no free slot: " + ", ".join(sorted(set(full)))
-    reasons = []
+    return None if best is None else (best[1], best[2])
+
+
+def explain_waiting(
+    job: QueuedJob, peers: Sequence[FederationPeer], slots: Mapping[tuple[str, str], int], now: float
+) -> Waiting:
+    """Why ``job`` could not be placed: the rule, and a verdict for every peer."""
+    verdicts = []
     for peer in peers:
+        if job.pinned_peer_id and peer.peer_id != job.pinned_peer_id:
+            verdicts.append(PeerVerdict(peer.peer_id, "not_pinned_peer", f"not the pinned peer {job.pinned_peer_id}"))
+            continue
         if peer.peer_id in job.avoid_peers:
-            reasons.append(f"{peer.peer_id}: avoided (lost this job before)")
+            verdicts.append(PeerVerdict(peer.peer_id, "avoided", "lost this job before; avoided"))
+            continue
+        verdict = judge_peer(peer, () if job.pinned_peer_id else job.constraints, now)
+        if verdict.code == "match":
+            free = sum(slots.get((peer.peer_id, b.name), 0) for b in peer.backends
+                       if job.pinned_peer_id or matches_all(job.constraints, b.attributes))
+            if free <= 0:
+                verdict = PeerVerdict(peer.peer_id, "no_free_capacity", "matches but has no free slot")
+        verdicts.append(verdict)
+    if job.pinned_peer_id:
+        if job.pinned_peer_id not in {p.peer_id for p in peers}:
+            rule = f"pinned to {job.pinned_peer_id}, which is not in the configuration"
         else:
-            reasons.append(judge_peer(peer, job.constraints, now).describe())
-    return None, "no peer can take it now: " + "; ".join(reasons)
+            rule = f"pinned to {job.pinned_peer_id}; waiting for it to be reachable with a free slot"
+    elif any(v.code == "no_free_capacity" for v in verdicts):
+        rule = "matching peers are full; waiting for a free slot"
+    else:
+        rule = "no reachable peer matches; waiting for one"
+    return Waiting(job.job_id, rule, tuple(verdicts))

@@ -79,13 +79,14 @@ def subjects(args: argparse.Namespace) -> Subjects:
 
 
 def _service_main(args: argparse.Namespace) -> int:
-    from services.common import db
+    from services.common import db, metrics
     from services.common.bus import connect_nats
     from services.common.log import setup_logging
     from services.common.runtime import run_service
 
     setup_logging(args.log_level)
     config = federation_config(args)
+    metrics.serve(args.metrics_port, args.metrics_host)
     db_url, n_url = database_url(args), nats_url(args)
 
     async def main(stop: asyncio.Event) -> None:
@@ -283,6 +284,24 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    async def fetch(store):
+        return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
+
+    job, history = asyncio.run(_with_store(args, fetch))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({"job_id": job["job_id"], "state": job["state"], "disposition": job["disposition"],
+                     "reason": job["reason"], "explanation": job["explanation"]})
+    else:
+        views.print_explain(job, history)
+    return 0
+
+
 def cmd_peers(args: argparse.Namespace) -> int:
     from services.cli import views
 
@@ -391,6 +410,64 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """Live view of peers and jobs: redraws on NATS events, polls Postgres as the fallback."""
+    from services.cli import views
+    from services.common import db
+    from services.common.store import Store
+
+    config = federation_config(args, required=False)
+
+    async def run() -> None:
+        pool = await db.connect(database_url(args), max_size=2)
+        store = Store(pool)
+        try:
+            if args.once:
+                views.console().print(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
+                return
+            import nats
+            from rich.live import Live
+
+            changed = asyncio.Event()
+
+            async def on_message(msg) -> None:
+                changed.set()
+
+            nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=-1)
+            names = subjects(args)
+            await nc.subscribe(names.events(), cb=on_message)
+            await nc.subscribe(names.heartbeat(), cb=on_message)
+            try:
+                with Live(refresh_per_second=4, screen=False) as live:
+                    while True:
+                        changed.clear()
+                        live.update(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
+                        try:  # redraw on the next event, but at most 4 times a second
+                            await asyncio.wait_for(changed.wait(), timeout=args.interval)
+                        except TimeoutError:
+                            pass
+                        await asyncio.sleep(0.25)
+            finally:
+                await nc.close()
+        finally:
+            await pool.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Write the JSON Schema of every wire message, one file each."""
+    from shared.messages import json_schemas
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in json_schemas().items():
+        (out / f"{name}.json").write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {len(json_schemas())} schemas to {out}")
+    return 0
+
+
 # ---------------------------------------------------------------- parser
 
 
@@ -409,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
         servers(p)
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         p.add_argument("--db-pool", type=int, default=10, help="max Postgres connections")
+        p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+        p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
 
     p = sub.add_parser("up", help="start a whole federation on this machine (the embedded default)")
     servers(p)
@@ -489,6 +568,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("top", help="live view of peers and jobs")
+    servers(p)
+    p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+    p.add_argument("--interval", type=float, default=2.0, help="redraw at least this often (s)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
+    p.add_argument("--out", default="docs/schema")
+
+    p = sub.add_parser("explain", help="why a job was rejected, is queued, or went where it went")
+    servers(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("peers", help="peers and their newest advertisement")
     servers(p, nats=False)
     p.add_argument("--json", action="store_true")
@@ -513,6 +606,9 @@ COMMANDS = {
     "logs": cmd_logs,
     "watch": cmd_watch,
     "health": cmd_health,
+    "explain": cmd_explain,
+    "top": cmd_top,
+    "schema": cmd_schema,
 }
 
 

@@ -210,7 +210,6 @@ def _restart_dead(children: list[Child], env: dict[str, str]) -> bool:
 
 
 async def _live(children, env, pool, config, stop, on_restart) -> None:
-    from rich.console import Group
     from rich.live import Live
 
     from services.cli import views
@@ -221,18 +220,10 @@ async def _live(children, env, pool, config, stop, on_restart) -> None:
         while not stop.is_set():
             if _restart_dead(children, env):
                 on_restart()
-            peers = await store.peer_heartbeat_list()
-            counts = await store.job_count_by_state()
-            recent = await store.job_list(None, 10)
             services = "  ".join(
                 f"{c.name}:{'up' if c.process and c.process.poll() is None else 'down'}" for c in children
             )
-            live.update(Group(
-                f"[bold]irisfed up[/] {views.now_stamp()}  {services}",
-                views.peers_table(peers, config),
-                views.counts_line(counts),
-                views.jobs_table(recent, title="recent jobs"),
-            ))
+            live.update(await views.dashboard(store, config, f"[bold]irisfed up[/] {views.now_stamp()}  {services}"))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except TimeoutError:

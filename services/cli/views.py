@@ -83,6 +83,16 @@ def print_job(job, history) -> None:
     out.print(table)
 
 
+async def dashboard(store, config: FederationConfig | None, header: str):
+    """One frame of the live view: peers, jobs by state, recent jobs."""
+    from rich.console import Group
+
+    peers = await store.peer_heartbeat_list()
+    counts = await store.job_count_by_state()
+    recent = await store.job_list(None, 10)
+    return Group(header, peers_table(peers, config), counts_line(counts), jobs_table(recent, title="recent jobs"))
+
+
 def counts_line(counts: dict[str, int]) -> str:
     order = ["queued", "assigned", "running", "succeeded", "failed", "killed", "rejected", "unschedulable"]
     return "  ".join(f"{state}={counts.get(state, 0)}" for state in order)
@@ -90,3 +100,35 @@ def counts_line(counts: dict[str, int]) -> str:
 
 def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
+
+
+def print_explain(job, history) -> None:
+    """A person's answer to "why is this job where it is?"."""
+    from shared.explain import PEER_CODES
+
+    out = console()
+    state = job["state"]
+    out.print(f"[bold]{job['job_id']}[/] is [{STATE_STYLE.get(state, '')}]{state}[/] "
+              f"({job['disposition']} at submit)")
+    explained = job["explanation"] or {}
+    if explained:
+        out.print(f"  decided by  {explained['by']}")
+        out.print(f"  rule        {explained['rule']}")
+    elif job["reason"]:
+        out.print(f"  reason      {job['reason']}")
+    placed = [row for row in history if row["to_state"] == "assigned"]
+    if placed:
+        last = placed[-1]
+        out.print(f"  placed      on {last['peer_id']} at epoch {last['epoch']} ({last['actor']})")
+    if state not in ("queued", "rejected"):
+        out.print(f"  now         {job['reason'] or state}")
+    peers = explained.get("peers") or []
+    if peers:
+        table = Table(title="peers")
+        for column in ("peer", "verdict", "detail"):
+            table.add_column(column, overflow="fold")
+        for peer in peers:
+            style = "green" if peer["code"] == "match" else "red"
+            table.add_row(peer["peer_id"], f"[{style}]{PEER_CODES.get(peer['code'], peer['code'])}[/]",
+                          peer["detail"])
+        out.print(table)

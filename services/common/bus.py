@@ -9,6 +9,7 @@ import msgspec
 import nats
 from nats.aio.client import Client
 
+from services.common import metrics
 from services.common.log import EventLogger
 from shared.messages import encoder
 
@@ -28,6 +29,7 @@ async def connect_nats(
         log.warning("nats_disconnected", client=name)
 
     async def reconnected() -> None:
+        metrics.NATS_RECONNECTS.inc()
         log.info("nats_reconnected", client=name)
         if on_reconnect is not None:
             await on_reconnect()

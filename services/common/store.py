@@ -108,8 +108,20 @@ class Store:
         job_ids, epochs, peers, backends = (list(c) for c in zip(*assignments, strict=True))
         return await conn.fetch(Q["job_assign_batch"], job_ids, epochs, peers, backends)
 
+    async def job_explain_batch(
+        self, conn: asyncpg.Connection, explained: Sequence[tuple[str, dict, str]]
+    ) -> None:
+        """Store (job_id, explanation, reason) for jobs left queued."""
+        if not explained:
+            return
+        job_ids, docs, reasons = zip(*explained, strict=True)
+        await conn.execute(Q["job_explain_batch"], list(job_ids), [_json(d) for d in docs], list(reasons))
+
     async def job_expire_deadlines(self, limit: int = 1000) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["job_expire_deadlines"], limit)
+
+    async def job_queue_depth(self, classes: int) -> list[asyncpg.Record]:
+        return await self.db.fetch(Q["job_queue_depth"], classes)
 
     async def job_live_for_owner(self, peer_id: str) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["job_live_for_owner"], peer_id)

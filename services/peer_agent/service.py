@@ -24,6 +24,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common import metrics
 from services.common.bus import publish
 from services.common.db import CONNECTION_ERRORS
 from services.common.log import EventLogger
@@ -153,6 +154,7 @@ class PeerAgent:
     # ------------------------------------------------------------ heartbeat
 
     def advertisement(self) -> list[BackendAd]:
+        metrics.RUNNING_JOBS.set(len(self.runs))
         ads = []
         for spec in self.settings.backends:
             busy = sum(1 for r in self.runs.values() if r.backend == spec.name)
@@ -212,6 +214,7 @@ class PeerAgent:
             except asyncio.CancelledError:
                 raise
             except CONNECTION_ERRORS as exc:
+                metrics.DB_UNAVAILABLE.inc()
                 log.warning("reconcile_db_unavailable", peer_id=self.peer_id, error=str(exc))
             except Exception as exc:  # noqa: BLE001 - never die on one error
                 log.error("reconcile_failed", peer_id=self.peer_id, error=repr(exc))
@@ -304,8 +307,8 @@ class PeerAgent:
                 job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
                 dict(spec.get("labels", {})),
             ))
-        except LaunchError as exc:
-            run.launch_error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure to start is a launch error
+            run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
             run.exit_code = -1
             log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
         log.info("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
@@ -325,11 +328,13 @@ class PeerAgent:
                 return
             except CONNECTION_ERRORS as exc:
                 # Partitioned from Postgres: keep the result and report when it returns.
+                metrics.DB_UNAVAILABLE.inc()
                 log.warning("report_deferred", job_id=run.job_id, peer_id=self.peer_id, error=str(exc))
                 await asyncio.sleep(self.settings.reconcile_interval_s)
 
     async def _report(self, run: _Run) -> None:
         if run.fenced:
+            metrics.STALE_COPIES_KILLED.inc()
             log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
             return
         job = await self.store.job_get(run.job_id)
@@ -351,9 +356,11 @@ class PeerAgent:
             move = Move(run.job_id, JobState.RUNNING, to_state, run.epoch, actor=self.peer_id,
                         owner_peer_id=self.peer_id, reason=reason, exit_code=run.exit_code)
         if not await self._write(move):
+            metrics.FENCED_WRITES.inc()
             log.warning("fenced_write_refused", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                         state=move.to_state.value)
             return
+        metrics.JOBS_FINISHED.labels(move.to_state.value).inc()
         log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                  state=move.to_state.value, exit_code=run.exit_code)
 

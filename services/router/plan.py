@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.constraints import Constraint, matches_all
+from shared.explain import explanation
 from shared.federation.peer import Backend
 from shared.federation.router import SubmitDisposition, SubmitPlan
 from shared.lifecycle import JobState
@@ -65,7 +66,7 @@ def plan_new_job(
         priority=request.priority,
         deadline_s=request.deadline_s,
         reason=plan.reason,
-        explanation=msgspec.to_builtins(verdicts) if verdicts else None,
+        explanation=explanation("router", plan.reason, plan.verdicts),
         submit_reply=msgspec.to_builtins(reply),
     )
     return job, reply

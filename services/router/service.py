@@ -21,6 +21,7 @@ import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common import metrics
 from services.common.bus import publish
 from services.common.db import CONNECTION_ERRORS
 from services.common.log import EventLogger
@@ -67,6 +68,7 @@ class _Pending:
     job: NewJob
     reply: SubmitReply
     msg: Msg
+    received: float  # perf_counter at receipt, for the ack latency histogram
 
 
 class Router:
@@ -90,6 +92,7 @@ class Router:
         self.clock = clock
         self.new_job_id = new_job_id
         self.view = PeerView(config, clock)
+        metrics.watch_peer_view(self.view)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.tasks = TaskOwner()
         self.batches_committed = 0
@@ -126,6 +129,7 @@ class Router:
     # ------------------------------------------------------------ submit
 
     async def on_submit(self, msg: Msg) -> None:
+        received = time.perf_counter()
         try:
             request = decode_request(SubmitRequest, msg.data)
             constraints = request.constraint_list()
@@ -138,9 +142,10 @@ class Router:
                 local_backend,
             )
         except IrisfedError as exc:
+            metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
-        self.queue.put_nowait(_Pending(job, reply, msg))
+        self.queue.put_nowait(_Pending(job, reply, msg, received))
 
     async def _writer(self) -> None:
         while True:
@@ -154,6 +159,7 @@ class Router:
                     await self._respond(item.msg, error_reply("unavailable", "router shutting down"))
                 raise
             except CONNECTION_ERRORS as exc:
+                metrics.DB_UNAVAILABLE.inc()
                 log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
                 await self._fail_all(batch, "unavailable", f"database unavailable: {exc}; nothing was written, retry")
             except Exception as exc:  # noqa: BLE001 - answer every waiting producer
@@ -171,17 +177,20 @@ class Router:
             repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
             existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
         self.batches_committed += 1
+        metrics.SUBMIT_BATCH.observe(len(batch))
         for item in batch:
             job_id = item.job.job_id
             if job_id in created and first[job_id] is item:
+                metrics.SUBMITS.labels(item.job.disposition).inc()
                 await self._respond(item.msg, encoder.encode(item.reply))
-                continue
-            original = existing[job_id]
-            if original["spec_hash"] != item.job.spec_hash:
+            elif existing[job_id]["spec_hash"] != item.job.spec_hash:
                 exc = Conflict(f"job_id {job_id!r} already names a job with a different spec")
+                metrics.SUBMIT_ERRORS.labels(exc.code).inc()
                 await self._respond(item.msg, error_reply(exc.code, exc.message))
             else:
-                await self._respond(item.msg, encoder.encode({**original["submit_reply"], "duplicate": True}))
+                metrics.SUBMIT_DUPLICATES.inc()
+                await self._respond(item.msg, encoder.encode({**existing[job_id]["submit_reply"], "duplicate": True}))
+            metrics.SUBMIT_ACK.observe(time.perf_counter() - item.received)
         await self._announce([first[job_id].job for job_id in created])
 
     async def _announce(self, jobs: list[NewJob]) -> None:
@@ -200,6 +209,7 @@ class Router:
             await publish(self.nc, self.subjects.tick_wake, TickWake("submit"))
 
     async def _fail_all(self, batch: list[_Pending], code: str, message: str) -> None:
+        metrics.SUBMIT_ERRORS.labels(code).inc(len(batch))
         for item in batch:
             await self._respond(item.msg, error_reply(code, message))
 
@@ -218,6 +228,7 @@ class Router:
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
         except CONNECTION_ERRORS as exc:
+            metrics.DB_UNAVAILABLE.inc()
             await self._respond(msg, error_reply("unavailable", f"database unavailable: {exc}; retry"))
             return
         await self._respond(msg, encoder.encode(reply))
@@ -253,6 +264,7 @@ class Router:
             await publish(self.nc, self.subjects.events(job_id),
                           JobEvent(job_id, new_state.value, owner or "", epoch, datetime.now(UTC),
                                    reason="cancelled before it started"))
+        metrics.CANCELS.labels(outcome).inc()
         log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=outcome)
         return CancelReply(job_id, new_state.value, outcome)
 

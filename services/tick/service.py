@@ -21,6 +21,7 @@ import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.common import metrics
 from services.common.bus import publish
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
@@ -28,6 +29,7 @@ from services.common.runtime import TaskOwner, forever
 from services.common.store import Store
 from services.tick.plan import queued_job_from_row, recover_from_lost_peer
 from shared.config import FederationConfig
+from shared.explain import explanation
 from shared.lifecycle import JobState
 from shared.messages import AssignmentNotice, Heartbeat, JobEvent, decode_internal
 from shared.placement import assign_queued, free_slots
@@ -35,6 +37,11 @@ from shared.records import Move
 from shared.subjects import TICK_QUEUE_GROUP
 
 log = EventLogger("tick")
+
+
+# The queue-depth gauge is refreshed apart from the tick: it scans the whole queue.
+QUEUE_DEPTH_INTERVAL_S = 5.0
+QUEUE_DEPTH_CLASSES = 20  # label sets exported at most; the rest are summed as "other"
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class Tick:
         self.settings = settings
         self.clock = clock
         self.view = PeerView(config, clock)
+        metrics.watch_peer_view(self.view)
         self.wake = asyncio.Event()
         self.tasks = TaskOwner()
         self.runs = 0
@@ -85,10 +93,19 @@ class Tick:
         self.tasks.spawn(forever("view_refresh", self.refresh_view, self.config.heartbeat_interval_s),
                          name="tick-view")
         self.tasks.spawn(self._loop(), name="tick-loop")
+        self.tasks.spawn(forever("queue_depth", self.export_queue_depth, QUEUE_DEPTH_INTERVAL_S),
+                         name="tick-queue-depth")
         log.info("tick_started", prefix=self.subjects.prefix)
 
     async def close(self) -> None:
         await self.tasks.close()
+
+    async def export_queue_depth(self) -> None:
+        """Refresh irisfed_queue_depth (one grouped scan of the queued partial index)."""
+        rows = await self.store.job_queue_depth(QUEUE_DEPTH_CLASSES)
+        metrics.QUEUE_DEPTH.clear()
+        for row in rows:
+            metrics.QUEUE_DEPTH.labels(row["pinned_peer"], row["constraints"]).set(row["jobs"])
 
     async def refresh_view(self) -> None:
         self.view.apply_rows(await self.store.peer_heartbeat_list())
@@ -128,8 +145,10 @@ class Tick:
     async def run_once(self) -> TickResult:
         """One full pass: deadlines, lost peers, placement. Returns what it did."""
         result = TickResult()
+        elapsed = metrics.timer()
         expired = await self.store.job_expire_deadlines()
         result.expired = len(expired)
+        metrics.UNSCHEDULABLE.inc(len(expired))
         now_dt = datetime.now(UTC)
         for row in expired:
             log.info("job_unschedulable", job_id=row["job_id"], epoch=row["epoch"])
@@ -138,6 +157,8 @@ class Tick:
         result.recovered = await self.recover_lost_peers()
         await self._place(result)
         self.runs += 1
+        metrics.ASSIGNMENTS.inc(len(result.assigned))
+        metrics.TICK_SECONDS.observe(elapsed())
         return result
 
     async def recover_lost_peers(self) -> int:
@@ -162,6 +183,7 @@ class Tick:
                     recovered.append((row["job_id"], decision, owner, new_epoch))
         now_dt = datetime.now(UTC)
         for job_id, decision, owner, epoch in recovered:
+            metrics.FAILOVERS.labels(decision.to_state.value).inc()
             log.warning("job_recovered_from_lost_peer", job_id=job_id, peer_id=owner, epoch=epoch,
                         state=decision.to_state.value)
             await self._event(job_id, decision.to_state, owner, epoch, now_dt, decision.reason)
@@ -186,6 +208,9 @@ class Tick:
                 moved = await self.store.job_assign_batch(
                     conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements]
                 )
+                await self.store.job_explain_batch(conn, [
+                    (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in waiting
+                ])
             result.waiting += len(waiting)
             now_dt = datetime.now(UTC)
             for row in moved:

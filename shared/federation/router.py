@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from shared.constraints import Constraint, first_mismatch
@@ -71,11 +72,14 @@ class SubmitPlan:
 def judge_peer(peer: FederationPeer, constraints: Sequence[Constraint], now: float) -> PeerVerdict:
     """Whether ``peer`` can take a job with ``constraints`` right now, and if not, why."""
     if not peer.is_reachable(now):
-        age = peer.heartbeat_age(now)
-        if age is None:
+        if peer.last_heartbeat_at is None:
             detail = "unreachable (no heartbeat received)"
         else:
-            detail = f"unreachable (last heartbeat {age:.1f}s ago, ttl {peer.ttl_s:g}s)"
+            # Absolute times, not ages: the same situation explains itself the same way
+            # on every tick, so stored explanations only change when something happened.
+            since = _utc(peer.last_heartbeat_at + peer.ttl_s)
+            detail = (f"unreachable since {since} (last heartbeat {_utc(peer.last_heartbeat_at)}, "
+                      f"ttl {peer.ttl_s:g}s)")
         return PeerVerdict(peer.peer_id, "unreachable", detail)
     if not peer.backends:
         return PeerVerdict(peer.peer_id, "no_backends", "advertises no backends")
@@ -89,6 +93,10 @@ def judge_peer(peer: FederationPeer, constraints: Sequence[Constraint], now: flo
         return PeerVerdict(peer.peer_id, mismatches[0][1].code, mismatches[0][1].detail)
     detail = "; ".join(f"backend {name}: {m.detail}" for name, m in mismatches)
     return PeerVerdict(peer.peer_id, mismatches[0][1].code, detail)
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PeerRouter:
@@ -111,9 +119,10 @@ class PeerRouter:
             if pin not in self._peers:
                 known = ", ".join(sorted(self._peers)) or "none"
                 raise UnknownPeer(f"cluster_pin {pin!r} is not a peer of this federation (peers: {known})")
-            return SubmitPlan(SubmitDisposition.QUEUE, pinned_peer_id=pin, reason=f"pinned to {pin}")
+            return SubmitPlan(SubmitDisposition.QUEUE, pinned_peer_id=pin,
+                              reason=f"rule 1: pinned to {pin}")
         if request.local_feasible:
-            return SubmitPlan(SubmitDisposition.LOCAL, reason="the local cluster can run it")
+            return SubmitPlan(SubmitDisposition.LOCAL, reason="rule 2: the local cluster can run it")
         now = self._clock()
         verdicts = tuple(
             judge_peer(peer, request.constraints, now) for peer in self._peers.values()
@@ -122,11 +131,11 @@ class PeerRouter:
         if matching:
             return SubmitPlan(
                 SubmitDisposition.QUEUE,
-                reason=f"reachable peers can host it: {', '.join(matching)}",
+                reason=f"rule 3: reachable peers can host it: {', '.join(matching)}",
                 verdicts=verdicts,
             )
         if not verdicts:
-            reason = "no peer can host the job: the federation has no peers"
+            reason = "rule 4: no peer can host the job: the federation has no peers"
         else:
-            reason = "no peer can host the job: " + "; ".join(v.describe() for v in verdicts)
+            reason = "rule 4: no peer can host the job: " + "; ".join(v.describe() for v in verdicts)
         return SubmitPlan(SubmitDisposition.REJECT, reason=reason, verdicts=verdicts)

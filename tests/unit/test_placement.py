@@ -33,7 +33,8 @@ def test_capacity_is_accounted_within_one_tick():
     placed, waiting = assign_queued(jobs, peers, {("gpu", "main"): 1}, NOW)
     assert [p.job_id for p in placed] == ["j0", "j1"]
     assert [w.job_id for w in waiting] == ["j2", "j3", "j4"]
-    assert "no free slot" in waiting[0].reason
+    assert "full" in waiting[0].reason
+    assert [v.code for v in waiting[0].verdicts] == ["no_free_capacity"]
 
 
 def test_spreads_to_the_peer_with_most_free_slots():
@@ -46,6 +47,7 @@ def test_unreachable_peer_gets_no_unpinned_work():
     peers = [make_peer("gpu", reachable=False, device_type="gpu")]
     placed, waiting = assign_queued([make_job(constraints=GPU)], peers, {}, NOW)
     assert placed == [] and "unreachable" in waiting[0].reason
+    assert waiting[0].verdicts[0].code == "unreachable"
 
 
 def test_pinned_job_only_on_its_pin_skipping_capabilities():
@@ -60,15 +62,17 @@ def test_pinned_job_waits_while_its_peer_is_away():
     placed, waiting = assign_queued([make_job(pinned_peer_id="gpu")], peers, {}, NOW)
     assert placed == []
     assert "unreachable" in waiting[0].reason
+    assert {v.peer_id: v.code for v in waiting[0].verdicts} == {"gpu": "unreachable", "cpu": "not_pinned_peer"}
 
 
 def test_pinned_job_waits_when_its_peer_is_full_or_bare():
     full = [make_peer("gpu", total=1)]
     _, waiting = assign_queued([make_job(pinned_peer_id="gpu")], full, {("gpu", "main"): 1}, NOW)
-    assert "no free slot" in waiting[0].reason
+    assert waiting[0].rule.startswith("pinned to gpu")
+    assert [v.code for v in waiting[0].verdicts] == ["no_free_capacity"]
     bare = [FederationPeer("gpu", (), NOW, 6)]
     _, waiting = assign_queued([make_job(pinned_peer_id="gpu")], bare, {}, NOW)
-    assert "advertises no backends" in waiting[0].reason
+    assert waiting[0].verdicts[0].code == "no_backends"
 
 
 def test_avoided_peer_is_skipped():
@@ -76,8 +80,17 @@ def test_avoided_peer_is_skipped():
     placed, _ = assign_queued([make_job(avoid_peers=frozenset({"a"}))], peers, {}, NOW)
     assert placed[0].peer_id == "b"
     _, waiting = assign_queued([make_job(avoid_peers=frozenset({"a", "b"}))], peers, {}, NOW)
-    assert "avoided" in waiting[0].reason
+    assert {v.code for v in waiting[0].verdicts} == {"avoided"}
 
 
 def test_free_slots_never_negative():
     assert free_slots([make_peer("a", total=1)], {("a", "main"): 5}) == {("a", "main"): 0}
+
+
+def test_waiting_explains_missing_attributes_and_mismatches():
+    peers = [make_peer("cpu", device_type="cpu"), make_peer("plain")]
+    plain = FederationPeer("plain", (Backend("main", {"region": ("eu",)}, 1, 1),), NOW, 6)
+    _, waiting = assign_queued([make_job(constraints=GPU)], [peers[0], plain], {}, NOW)
+    codes = {v.peer_id: v.code for v in waiting[0].verdicts}
+    assert codes == {"cpu": "value_mismatch", "plain": "missing_attribute"}
+    assert waiting[0].rule.startswith("no reachable peer matches")

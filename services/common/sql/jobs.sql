@@ -126,6 +126,14 @@ WITH input AS (
 )
 SELECT job_id, owner_peer_id, epoch FROM moved;
 
+-- job_explain_batch --
+-- Record why claimed jobs stay queued. Rows whose explanation did not change are
+-- not written at all, so a long-waiting queue costs no writes per tick.
+UPDATE jobs SET explanation = input.explanation::jsonb, reason = input.reason
+FROM unnest($1::text[], $2::text[], $3::text[]) AS input(job_id, explanation, reason)
+WHERE jobs.job_id = input.job_id AND jobs.state = 'queued'
+  AND jobs.explanation IS DISTINCT FROM input.explanation::jsonb;
+
 -- job_expire_deadlines --
 -- Queued jobs past their deadline become unschedulable.
 WITH moved AS (
@@ -163,3 +171,18 @@ FOR UPDATE SKIP LOCKED;
 -- job_states_all --
 -- Every job's current state and epoch, for invariant checks.
 SELECT job_id, state, epoch, owner_peer_id, pinned_peer_id, exit_code FROM jobs ORDER BY job_id;
+
+-- job_queue_depth --
+-- Queued jobs per (pin, constraint set): the $1 largest classes, the rest as "other".
+WITH classes AS (
+    SELECT COALESCE(pinned_peer_id, '') AS pinned_peer,
+           COALESCE(spec->>'constraints', '[]') AS constraints,
+           count(*) AS jobs
+    FROM jobs WHERE state = 'queued'
+    GROUP BY 1, 2
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY jobs DESC, pinned_peer, constraints) AS rank FROM classes
+)
+SELECT pinned_peer, constraints, jobs FROM ranked WHERE rank <= $1
+UNION ALL
+SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING count(*) > 0;

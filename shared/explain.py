@@ -1,0 +1,34 @@
+"""Explanations: why a job is where it is, stored on the job for `irisfed explain`.
+
+The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
+"detail"}]}``. Peer codes: ``match``, ``unreachable``, ``no_backends``,
+``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
+``no_free_capacity``, ``not_pinned_peer``, ``avoided``. Append only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shared.federation.router import PeerVerdict
+
+PEER_CODES = {
+    "match": "can take it",
+    "unreachable": "unreachable",
+    "no_backends": "advertises no backends",
+    "missing_attribute": "lacks a required attribute",
+    "unwanted_attribute": "advertises an attribute the job excludes",
+    "value_mismatch": "attribute value does not match",
+    "no_free_capacity": "matches but is full",
+    "not_pinned_peer": "not the pinned peer",
+    "avoided": "lost this job before",
+}
+
+
+def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = ()) -> dict:
+    """The stored explanation of one decision."""
+    return {
+        "by": by,
+        "rule": rule,
+        "peers": [{"peer_id": v.peer_id, "code": v.code, "detail": v.detail} for v in verdicts],
+    }
