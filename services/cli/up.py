@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common import db
-from services.common.servers import ServerProcess, start_nats, start_postgres
+from services.common.servers import ServerProcess, free_port, start_nats, start_postgres
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 
 DEMO_CONFIG = """\
@@ -98,8 +98,10 @@ def _children(config: FederationConfig, config_path: Path, state: Path) -> list[
     base = [sys.executable, "-m"]
     common = ["--config", str(config_path)]
     children = [
-        Child("router", base + ["services.router", *common], logs / "router.log"),
-        Child("tick", base + ["services.tick", *common], logs / "tick.log"),
+        Child("router", base + ["services.router", *common, "--metrics-port", str(free_port())],
+              logs / "router.log"),
+        Child("tick", base + ["services.tick", *common, "--metrics-port", str(free_port())],
+              logs / "tick.log"),
     ]
     for peer in config.peers:
         children.append(Child(
@@ -152,6 +154,9 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"{config.subjects.submit})", flush=True)
         print(f"  elsewhere: export {DATABASE_URL_ENV}={db_url} {NATS_URL_ENV}={nats_url} "
               f"{CONFIG_ENV}={config_path}", flush=True)
+        metrics = ", ".join(f"{c.name} http://127.0.0.1:{c.args[c.args.index('--metrics-port') + 1]}/metrics"
+                            for c in children if "--metrics-port" in c.args)
+        print(f"  metrics: {metrics}", flush=True)
         print(f"  logs in {state / 'logs'}; Ctrl-C stops everything", flush=True)
         live = not args.no_live and sys.stdout.isatty()
         return asyncio.run(_supervise(children, env, db_url, config, live,
