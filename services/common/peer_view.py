@@ -40,6 +40,13 @@ class PeerView:
         self.config = config
         self.clock = clock
         self._adverts: dict[str, _Advert] = {}
+        # When this service last (re)gained its view of the world: start, NATS
+        # reconnect, Postgres back after an outage.
+        self.healthy_since = clock()
+
+    def mark_healthy(self) -> None:
+        """The control plane just came back: judge peers' TTLs from now on."""
+        self.healthy_since = self.clock()
 
     def _accept(self, peer_id: str, advert: _Advert) -> bool:
         if peer_id not in self.config.peer_ids:
@@ -72,15 +79,21 @@ class PeerView:
                              row["ttl_s"], row["received_epoch"])
             self._accept(row["peer_id"], advert)
 
-    def peers(self) -> list[FederationPeer]:
-        """Every configured peer with its newest advertisement, for PeerRouter."""
+    def peers(self, since_healthy: bool = False) -> list[FederationPeer]:
+        """Every configured peer with its newest advertisement, for PeerRouter.
+
+        With ``since_healthy``, a heartbeat counts as received no earlier than
+        ``healthy_since``: when this service (or its NATS/Postgres) was the one that
+        was down, peers get a full TTL to be heard again before they are judged lost.
+        """
         result = []
         for peer_id in self.config.peer_ids:
             advert = self._adverts.get(peer_id)
             if advert is None:
                 result.append(FederationPeer(peer_id, ttl_s=self.config.heartbeat_ttl_s))
-            else:
-                result.append(FederationPeer(peer_id, advert.backends, advert.received_at, advert.ttl_s))
+                continue
+            heard = max(advert.received_at, self.healthy_since) if since_healthy else advert.received_at
+            result.append(FederationPeer(peer_id, advert.backends, heard, advert.ttl_s))
         return result
 
     def local_backends(self) -> tuple[Backend, ...]:
@@ -88,6 +101,6 @@ class PeerView:
         advert = self._adverts.get(self.config.local_cluster)
         return advert.backends if advert else ()
 
-    def reachable_ids(self) -> list[str]:
+    def reachable_ids(self, since_healthy: bool = False) -> list[str]:
         now = self.clock()
-        return [p.peer_id for p in self.peers() if p.is_reachable(now)]
+        return [p.peer_id for p in self.peers(since_healthy) if p.is_reachable(now)]

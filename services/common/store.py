@@ -142,6 +142,9 @@ class Store:
     async def changelog_all(self) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["changelog_all"])
 
+    async def changelog_last_for_job(self, job_id: str) -> asyncpg.Record | None:
+        return await self.db.fetchrow(Q["changelog_last_for_job"], job_id)
+
     async def changelog_since(self, peer_id: str, position: int, limit: int = 10_000) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["changelog_since"], peer_id, position, limit)
 
@@ -149,9 +152,12 @@ class Store:
 
     async def sync_state_upsert(
         self, job_id: str, peer_id: str, changelog_seq: int, epoch: int,
-        conn: asyncpg.Connection | None = None,
+        conn: asyncpg.Connection | None = None, note: str = "",
     ) -> None:
-        await (conn or self.db).execute(Q["sync_state_upsert"], job_id, peer_id, changelog_seq, epoch)
+        await (conn or self.db).execute(Q["sync_state_upsert"], job_id, peer_id, changelog_seq, epoch, note)
+
+    async def sync_state_get(self, job_id: str) -> list[asyncpg.Record]:
+        return await self.db.fetch(Q["sync_state_get"], job_id)
 
     async def sync_state_position(self, peer_id: str) -> int:
         return await self.db.fetchval(Q["sync_state_position"], peer_id)

@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from services.common import metrics
 from services.common.bus import publish
 from services.common.db import CONNECTION_ERRORS
+from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.runtime import TaskOwner, forever
 from services.common.store import Store
@@ -299,6 +300,7 @@ class PeerAgent:
         if not accepted:
             log.info("accept_lost", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
             return
+        crash_point("agent_after_accept")
         run = _Run(job_id, epoch, pending.backend)
         self.runs[job_id] = run
         spec = pending.spec
@@ -334,8 +336,16 @@ class PeerAgent:
 
     async def _report(self, run: _Run) -> None:
         if run.fenced:
+            # Record that this peer killed its stale copy, where operators look for
+            # a peer's view of a job: its sync state row.
+            last = await self.store.changelog_last_for_job(run.job_id)
+            now_epoch = last["epoch"] if last else run.epoch
+            note = f"stale copy killed: epoch {run.epoch} superseded by {now_epoch}"
+            await self.store.sync_state_upsert(run.job_id, self.peer_id, last["seq"] if last else 0,
+                                               run.epoch, note=note)
             metrics.STALE_COPIES_KILLED.inc()
-            log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
+            log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        current_epoch=now_epoch)
             return
         job = await self.store.job_get(run.job_id)
         if run.launch_error:

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from services.common import metrics
 from services.common.bus import publish
 from services.common.db import CONNECTION_ERRORS
+from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import TaskOwner, forever
@@ -114,6 +115,9 @@ class Router:
     async def close(self) -> None:
         await self.tasks.close()
 
+    async def on_reconnect(self) -> None:
+        self.view.mark_healthy()
+
     # ------------------------------------------------------------ peer view
 
     async def refresh_view(self) -> None:
@@ -134,7 +138,9 @@ class Router:
             request = decode_request(SubmitRequest, msg.data)
             constraints = request.constraint_list()
             local_backend = local_backend_for(constraints, self.view.local_backends())
-            plan = PeerRouter(self.view.peers(), self.clock).classify(
+            # A peer we have not heard from since we (re)started gets one TTL's benefit
+            # of the doubt: at worst its job waits queued instead of being rejected.
+            plan = PeerRouter(self.view.peers(since_healthy=True), self.clock).classify(
                 RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
             )
             job, reply = plan_new_job(
@@ -176,6 +182,7 @@ class Router:
             created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
             repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
             existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
+        crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
         for item in batch:

@@ -23,6 +23,8 @@ from nats.aio.msg import Msg
 
 from services.common import metrics
 from services.common.bus import publish
+from services.common.db import CONNECTION_ERRORS
+from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import TaskOwner, forever
@@ -80,6 +82,7 @@ class Tick:
         self.view = PeerView(config, clock)
         metrics.watch_peer_view(self.view)
         self.wake = asyncio.Event()
+        self.db_was_down = False
         self.tasks = TaskOwner()
         self.runs = 0
 
@@ -123,6 +126,10 @@ class Tick:
     async def on_wake(self, msg: Msg) -> None:
         self.wake.set()
 
+    async def on_reconnect(self) -> None:
+        self.view.mark_healthy()
+        self.wake.set()
+
     async def on_ping(self, msg: Msg) -> None:
         if msg.reply:
             await msg.respond(str(self.runs).encode())
@@ -138,9 +145,19 @@ class Tick:
                 await self.run_once()
             except asyncio.CancelledError:
                 raise
+            except CONNECTION_ERRORS as exc:
+                metrics.DB_UNAVAILABLE.inc()
+                log.warning("tick_db_unavailable", error=str(exc))
+                self.db_was_down = True
+                await asyncio.sleep(min(1.0, self.config.tick_interval_s))
+                continue
             except Exception as exc:  # noqa: BLE001 - the loop never dies on one error
                 log.error("tick_failed", error=repr(exc))
                 await asyncio.sleep(min(1.0, self.config.tick_interval_s))
+                continue
+            if self.db_was_down:
+                self.db_was_down = False
+                self.view.mark_healthy()
 
     async def run_once(self) -> TickResult:
         """One full pass: deadlines, lost peers, placement. Returns what it did."""
@@ -163,7 +180,9 @@ class Tick:
 
     async def recover_lost_peers(self) -> int:
         """Requeue or fail live jobs whose owner stayed unreachable past the grace period."""
-        reachable = self.view.reachable_ids()
+        # Judged from when the tick last came back, so a control-plane outage never
+        # looks like every peer died at once.
+        reachable = self.view.reachable_ids(since_healthy=True)
         recovered = []
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await self.store.job_stale_on_peers(conn, reachable, self.config.assign_grace_s)
@@ -211,6 +230,7 @@ class Tick:
                 await self.store.job_explain_batch(conn, [
                     (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in waiting
                 ])
+            crash_point("tick_after_commit")
             result.waiting += len(waiting)
             now_dt = datetime.now(UTC)
             for row in moved:

@@ -19,7 +19,7 @@ import pytest
 
 from services.common import db as dbmod
 from services.common.store import Store
-from tests.infra.invariants import assert_changelog_replays
+from services.common.invariants import assert_changelog_replays
 from tests.infra.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

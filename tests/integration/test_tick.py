@@ -8,7 +8,7 @@ from services.tick.service import Tick
 from shared.lifecycle import JobState
 from shared.records import Move
 from tests.infra.factories import advertise, insert_jobs, make_config, make_job
-from tests.infra.invariants import assert_changelog_replays
+from services.common.invariants import assert_changelog_replays
 
 
 async def test_places_by_constraint_and_capacity(pool):
@@ -100,11 +100,13 @@ async def test_lost_peer_work_is_requeued_or_failed_and_pins_stay(pool):
     await _assign_and_start(store, running_final, "gpu-west", start=True)
     await _assign_and_start(store, pinned, "gpu-west", start=True)
     config = make_config(assign_grace_s=0.001)
-    # The peer's heartbeat is fresh in the database, but to this tick's clock it is
-    # long gone: time is injected, no sleeping.
-    tick = Tick(config, pool, None, clock=lambda: time.time() + 3600)
+    now = [time.time()]
+    tick = Tick(config, pool, None, clock=lambda: now[0])
     await tick.refresh_view()
     await pool.execute("SELECT pg_sleep(0.01)")
+    assert await tick.recover_lost_peers() == 0  # gpu-west is fresh
+    # An hour later (injected clock, no sleeping) gpu-west has gone silent.
+    now[0] += 3600
     assert await tick.recover_lost_peers() == 3
 
     row = await store.job_get(never_started.job_id)
@@ -116,3 +118,23 @@ async def test_lost_peer_work_is_requeued_or_failed_and_pins_stay(pool):
     row = await store.job_get(pinned.job_id)
     assert (row["state"], row["epoch"]) == ("running", 1)
     await assert_changelog_replays(store)
+
+
+async def test_restarted_control_plane_gives_peers_a_ttl_before_judging_them(pool):
+    """No mass failure when the tick itself was the one that was down."""
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=4, ttl_s=1.5)
+    job = make_job(max_retries=0)
+    await _assign_and_start(store, job, "gpu-west", start=True)
+    # The tick comes up an hour after gpu-west's last heartbeat reached Postgres
+    # (say Postgres and NATS were down with it): it must wait a TTL first.
+    now = [time.time() + 3600]
+    tick = Tick(make_config(assign_grace_s=0.001), pool, None, clock=lambda: now[0])
+    await tick.refresh_view()
+    assert await tick.recover_lost_peers() == 0
+    assert (await store.job_get(job.job_id))["state"] == "running"
+    now[0] += 1.0  # still within one TTL of the restart
+    assert await tick.recover_lost_peers() == 0
+    now[0] += 1.0  # a full TTL after the restart and still silent: now it is lost
+    assert await tick.recover_lost_peers() == 1
+    assert (await store.job_get(job.job_id))["state"] == "failed"

@@ -5,6 +5,10 @@
 SELECT seq, from_state, to_state, peer_id, epoch, at, actor, detail
 FROM federation_changelog WHERE job_id = $1 ORDER BY seq;
 
+-- changelog_last_for_job --
+SELECT seq, to_state, epoch, peer_id FROM federation_changelog
+WHERE job_id = $1 ORDER BY seq DESC LIMIT 1;
+
 -- changelog_since --
 -- Incremental sync: changes to a peer's jobs after changelog position $2.
 SELECT c.seq, c.job_id, c.from_state, c.to_state, c.peer_id, c.epoch, c.at
