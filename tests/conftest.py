@@ -114,4 +114,5 @@ def subject_prefix() -> str:
 async def nats_client(servers: Servers):
     client = await nats.connect(servers.nats_url)
     yield client
-    await client.drain()
+    if not client.is_closed:
+        await client.drain()

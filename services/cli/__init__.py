@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from services.cli.parse import CONSTRAINT_HELP, parse_attr_flags, parse_constraint, parse_pairs
+from services.common.bus import server_list
 from shared.config import (
     CONFIG_ENV,
     DATABASE_URL_ENV,
@@ -165,7 +166,7 @@ async def _request(args: argparse.Namespace, subject: str, body: bytes) -> dict:
     import nats
 
     try:
-        nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=1)
+        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=1)
     except Exception as exc:  # noqa: BLE001
         raise Unavailable(f"cannot reach NATS at {nats_url(args)}: {exc}") from None
     try:
@@ -345,7 +346,7 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
     async def follow() -> str:
         pool = await db.connect(database_url(args), max_size=2)
         store = Store(pool)
-        nc = await nats.connect(nats_url(args), connect_timeout=3)
+        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3)
         changed = asyncio.Event()
 
         async def on_event(msg) -> None:
@@ -396,7 +397,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         body = json.dumps({"job_id": "health-probe"}).encode() if args.service == "router" else b""
         import nats
 
-        nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=1)
+        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=1)
         try:
             await nc.request(subject, body, timeout=args.timeout)
             return True
@@ -433,7 +434,7 @@ def cmd_top(args: argparse.Namespace) -> int:
             async def on_message(msg) -> None:
                 changed.set()
 
-            nc = await nats.connect(nats_url(args), connect_timeout=3, max_reconnect_attempts=-1)
+            nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=-1)
             names = subjects(args)
             await nc.subscribe(names.events(), cb=on_message)
             await nc.subscribe(names.heartbeat(), cb=on_message)

@@ -16,6 +16,11 @@ from shared.messages import encoder
 log = EventLogger("bus")
 
 
+def server_list(url: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` → every server of a NATS cluster."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 async def connect_nats(
     url: str,
     name: str,
@@ -41,7 +46,7 @@ async def connect_nats(
     while True:
         try:
             return await nats.connect(
-                url,
+                server_list(url),
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,

@@ -110,16 +110,17 @@ def find_nats_server() -> str:
 
 def start_nats(
     folder: Path, *, port: int | None = None, config_file: Path | None = None,
-    extra_args: tuple[str, ...] = (),
+    extra_args: tuple[str, ...] = (), jetstream: bool = True,
 ) -> ServerProcess:
-    """Start nats-server with JetStream on, storing its data and log in ``folder``."""
+    """Start nats-server (JetStream on by default), storing its data and log in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = folder / "nats.log"
     args = [
-        find_nats_server(), "-a", "127.0.0.1", "-p", str(port),
-        "-js", "-sd", str(folder / "jetstream"), "-l", str(log_path),
+        find_nats_server(), "-a", "127.0.0.1", "-p", str(port), "-l", str(log_path),
     ]
+    if jetstream:
+        args += ["-js", "-sd", str(folder / "jetstream")]
     if config_file is not None:
         args += ["-c", str(config_file)]
     args += list(extra_args)

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from services.common import db as dbmod
-from services.common.store import Store
 from services.common.invariants import assert_changelog_replays
+from services.common.proxy import TcpProxy, proxy_for
+from services.common.store import Store
 from tests.infra.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ PEERS = {
     "home": {"device_type": "cpu"},
     "gpu-west": {"device_type": "gpu", "device_variant": "h100"},
     "tpu-east": {"device_type": "tpu"},
+    "gpu-east": {"device_type": "gpu", "device_variant": "a100"},
 }
 
 
@@ -58,6 +60,7 @@ class Federation:
     nats: object
     store: Store
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    proxies: list[TcpProxy] = field(default_factory=list)
 
     @property
     def config_path(self) -> Path:
@@ -74,13 +77,13 @@ class Federation:
         })
         return env
 
-    def start(self, name: str, *extra: str) -> subprocess.Popen:
+    def start(self, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         module = {"router": "services.router", "tick": "services.tick"}.get(name, "services.peer_agent")
         args = [sys.executable, "-m", module, "--log-level", "debug", *extra]
         if module == "services.peer_agent":
             args += ["--peer-id", name, "--work-dir", str(self.tmp / "work")]
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
-        process = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=self.tmp, start_new_session=True)
         log.close()
         self.processes[name] = process
@@ -96,6 +99,14 @@ class Federation:
                 process.kill()
                 process.wait()
         return process.returncode
+
+    def start_behind_proxies(self, name: str, *extra: str) -> tuple[TcpProxy, TcpProxy]:
+        """Start an agent whose NATS and Postgres connections go through proxies."""
+        nats_proxy, db_proxy = proxy_for(self.nats_url), proxy_for(self.database_url)
+        self.proxies += [nats_proxy, db_proxy]
+        self.start(name, *extra, env={"IRISFED_NATS_URL": nats_proxy.url_for(self.nats_url),
+                                      "IRISFED_DATABASE_URL": db_proxy.url_for(self.database_url)})
+        return nats_proxy, db_proxy
 
     def kill(self, name: str) -> None:
         """Crash a service (SIGKILL): no clean-up of any kind."""
@@ -153,6 +164,18 @@ class Federation:
             return job if job is not None and job["state"] in states else None
         return await wait_for(reached, f"{job_id} to reach {states}", timeout=timeout)
 
+    async def run_pid(self, job_id: str) -> int:
+        """The pid of the job's running process (the agent writes it just after launch)."""
+        job = await self.wait_state(job_id, "running")
+        pid_file = Path(job["log_dir"]) / "pid"
+
+        async def written():
+            try:
+                return int(pid_file.read_text())
+            except (OSError, ValueError):
+                return None
+        return await wait_for(written, f"{job_id}'s pid file")
+
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "services.cli", *args], env=self.env, cwd=self.tmp,
@@ -160,8 +183,13 @@ class Federation:
         )
 
     def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.restore()  # let stopping agents say goodbye
         for name in list(self.processes):
             self.stop(name)
+        for proxy in self.proxies:
+            proxy.close()
+        self.proxies.clear()
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """The whole lifecycle through real router, tick and agent subprocesses."""
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -57,7 +56,8 @@ async def test_no_peer_can_host_is_rejected_with_reasons(federation):
         {"key": "device_type", "op": "eq", "value": "fpga"}]})
     assert reply["disposition"] == "reject" and reply["state"] == "rejected"
     reasons = {v["peer_id"]: v["code"] for v in reply["verdicts"]}
-    assert reasons == {"home": "value_mismatch", "gpu-west": "value_mismatch", "tpu-east": "unreachable"}
+    assert reasons == {"home": "value_mismatch", "gpu-west": "value_mismatch", "tpu-east": "unreachable",
+                       "gpu-east": "unreachable"}
     assert "fpga" in reply["reason"]
     history = await federation.store.changelog_for_job(reply["job_id"])
     assert [r["to_state"] for r in history] == ["rejected"]
@@ -75,7 +75,7 @@ async def test_cancel_running_job_kills_the_process(federation):
     await federation.start_federation("home")
     reply = await federation.submit({"command": ["sleep", "300"]})
     job = await federation.wait_state(reply["job_id"], "running")
-    pid = int((Path(job["log_dir"]) / "pid").read_text())
+    pid = await federation.run_pid(job["job_id"])
     os.kill(pid, 0)  # really running
     cancel = await federation.cancel(reply["job_id"])
     assert cancel["outcome"] == "kill_sent" and cancel["state"] == "running"

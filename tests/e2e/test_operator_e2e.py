@@ -25,7 +25,8 @@ async def test_explain_covers_reject_wait_and_placement(federation):
     why = explain(federation, rejected["job_id"])["explanation"]
     assert why["by"] == "router" and why["rule"].startswith("rule 4")
     assert {p["peer_id"]: p["code"] for p in why["peers"]} == {
-        "home": "value_mismatch", "gpu-west": "value_mismatch", "tpu-east": "unreachable"}
+        "home": "value_mismatch", "gpu-west": "value_mismatch", "tpu-east": "unreachable",
+        "gpu-east": "unreachable"}
 
     # A pinned job whose peer is away: the tick explains the wait.
     pinned = await federation.submit({"command": ["true"], "cluster_pin": "tpu-east"})
@@ -37,7 +38,8 @@ async def test_explain_covers_reject_wait_and_placement(federation):
     why = await wait_for(tick_explained, "the tick to explain the pinned job")
     assert why["rule"].startswith("pinned to tpu-east")
     assert {p["peer_id"]: p["code"] for p in why["peers"]} == {
-        "home": "not_pinned_peer", "gpu-west": "not_pinned_peer", "tpu-east": "unreachable"}
+        "home": "not_pinned_peer", "gpu-west": "not_pinned_peer", "tpu-east": "unreachable",
+        "gpu-east": "not_pinned_peer"}
 
     # GPU jobs beyond gpu-west's two slots wait with "no free capacity".
     long = [await federation.submit({"command": ["sleep", "300"], "constraints": [
