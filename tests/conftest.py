@@ -14,7 +14,11 @@ from services.common import db as dbmod
 from tests.infra.provision import Servers, provision_servers, with_database
 
 # Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.
-settings.register_profile("irisfed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "irisfed", deadline=None,
+    # function-scoped fixtures in @given tests are shared by all examples on purpose.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 settings.load_profile("irisfed")
 
 

@@ -1,0 +1,162 @@
+"""Hostile input on every request subject of a real router (real NATS, real Postgres).
+
+Every body gets an error reply of the documented shape, the router keeps
+serving, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import uuid
+
+import nats
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common import db as dbmod
+from services.router.service import Router
+from shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES
+from tests.infra.factories import make_config
+
+ERROR_CODES = {"invalid_request", "conflict", "unknown_peer", "unavailable", "not_found"}
+PEERS = {"home", "gpu-west", "tpu-east"}
+
+
+class RouterThread:
+    """A router on its own event loop, so sync hypothesis tests can call it."""
+
+    def __init__(self, database_url: str, nats_url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.prefix = f"h{uuid.uuid4().hex[:10]}"
+        self.run(self._start(database_url, nats_url))
+
+    def run(self, coro, timeout: float = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self, database_url: str, nats_url: str) -> None:
+        self.pool = await dbmod.connect(database_url)
+        self.service_nc = await nats.connect(nats_url)
+        self.client = await nats.connect(nats_url)
+        self.router = Router(make_config(subject_prefix=self.prefix), self.pool, self.service_nc)
+        await self.router.start()
+
+    async def _request(self, verb: str, body: bytes) -> dict:
+        reply = await self.client.request(f"{self.prefix}.{verb}", body, timeout=10)
+        return json.loads(reply.data)
+
+    def request(self, verb: str, body: bytes) -> dict:
+        return self.run(self._request(verb, body))
+
+    def rows(self) -> int:
+        return self.run(self.pool.fetchval(
+            "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM federation_changelog)"))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.router.close()
+            await self.client.close()
+            await self.service_nc.close()
+            await self.pool.close()
+        self.run(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def router(database_url, servers):
+    running = RouterThread(database_url, servers.nats_url)
+    yield running
+    running.close()
+
+
+def assert_error(reply: dict, codes=ERROR_CODES) -> None:
+    assert set(reply) == {"error"}, reply
+    assert set(reply["error"]) == {"code", "message"}
+    assert reply["error"]["code"] in codes
+    assert isinstance(reply["error"]["message"], str) and reply["error"]["message"]
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=5)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=5), max_leaves=25)
+not_a_command = json_values.filter(
+    lambda v: not (isinstance(v, list) and v and all(isinstance(x, str) for x in v) and v[0].strip()))
+bad_job_ids = st.text(max_size=200).filter(lambda s: not re.match(JOB_ID_PATTERN, s))
+bad_ops = st.text(max_size=12).filter(
+    lambda s: s not in {"eq", "ne", "exists", "not_exists", "gt", "ge", "lt", "le", "in"})
+unknown_pins = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True).filter(lambda s: s not in PEERS)
+
+hostile_submits = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda v: {"command": v}, not_a_command),
+    st.builds(lambda v, k: {"command": ["x"], k: v}, json_values,
+              st.text(min_size=1, max_size=12).filter(lambda k: k not in {
+                  "command", "job_id", "name", "env", "constraints", "cluster_pin", "priority",
+                  "max_retries", "deadline_s", "labels"})),
+    st.builds(lambda n: {"command": ["x"] * n}, st.integers(257, 2000)),
+    st.builds(lambda n: {"command": ["x" * n]}, st.integers(4097, 20_000)),
+    st.builds(lambda d: '{"command": ["x"], "env": ' + "[" * d + "]" * d + "}", st.integers(50, 3000)),
+    st.builds(lambda op, v: {"command": ["x"], "constraints": [{"key": "k", "op": op, "value": v}]},
+              bad_ops, json_values),
+    st.builds(lambda v: {"command": ["x"], "constraints": [{"key": "k", "op": "gt", "value": v}]},
+              st.text(min_size=1, max_size=10).filter(lambda s: _not_number(s))),
+    st.builds(lambda v: {"command": ["x"], "constraints": [{"key": "k", "op": "in", "value": v}]},
+              json_scalars),
+    st.builds(lambda j: {"command": ["x"], "job_id": j}, bad_job_ids),
+    st.builds(lambda p: {"command": ["x"], "cluster_pin": p}, unknown_pins),
+    st.builds(lambda n: {"command": ["x"], "name": "n" * n}, st.integers(MAX_BODY_BYTES, MAX_BODY_BYTES * 2)),
+)
+
+
+def _not_number(text: str) -> bool:
+    try:
+        float(text)
+        return False
+    except ValueError:
+        return True
+
+
+def _encode(body) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    return body.encode() if isinstance(body, str) else json.dumps(body).encode()
+
+
+@given(body=hostile_submits)
+@settings(max_examples=150)
+def test_hostile_submits_get_errors_and_write_nothing(router, body):
+    reply = router.request("submit", _encode(body))
+    assert_error(reply, {"invalid_request", "unknown_peer"})
+    assert router.rows() == 0
+
+
+hostile_cancels = st.one_of(
+    st.binary(max_size=200),
+    st.builds(lambda v: {"job_id": v}, json_values.filter(lambda v: not isinstance(v, str))),
+    st.builds(lambda j: {"job_id": j}, bad_job_ids),
+    st.builds(lambda j: {"job_id": "ok", "extra": j}, json_values),
+    st.builds(lambda j: {"job_id": j}, st.from_regex(r"[a-z][a-z0-9]{0,20}", fullmatch=True)),
+)
+
+
+@given(body=hostile_cancels)
+@settings(max_examples=100)
+def test_hostile_cancels_get_errors_and_write_nothing(router, body):
+    reply = router.request("cancel", _encode(body))
+    assert_error(reply, {"invalid_request", "not_found"})
+    assert router.rows() == 0
+
+
+def test_router_keeps_serving_after_abuse(router):
+    for body in (b"\xff\xfe", b"{" * 10_000, b"x" * (MAX_BODY_BYTES + 1), b"null"):
+        assert_error(router.request("submit", body))
+    ok = router.request("submit", json.dumps({"command": ["true"], "job_id": "fine"}).encode())
+    assert ok["job_id"] == "fine" and ok["disposition"] in {"queue", "reject", "local"}
+    assert router.rows() == 2  # the one good job and its changelog row
