@@ -4,10 +4,11 @@ Rules, applied to jobs in the order given (the tick passes priority order):
 - A pinned job goes only to its pinned peer, and only while that peer is
   reachable and one of its backends has a free slot (capability checks are
   skipped for pins; a matching backend is preferred when there is one).
-- An unpinned job goes to a reachable peer, not in its ``avoid_peers``, with a
-  backend that satisfies every constraint and has a free slot; among those, the
-  backend with the most free slots wins (ties: peer id, then backend name), which
-  spreads load.
+- An unpinned job goes to a reachable peer with a backend that satisfies every
+  constraint and has a free slot; among those, the backend with the most free
+  slots wins (ties: peer id, then backend name), which spreads load. Peers in the
+  job's ``avoid_peers`` (they lost it before) are used only when no other
+  reachable peer matches.
 - Free slots are the backend's advertised total minus the jobs already live on
   it, and each placement made here takes one, so a tick never over-commits.
 Jobs left waiting carry the rule that held them and a verdict per peer.
@@ -126,10 +127,12 @@ def _place_pinned(
 def _place_unpinned(
     job: QueuedJob, matching: Sequence[tuple[str, str]], slots: dict[tuple[str, str], int]
 ) -> tuple[str, str] | None:
+    # Peers that lost this job before are a last resort: used only when no other
+    # reachable peer matches at all, so a job whose only capable peer blinked is
+    # not stranded forever.
+    preferred = [m for m in matching if m[0] not in job.avoid_peers]
     best: tuple[int, str, str] | None = None
-    for peer_id, backend_name in matching:
-        if peer_id in job.avoid_peers:
-            continue
+    for peer_id, backend_name in preferred or matching:
         free = slots[(peer_id, backend_name)]
         if free <= 0:
             continue

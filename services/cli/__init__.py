@@ -457,6 +457,18 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Seeded random faults against a real federation; exit 1 on any violation."""
+    from services.chaos.runner import ChaosSettings, run_chaos
+
+    settings = ChaosSettings(schedules=args.schedules, seed=args.seed, steps=args.steps,
+                             first=args.first, keep=args.keep)
+    print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}", flush=True)
+    summary = run_chaos(settings, say=lambda line: print(line, flush=True))
+    print(summary.line(), flush=True)
+    return 1 if summary.violations else 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
     from shared.messages import json_schemas
@@ -575,6 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="redraw at least this often (s)")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
 
+    p = sub.add_parser("chaos", help="run the chaos suite (seeded faults, then the invariants)")
+    p.add_argument("--schedules", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8, help="fault/submit steps per schedule")
+    p.add_argument("--first", type=int, default=0, help="first schedule index (to replay one)")
+    p.add_argument("--keep", action="store_true", help="keep logs even when nothing failed")
+
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
 
@@ -610,6 +629,7 @@ COMMANDS = {
     "explain": cmd_explain,
     "top": cmd_top,
     "schema": cmd_schema,
+    "chaos": cmd_chaos,
 }
 
 

@@ -75,12 +75,16 @@ def test_pinned_job_waits_when_its_peer_is_full_or_bare():
     assert waiting[0].verdicts[0].code == "no_backends"
 
 
-def test_avoided_peer_is_skipped():
+def test_avoided_peer_is_a_last_resort():
     peers = [make_peer("a"), make_peer("b", total=1)]
     placed, _ = assign_queued([make_job(avoid_peers=frozenset({"a"}))], peers, {}, NOW)
     assert placed[0].peer_id == "b"
-    _, waiting = assign_queued([make_job(avoid_peers=frozenset({"a", "b"}))], peers, {}, NOW)
-    assert {v.code for v in waiting[0].verdicts} == {"avoided"}
+    # b is full but matches: wait for b rather than go back to a.
+    _, waiting = assign_queued([make_job(avoid_peers=frozenset({"a"}))], peers, {("b", "main"): 1}, NOW)
+    assert {v.peer_id: v.code for v in waiting[0].verdicts} == {"a": "avoided", "b": "no_free_capacity"}
+    # Only avoided peers match: better to run there again than never.
+    placed, _ = assign_queued([make_job(avoid_peers=frozenset({"a", "b"}))], peers, {}, NOW)
+    assert placed[0].peer_id == "a"
 
 
 def test_free_slots_never_negative():
