@@ -128,6 +128,7 @@ class CancelReply(Struct, frozen=True):
 
 CANCEL_OUTCOMES = {
     "never_started": "the job had not started; it is killed and will never run",
+    "not_restarted": "the job was waiting to run again after losing its peer; it will not run again",
     "kill_sent": "the owner peer is online; it was told to kill the job",
     "pending_owner_offline": "the owner peer is offline; the cancel is stored and applied when it returns",
     "already_finished": "the job had already finished; nothing changed",

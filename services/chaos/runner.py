@@ -34,8 +34,9 @@ import nats
 
 from services.common import db as dbmod
 from services.common.invariants import changelog_violations
+from services.common.nats_auth import NatsAuth
 from services.common.proxy import TcpProxy, proxy_for
-from services.common.servers import ServerProcess, start_nats, start_postgres
+from services.common.servers import start_nats, start_postgres
 from services.common.store import Store
 
 PEERS = {
@@ -46,6 +47,7 @@ PEERS = {
 }
 TERMINAL = {"succeeded", "failed", "killed", "rejected", "unschedulable"}
 CONVERGE_TIMEOUT_S = 90.0
+REQUEST_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -104,10 +106,11 @@ def _config(prefix: str) -> str:
 class Federation:
     """The services of one schedule, restartable one by one."""
 
-    def __init__(self, folder: Path, database_url: str, nats_url: str) -> None:
+    def __init__(self, folder: Path, database_url: str, nats_url: str, auth: NatsAuth) -> None:
         self.folder = folder
         self.database_url = database_url
         self.nats_url = nats_url
+        self.auth = auth
         self.processes: dict[str, subprocess.Popen] = {}
         self.proxies: dict[str, tuple[TcpProxy, TcpProxy]] = {}
         root = Path(__file__).resolve().parents[2]
@@ -120,11 +123,11 @@ class Federation:
             if name not in self.proxies:
                 self.proxies[name] = (proxy_for(self.nats_url), proxy_for(self.database_url))
             nats_proxy, db_proxy = self.proxies[name]
-            env["IRISFED_NATS_URL"] = nats_proxy.url_for(self.nats_url)
+            env["IRISFED_NATS_URL"] = nats_proxy.url_for(self.auth.url(self.nats_url, f"agent-{name}"))
             env["IRISFED_DATABASE_URL"] = db_proxy.url_for(self.database_url)
             args = ["services.peer_agent", "--peer-id", name, "--work-dir", str(self.folder / "work")]
         else:
-            env["IRISFED_NATS_URL"] = self.nats_url
+            env["IRISFED_NATS_URL"] = self.auth.url(self.nats_url, name)
             env["IRISFED_DATABASE_URL"] = self.database_url
             args = [f"services.{name}"]
         with open(self.folder / f"{name}.log", "ab") as log:
@@ -165,13 +168,16 @@ class Servers:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.nats = start_nats(folder / "nats")
+        # Subject prefixes differ per schedule (one token each): permissions for "*".
+        self.auth = NatsAuth.create("*", PEERS)
+        self.auth_conf, _ = self.auth.write(folder / "nats-auth")
+        self.nats = start_nats(folder / "nats", config_file=self.auth_conf)
         self.postgres = start_postgres(folder / "pg", durable=False)
 
     def restart_nats(self) -> None:
         port = self.nats.port
         self.nats.stop()
-        self.nats = start_nats(self.folder / "nats", port=port)
+        self.nats = start_nats(self.folder / "nats", port=port, config_file=self.auth_conf)
 
     def restart_postgres(self) -> None:
         port = self.postgres.port
@@ -237,13 +243,14 @@ class Schedule:
         await _admin(self.servers, f'CREATE DATABASE "{dbname}" TEMPLATE "{self.template}"')
         database_url = self.servers.postgres.url.rsplit("/", 1)[0] + f"/{dbname}"
         (self.folder / "federation.toml").write_text(_config(prefix))
-        self.fed = Federation(self.folder, database_url, self.servers.nats.url)
+        self.fed = Federation(self.folder, database_url, self.servers.nats.url, self.servers.auth)
         for name in ("router", "tick", *PEERS):
             self.fed.start(name)
         async def quiet(exc: Exception) -> None:  # NATS restarts are the point here
             pass
 
-        self.nc = await nats.connect(self.servers.nats.url, max_reconnect_attempts=-1,
+        self.nc = await nats.connect(self.servers.auth.url(self.servers.nats.url, "producer"),
+                                     max_reconnect_attempts=-1,
                                      reconnect_time_wait=0.2, error_cb=quiet)
         self.prefix = prefix
         try:
@@ -273,9 +280,10 @@ class Schedule:
             await pool.close()
         raise RuntimeError("the federation did not come up")
 
-    async def _request(self, verb: str, body: dict, timeout: float = 2.0) -> dict | None:
+    async def _request(self, verb: str, body: dict) -> dict | None:
         try:
-            reply = await self.nc.request(f"{self.prefix}.{verb}", json.dumps(body).encode(), timeout=timeout)
+            reply = await self.nc.request(f"{self.prefix}.{verb}", json.dumps(body).encode(),
+                                          timeout=REQUEST_TIMEOUT_S)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError):
             return None
         return json.loads(reply.data)

@@ -469,6 +469,18 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 1 if summary.violations else 0
 
 
+def cmd_nats_auth(args: argparse.Namespace) -> int:
+    """Generate NATS users per role for a federation: a server config and a credentials file."""
+    from services.common.nats_auth import NatsAuth
+
+    config = federation_config(args)
+    auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
+    conf, creds = auth.write(Path(args.out))
+    print(f"wrote {conf} (nats-server -c {conf}) and {creds} (0600: one password per role)")
+    print("roles: " + ", ".join(auth.permissions))
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
     from shared.messages import json_schemas
@@ -594,6 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first", type=int, default=0, help="first schedule index (to replay one)")
     p.add_argument("--keep", action="store_true", help="keep logs even when nothing failed")
 
+    p = sub.add_parser("nats-auth", help="generate NATS users and subject permissions per role")
+    p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
+    p.add_argument("--out", default="nats-auth", help="folder for nats-auth.conf and nats-credentials.json")
+
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
 
@@ -630,6 +646,7 @@ COMMANDS = {
     "top": cmd_top,
     "schema": cmd_schema,
     "chaos": cmd_chaos,
+    "nats-auth": cmd_nats_auth,
 }
 
 

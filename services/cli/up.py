@@ -17,10 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common import db
+from services.common.nats_auth import NatsAuth
 from services.common.servers import ServerProcess, free_port, start_nats, start_postgres
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 
@@ -56,16 +57,18 @@ RESTART_BACKOFF_S = 2.0
 @dataclass
 class Child:
     name: str
+    role: str  # its NATS user
     args: list[str]
     log_path: Path
     process: subprocess.Popen | None = None
     restarts: int = 0
     last_start: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.args, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches `up` only; it stops children itself
             )
         self.last_start = time.monotonic()
@@ -98,14 +101,14 @@ def _children(config: FederationConfig, config_path: Path, state: Path) -> list[
     base = [sys.executable, "-m"]
     common = ["--config", str(config_path)]
     children = [
-        Child("router", base + ["services.router", *common, "--metrics-port", str(free_port())],
+        Child("router", "router", base + ["services.router", *common, "--metrics-port", str(free_port())],
               logs / "router.log"),
-        Child("tick", base + ["services.tick", *common, "--metrics-port", str(free_port())],
+        Child("tick", "tick", base + ["services.tick", *common, "--metrics-port", str(free_port())],
               logs / "tick.log"),
     ]
     for peer in config.peers:
         children.append(Child(
-            f"agent-{peer.id}",
+            f"agent-{peer.id}", f"agent-{peer.id}",
             base + ["services.peer_agent", *common, "--peer-id", peer.id, "--work-dir", str(state / "work")],
             logs / f"agent-{peer.id}.log",
         ))
@@ -125,14 +128,6 @@ def cmd_up(args: argparse.Namespace) -> int:
             servers.append(postgres)
             asyncio.run(_ensure_database(postgres.url, "irisfed"))
             db_url = postgres.url.rsplit("/", 1)[0] + "/irisfed"
-        nats_url = args.nats_url or os.environ.get(NATS_URL_ENV)
-        if not nats_url:
-            print("starting NATS ...", flush=True)
-            nats = start_nats(state / "nats")
-            servers.append(nats)
-            nats_url = nats.url
-        print("migrating ...", flush=True)
-        db.migrate(db_url)
         config_path = args.config or os.environ.get(CONFIG_ENV)
         if not config_path:
             config_path = state / "federation.toml"
@@ -140,26 +135,42 @@ def cmd_up(args: argparse.Namespace) -> int:
                 config_path.write_text(DEMO_CONFIG)
         config_path = Path(config_path).resolve()
         config = load_config(config_path)
-        env = {**os.environ, DATABASE_URL_ENV: db_url, NATS_URL_ENV: nats_url}
+        nats_url = args.nats_url or os.environ.get(NATS_URL_ENV)
+        auth = None
+        if not nats_url:
+            print("starting NATS (auth on: one user per service) ...", flush=True)
+            auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
+            conf, _ = auth.write(state / "nats")
+            nats = start_nats(state / "nats", config_file=conf)
+            servers.append(nats)
+            nats_url = nats.url
+        print("migrating ...", flush=True)
+        db.migrate(db_url)
+        env = {**os.environ, DATABASE_URL_ENV: db_url}
         env.pop(CONFIG_ENV, None)
         children = _children(config, config_path, state)
         for child in children:
-            child.start(env)
-        connect = {"database_url": db_url, "nats_url": nats_url, "config": str(config_path)}
-        (state / "connect.json").write_text(json.dumps(connect, indent=2))
+            child.env = {**env, NATS_URL_ENV: auth.url(nats_url, child.role) if auth else nats_url}
+            child.start()
+        operator_url = auth.url(nats_url, "operator") if auth else nats_url
+        connect = {"database_url": db_url, "nats_url": operator_url, "config": str(config_path)}
+        connect_file = state / "connect.json"
+        connect_file.touch()
+        connect_file.chmod(0o600)
+        connect_file.write_text(json.dumps(connect, indent=2))
         pids_file = state / "pids.json"
         _write_pids(pids_file, servers, children)
         print(f"irisfed up: ready. NATS {nats_url}  Postgres {db_url}", flush=True)
         print(f"  submit:  irisfed submit -- echo hello      (or from any NATS client on "
               f"{config.subjects.submit})", flush=True)
-        print(f"  elsewhere: export {DATABASE_URL_ENV}={db_url} {NATS_URL_ENV}={nats_url} "
-              f"{CONFIG_ENV}={config_path}", flush=True)
+        print(f"  elsewhere: export {DATABASE_URL_ENV}={db_url} {CONFIG_ENV}={config_path} and "
+              f"{NATS_URL_ENV} from {connect_file} (it holds the operator's NATS password)", flush=True)
         metrics = ", ".join(f"{c.name} http://127.0.0.1:{c.args[c.args.index('--metrics-port') + 1]}/metrics"
                             for c in children if "--metrics-port" in c.args)
         print(f"  metrics: {metrics}", flush=True)
         print(f"  logs in {state / 'logs'}; Ctrl-C stops everything", flush=True)
         live = not args.no_live and sys.stdout.isatty()
-        return asyncio.run(_supervise(children, env, db_url, config, live,
+        return asyncio.run(_supervise(children, db_url, config, live,
                                       lambda: _write_pids(pids_file, servers, children)))
     finally:
         for child in reversed(children):
@@ -177,7 +188,7 @@ def _write_pids(path: Path, servers: list[ServerProcess], children: list[Child])
     }))
 
 
-async def _supervise(children: list[Child], env: dict[str, str], db_url: str,
+async def _supervise(children: list[Child], db_url: str,
                      config: FederationConfig, live: bool, on_restart) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -186,10 +197,10 @@ async def _supervise(children: list[Child], env: dict[str, str], db_url: str,
     pool = await db.connect(db_url, max_size=2)
     try:
         if live:
-            await _live(children, env, pool, config, stop, on_restart)
+            await _live(children, pool, config, stop, on_restart)
         else:
             while not stop.is_set():
-                if _restart_dead(children, env):
+                if _restart_dead(children):
                     on_restart()
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=1.0)
@@ -200,7 +211,7 @@ async def _supervise(children: list[Child], env: dict[str, str], db_url: str,
     return 0
 
 
-def _restart_dead(children: list[Child], env: dict[str, str]) -> bool:
+def _restart_dead(children: list[Child]) -> bool:
     """Restart children that exited (with a little backoff); True when any was restarted."""
     restarted = False
     for child in children:
@@ -209,12 +220,12 @@ def _restart_dead(children: list[Child], env: dict[str, str]) -> bool:
                 print(f"irisfed up: {child.name} exited with {child.process.returncode}; restarting "
                       f"(see {child.log_path})", flush=True)
                 child.restarts += 1
-                child.start(env)
+                child.start()
                 restarted = True
     return restarted
 
 
-async def _live(children, env, pool, config, stop, on_restart) -> None:
+async def _live(children, pool, config, stop, on_restart) -> None:
     from rich.live import Live
 
     from services.cli import views
@@ -223,7 +234,7 @@ async def _live(children, env, pool, config, stop, on_restart) -> None:
     store = Store(pool)
     with Live(refresh_per_second=2, screen=False) as live:
         while not stop.is_set():
-            if _restart_dead(children, env):
+            if _restart_dead(children):
                 on_restart()
             services = "  ".join(
                 f"{c.name}:{'up' if c.process and c.process.poll() is None else 'down'}" for c in children

@@ -35,6 +35,7 @@ from shared.errors import Conflict, IrisfedError, NotFound
 from shared.federation.router import PeerRouter, RoutingRequest
 from shared.lifecycle import JobState
 from shared.messages import (
+    CANCEL_OUTCOMES,
     AssignmentNotice,
     CancelNotice,
     CancelReply,
@@ -253,11 +254,13 @@ class Router:
                 return CancelReply(job_id, state.value, "already_finished")
             await self.store.job_request_cancel(conn, job_id)
             if action == "kill_now":
+                # A job requeued after a lost peer did run before: it is not restarted.
+                outcome = "never_started" if row["attempts"] == 0 else "not_restarted"
                 await self.store.job_move(Move(
                     job_id, state, JobState.KILLED, epoch, actor="router", owner_peer_id=owner,
-                    reason="cancelled before it started",
+                    reason=CANCEL_OUTCOMES[outcome],
                 ), conn)
-                outcome, new_state = "never_started", JobState.KILLED
+                new_state = JobState.KILLED
             else:
                 reachable = await self.store.peer_heartbeat_reachable(owner, conn)
                 outcome = "kill_sent" if reachable else "pending_owner_offline"
@@ -270,7 +273,7 @@ class Router:
         if new_state is JobState.KILLED:
             await publish(self.nc, self.subjects.events(job_id),
                           JobEvent(job_id, new_state.value, owner or "", epoch, datetime.now(UTC),
-                                   reason="cancelled before it started"))
+                                   reason=CANCEL_OUTCOMES[outcome]))
         metrics.CANCELS.labels(outcome).inc()
         log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=outcome)
         return CancelReply(job_id, new_state.value, outcome)

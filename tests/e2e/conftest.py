@@ -19,6 +19,7 @@ import pytest
 
 from services.common import db as dbmod
 from services.common.invariants import assert_changelog_replays
+from services.common.nats_auth import NatsAuth
 from services.common.proxy import TcpProxy, proxy_for
 from services.common.store import Store
 from tests.infra.waiting import wait_for
@@ -55,12 +56,16 @@ class Federation:
 
     tmp: Path
     database_url: str
-    nats_url: str
+    nats_url: str  # without credentials
     prefix: str
     nats: object
     store: Store
+    auth: NatsAuth | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     proxies: list[TcpProxy] = field(default_factory=list)
+
+    def nats_url_for(self, role: str) -> str:
+        return self.auth.url(self.nats_url, role) if self.auth else self.nats_url
 
     @property
     def config_path(self) -> Path:
@@ -71,7 +76,7 @@ class Federation:
         env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
         env.update({
             "IRISFED_DATABASE_URL": self.database_url,
-            "IRISFED_NATS_URL": self.nats_url,
+            "IRISFED_NATS_URL": self.nats_url_for("operator"),  # what the CLI uses
             "IRISFED_CONFIG": str(self.config_path),
             "PYTHONPATH": str(ROOT),
         })
@@ -79,6 +84,8 @@ class Federation:
 
     def start(self, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         module = {"router": "services.router", "tick": "services.tick"}.get(name, "services.peer_agent")
+        role = name if module != "services.peer_agent" else f"agent-{name}"
+        env = {"IRISFED_NATS_URL": self.nats_url_for(role), **(env or {})}
         args = [sys.executable, "-m", module, "--log-level", "debug", *extra]
         if module == "services.peer_agent":
             args += ["--peer-id", name, "--work-dir", str(self.tmp / "work")]
@@ -104,7 +111,7 @@ class Federation:
         """Start an agent whose NATS and Postgres connections go through proxies."""
         nats_proxy, db_proxy = proxy_for(self.nats_url), proxy_for(self.database_url)
         self.proxies += [nats_proxy, db_proxy]
-        self.start(name, *extra, env={"IRISFED_NATS_URL": nats_proxy.url_for(self.nats_url),
+        self.start(name, *extra, env={"IRISFED_NATS_URL": nats_proxy.url_for(self.nats_url_for(f"agent-{name}")),
                                       "IRISFED_DATABASE_URL": db_proxy.url_for(self.database_url)})
         return nats_proxy, db_proxy
 
@@ -195,7 +202,8 @@ class Federation:
 @pytest.fixture
 async def federation(tmp_path, database_url, servers, subject_prefix, nats_client):
     pool = await dbmod.connect(database_url, max_size=4)
-    fed = Federation(tmp_path, database_url, servers.nats_url, subject_prefix, nats_client, Store(pool))
+    fed = Federation(tmp_path, database_url, servers.nats_plain_url or servers.nats_url, subject_prefix,
+                     nats_client, Store(pool), auth=servers.nats_auth)
     fed.config_path.write_text(config_text(subject_prefix))
     try:
         yield fed

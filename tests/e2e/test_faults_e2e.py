@@ -240,6 +240,7 @@ async def test_nats_restart_and_cluster_node_loss_converge(federation, tmp_path)
         nodes = [start_node(i) for i in range(3)]
         cluster_url = ",".join(n.url for n in nodes)
         federation.nats_url = cluster_url
+        federation.auth = None  # these nodes run without auth
         await federation.nats.close()
         import nats
 

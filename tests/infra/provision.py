@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from services.common.nats_auth import NatsAuth
 from services.common.servers import ServerProcess, start_nats, start_postgres
 
 DATABASE_URL_ENV = "IRISFED_TEST_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_TEST_NATS_URL"
+# Every peer id the tests use; the NATS users are generated for these. Tests use
+# one-token subject prefixes, so the permissions are written for the prefix "*".
+TEST_PEERS = ("home", "gpu-west", "tpu-east", "gpu-east")
 
 
 @dataclass
@@ -27,12 +31,20 @@ class Servers:
     """Where the test servers are, and how they were provided."""
 
     database_url: str  # an admin connection (may CREATE DATABASE)
-    nats_url: str
+    nats_url: str  # the admin user's URL (everything allowed)
     how: str
+    nats_plain_url: str = ""
+    nats_auth: NatsAuth | None = None  # None when the NATS server came from elsewhere
     postgres: ServerProcess | None = None
     nats: ServerProcess | None = None
     folder: Path | None = None
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    def nats_url_for(self, role: str) -> str:
+        """The URL a service of ``role`` connects with (its own user when auth is on)."""
+        if self.nats_auth is None:
+            return self.nats_plain_url or self.nats_url
+        return self.nats_auth.url(self.nats_plain_url, role)
 
     def close(self) -> None:
         for cleanup in reversed(self._cleanups):
@@ -81,9 +93,13 @@ def provision_servers() -> Servers:
             servers.folder = folder
             servers._cleanups.append(lambda: shutil.rmtree(folder, ignore_errors=True))
             if missing_nats:
-                servers.nats = start_nats(folder / "nats")
+                # Local NATS runs with auth on: every service gets its own user.
+                servers.nats_auth = NatsAuth.create("*", TEST_PEERS)
+                conf, _ = servers.nats_auth.write(folder / "nats-auth")
+                servers.nats = start_nats(folder / "nats", config_file=conf)
                 servers._cleanups.append(servers.nats.stop)
-                servers.nats_url = servers.nats.url
+                servers.nats_plain_url = servers.nats.url
+                servers.nats_url = servers.nats_auth.url(servers.nats.url, "admin")
             if missing_db:
                 servers.postgres = start_postgres(folder / "pg", durable=False)
                 servers._cleanups.append(servers.postgres.stop)

@@ -42,7 +42,7 @@ SELECT * FROM jobs WHERE job_id = $1;
 
 -- job_get_for_update --
 -- Lock one job while deciding what a cancel does to it.
-SELECT job_id, state, owner_peer_id, epoch, cancel_requested FROM jobs WHERE job_id = $1 FOR UPDATE;
+SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs WHERE job_id = $1 FOR UPDATE;
 
 -- job_list --
 -- The unified view: newest first, optionally one state.

@@ -1,0 +1,117 @@
+"""NATS users per role with subject permissions, generated from a federation.
+
+Roles and what they may do (``P`` is the subject prefix):
+
+| role | publish | subscribe |
+|---|---|---|
+| producer | P.submit, P.cancel | _INBOX.> (replies) |
+| operator | P.submit, P.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit, P.cancel, P.heartbeat.* |
+| tick | P.assign.*, P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
+| agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
+| admin | everything | everything |
+
+So a peer agent cannot advertise as another peer nor read another peer's
+assignments, and a producer can only ask. Passwords are random; they live in a
+0600 credentials file and reach services in their URL, never in logs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+
+def role_permissions(prefix: str, peer_ids: Iterable[str]) -> dict[str, Permissions]:
+    """The permission set of every role for a federation's prefix and peers."""
+    p = prefix
+    roles = {
+        "producer": Permissions((f"{p}.submit", f"{p}.cancel"), ("_INBOX.>",)),
+        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.tick.ping"),
+                                (f"{p}.events.*", f"{p}.heartbeat.*", "_INBOX.>")),
+        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake"),
+                              (f"{p}.submit", f"{p}.cancel", f"{p}.heartbeat.*"), allow_responses=True),
+        "tick": Permissions((f"{p}.assign.*", f"{p}.events.*"),
+                            (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
+        "admin": Permissions((">",), (">",)),
+    }
+    for peer_id in peer_ids:
+        roles[f"agent-{peer_id}"] = Permissions(
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*"), (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}"))
+    return roles
+
+
+def generate_credentials(roles: Iterable[str]) -> dict[str, str]:
+    """A fresh random password per role."""
+    return {role: secrets.token_urlsafe(24) for role in roles}
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+
+
+def render_server_config(permissions: dict[str, Permissions], passwords: dict[str, str]) -> str:
+    """The nats-server ``authorization`` block for these roles."""
+    users = []
+    for role, perms in permissions.items():
+        body = (f"publish: {{ allow: {_list(perms.publish)} }}, "
+                f"subscribe: {{ allow: {_list(perms.subscribe)} }}")
+        if perms.allow_responses:
+            body += ", allow_responses: true"
+        users.append(f"    {{ user: {json.dumps(role)}, password: {json.dumps(passwords[role])}, "
+                     f"permissions: {{ {body} }} }}")
+    return "authorization {\n  users: [\n" + "\n".join(users) + "\n  ]\n}\n"
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """Every server of ``url`` (comma-separated) with ``user:password`` in it."""
+    urls = []
+    for part in url.split(","):
+        parts = urlsplit(part.strip())
+        host = parts.netloc.rsplit("@", 1)[-1]
+        urls.append(urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password, safe='')}@{host}")))
+    return ",".join(urls)
+
+
+def role_for_service(command: str, peer_id: str | None = None) -> str:
+    return f"agent-{peer_id}" if command == "peer-agent" else command
+
+
+@dataclass
+class NatsAuth:
+    """Generated users for one federation: the server config and each role's URL."""
+
+    permissions: dict[str, Permissions]
+    passwords: dict[str, str]
+
+    @classmethod
+    def create(cls, prefix: str, peer_ids: Iterable[str]) -> NatsAuth:
+        permissions = role_permissions(prefix, peer_ids)
+        return cls(permissions, generate_credentials(permissions))
+
+    def server_config(self) -> str:
+        return render_server_config(self.permissions, self.passwords)
+
+    def url(self, base_url: str, role: str) -> str:
+        return with_credentials(base_url, role, self.passwords[role])
+
+    def write(self, folder: Path) -> tuple[Path, Path]:
+        """``nats-auth.conf`` for the server, ``nats-credentials.json`` (0600) for clients."""
+        folder.mkdir(parents=True, exist_ok=True)
+        conf, creds = folder / "nats-auth.conf", folder / "nats-credentials.json"
+        for path, text in ((conf, self.server_config()), (creds, json.dumps(self.passwords, indent=2))):
+            path.touch()
+            path.chmod(0o600)  # before the secret goes in
+            path.write_text(text)
+        return conf, creds

@@ -1,0 +1,113 @@
+"""Least privilege on NATS: each role may touch only its own subjects."""
+
+import asyncio
+
+import nats
+import pytest
+
+from services.cli import main
+from services.common.nats_auth import NatsAuth, role_permissions
+from services.common.servers import start_nats
+
+PEERS = ("gpu-west", "tpu-east")
+
+
+@pytest.fixture
+def secured_nats(tmp_path):
+    auth = NatsAuth.create("irisfed", PEERS)
+    conf, _ = auth.write(tmp_path / "auth")
+    server = start_nats(tmp_path / "nats", config_file=conf)
+    yield auth, server
+    server.stop()
+
+
+async def _connect(auth, server, role, errors):
+    async def on_error(exc):
+        errors.append(str(exc))
+    return await nats.connect(auth.url(server.url, role), error_cb=on_error, allow_reconnect=False)
+
+
+async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nats):
+    auth, server = secured_nats
+    errors: list[str] = []
+    router = await _connect(auth, server, "router", errors)
+    tick = await _connect(auth, server, "tick", errors)
+    spy = await _connect(auth, server, "agent-gpu-west", errors)
+    victim = await _connect(auth, server, "agent-tpu-east", errors)
+    heard, stolen, delivered = [], [], []
+
+    async def on_heartbeat(msg):
+        heard.append(msg.subject)
+
+    async def on_stolen(msg):
+        stolen.append(msg.data)
+
+    async def on_delivered(msg):
+        delivered.append(msg.data)
+
+    try:
+        await router.subscribe("irisfed.heartbeat.*", cb=on_heartbeat)
+        await victim.subscribe("irisfed.assign.tpu-east", cb=on_delivered)
+        await spy.subscribe("irisfed.assign.tpu-east", cb=on_stolen)
+        await router.flush()
+        await victim.flush()
+        await spy.publish("irisfed.heartbeat.tpu-east", b"spoofed")
+        await spy.publish("irisfed.heartbeat.gpu-west", b"genuine")
+        await spy.flush()
+        await tick.publish("irisfed.assign.tpu-east", b"job-1")
+        await tick.flush()
+
+        async def settled():
+            while not (delivered and heard and len(errors) >= 2):
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(settled(), timeout=10)
+        assert heard == ["irisfed.heartbeat.gpu-west"]  # the spoofed heartbeat never arrived
+        assert delivered == [b"job-1"] and stolen == []
+        assert any('publish to "irisfed.heartbeat.tpu-east"' in e for e in errors)
+        assert any('subscription to "irisfed.assign.tpu-east"' in e for e in errors)
+    finally:
+        for client in (router, tick, spy, victim):
+            await client.close()
+
+
+async def test_producers_can_only_ask(secured_nats):
+    auth, server = secured_nats
+    errors: list[str] = []
+    producer = await _connect(auth, server, "producer", errors)
+    try:
+        await producer.publish("irisfed.assign.gpu-west", b"forged")
+        await producer.subscribe("irisfed.events.*")
+        await producer.flush()
+
+        async def refused():
+            while len(errors) < 2:
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(refused(), timeout=10)
+        assert any("publish" in e for e in errors) and any("subscription" in e for e in errors)
+    finally:
+        await producer.close()
+
+
+async def test_wrong_password_is_refused(secured_nats):
+    auth, server = secured_nats
+    with pytest.raises(Exception, match="Authorization"):
+        await nats.connect(server.url.replace("nats://", "nats://router:wrong@"),
+                           allow_reconnect=False, connect_timeout=3)
+
+
+def test_permissions_table_per_role():
+    roles = role_permissions("acme", ["gpu"])
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*")
+    assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu")
+    assert roles["producer"].publish == ("acme.submit", "acme.cancel")
+    assert roles["router"].allow_responses and not roles["producer"].allow_responses
+
+
+def test_nats_auth_command_writes_private_files(tmp_path):
+    config = tmp_path / "f.toml"
+    config.write_text('local_cluster = "a"\n[[peers]]\nid = "a"\n')
+    assert main(["nats-auth", "--config", str(config), "--out", str(tmp_path / "out")]) == 0
+    creds = tmp_path / "out" / "nats-credentials.json"
+    assert oct(creds.stat().st_mode & 0o777) == "0o600"
+    assert "agent-a" in creds.read_text()
+    assert "authorization" in (tmp_path / "out" / "nats-auth.conf").read_text()
