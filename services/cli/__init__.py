@@ -481,6 +481,29 @@ def cmd_nats_auth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db_roles(args: argparse.Namespace) -> int:
+    """Create login roles per service and peer (row-level security does the rest)."""
+    import asyncpg
+
+    from services.common.db_roles import apply_roles, write_passwords
+
+    config = federation_config(args)
+
+    async def run() -> dict[str, str]:
+        conn = await asyncpg.connect(database_url(args))
+        try:
+            return await apply_roles(conn, config)
+        finally:
+            await conn.close()
+
+    passwords = asyncio.run(run())
+    write_passwords(Path(args.out), passwords)
+    print(f"created {len(passwords)} login roles; passwords in {args.out} (0600)")
+    for role in passwords:
+        print(f"  {role}")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
     from shared.messages import json_schemas
@@ -610,6 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
     p.add_argument("--out", default="nats-auth", help="folder for nats-auth.conf and nats-credentials.json")
 
+    p = sub.add_parser("db-roles", help="create Postgres login roles per service and peer")
+    servers(p, nats=False)
+    p.add_argument("--out", default="db-credentials.json", help="where the passwords go (0600)")
+
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
 
@@ -647,6 +674,7 @@ COMMANDS = {
     "schema": cmd_schema,
     "chaos": cmd_chaos,
     "nats-auth": cmd_nats_auth,
+    "db-roles": cmd_db_roles,
 }
 
 

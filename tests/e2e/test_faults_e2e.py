@@ -266,3 +266,33 @@ async def test_nats_restart_and_cluster_node_loss_converge(federation, tmp_path)
         for node in nodes:
             node.stop()
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+async def test_whole_federation_runs_on_least_privilege_database_roles(federation):
+    from tests.integration.test_db_roles import as_role
+
+    created = federation.cli("db-roles", "--out", str(federation.tmp / "db-credentials.json"))
+    assert created.returncode == 0, created.stderr
+    assert oct((federation.tmp / "db-credentials.json").stat().st_mode & 0o777) == "0o600"
+    role_url = {
+        "router": as_role(federation.database_url, "irisfed_svc_router"),
+        "tick": as_role(federation.database_url, "irisfed_svc_tick"),
+        "home": as_role(federation.database_url, "irisfed_peer_home"),
+        "gpu-west": as_role(federation.database_url, "irisfed_peer_gpu-west"),
+    }
+    for name, url in role_url.items():
+        federation.start(name, env={"IRISFED_DATABASE_URL": url})
+    await federation.wait_router()
+    await federation.wait_agent("home")
+    await federation.wait_agent("gpu-west")
+    local = await federation.submit({"command": ["true"]})
+    gpu = await federation.submit({"command": ["sh", "-c", "exit 4"], "constraints": GPU})
+    long = await federation.submit({"command": ["sleep", "60"], "constraints": GPU})
+    assert (await federation.wait_state(local["job_id"], "succeeded"))["owner_peer_id"] == "home"
+    assert (await federation.wait_state(gpu["job_id"], "failed"))["exit_code"] == 4
+    await federation.wait_state(long["job_id"], "running")
+    assert (await federation.cancel(long["job_id"]))["outcome"] == "kill_sent"
+    await federation.wait_state(long["job_id"], "killed")
+    for name in role_url:
+        assert "InsufficientPrivilege" not in federation.log(name)
+        assert "permission denied" not in federation.log(name)

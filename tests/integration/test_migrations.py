@@ -8,7 +8,7 @@ import pytest
 from services.common import db as dbmod
 from shared.errors import SchemaMismatch
 
-TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat"}
+TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles"}
 
 
 async def _tables(url: str) -> set[str]:

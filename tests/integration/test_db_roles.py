@@ -1,0 +1,97 @@
+"""Least privilege in Postgres: a peer's role can change only the rows of its own peer."""
+
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from services.common import db as dbmod
+from services.common.db_roles import apply_roles, peer_role
+from services.common.store import Store
+from shared.lifecycle import JobState
+from shared.records import Move
+from tests.infra.factories import insert_jobs, make_config, make_job
+
+
+def as_role(url: str, role: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+@pytest.fixture
+async def roles(database_url, pool):
+    config = make_config()
+    conn = await asyncpg.connect(database_url)
+    try:
+        passwords = await apply_roles(conn, config)
+    finally:
+        await conn.close()
+    return passwords
+
+
+async def _assigned(store, peer):
+    job = make_job()
+    await insert_jobs(store, [job])
+    async with store.db.acquire() as conn, conn.transaction():
+        await store.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
+    return job.job_id
+
+
+async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
+    admin = Store(pool)
+    mine = await _assigned(admin, "gpu-west")
+    theirs = await _assigned(admin, "tpu-east")
+    # Skip the schema check: it is what we test next, separately.
+    gpu_pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")))
+    try:
+        gpu = Store(gpu_pool)
+        assert await gpu.job_move(Move(mine, JobState.ASSIGNED, JobState.RUNNING, 1, "gpu-west", "gpu-west"))
+        stolen = Move(theirs, JobState.ASSIGNED, JobState.RUNNING, 1, "gpu-west", "gpu-west")
+        assert await gpu.job_move(stolen) is None  # invisible: the CAS finds no row
+        assert await gpu.job_get(theirs) is None
+        assert [r["job_id"] for r in await gpu.job_live_for_owner("tpu-east")] == []
+        raw = await gpu_pool.execute("UPDATE jobs SET reason = 'pwned' WHERE job_id = $1", theirs)
+        assert raw == "UPDATE 0"
+        # It may hand its own job back to the queue, but never to another peer.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu_pool.execute("UPDATE jobs SET owner_peer_id = 'tpu-east' WHERE job_id = $1", mine)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu_pool.execute(
+                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
+                "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu.peer_heartbeat_upsert("tpu-east", "r", 1, [], 6.0, datetime.now(UTC))
+        await gpu.peer_heartbeat_upsert("gpu-west", "r", 1, [], 6.0, datetime.now(UTC))
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu.sync_state_upsert(theirs, "tpu-east", 1, 1)
+    finally:
+        await gpu_pool.close()
+    row = await admin.job_get(theirs)
+    assert (row["state"], row["reason"]) == ("assigned", "assigned to tpu-east")
+
+
+async def test_router_and_tick_roles_have_only_what_they_use(database_url, pool, roles):
+    router = await asyncpg.connect(as_role(database_url, "irisfed_svc_router"))
+    try:
+        await dbmod.check_schema(router)  # services can still verify the schema head
+        assert await router.fetchval("SELECT count(*) FROM peer_heartbeat") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await router.execute("DELETE FROM jobs")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await router.execute("UPDATE peer_heartbeat SET seq = 0")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await router.execute("SELECT * FROM federation_sync_state")
+    finally:
+        await router.close()
+    tick = await asyncpg.connect(as_role(database_url, "irisfed_svc_tick"))
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await tick.execute(
+                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
+                "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
+    finally:
+        await tick.close()
+    assert set(roles) == {"irisfed_svc_router", "irisfed_svc_tick", "irisfed_peer_home",
+                          "irisfed_peer_gpu-west", "irisfed_peer_tpu-east"}
