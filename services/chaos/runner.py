@@ -118,6 +118,8 @@ class Federation:
         self.env.update({"IRISFED_CONFIG": str(folder / "federation.toml"), "PYTHONPATH": str(root)})
 
     def start(self, name: str) -> None:
+        if self.running(name):
+            return  # a peer killed twice is restarted once
         env = dict(self.env)
         if name in PEERS:
             if name not in self.proxies:

@@ -504,6 +504,15 @@ def cmd_db_roles(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmarks against baselines measured in the same run; prints a table, writes JSON."""
+    from bench.run import run_bench
+
+    sections = set(args.sections.split(",")) if args.sections else {"submit", "dispatch", "tick", "heartbeat", "scale"}
+    run_bench(args.quick, Path(args.out) if args.out else None, sections)
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
     from shared.messages import json_schemas
@@ -637,6 +646,11 @@ def build_parser() -> argparse.ArgumentParser:
     servers(p, nats=False)
     p.add_argument("--out", default="db-credentials.json", help="where the passwords go (0600)")
 
+    p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.add_argument("--sections", help="comma-separated: submit,dispatch,tick,heartbeat,scale (default: all)")
+
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
 
@@ -675,6 +689,7 @@ COMMANDS = {
     "chaos": cmd_chaos,
     "nats-auth": cmd_nats_auth,
     "db-roles": cmd_db_roles,
+    "bench": cmd_bench,
 }
 
 

@@ -169,8 +169,16 @@ class Store:
     ) -> None:
         await self.db.execute(Q["peer_heartbeat_upsert"], peer_id, run_id, seq, backends, ttl_s, sent_at)
 
+    async def peer_heartbeat_upsert_batch(self, heartbeats: Sequence) -> None:
+        """Write many heartbeats (``shared.messages.Heartbeat``) in one statement."""
+        if not heartbeats:
+            return
+        await self.db.execute(
+            Q["peer_heartbeat_upsert_batch"],
+            [h.peer_id for h in heartbeats], [h.run_id for h in heartbeats], [h.seq for h in heartbeats],
+            [_json(h.backends) for h in heartbeats], [h.ttl_s for h in heartbeats],
+            [h.sent_at for h in heartbeats],
+        )
+
     async def peer_heartbeat_list(self) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["peer_heartbeat_list"])
-
-    async def peer_heartbeat_reachable(self, peer_id: str, conn: asyncpg.Connection | None = None) -> bool:
-        return bool(await (conn or self.db).fetchval(Q["peer_heartbeat_reachable"], peer_id))

@@ -113,6 +113,7 @@ class PeerAgent:
         self.peer_id = settings.peer_id
         self.run_id = uuid.uuid4().hex
         self.seq = 0
+        self._db_shape: list | None = None  # the advertisement last written to Postgres
         self.backends: dict[str, Backend] = {}
         for spec in settings.backends:
             if spec.kind == "simulated":
@@ -165,6 +166,14 @@ class PeerAgent:
         return ads
 
     async def heartbeat(self) -> None:
+        """Advertise on NATS; write Postgres only when NATS cannot carry it or it changed.
+
+        Ticks write the heartbeats they hear into ``peer_heartbeat`` in one batch per
+        interval, so a healthy federation pays about one commit per interval for all
+        peers. An agent writes its own row at start, when its shape changes (not its
+        free slots, which the tick derives from Postgres), and whenever it is cut off
+        from NATS, which keeps a NATS-partitioned peer reachable through Postgres.
+        """
         self.seq += 1
         message = Heartbeat(
             peer_id=self.peer_id, seq=self.seq, sent_at=datetime.now(UTC),
@@ -172,10 +181,14 @@ class PeerAgent:
         )
         if self.nc.is_connected:
             await publish(self.nc, self.subjects.heartbeat(self.peer_id), message)
+        shape = [(b.name, b.attributes, b.capacity.total) for b in message.backends]
+        if self.nc.is_connected and shape == self._db_shape:
+            return
         await self.store.peer_heartbeat_upsert(
             self.peer_id, self.run_id, self.seq, msgspec.to_builtins(message.backends),
             message.ttl_s, message.sent_at,
         )
+        self._db_shape = shape
 
     # ------------------------------------------------------------ messages
 

@@ -262,7 +262,7 @@ class Router:
                 ), conn)
                 new_state = JobState.KILLED
             else:
-                reachable = await self.store.peer_heartbeat_reachable(owner, conn)
+                reachable = owner in self.view.reachable_ids()
                 outcome = "kill_sent" if reachable else "pending_owner_offline"
                 if action == "repeat":
                     outcome = "already_requested" if reachable else outcome

@@ -83,6 +83,7 @@ class Tick:
         metrics.watch_peer_view(self.view)
         self.wake = asyncio.Event()
         self.db_was_down = False
+        self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
         self.runs = 0
 
@@ -95,6 +96,8 @@ class Tick:
             await self.nc.flush()
         self.tasks.spawn(forever("view_refresh", self.refresh_view, self.config.heartbeat_interval_s),
                          name="tick-view")
+        self.tasks.spawn(forever("heartbeat_persist", self.persist_heartbeats, self.config.heartbeat_interval_s),
+                         name="tick-heartbeats")
         self.tasks.spawn(self._loop(), name="tick-loop")
         self.tasks.spawn(forever("queue_depth", self.export_queue_depth, QUEUE_DEPTH_INTERVAL_S),
                          name="tick-queue-depth")
@@ -120,8 +123,18 @@ class Tick:
             log.warning("heartbeat_ignored", subject=msg.subject, error=str(exc))
             return
         if self.view.apply_heartbeat(heartbeat):
+            self.heard[heartbeat.peer_id] = heartbeat
             # A peer (re)appearing or freeing slots may make queued work placeable.
             self.wake.set()
+
+    async def persist_heartbeats(self) -> None:
+        """Write what we heard on NATS to ``peer_heartbeat``: one statement per interval."""
+        heard, self.heard = self.heard, {}
+        try:
+            await self.store.peer_heartbeat_upsert_batch(list(heard.values()))
+        except BaseException:
+            self.heard = {**heard, **self.heard}  # retry them next time
+            raise
 
     async def on_wake(self, msg: Msg) -> None:
         self.wake.set()

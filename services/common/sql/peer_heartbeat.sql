@@ -10,12 +10,21 @@ SET run_id = EXCLUDED.run_id, seq = EXCLUDED.seq, backends = EXCLUDED.backends,
     received_at = EXCLUDED.received_at, expires_at = EXCLUDED.expires_at
 WHERE peer_heartbeat.run_id <> EXCLUDED.run_id OR peer_heartbeat.seq < EXCLUDED.seq;
 
+-- peer_heartbeat_upsert_batch --
+-- Many heartbeats heard on NATS in one statement (the tick's batch, once per interval).
+INSERT INTO peer_heartbeat (peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at)
+SELECT peer_id, run_id, seq, backends::jsonb, ttl_s, sent_at, now(), now() + make_interval(secs => ttl_s)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::double precision[], $6::timestamptz[])
+    AS t(peer_id, run_id, seq, backends, ttl_s, sent_at)
+ON CONFLICT (peer_id) DO UPDATE
+SET run_id = EXCLUDED.run_id, seq = EXCLUDED.seq, backends = EXCLUDED.backends,
+    ttl_s = EXCLUDED.ttl_s, sent_at = EXCLUDED.sent_at,
+    received_at = EXCLUDED.received_at, expires_at = EXCLUDED.expires_at
+WHERE peer_heartbeat.run_id <> EXCLUDED.run_id OR peer_heartbeat.seq < EXCLUDED.seq;
+
 -- peer_heartbeat_list --
 -- All advertisements, with receive time as epoch seconds for the routing view.
 SELECT peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at,
        extract(epoch FROM received_at)::double precision AS received_epoch,
        expires_at > now() AS reachable
 FROM peer_heartbeat ORDER BY peer_id;
-
--- peer_heartbeat_reachable --
-SELECT expires_at > now() FROM peer_heartbeat WHERE peer_id = $1;
