@@ -54,7 +54,9 @@ def upgrade() -> None:
     op.execute("GRANT SELECT, INSERT, UPDATE ON jobs TO irisfed_router")
     op.execute("GRANT SELECT, UPDATE ON jobs TO irisfed_tick, irisfed_agent")
     op.execute(f"GRANT SELECT, INSERT ON federation_changelog TO {SERVICES}, irisfed_agent")
-    op.execute(f"GRANT SELECT ON peer_heartbeat TO {SERVICES}")
+    op.execute("GRANT SELECT ON peer_heartbeat TO irisfed_router")
+    # Ticks write the heartbeats they hear on NATS, in batches.
+    op.execute("GRANT SELECT, INSERT, UPDATE ON peer_heartbeat TO irisfed_tick")
     op.execute("GRANT SELECT, INSERT, UPDATE ON peer_heartbeat, federation_sync_state TO irisfed_agent")
     op.execute("GRANT EXECUTE ON FUNCTION irisfed_current_peer() TO irisfed_agent")
 
@@ -78,7 +80,8 @@ def upgrade() -> None:
         USING (peer_id = irisfed_current_peer()) WITH CHECK (peer_id = irisfed_current_peer())
     """)
     op.execute("ALTER TABLE peer_heartbeat ENABLE ROW LEVEL SECURITY")
-    op.execute(f"CREATE POLICY heartbeat_read ON peer_heartbeat FOR SELECT TO {SERVICES} USING (true)")
+    op.execute("CREATE POLICY heartbeat_read ON peer_heartbeat FOR SELECT TO irisfed_router USING (true)")
+    op.execute("CREATE POLICY heartbeat_tick ON peer_heartbeat TO irisfed_tick USING (true) WITH CHECK (true)")
     op.execute("""
         CREATE POLICY heartbeat_own_peer ON peer_heartbeat TO irisfed_agent
         USING (peer_id = irisfed_current_peer()) WITH CHECK (peer_id = irisfed_current_peer())
@@ -87,7 +90,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     for table, policies in (
-        ("peer_heartbeat", ("heartbeat_read", "heartbeat_own_peer")),
+        ("peer_heartbeat", ("heartbeat_read", "heartbeat_tick", "heartbeat_own_peer")),
         ("federation_sync_state", ("sync_state_own_peer",)),
         ("federation_changelog", ("changelog_services", "changelog_read", "changelog_own_peer")),
         ("jobs", ("jobs_services", "jobs_own_peer")),
