@@ -85,6 +85,22 @@ class Store:
             move.reason, move.exit_code, move.actor, move.log_dir, move.avoid_peer,
         )
 
+    async def job_start_batch(
+        self, conn: asyncpg.Connection, peer_id: str, starts: Sequence[tuple[str, int, str | None, str]]
+    ) -> set[str]:
+        """Accept (job_id, epoch, log_dir, reason) for ``peer_id``; return the ids that moved."""
+        job_ids, epochs, log_dirs, reasons = (list(c) for c in zip(*starts, strict=True))
+        rows = await conn.fetch(Q["job_start_batch"], peer_id, job_ids, epochs, log_dirs, reasons)
+        return {r["job_id"] for r in rows}
+
+    async def job_finish_batch(
+        self, conn: asyncpg.Connection, peer_id: str, endings: Sequence[tuple[str, int, int, bool]]
+    ) -> dict[str, asyncpg.Record]:
+        """Report (job_id, epoch, exit_code, cancelled) for ``peer_id``; return what moved."""
+        job_ids, epochs, codes, cancelled = (list(c) for c in zip(*endings, strict=True))
+        rows = await conn.fetch(Q["job_finish_batch"], peer_id, job_ids, epochs, codes, cancelled)
+        return {r["job_id"]: r for r in rows}
+
     async def job_request_cancel(self, conn: asyncpg.Connection, job_id: str) -> None:
         await conn.execute(Q["job_request_cancel"], job_id)
 

@@ -126,6 +126,7 @@ class PeerAgent:
         # Reconcile and job transitions take this lock so each sees the other's effects.
         self.lock = asyncio.Lock()
         self.reconcile_wanted = asyncio.Event()
+        self.finished: asyncio.Queue[_Run] = asyncio.Queue()
         self.reconciled = 0
         self.tasks = TaskOwner()
 
@@ -140,6 +141,7 @@ class PeerAgent:
         self.tasks.spawn(forever("heartbeat", self.heartbeat, self.settings.heartbeat_interval_s),
                          name="agent-heartbeat")
         self.tasks.spawn(self._reconcile_loop(), name="agent-reconcile")
+        self.tasks.spawn(self._report_loop(), name="agent-report")
         log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
 
@@ -290,35 +292,49 @@ class PeerAgent:
                         state=move.to_state.value, leftover_killed=killed)
 
     async def _start_pending(self) -> None:
-        order = sorted(self.pending.values(), key=lambda p: -p.priority)
-        for pending in order:
-            spec = self.specs[pending.backend]
-            busy = sum(1 for r in self.runs.values() if r.backend == pending.backend)
-            if busy >= spec.slots:
-                continue
-            del self.pending[pending.job_id]
-            await self._start(pending)
-
-    async def _start(self, pending: _Pending) -> None:
-        job_id, epoch = pending.job_id, pending.epoch
-        backend = self.backends[pending.backend]
-        log_dir = None
-        if isinstance(backend, SubprocessBackend):
-            log_dir = str(backend.run_dir(job_id, epoch).resolve())
-        accepted = await self._write(Move(
-            job_id, JobState.ASSIGNED, JobState.RUNNING, epoch, actor=self.peer_id,
-            owner_peer_id=self.peer_id, reason=f"running on {self.peer_id}/{pending.backend}",
-            log_dir=log_dir,
-        ))
-        if not accepted:
-            log.info("accept_lost", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
+        """Accept as many pending jobs as there are free slots: one transaction for all."""
+        busy: dict[str, int] = {}
+        for run in self.runs.values():
+            busy[run.backend] = busy.get(run.backend, 0) + 1
+        chosen = []
+        for pending in sorted(self.pending.values(), key=lambda p: -p.priority):
+            if busy.get(pending.backend, 0) < self.specs[pending.backend].slots:
+                busy[pending.backend] = busy.get(pending.backend, 0) + 1
+                chosen.append(pending)
+        if not chosen:
             return
+        for pending in chosen:
+            del self.pending[pending.job_id]
+        log_dirs = [self._log_dir(p) for p in chosen]
+        async with self.pool.acquire() as conn, conn.transaction():
+            accepted = await self.store.job_start_batch(
+                conn, self.peer_id, [(p.job_id, p.epoch, d, f"running on {self.peer_id}/{p.backend}")
+                                     for p, d in zip(chosen, log_dirs, strict=True)])
         crash_point("agent_after_accept")
+        now = datetime.now(UTC)
+        for pending in chosen:
+            if pending.job_id not in accepted:
+                log.info("accept_lost", job_id=pending.job_id, peer_id=self.peer_id, epoch=pending.epoch)
+                continue
+            if self.nc.is_connected:
+                await publish(self.nc, self.subjects.events(pending.job_id), JobEvent(
+                    pending.job_id, JobState.RUNNING.value, self.peer_id, pending.epoch, now,
+                    reason=f"running on {self.peer_id}/{pending.backend}"))
+            await self._launch(pending)
+
+    def _log_dir(self, pending: _Pending) -> str | None:
+        backend = self.backends[pending.backend]
+        if isinstance(backend, SubprocessBackend):
+            return str(backend.run_dir(pending.job_id, pending.epoch).resolve())
+        return None
+
+    async def _launch(self, pending: _Pending) -> None:
+        job_id, epoch = pending.job_id, pending.epoch
         run = _Run(job_id, epoch, pending.backend)
         self.runs[job_id] = run
         spec = pending.spec
         try:
-            run.handle = await backend.launch(RunSpec(
+            run.handle = await self.backends[pending.backend].launch(RunSpec(
                 job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
                 dict(spec.get("labels", {})),
             ))
@@ -326,7 +342,7 @@ class PeerAgent:
             run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
             run.exit_code = -1
             log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
-        log.info("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
+        log.debug("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
         self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
 
     # ------------------------------------------------------------ finishing
@@ -334,58 +350,80 @@ class PeerAgent:
     async def _finish(self, run: _Run) -> None:
         if run.handle is not None:
             run.exit_code = await run.handle.wait()
-        while True:
-            try:
-                async with self.lock:
-                    await self._report(run)
-                    self.runs.pop(run.job_id, None)
-                    await self._start_pending()
-                return
-            except CONNECTION_ERRORS as exc:
-                # Partitioned from Postgres: keep the result and report when it returns.
-                metrics.DB_UNAVAILABLE.inc()
-                log.warning("report_deferred", job_id=run.job_id, peer_id=self.peer_id, error=str(exc))
-                await asyncio.sleep(self.settings.reconcile_interval_s)
+        self.finished.put_nowait(run)
 
-    async def _report(self, run: _Run) -> None:
-        if run.fenced:
-            # Record that this peer killed its stale copy, where operators look for
-            # a peer's view of a job: its sync state row.
-            last = await self.store.changelog_last_for_job(run.job_id)
-            now_epoch = last["epoch"] if last else run.epoch
-            note = f"stale copy killed: epoch {run.epoch} superseded by {now_epoch}"
-            await self.store.sync_state_upsert(run.job_id, self.peer_id, last["seq"] if last else 0,
-                                               run.epoch, note=note)
-            metrics.STALE_COPIES_KILLED.inc()
-            log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                        current_epoch=now_epoch)
-            return
-        job = await self.store.job_get(run.job_id)
-        if run.launch_error:
-            retry = job is not None and may_retry_infra_failure(job["attempts"], job["max_retries"])
-            move = Move(run.job_id, JobState.RUNNING, JobState.QUEUED if retry else JobState.FAILED,
-                        run.epoch, actor=self.peer_id,
-                        owner_peer_id=None if retry else self.peer_id,
-                        new_epoch=run.epoch + 1 if retry else None,
-                        reason=f"launch failed: {run.launch_error}" + ("; retrying" if retry else ""))
-        else:
-            cancelled = run.cancel_requested or (job is not None and job["cancel_requested"])
-            if cancelled:
-                to_state, reason = JobState.KILLED, "cancelled by request"
-            elif run.exit_code == 0:
-                to_state, reason = JobState.SUCCEEDED, "exit code 0"
+    async def _report_loop(self) -> None:
+        """Report finished runs in batches: one statement for all normal endings."""
+        while True:
+            batch = [await self.finished.get()]
+            while not self.finished.empty():
+                batch.append(self.finished.get_nowait())
+            while True:
+                try:
+                    async with self.lock:
+                        await self._report(batch)
+                        for run in batch:
+                            self.runs.pop(run.job_id, None)
+                        await self._start_pending()
+                    break
+                except CONNECTION_ERRORS as exc:
+                    # Partitioned from Postgres: keep the results and report when it returns.
+                    metrics.DB_UNAVAILABLE.inc()
+                    log.warning("report_deferred", jobs=len(batch), peer_id=self.peer_id, error=str(exc))
+                    await asyncio.sleep(self.settings.reconcile_interval_s)
+
+    async def _report(self, batch: list[_Run]) -> None:
+        normal = []
+        for run in batch:
+            if run.fenced:
+                await self._record_fenced(run)
+            elif run.launch_error:
+                await self._report_launch_error(run)
             else:
-                to_state, reason = JobState.FAILED, f"exit code {run.exit_code}"
-            move = Move(run.job_id, JobState.RUNNING, to_state, run.epoch, actor=self.peer_id,
-                        owner_peer_id=self.peer_id, reason=reason, exit_code=run.exit_code)
+                normal.append(run)
+        if not normal:
+            return
+        async with self.pool.acquire() as conn, conn.transaction():
+            moved = await self.store.job_finish_batch(conn, self.peer_id, [
+                (r.job_id, r.epoch, r.exit_code, r.cancel_requested) for r in normal])
+        now = datetime.now(UTC)
+        for run in normal:
+            row = moved.get(run.job_id)
+            if row is None:
+                metrics.FENCED_WRITES.inc()
+                log.warning("fenced_write_refused", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
+                continue
+            metrics.JOBS_FINISHED.labels(row["state"]).inc()
+            log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                     state=row["state"], exit_code=run.exit_code)
+            if self.nc.is_connected:
+                await publish(self.nc, self.subjects.events(run.job_id), JobEvent(
+                    run.job_id, row["state"], self.peer_id, run.epoch, now,
+                    exit_code=run.exit_code, reason=row["reason"]))
+
+    async def _record_fenced(self, run: _Run) -> None:
+        # Record that this peer killed its stale copy, where operators look for a
+        # peer's view of a job: its sync state row.
+        last = await self.store.changelog_last_for_job(run.job_id)
+        now_epoch = last["epoch"] if last else run.epoch
+        note = f"stale copy killed: epoch {run.epoch} superseded by {now_epoch}"
+        await self.store.sync_state_upsert(run.job_id, self.peer_id, last["seq"] if last else 0,
+                                           run.epoch, note=note)
+        metrics.STALE_COPIES_KILLED.inc()
+        log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                    current_epoch=now_epoch)
+
+    async def _report_launch_error(self, run: _Run) -> None:
+        job = await self.store.job_get(run.job_id)
+        retry = job is not None and may_retry_infra_failure(job["attempts"], job["max_retries"])
+        move = Move(run.job_id, JobState.RUNNING, JobState.QUEUED if retry else JobState.FAILED,
+                    run.epoch, actor=self.peer_id,
+                    owner_peer_id=None if retry else self.peer_id,
+                    new_epoch=run.epoch + 1 if retry else None,
+                    reason=f"launch failed: {run.launch_error}" + ("; retrying" if retry else ""))
         if not await self._write(move):
             metrics.FENCED_WRITES.inc()
-            log.warning("fenced_write_refused", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                        state=move.to_state.value)
-            return
-        metrics.JOBS_FINISHED.labels(move.to_state.value).inc()
-        log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                 state=move.to_state.value, exit_code=run.exit_code)
+            log.warning("fenced_write_refused", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
 
     async def _kill(self, run: _Run, cancel: bool) -> None:
         run.cancel_requested = run.cancel_requested or cancel

@@ -87,6 +87,63 @@ RETURNING seq;
 UPDATE jobs SET cancel_requested = true, cancel_requested_at = now(), updated_at = now()
 WHERE job_id = $1;
 
+-- job_start_batch --
+-- A peer agent accepts many assigned jobs at once: assigned → running, CAS on
+-- (state, epoch, owner $1), with changelog and sync-state rows in the same statement.
+WITH input AS (
+    SELECT * FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[])
+        AS t(job_id, epoch, log_dir, reason)
+), moved AS (
+    UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = now(),
+                    updated_at = now(), log_dir = input.log_dir, reason = input.reason
+    FROM input
+    WHERE jobs.job_id = input.job_id AND jobs.state = 'assigned' AND jobs.epoch = input.epoch
+      AND jobs.owner_peer_id = $1
+    RETURNING jobs.job_id, jobs.epoch, input.reason
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, 'assigned', 'running', $1, epoch, $1, reason FROM moved
+    RETURNING seq, job_id, epoch
+), synced AS (
+    INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
+    SELECT job_id, $1, now(), seq, epoch FROM logged
+    ON CONFLICT (job_id, peer_id) DO UPDATE
+    SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch, note = ''
+)
+SELECT job_id FROM logged;
+
+-- job_finish_batch --
+-- A peer agent reports many ended runs at once: running → succeeded | failed | killed,
+-- CAS on (state, epoch, owner $1). A stored cancel makes the ending `killed`.
+WITH input AS (
+    SELECT * FROM unnest($2::text[], $3::bigint[], $4::int[], $5::boolean[])
+        AS t(job_id, epoch, exit_code, cancelled)
+), decided AS (
+    SELECT input.*,
+           CASE WHEN input.cancelled OR jobs.cancel_requested THEN 'killed'
+                WHEN input.exit_code = 0 THEN 'succeeded' ELSE 'failed' END AS to_state
+    FROM input JOIN jobs USING (job_id)
+), moved AS (
+    UPDATE jobs SET state = decided.to_state, exit_code = decided.exit_code, updated_at = now(),
+                    finished_at = now(),
+                    reason = CASE decided.to_state WHEN 'killed' THEN 'cancelled by request'
+                                  ELSE 'exit code ' || decided.exit_code END
+    FROM decided
+    WHERE jobs.job_id = decided.job_id AND jobs.state = 'running' AND jobs.epoch = decided.epoch
+      AND jobs.owner_peer_id = $1
+    RETURNING jobs.job_id, jobs.epoch, jobs.state, jobs.reason
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, 'running', state, $1, epoch, $1, reason FROM moved
+    RETURNING seq, job_id, epoch
+), synced AS (
+    INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
+    SELECT job_id, $1, now(), seq, epoch FROM logged
+    ON CONFLICT (job_id, peer_id) DO UPDATE
+    SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch, note = ''
+)
+SELECT job_id, state, reason FROM moved;
+
 -- job_claim_queued --
 -- Lock the next batch of queued jobs in priority order, after the keyset cursor
 -- ($2, $3, $4) = (-priority, submitted_at, job_id) of the last job seen (NULLs: from the
