@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import NamedTuple
 
 Scalar = str | int | float
@@ -58,9 +59,23 @@ _NUMERIC_OPS = frozenset({ConstraintOp.GT, ConstraintOp.GE, ConstraintOp.LT, Con
 _PRESENCE_OPS = frozenset({ConstraintOp.EXISTS, ConstraintOp.NOT_EXISTS})
 
 
+@lru_cache(maxsize=8192)
+def _normalize_str(text: str) -> str:
+    return text.strip().casefold()
+
+
 def normalize_text(value: Scalar) -> str:
     """The comparable form of a string attribute: trimmed and case-folded."""
-    return str(value).strip().casefold()
+    return _normalize_str(value if isinstance(value, str) else str(value))
+
+
+@lru_cache(maxsize=8192)
+def _parse_number(text: str) -> float | None:
+    try:
+        number = float(text.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def as_number(value: Scalar) -> float | None:
@@ -69,12 +84,9 @@ def as_number(value: Scalar) -> float | None:
         return None
     if isinstance(value, int | float):
         number = float(value)
-    else:
-        try:
-            number = float(str(value).strip())
-        except ValueError:
-            return None
-    return number if math.isfinite(number) else None
+        return number if math.isfinite(number) else None
+    # Attribute values repeat endlessly across submits: parse each string once.
+    return _parse_number(str(value))
 
 
 def _is_scalar(value: object) -> bool:

@@ -40,6 +40,9 @@ class PeerView:
         self.config = config
         self.clock = clock
         self._adverts: dict[str, _Advert] = {}
+        # Bumped whenever an advertisement could change a routing decision (a peer
+        # appears, returns, or changes shape); caches of decisions key on it.
+        self.version = 0
         # When this service last (re)gained its view of the world: start, NATS
         # reconnect, Postgres back after an outage.
         self.healthy_since = clock()
@@ -58,6 +61,9 @@ class PeerView:
             or advert.run_id == current.run_id and advert.seq > current.seq
         )
         if newer:
+            if (current is None or current.backends != advert.backends
+                    or advert.received_at - current.received_at >= current.ttl_s):
+                self.version += 1
             self._adverts[peer_id] = advert
         return newer
 

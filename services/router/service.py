@@ -55,6 +55,10 @@ from shared.subjects import SUBMIT_QUEUE_GROUP
 
 log = EventLogger("router")
 
+# How long a routing decision may be reused for identical (constraints, pin).
+PLAN_CACHE_S = 0.1
+PLAN_CACHE_ENTRIES = 10_000
+
 
 @dataclass(frozen=True)
 class RouterSettings:
@@ -96,6 +100,7 @@ class Router:
         self.view = PeerView(config, clock)
         metrics.watch_peer_view(self.view)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._plans: dict[tuple, tuple] = {}
         self.tasks = TaskOwner()
         self.batches_committed = 0
 
@@ -137,13 +142,7 @@ class Router:
         received = time.perf_counter()
         try:
             request = decode_request(SubmitRequest, msg.data)
-            constraints = request.constraint_list()
-            local_backend = local_backend_for(constraints, self.view.local_backends())
-            # A peer we have not heard from since we (re)started gets one TTL's benefit
-            # of the doubt: at worst its job waits queued instead of being rejected.
-            plan = PeerRouter(self.view.peers(since_healthy=True), self.clock).classify(
-                RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
-            )
+            local_backend, plan = self._classify(request)
             job, reply = plan_new_job(
                 request, plan, request.job_id or self.new_job_id(), self.config.local_cluster,
                 local_backend,
@@ -153,6 +152,30 @@ class Router:
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
         self.queue.put_nowait(_Pending(job, reply, msg, received))
+
+    def _classify(self, request: SubmitRequest):
+        """Local feasibility and the routing plan, cached briefly per (constraints, pin).
+
+        Submits mostly repeat a few constraint sets; the cache holds a decision for at
+        most PLAN_CACHE_S and never across a change of the peer view, so a peer going
+        stale is noticed within PLAN_CACHE_S and a peer appearing at once.
+        """
+        constraints = request.constraint_list()
+        key = (tuple(constraints), request.cluster_pin)
+        now = self.clock()
+        cached = self._plans.get(key)
+        if cached is not None and cached[0] == self.view.version and now - cached[1] < PLAN_CACHE_S:
+            return cached[2], cached[3]
+        local_backend = local_backend_for(constraints, self.view.local_backends())
+        # A peer we have not heard from since we (re)started gets one TTL's benefit
+        # of the doubt: at worst its job waits queued instead of being rejected.
+        plan = PeerRouter(self.view.peers(since_healthy=True), self.clock).classify(
+            RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
+        )
+        if len(self._plans) > PLAN_CACHE_ENTRIES:
+            self._plans.clear()
+        self._plans[key] = (self.view.version, now, local_backend, plan)
+        return local_backend, plan
 
     async def _writer(self) -> None:
         while True:
