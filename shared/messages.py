@@ -73,9 +73,13 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     def constraint_list(self) -> list[Constraint]:
         return [spec.to_constraint() for spec in self.constraints]
 
+    def canonical_spec(self) -> bytes:
+        """Everything but ``job_id`` as canonical JSON (sorted keys): what a job *is*."""
+        return _canonical.encode(msgspec.structs.replace(self, job_id=None))
+
     def spec_hash(self) -> str:
         """A stable hash of everything but ``job_id``: same hash, same job."""
-        return hashlib.sha256(_canonical.encode(msgspec.structs.replace(self, job_id=None))).hexdigest()
+        return hashlib.sha256(self.canonical_spec()).hexdigest()
 
 
 class CancelRequest(Struct, forbid_unknown_fields=True, frozen=True):

@@ -12,7 +12,7 @@ class NewJob:
     """One row for ``job_insert_batch``, built by the router."""
 
     job_id: str
-    spec: dict
+    spec_json: str  # the canonical JSON of the request without job_id
     spec_hash: str
     state: str
     disposition: str
@@ -25,7 +25,7 @@ class NewJob:
     deadline_s: float | None
     reason: str
     explanation: list | None
-    submit_reply: dict
+    submit_reply_json: str  # the first reply, returned again to duplicates
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,9 +52,9 @@ class Store:
     async def job_insert_batch(self, conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> set[str]:
         """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
         columns = list(zip(*(
-            (j.job_id, _json(j.spec), j.spec_hash, j.state, j.disposition, j.pinned_peer_id,
+            (j.job_id, j.spec_json, j.spec_hash, j.state, j.disposition, j.pinned_peer_id,
              j.owner_peer_id, j.backend, j.epoch, j.max_retries, j.priority, j.deadline_s,
-             j.reason, None if j.explanation is None else _json(j.explanation), _json(j.submit_reply))
+             j.reason, None if j.explanation is None else _json(j.explanation), j.submit_reply_json)
             for j in jobs
         ), strict=True))
         rows = await conn.fetch(Q["job_insert_batch"], *[list(c) for c in columns])

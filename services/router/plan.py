@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-
-import msgspec
 
 from shared.constraints import Constraint, matches_all
 from shared.explain import explanation
 from shared.federation.peer import Backend
 from shared.federation.router import SubmitDisposition, SubmitPlan
 from shared.lifecycle import JobState
-from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest
+from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from shared.records import NewJob
 
 # LOCAL jobs are created already assigned to the local agent, under this first epoch.
@@ -51,11 +50,11 @@ def plan_new_job(
         duplicate=False, reason=plan.reason,
         verdicts=verdicts if disposition is SubmitDisposition.REJECT else [],
     )
-    spec = msgspec.to_builtins(msgspec.structs.replace(request, job_id=None))
+    spec = request.canonical_spec()
     job = NewJob(
         job_id=job_id,
-        spec=spec,
-        spec_hash=request.spec_hash(),
+        spec_json=spec.decode(),
+        spec_hash=hashlib.sha256(spec).hexdigest(),
         state=state.value,
         disposition=disposition.value,
         pinned_peer_id=plan.pinned_peer_id or None,
@@ -67,7 +66,7 @@ def plan_new_job(
         deadline_s=request.deadline_s,
         reason=plan.reason,
         explanation=explanation("router", plan.reason, plan.verdicts),
-        submit_reply=msgspec.to_builtins(reply),
+        submit_reply_json=encoder.encode(reply).decode(),
     )
     return job, reply
 

@@ -178,31 +178,49 @@ class Router:
         return local_backend, plan
 
     async def _writer(self) -> None:
-        while True:
-            batch = [await self.queue.get()]
-            while len(batch) < self.settings.max_batch and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            try:
-                await self._commit(batch)
-            except asyncio.CancelledError:
-                for item in batch:
-                    await self._respond(item.msg, error_reply("unavailable", "router shutting down"))
-                raise
-            except CONNECTION_ERRORS as exc:
-                metrics.DB_UNAVAILABLE.inc()
-                log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
-                await self._fail_all(batch, "unavailable", f"database unavailable: {exc}; nothing was written, retry")
-            except Exception as exc:  # noqa: BLE001 - answer every waiting producer
-                log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
-                await self._fail_all(batch, "internal", f"internal error: {exc}; nothing was written")
+        # Each writer keeps its own connection: no pool round trip or reset per batch.
+        conn = None
+        try:
+            while True:
+                batch = [await self.queue.get()]
+                while len(batch) < self.settings.max_batch and not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await self.pool.acquire()
+                    await self._commit(conn, batch)
+                except asyncio.CancelledError:
+                    for item in batch:
+                        await self._respond(item.msg, error_reply("unavailable", "router shutting down"))
+                    raise
+                except CONNECTION_ERRORS as exc:
+                    metrics.DB_UNAVAILABLE.inc()
+                    log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
+                    conn = await self._drop(conn)
+                    await self._fail_all(batch, "unavailable",
+                                         f"database unavailable: {exc}; nothing was written, retry")
+                except Exception as exc:  # noqa: BLE001 - answer every waiting producer
+                    log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
+                    conn = await self._drop(conn)
+                    await self._fail_all(batch, "internal", f"internal error: {exc}; nothing was written")
+        finally:
+            await self._drop(conn)
 
-    async def _commit(self, batch: list[_Pending]) -> None:
+    async def _drop(self, conn: asyncpg.Connection | None) -> None:
+        if conn is not None:
+            try:
+                await self.pool.release(conn)
+            except Exception:  # noqa: BLE001 - a dead connection is simply discarded
+                conn.terminate()
+        return None
+
+    async def _commit(self, conn: asyncpg.Connection, batch: list[_Pending]) -> None:
         # The first submit of a job_id in a batch is the one inserted; later ones in
         # the same batch are answered like resubmissions.
         first: dict[str, _Pending] = {}
         for item in batch:
             first.setdefault(item.job.job_id, item)
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with conn.transaction():
             created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
             repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
             existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
@@ -220,7 +238,8 @@ class Router:
                 await self._respond(item.msg, error_reply(exc.code, exc.message))
             else:
                 metrics.SUBMIT_DUPLICATES.inc()
-                await self._respond(item.msg, encoder.encode({**existing[job_id]["submit_reply"], "duplicate": True}))
+                original = existing[job_id]["submit_reply"]
+                await self._respond(item.msg, encoder.encode({**original, "duplicate": True}))
             metrics.SUBMIT_ACK.observe(time.perf_counter() - item.received)
         await self._announce([first[job_id].job for job_id in created])
 
