@@ -229,9 +229,11 @@ class Tick:
         if not any(p.is_reachable(now) for p in peers):
             return
         cursor = None
+        # Slots in use are counted once per run; placements this run commits are added
+        # as they go, so each batch costs its own rows, not a scan of every live job.
+        live = dict(await self.store.job_live_counts())
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
-                live = await self.store.job_live_counts(conn)
                 rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
                 if not rows:
                     return
@@ -245,15 +247,18 @@ class Tick:
                 ])
             crash_point("tick_after_commit")
             result.waiting += len(waiting)
+            backend_of = {p.job_id: p.backend for p in placements}
             now_dt = datetime.now(UTC)
             for row in moved:
                 job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
+                key = (peer_id, backend_of[job_id])
+                live[key] = live.get(key, 0) + 1
                 result.assigned.append((job_id, peer_id, epoch))
                 await self._notify_assigned(job_id, peer_id, epoch, now_dt)
             if len(rows) < self.settings.batch_size:
                 return
             reachable = [p for p in peers if p.is_reachable(now)]
-            if sum(free_slots(reachable, live).values()) <= len(placements):
+            if sum(free_slots(reachable, live).values()) <= 0:
                 return  # no slot left anywhere: the rest of the queue waits for the next run
             last = rows[-1]
             cursor = (-last["priority"], last["submitted_at"], last["job_id"])
