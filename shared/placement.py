@@ -16,6 +16,7 @@ Jobs left waiting carry the rule that held them and a verdict per peer.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -78,8 +79,9 @@ def assign_queued(
     by_id = {peer.peer_id: peer for peer in peers}
     reachable = [peer for peer in peers if peer.is_reachable(now)]
     slots = free_slots(reachable, live)
-    # Jobs mostly share a few constraint sets: match each set against the peers once.
-    matching_by_constraints: dict[tuple[Constraint, ...], list[tuple[str, str]]] = {}
+    # Jobs mostly share a few constraint sets: match each set against the peers once,
+    # and keep its candidates in a heap so each placement costs log(peers).
+    matching_by_constraints: dict[tuple[Constraint, ...], _Candidates] = {}
     # Slots only shrink during a run, so a job kind that had to wait once would wait
     # again for the same reasons: explain it once.
     explained: dict[tuple, Waiting] = {}
@@ -89,16 +91,18 @@ def assign_queued(
         if job.pinned_peer_id:
             choice = _place_pinned(job, by_id.get(job.pinned_peer_id), slots, now)
         else:
-            matching = matching_by_constraints.get(job.constraints)
-            if matching is None:
-                matching = [
+            candidates = matching_by_constraints.get(job.constraints)
+            if candidates is None:
+                candidates = matching_by_constraints[job.constraints] = _Candidates([
                     (peer.peer_id, backend.name)
                     for peer in reachable
                     for backend in peer.backends
                     if matches_all(job.constraints, backend.attributes)
-                ]
-                matching_by_constraints[job.constraints] = matching
-            choice = _place_unpinned(job, matching, slots)
+                ], slots)
+            if job.avoid_peers:
+                choice = _place_unpinned(job, candidates.matching, slots)
+            else:
+                choice = candidates.best(slots)
         if choice is None:
             key = (job.constraints, job.pinned_peer_id, job.avoid_peers)
             why = explained.get(key)
@@ -109,6 +113,32 @@ def assign_queued(
         slots[choice] -= 1
         placements.append(Placement(job.job_id, job.epoch, choice[0], choice[1]))
     return placements, waiting
+
+
+class _Candidates:
+    """The backends matching one constraint set, best first (most free slots, then ids).
+
+    Free slots only shrink during a run, so an entry whose count went stale is
+    simply re-pushed with its current count when it surfaces (lazy heap).
+    """
+
+    def __init__(self, matching: list[tuple[str, str]], slots: Mapping[tuple[str, str], int]) -> None:
+        self.matching = matching
+        self.heap = [(-slots[m], m[0], m[1]) for m in matching if slots[m] > 0]
+        heapq.heapify(self.heap)
+
+    def best(self, slots: Mapping[tuple[str, str], int]) -> tuple[str, str] | None:
+        heap = self.heap
+        while heap:
+            neg_free, peer_id, backend = heap[0]
+            free = slots[(peer_id, backend)]
+            if free <= 0:
+                heapq.heappop(heap)
+            elif -neg_free != free:
+                heapq.heapreplace(heap, (-free, peer_id, backend))
+            else:
+                return peer_id, backend
+        return None
 
 
 def _place_pinned(

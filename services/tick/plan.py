@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+import msgspec
 
 from shared.constraints import Constraint
 from shared.lifecycle import JobState
@@ -34,15 +37,18 @@ def recover_from_lost_peer(
     return Recovery(JobState.FAILED, f"peer lost: {owner} unreachable while running it; no retries left", False)
 
 
+@lru_cache(maxsize=4096)
+def constraints_from_json(text: str | None) -> tuple[Constraint, ...]:
+    """Stored constraints (validated at submit) → Constraints; queued jobs share a few sets."""
+    return tuple(Constraint(c["key"], c["op"], c.get("value")) for c in msgspec.json.decode(text or "[]"))
+
+
 def queued_job_from_row(row) -> QueuedJob:
-    """A claimed ``jobs`` row → QueuedJob (constraints were validated at submit)."""
-    constraints = tuple(
-        Constraint(c["key"], c["op"], c.get("value")) for c in (row["constraints"] or ())
-    )
+    """A claimed ``jobs`` row → QueuedJob."""
     return QueuedJob(
         job_id=row["job_id"],
         epoch=row["epoch"],
-        constraints=constraints,
+        constraints=constraints_from_json(row["constraints_json"]),
         pinned_peer_id=row["pinned_peer_id"],
-        avoid_peers=frozenset(row["avoid_peers"] or ()),
+        avoid_peers=frozenset(row["avoid_peers"]) if row["avoid_peers"] else frozenset(),
     )

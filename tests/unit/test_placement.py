@@ -98,3 +98,25 @@ def test_waiting_explains_missing_attributes_and_mismatches():
     codes = {v.peer_id: v.code for v in waiting[0].verdicts}
     assert codes == {"cpu": "value_mismatch", "plain": "missing_attribute"}
     assert waiting[0].rule.startswith("no reachable peer matches")
+
+
+def test_heap_placement_agrees_with_a_linear_scan():
+    """The fast path must choose exactly what 'most free slots, then ids' says."""
+    import random
+
+    rng = random.Random(7)
+    peers = [make_peer(f"p{i:02d}", total=rng.randint(0, 6)) for i in range(30)]
+    live = {(p.peer_id, "main"): rng.randint(0, 3) for p in peers}
+    jobs = [make_job(f"j{i}") for i in range(120)]
+    placed, waiting = assign_queued(jobs, peers, live, NOW)
+    slots = {(p.peer_id, "main"): max(0, p.backends[0].total - live[(p.peer_id, "main")]) for p in peers}
+    expected = []
+    for _ in jobs:
+        options = [(-free, key) for key, free in slots.items() if free > 0]
+        if not options:
+            break
+        _, key = min(options)
+        slots[key] -= 1
+        expected.append(key[0])
+    assert [p.peer_id for p in placed] == expected
+    assert len(placed) + len(waiting) == len(jobs)

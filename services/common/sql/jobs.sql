@@ -150,7 +150,7 @@ SELECT job_id, state, reason FROM moved;
 -- start). The cursor matches jobs_queued_by_priority, so each batch is an index range
 -- scan. SKIP LOCKED lets several ticks claim disjoint batches.
 SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
-       spec->'constraints' AS constraints
+       spec->>'constraints' AS constraints_json
 FROM jobs
 WHERE state = 'queued'
   AND ($2::int IS NULL OR (-priority, submitted_at, job_id) > ($2::int, $3::timestamptz, $4::text))
