@@ -268,8 +268,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_job(args: argparse.Namespace) -> int:
-    from services.cli import views
+def _job_and_history(args: argparse.Namespace):
+    """The job row and its changelog, or (None, []) after saying it does not exist."""
 
     async def fetch(store):
         return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
@@ -277,6 +277,14 @@ def cmd_job(args: argparse.Namespace) -> int:
     job, history = asyncio.run(_with_store(args, fetch))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+    return job, history
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    job, history = _job_and_history(args)
+    if job is None:
         return 1
     if args.json:
         _print_json({"job": dict(job), "changelog": [dict(r) for r in history]})
@@ -288,12 +296,8 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from services.cli import views
 
-    async def fetch(store):
-        return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
-
-    job, history = asyncio.run(_with_store(args, fetch))
+    job, history = _job_and_history(args)
     if job is None:
-        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
         return 1
     if args.json:
         _print_json({"job_id": job["job_id"], "state": job["state"], "disposition": job["disposition"],

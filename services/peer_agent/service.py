@@ -452,15 +452,3 @@ class PeerAgent:
                 exit_code=move.exit_code, reason=move.reason,
             ))
         return True
-
-
-async def run_peer_agent(config: FederationConfig, pool: asyncpg.Pool, nc: Client,
-                         settings: AgentSettings, stop: asyncio.Event) -> PeerAgent:
-    agent = PeerAgent(config, pool, nc, settings)
-    await agent.start()
-    try:
-        await stop.wait()
-    finally:
-        await agent.close()
-    return agent
-

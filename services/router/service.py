@@ -319,14 +319,3 @@ class Router:
         metrics.CANCELS.labels(outcome).inc()
         log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=outcome)
         return CancelReply(job_id, new_state.value, outcome)
-
-
-async def run_router(config: FederationConfig, pool: asyncpg.Pool, nc: Client, stop: asyncio.Event,
-                     settings: RouterSettings = RouterSettings()) -> None:
-    """The router's whole life: start, serve until ``stop``, close."""
-    router = Router(config, pool, nc, settings)
-    await router.start()
-    try:
-        await stop.wait()
-    finally:
-        await router.close()

@@ -274,13 +274,3 @@ class Tick:
         if self.nc is not None:
             await publish(self.nc, self.subjects.events(job_id),
                           JobEvent(job_id, state.value, peer_id or "", epoch, at, reason=reason))
-
-
-async def run_tick(config: FederationConfig, pool: asyncpg.Pool, nc: Client, stop: asyncio.Event,
-                   settings: TickSettings = TickSettings()) -> None:
-    tick = Tick(config, pool, nc, settings)
-    await tick.start()
-    try:
-        await stop.wait()
-    finally:
-        await tick.close()
