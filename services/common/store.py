@@ -161,9 +161,6 @@ class Store:
     async def changelog_last_for_job(self, job_id: str) -> asyncpg.Record | None:
         return await self.db.fetchrow(Q["changelog_last_for_job"], job_id)
 
-    async def changelog_since(self, peer_id: str, position: int, limit: int = 10_000) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["changelog_since"], peer_id, position, limit)
-
     # ------------------------------------------------------------ sync state
 
     async def sync_state_upsert(
@@ -174,9 +171,6 @@ class Store:
 
     async def sync_state_get(self, job_id: str) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["sync_state_get"], job_id)
-
-    async def sync_state_position(self, peer_id: str) -> int:
-        return await self.db.fetchval(Q["sync_state_position"], peer_id)
 
     # ------------------------------------------------------------ peer heartbeats
 

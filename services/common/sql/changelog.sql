@@ -9,14 +9,6 @@ FROM federation_changelog WHERE job_id = $1 ORDER BY seq;
 SELECT seq, to_state, epoch, peer_id FROM federation_changelog
 WHERE job_id = $1 ORDER BY seq DESC LIMIT 1;
 
--- changelog_since --
--- Incremental sync: changes to a peer's jobs after changelog position $2.
-SELECT c.seq, c.job_id, c.from_state, c.to_state, c.peer_id, c.epoch, c.at
-FROM federation_changelog c
-WHERE c.seq > $2 AND c.peer_id = $1
-ORDER BY c.seq
-LIMIT $3;
-
 -- changelog_all --
 -- The whole changelog in replay order, for invariant checks and audits.
 SELECT seq, job_id, from_state, to_state, peer_id, epoch, actor, detail

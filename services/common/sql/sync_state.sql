@@ -13,7 +13,3 @@ SET synced_at = now(),
 -- sync_state_get --
 SELECT job_id, peer_id, synced_at, changelog_seq, epoch, note
 FROM federation_sync_state WHERE job_id = $1 ORDER BY peer_id;
-
--- sync_state_position --
--- The changelog position up to which a peer has synchronized (0 when never).
-SELECT COALESCE(max(changelog_seq), 0) FROM federation_sync_state WHERE peer_id = $1;
