@@ -29,6 +29,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.PostgresConnectionError,
+    # A connection that broke in the middle of a statement (e.g. a server restart).
+    asyncpg.exceptions.InternalClientError,
     ConnectionError,
     asyncio.TimeoutError,
 )

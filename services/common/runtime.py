@@ -23,8 +23,14 @@ class TaskOwner:
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
         return task
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Loops are written never to end; one that did is a bug worth shouting about.
+            log.error("task_died", task=task.get_name(), error=repr(task.exception()))
 
     async def close(self) -> None:
         tasks = list(self._tasks)

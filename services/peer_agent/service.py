@@ -366,10 +366,13 @@ class PeerAgent:
                             self.runs.pop(run.job_id, None)
                         await self._start_pending()
                     break
-                except CONNECTION_ERRORS as exc:
-                    # Partitioned from Postgres: keep the results and report when it returns.
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - results are never dropped
+                    # Partitioned from Postgres (or its connection broke mid-statement):
+                    # keep the results and report them when it answers again.
                     metrics.DB_UNAVAILABLE.inc()
-                    log.warning("report_deferred", jobs=len(batch), peer_id=self.peer_id, error=str(exc))
+                    log.warning("report_deferred", jobs=len(batch), peer_id=self.peer_id, error=repr(exc))
                     await asyncio.sleep(self.settings.reconcile_interval_s)
 
     async def _report(self, batch: list[_Run]) -> None:

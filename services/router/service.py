@@ -281,6 +281,10 @@ class Router:
             metrics.DB_UNAVAILABLE.inc()
             await self._respond(msg, error_reply("unavailable", f"database unavailable: {exc}; retry"))
             return
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            log.error("cancel_failed", exc_info=True)
+            await self._respond(msg, error_reply("internal", f"internal error: {exc}"))
+            return
         await self._respond(msg, encoder.encode(reply))
 
     async def cancel(self, job_id: str) -> CancelReply:
