@@ -8,6 +8,8 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from services.common import metrics
+from services.common.db import CONNECTION_ERRORS
 from services.common.log import EventLogger
 from shared.errors import IrisfedError
 
@@ -49,6 +51,46 @@ async def forever(name: str, step: Callable[[], Awaitable[None]], interval_s: fl
         except Exception as exc:  # noqa: BLE001 - background loops never die on one error
             log.error("loop_step_failed", loop=name, error=repr(exc))
         await asyncio.sleep(interval_s)
+
+
+async def when_woken(
+    name: str,
+    step: Callable[[], Awaitable[None]],
+    wake: asyncio.Event,
+    interval_s: float,
+    on_db_back: Callable[[], None] | None = None,
+) -> None:
+    """Run ``step`` whenever ``wake`` is set, and at least every ``interval_s``.
+
+    One failure never ends the loop: Postgres being away is a warning (and
+    ``on_db_back`` runs after the first success once it answers again); anything
+    else is an error. After a failure the loop pauses briefly, so a stream of
+    wake-ups cannot turn it into a busy retry.
+    """
+    db_down = False
+    while True:
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=interval_s)
+        except TimeoutError:
+            pass
+        wake.clear()
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except CONNECTION_ERRORS as exc:
+            metrics.DB_UNAVAILABLE.inc()
+            log.warning("db_unavailable", loop=name, error=str(exc))
+            db_down = True
+        except Exception as exc:  # noqa: BLE001 - background loops never die on one error
+            log.error("loop_step_failed", loop=name, error=repr(exc))
+        else:
+            if db_down:
+                db_down = False
+                if on_db_back is not None:
+                    on_db_back()
+            continue
+        await asyncio.sleep(min(1.0, interval_s))
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:

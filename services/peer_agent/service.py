@@ -26,10 +26,9 @@ from nats.aio.msg import Msg
 
 from services.common import metrics
 from services.common.bus import publish
-from services.common.db import CONNECTION_ERRORS
 from services.common.faults import crash_point
 from services.common.log import EventLogger
-from services.common.runtime import TaskOwner, forever
+from services.common.runtime import TaskOwner, forever, when_woken
 from services.common.store import Store
 from services.peer_agent.backends import (
     Backend,
@@ -140,7 +139,8 @@ class PeerAgent:
         await self.reconcile()
         self.tasks.spawn(forever("heartbeat", self.heartbeat, self.settings.heartbeat_interval_s),
                          name="agent-heartbeat")
-        self.tasks.spawn(self._reconcile_loop(), name="agent-reconcile")
+        self.tasks.spawn(when_woken("reconcile", self.reconcile, self.reconcile_wanted,
+                                    self.settings.reconcile_interval_s), name="agent-reconcile")
         self.tasks.spawn(self._report_loop(), name="agent-report")
         log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
@@ -217,23 +217,6 @@ class PeerAgent:
         self.reconcile_wanted.set()
 
     # ------------------------------------------------------------ reconcile
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self.reconcile_wanted.wait(), self.settings.reconcile_interval_s)
-            except TimeoutError:
-                pass
-            self.reconcile_wanted.clear()
-            try:
-                await self.reconcile()
-            except asyncio.CancelledError:
-                raise
-            except CONNECTION_ERRORS as exc:
-                metrics.DB_UNAVAILABLE.inc()
-                log.warning("reconcile_db_unavailable", peer_id=self.peer_id, error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - never die on one error
-                log.error("reconcile_failed", peer_id=self.peer_id, error=repr(exc))
 
     async def reconcile(self) -> None:
         """Make local runs match what Postgres says this peer owns, then start work."""

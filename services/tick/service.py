@@ -23,11 +23,10 @@ from nats.aio.msg import Msg
 
 from services.common import metrics
 from services.common.bus import publish
-from services.common.db import CONNECTION_ERRORS
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
-from services.common.runtime import TaskOwner, forever
+from services.common.runtime import TaskOwner, forever, when_woken
 from services.common.store import Store
 from services.tick.plan import queued_job_from_row, recover_from_lost_peer
 from shared.config import FederationConfig
@@ -82,7 +81,6 @@ class Tick:
         self.view = PeerView(config, clock)
         metrics.watch_peer_view(self.view)
         self.wake = asyncio.Event()
-        self.db_was_down = False
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
         self.runs = 0
@@ -98,7 +96,9 @@ class Tick:
                          name="tick-view")
         self.tasks.spawn(forever("heartbeat_persist", self.persist_heartbeats, self.config.heartbeat_interval_s),
                          name="tick-heartbeats")
-        self.tasks.spawn(self._loop(), name="tick-loop")
+        # After Postgres comes back, peers get a full TTL before being judged lost.
+        self.tasks.spawn(when_woken("tick", self.run_once, self.wake, self.config.tick_interval_s,
+                                    on_db_back=self.view.mark_healthy), name="tick-loop")
         self.tasks.spawn(forever("queue_depth", self.export_queue_depth, QUEUE_DEPTH_INTERVAL_S),
                          name="tick-queue-depth")
         log.info("tick_started", prefix=self.subjects.prefix)
@@ -146,31 +146,6 @@ class Tick:
     async def on_ping(self, msg: Msg) -> None:
         if msg.reply:
             await msg.respond(str(self.runs).encode())
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout=self.config.tick_interval_s)
-            except TimeoutError:
-                pass
-            self.wake.clear()
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except CONNECTION_ERRORS as exc:
-                metrics.DB_UNAVAILABLE.inc()
-                log.warning("tick_db_unavailable", error=str(exc))
-                self.db_was_down = True
-                await asyncio.sleep(min(1.0, self.config.tick_interval_s))
-                continue
-            except Exception as exc:  # noqa: BLE001 - the loop never dies on one error
-                log.error("tick_failed", error=repr(exc))
-                await asyncio.sleep(min(1.0, self.config.tick_interval_s))
-                continue
-            if self.db_was_down:
-                self.db_was_down = False
-                self.view.mark_healthy()
 
     async def run_once(self) -> TickResult:
         """One full pass: deadlines, lost peers, placement. Returns what it did."""
