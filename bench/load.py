@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats
@@ -42,55 +43,91 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+class _Inbox:
+    """Requests with our own reply subjects: one wildcard subscription, no future per request.
+
+    ``nc.request`` costs a future, a timer and a fresh inbox token per call; in a
+    Python load generator sharing two cores with the system under test that cost
+    would be measured as if it were the server's. Here a request is one publish
+    and its reply one callback.
+    """
+
+    def __init__(self, nc: nats.NATS, subject: str, body: Callable[[int], bytes], total: int,
+                 check: Callable[[bytes], bool] | None) -> None:
+        self.nc, self.subject, self.body, self.total, self.check = nc, subject, body, total, check
+        self.prefix = f"_BENCH.{uuid.uuid4().hex}."
+        self.sent_at = [0.0] * total
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.answered = 0
+        self.done = asyncio.Event()
+        self.on_answer: Callable[[], Awaitable[None]] | None = None
+
+    async def open(self) -> None:
+        self.sub = await self.nc.subscribe(self.prefix + "*", cb=self._reply, pending_msgs_limit=-1,
+                                           pending_bytes_limit=-1)
+        await self.nc.flush()
+
+    async def send(self, i: int, at: float | None = None) -> None:
+        self.sent_at[i] = time.perf_counter() if at is None else at
+        await self.nc.publish(self.subject, self.body(i), reply=f"{self.prefix}{i}")
+
+    async def _reply(self, msg) -> None:
+        i = int(msg.subject[len(self.prefix):])
+        self.latencies.append(time.perf_counter() - self.sent_at[i])
+        # A "no responders" status arrives as an empty reply with headers.
+        if (self.check is not None and not self.check(msg.data)) or (not msg.data and msg.headers):
+            self.errors += 1
+        self.answered += 1
+        if self.answered >= self.total:
+            self.done.set()
+        if self.on_answer is not None:
+            await self.on_answer()
+
+    async def wait(self, patience_s: float) -> None:
+        try:
+            await asyncio.wait_for(self.done.wait(), patience_s)
+        except TimeoutError:
+            self.errors += self.total - self.answered  # never answered
+        await self.sub.unsubscribe()
+
+
 async def closed_loop(nc: nats.NATS, subject: str, body: Callable[[int], bytes], concurrency: int,
-                      total: int, check: Callable[[bytes], bool] | None = None) -> Run:
-    """Keep ``concurrency`` requests in flight until ``total`` complete."""
-    latencies: list[float] = []
-    errors = 0
-    counter = iter(range(total))
+                      total: int, check: Callable[[bytes], bool] | None = None, patience_s: float = 300) -> Run:
+    """Keep ``concurrency`` requests in flight until ``total`` are answered."""
+    inbox = _Inbox(nc, subject, body, total, check)
+    await inbox.open()
+    next_i = min(concurrency, total)
 
-    async def worker() -> None:
-        nonlocal errors
-        for i in counter:
-            start = time.perf_counter()
-            try:
-                reply = await nc.request(subject, body(i), timeout=30)
-            except Exception:  # noqa: BLE001 - counted, not fatal
-                errors += 1
-                continue
-            latencies.append(time.perf_counter() - start)
-            if check is not None and not check(reply.data):
-                errors += 1
+    async def refill() -> None:
+        nonlocal next_i
+        if next_i < total:
+            next_i += 1
+            await inbox.send(next_i - 1)
 
+    inbox.on_answer = refill
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return Run(len(latencies), time.perf_counter() - started, latencies, errors)
+    for i in range(next_i):
+        await inbox.send(i)
+    await inbox.wait(patience_s)
+    return Run(len(inbox.latencies), time.perf_counter() - started, inbox.latencies, inbox.errors)
 
 
 async def open_loop(nc: nats.NATS, subject: str, body: Callable[[int], bytes], rate: float,
-                    seconds: float) -> Run:
+                    seconds: float, sent_at: Callable[[int, float], None] | None = None,
+                    check: Callable[[bytes], bool] | None = None) -> Run:
     """Send at a fixed rate whatever the replies do; latency counts from the scheduled time."""
-    latencies: list[float] = []
-    errors = 0
-    pending: set[asyncio.Task] = set()
-
-    async def one(i: int, scheduled: float) -> None:
-        nonlocal errors
-        try:
-            await nc.request(subject, body(i), timeout=30)
-            latencies.append(time.perf_counter() - scheduled)
-        except Exception:  # noqa: BLE001
-            errors += 1
-
-    started = time.perf_counter()
     total = int(rate * seconds)
+    inbox = _Inbox(nc, subject, body, total, check)
+    await inbox.open()
+    started = time.perf_counter()
     for i in range(total):
         scheduled = started + i / rate
         delay = scheduled - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i, scheduled))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    await asyncio.gather(*pending)
-    return Run(len(latencies), time.perf_counter() - started, latencies, errors)
+        if sent_at is not None:
+            sent_at(i, scheduled)
+        await inbox.send(i, at=scheduled)
+    await inbox.wait(60)
+    return Run(len(inbox.latencies), time.perf_counter() - started, inbox.latencies, inbox.errors)

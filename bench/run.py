@@ -321,7 +321,8 @@ async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
                 bench.add(Figure("submit", "durable submits/s vs 8-conn single commits", best.rate, "req/s",
                                  "pg single-row, 8 conn", vs_pg, "≥ 5×", vs_pg >= 5))
         rate = bench.profile.n(2000, 5000)  # below capacity: latency, not queueing
-        run = await open_loop(nc, f"{dep.prefix}.submit", _submit_body("open"), rate, bench.profile.s(2, 5))
+        run = await open_loop(nc, f"{dep.prefix}.submit", _submit_body("open"), rate, bench.profile.s(2, 5),
+                              check=_is_ack)
         bench.add(Figure("submit", f"open loop at {rate}/s: ack p99", run.pct(0.99) * 1e3, "ms",
                          note=f"p50 {run.pct(0.5) * 1e3:.2f} ms, p999 {run.pct(0.999) * 1e3:.2f} ms, "
                               f"achieved {run.rate:,.0f}/s, errors {run.errors}"))
@@ -342,13 +343,15 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
         dep.start(peer_id)
     nc = await nats.connect(nats_url)
     sent: dict[str, float] = {}
-    running: dict[str, float] = {}
+    seen: dict[str, dict[str, float]] = {"queued": {}, "assigned": {}, "running": {}}
+    running = seen["running"]
     all_running = asyncio.Event()
 
     async def on_event(msg) -> None:
         event = msgspec.json.decode(msg.data)
-        if event["state"] == "running" and event["job_id"] not in running:
-            running[event["job_id"]] = time.perf_counter()
+        stage = seen.get(event["state"])
+        if stage is not None and event["job_id"] not in stage:
+            stage[event["job_id"]] = time.perf_counter()
             if sent and len(running) >= len(sent):
                 all_running.set()
 
@@ -361,16 +364,12 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
                 break
             await asyncio.sleep(0.05)
         rate, seconds = 500, bench.profile.s(3, 10)
-        body = _submit_body("d")
+        cpu_before = {name: _cpu_seconds(p.pid) for name, p in dep.processes.items()}
         started = time.perf_counter()
-        tasks = []
-        for i in range(int(rate * seconds)):
-            delay = started + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent[f"d-{i}"] = time.perf_counter()
-            tasks.append(asyncio.create_task(nc.request(f"{dep.prefix}.submit", body(i), timeout=30)))
-        await asyncio.gather(*tasks, return_exceptions=True)
+        acks = await open_loop(nc, f"{dep.prefix}.submit", _submit_body("d"), rate, seconds,
+                               sent_at=lambda i, at: sent.__setitem__(f"d-{i}", at), check=_is_ack)
+        cpu = {name: (_cpu_seconds(p.pid) - cpu_before[name]) / (time.perf_counter() - started)
+               for name, p in dep.processes.items()}
         if len(running) < len(sent):
             try:
                 await asyncio.wait_for(all_running.wait(), timeout=30)
@@ -378,9 +377,17 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
                 pass
         latencies = sorted(running[j] - sent[j] for j in sent if j in running)
         run = Run(len(latencies), seconds, latencies)
+        # Where the time goes: the median of each hop, from the events each service publishes.
+        hops, previous = [], sent
+        for state, times in seen.items():
+            gaps = sorted(times[j] - previous[j] for j in sent if j in times and j in previous)
+            if gaps:
+                hops.append(f"→{state} {Run(len(gaps), 1, gaps).pct(0.5) * 1e3:.1f}")
+            previous = times
         bench.add(Figure("dispatch", "submit → running p50 at 500/s", run.pct(0.5) * 1e3, "ms",
                          target="≤ 10 ms", met=run.pct(0.5) <= 0.010,
-                         note=f"{len(latencies)}/{len(sent)} reached running"))
+                         note=f"{len(latencies)}/{len(sent)} reached running, {acks.errors} submit errors; hop p50 ms: {' '.join(hops)}; "
+                              f"CPU % core: {', '.join(f'{k} {v * 100:.0f}' for k, v in cpu.items())}"))
         bench.add(Figure("dispatch", "submit → running p99 at 500/s", run.pct(0.99) * 1e3, "ms",
                          target="≤ 50 ms", met=run.pct(0.99) <= 0.050))
     finally:
@@ -390,7 +397,7 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
 
 async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, peer_count: int,
                      filler: int = 0, label: str = "") -> float:
-    from services.router.plan import plan_new_job
+    from services.router.plan import plan_new_job, route
     from services.tick.service import Tick
     from shared.federation.router import SubmitDisposition, SubmitPlan
     from shared.messages import SubmitRequest
@@ -409,7 +416,7 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
             request = msgspec.convert({"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
                                        "constraints": [{"key": "device_type", "op": "eq", "value": kind}]},
                                       SubmitRequest)
-            new, _ = plan_new_job(request, plan, f"{state[0]}{i}", "p0", None)
+            new, _ = plan_new_job(request, route(plan, "p0", None), f"{state[0]}{i}")
             if state != "queued":
                 new = __import__("dataclasses").replace(new, state=state)
             return new

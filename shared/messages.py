@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
+from functools import lru_cache
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -37,6 +38,13 @@ Scalar = str | int | float
 # ---------------------------------------------------------------- producer → router
 
 
+@lru_cache(maxsize=8192, typed=True)
+def _constraint(key: str, op: ConstraintOp, value: Scalar | tuple[Scalar, ...] | None) -> Constraint:
+    # Submits repeat a few constraint sets endlessly: validate and build each once.
+    # (A failure is not cached; it raises again, as it should.)
+    return Constraint(key=key, op=op, value=value)
+
+
 class ConstraintSpec(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """A constraint on the wire: ``{"key", "op", "value"}``; no value for exists/not_exists."""
 
@@ -49,7 +57,8 @@ class ConstraintSpec(Struct, forbid_unknown_fields=True, frozen=True, omit_defau
         self.to_constraint()
 
     def to_constraint(self) -> Constraint:
-        return Constraint(key=self.key, op=self.op, value=self.value)
+        value = tuple(self.value) if isinstance(self.value, list) else self.value
+        return _constraint(self.key, self.op, value)
 
 
 class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):

@@ -24,7 +24,7 @@ class NewJob:
     priority: int
     deadline_s: float | None
     reason: str
-    explanation: list | None
+    explanation_json: str | None  # shared.explain's stored form, as JSON text
     submit_reply_json: str  # the first reply, returned again to duplicates
 
 

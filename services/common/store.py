@@ -54,7 +54,7 @@ class Store:
         columns = list(zip(*(
             (j.job_id, j.spec_json, j.spec_hash, j.state, j.disposition, j.pinned_peer_id,
              j.owner_peer_id, j.backend, j.epoch, j.max_retries, j.priority, j.deadline_s,
-             j.reason, None if j.explanation is None else _json(j.explanation), j.submit_reply_json)
+             j.reason, j.explanation_json, j.submit_reply_json)
             for j in jobs
         ), strict=True))
         rows = await conn.fetch(Q["job_insert_batch"], *[list(c) for c in columns])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from shared.constraints import Constraint, matches_all
 from shared.explain import explanation
@@ -25,14 +26,26 @@ def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend
     return None
 
 
-def plan_new_job(
-    request: SubmitRequest,
-    plan: SubmitPlan,
-    job_id: str,
-    local_cluster: str,
-    local_backend: Backend | None,
-) -> tuple[NewJob, SubmitReply]:
-    """The row to insert and the reply to send once it is committed."""
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Everything about a new job that follows from where it goes, not from the job.
+
+    Built once per routing decision and shared by every submit routed the same way,
+    so the per-submit work is only what differs per job (id, spec, reply).
+    """
+
+    plan: SubmitPlan
+    state: JobState
+    peer_id: str  # named in the reply: the local cluster, the pinned peer, or ""
+    owner_peer_id: str | None
+    backend: str | None
+    epoch: int
+    verdicts: tuple[PeerVerdictMsg, ...]  # in the reply of rejected jobs
+    explanation_json: str
+
+
+def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -> Routed:
+    """What a routing decision means for the job row and the reply."""
     disposition = plan.disposition
     owner = backend = None
     epoch = 0
@@ -44,29 +57,38 @@ def plan_new_job(
         state, peer_id = JobState.QUEUED, plan.pinned_peer_id
     else:
         state, peer_id = JobState.REJECTED, ""
-    verdicts = [PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts]
-    reply = SubmitReply(
-        job_id=job_id, disposition=disposition.value, state=state.value, peer_id=peer_id,
-        duplicate=False, reason=plan.reason,
-        verdicts=verdicts if disposition is SubmitDisposition.REJECT else [],
+    verdicts = tuple(PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts)
+    return Routed(
+        plan=plan, state=state, peer_id=peer_id, owner_peer_id=owner, backend=backend, epoch=epoch,
+        verdicts=verdicts if disposition is SubmitDisposition.REJECT else (),
+        explanation_json=encoder.encode(explanation("router", plan.reason, plan.verdicts)).decode(),
     )
+
+
+def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[NewJob, bytes]:
+    """The row to insert and the reply (JSON) to send once it is committed."""
+    plan = routed.plan
+    reply = encoder.encode(SubmitReply(
+        job_id=job_id, disposition=plan.disposition.value, state=routed.state.value,
+        peer_id=routed.peer_id, duplicate=False, reason=plan.reason, verdicts=list(routed.verdicts),
+    ))
     spec = request.canonical_spec()
     job = NewJob(
         job_id=job_id,
         spec_json=spec.decode(),
         spec_hash=hashlib.sha256(spec).hexdigest(),
-        state=state.value,
-        disposition=disposition.value,
+        state=routed.state.value,
+        disposition=plan.disposition.value,
         pinned_peer_id=plan.pinned_peer_id or None,
-        owner_peer_id=owner,
-        backend=backend,
-        epoch=epoch,
+        owner_peer_id=routed.owner_peer_id,
+        backend=routed.backend,
+        epoch=routed.epoch,
         max_retries=request.max_retries,
         priority=request.priority,
         deadline_s=request.deadline_s,
         reason=plan.reason,
-        explanation=explanation("router", plan.reason, plan.verdicts),
-        submit_reply_json=encoder.encode(reply).decode(),
+        explanation_json=routed.explanation_json,
+        submit_reply_json=reply.decode(),
     )
     return job, reply
 

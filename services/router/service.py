@@ -29,7 +29,7 @@ from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import TaskOwner, forever
 from services.common.store import Store
-from services.router.plan import cancel_action, local_backend_for, plan_new_job
+from services.router.plan import Routed, cancel_action, local_backend_for, plan_new_job, route
 from shared.config import FederationConfig
 from shared.errors import Conflict, IrisfedError, NotFound
 from shared.federation.router import PeerRouter, RoutingRequest
@@ -42,7 +42,6 @@ from shared.messages import (
     CancelRequest,
     Heartbeat,
     JobEvent,
-    SubmitReply,
     SubmitRequest,
     TickWake,
     decode_internal,
@@ -72,7 +71,7 @@ class RouterSettings:
 @dataclass
 class _Pending:
     job: NewJob
-    reply: SubmitReply
+    reply: bytes  # the SubmitReply JSON, sent once the job is committed
     msg: Msg
     received: float  # perf_counter at receipt, for the ack latency histogram
 
@@ -142,18 +141,14 @@ class Router:
         received = time.perf_counter()
         try:
             request = decode_request(SubmitRequest, msg.data)
-            local_backend, plan = self._classify(request)
-            job, reply = plan_new_job(
-                request, plan, request.job_id or self.new_job_id(), self.config.local_cluster,
-                local_backend,
-            )
+            job, reply = plan_new_job(request, self._route(request), request.job_id or self.new_job_id())
         except IrisfedError as exc:
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
         self.queue.put_nowait(_Pending(job, reply, msg, received))
 
-    def _classify(self, request: SubmitRequest):
+    def _route(self, request: SubmitRequest) -> Routed:
         """Local feasibility and the routing plan, cached briefly per (constraints, pin).
 
         Submits mostly repeat a few constraint sets; the cache holds a decision for at
@@ -165,17 +160,18 @@ class Router:
         now = self.clock()
         cached = self._plans.get(key)
         if cached is not None and cached[0] == self.view.version and now - cached[1] < PLAN_CACHE_S:
-            return cached[2], cached[3]
+            return cached[2]
         local_backend = local_backend_for(constraints, self.view.local_backends())
         # A peer we have not heard from since we (re)started gets one TTL's benefit
         # of the doubt: at worst its job waits queued instead of being rejected.
         plan = PeerRouter(self.view.peers(since_healthy=True), self.clock).classify(
             RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
         )
+        routed = route(plan, self.config.local_cluster, local_backend)
         if len(self._plans) > PLAN_CACHE_ENTRIES:
             self._plans.clear()
-        self._plans[key] = (self.view.version, now, local_backend, plan)
-        return local_backend, plan
+        self._plans[key] = (self.view.version, now, routed)
+        return routed
 
     async def _writer(self) -> None:
         # Each writer keeps its own connection: no pool round trip or reset per batch.
@@ -220,10 +216,12 @@ class Router:
         first: dict[str, _Pending] = {}
         for item in batch:
             first.setdefault(item.job.job_id, item)
-        async with conn.transaction():
-            created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
-            repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
-            existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
+        # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
+        created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
+        repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
+        # Rows that already existed are committed (ON CONFLICT waited for them) and
+        # their spec and first reply never change, so reading them afterwards is exact.
+        existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
         crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
@@ -231,7 +229,7 @@ class Router:
             job_id = item.job.job_id
             if job_id in created and first[job_id] is item:
                 metrics.SUBMITS.labels(item.job.disposition).inc()
-                await self._respond(item.msg, encoder.encode(item.reply))
+                await self._respond(item.msg, item.reply)
             elif existing[job_id]["spec_hash"] != item.job.spec_hash:
                 exc = Conflict(f"job_id {job_id!r} already names a job with a different spec")
                 metrics.SUBMIT_ERRORS.labels(exc.code).inc()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from services.common.store import Store
-from services.router.plan import plan_new_job
+from services.router.plan import plan_new_job, route
 from shared.config import FederationConfig, parse_config
 from shared.federation.router import SubmitDisposition, SubmitPlan
 from shared.messages import SubmitRequest
@@ -34,7 +34,7 @@ def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> New
     body = {"command": ["true"], "job_id": f"job-{next(_ids)}", **request_fields}
     request = msgspec.convert(body, SubmitRequest)
     plan = SubmitPlan(SubmitDisposition(disposition), pinned_peer_id=pin, reason="test")
-    job, _ = plan_new_job(request, plan, body["job_id"], "home", None)
+    job, _ = plan_new_job(request, route(plan, "home", None), body["job_id"])
     return job
 
 
