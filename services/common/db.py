@@ -99,6 +99,14 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _release_as_is(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's reset query (one round trip per release).
+
+    irisfed keeps no session state (no SET, LISTEN, advisory locks or cursors), and
+    asyncpg still rolls back a transaction left open before calling this.
+    """
+
+
 async def connect(
     database_url: str, *, min_size: int = 1, max_size: int = 10, check: bool = True
 ) -> asyncpg.Pool:
@@ -106,7 +114,7 @@ async def connect(
     try:
         pool = await asyncpg.create_pool(
             database_url, min_size=min_size, max_size=max_size, init=_init_connection,
-            timeout=CONNECT_TIMEOUT_S,
+            reset=_release_as_is, timeout=CONNECT_TIMEOUT_S,
         )
     except CONNECTION_ERRORS as exc:
         raise Unavailable(f"cannot reach Postgres: {exc}") from exc

@@ -289,7 +289,8 @@ class PeerAgent:
         for pending in chosen:
             del self.pending[pending.job_id]
         log_dirs = [self._log_dir(p) for p in chosen]
-        async with self.pool.acquire() as conn, conn.transaction():
+        # One statement (job, changelog, sync state): atomic without BEGIN/COMMIT round trips.
+        async with self.pool.acquire() as conn:
             accepted = await self.store.job_start_batch(
                 conn, self.peer_id, [(p.job_id, p.epoch, d, f"running on {self.peer_id}/{p.backend}")
                                      for p, d in zip(chosen, log_dirs, strict=True)])
@@ -369,7 +370,7 @@ class PeerAgent:
                 normal.append(run)
         if not normal:
             return
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.pool.acquire() as conn:  # one statement, atomic on its own
             moved = await self.store.job_finish_batch(conn, self.peer_id, [
                 (r.job_id, r.epoch, r.exit_code, r.cancel_requested) for r in normal])
         now = datetime.now(UTC)

@@ -83,7 +83,8 @@ class Tick:
         self.wake = asyncio.Event()
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
-        self.runs = 0
+        self.runs = 0  # full passes
+        self.last_full_pass = float("-inf")  # clock() when the last full pass started
 
     async def start(self) -> None:
         await self.refresh_view()
@@ -97,7 +98,7 @@ class Tick:
         self.tasks.spawn(forever("heartbeat_persist", self.persist_heartbeats, self.config.heartbeat_interval_s),
                          name="tick-heartbeats")
         # After Postgres comes back, peers get a full TTL before being judged lost.
-        self.tasks.spawn(when_woken("tick", self.run_once, self.wake, self.config.tick_interval_s,
+        self.tasks.spawn(when_woken("tick", self.run_woken, self.wake, self.config.tick_interval_s,
                                     on_db_back=self.view.mark_healthy), name="tick-loop")
         self.tasks.spawn(forever("queue_depth", self.export_queue_depth, QUEUE_DEPTH_INTERVAL_S),
                          name="tick-queue-depth")
@@ -147,21 +148,32 @@ class Tick:
         if msg.reply:
             await msg.respond(str(self.runs).encode())
 
-    async def run_once(self) -> TickResult:
-        """One full pass: deadlines, lost peers, placement. Returns what it did."""
+    async def run_woken(self) -> TickResult:
+        """What the loop runs: a full pass once per interval, placement alone in between.
+
+        Wake-ups come with every submit and freed slot; they only make queued work
+        placeable. Deadlines and lost peers are matters of time, so they keep the
+        interval and a burst of submits does not repeat them per wake-up.
+        """
+        return await self.run_once(full=self.clock() - self.last_full_pass >= self.config.tick_interval_s)
+
+    async def run_once(self, full: bool = True) -> TickResult:
+        """One pass: deadlines and lost peers (when ``full``), then placement."""
         result = TickResult()
         elapsed = metrics.timer()
-        expired = await self.store.job_expire_deadlines()
-        result.expired = len(expired)
-        metrics.UNSCHEDULABLE.inc(len(expired))
-        now_dt = datetime.now(UTC)
-        for row in expired:
-            log.info("job_unschedulable", job_id=row["job_id"], epoch=row["epoch"])
-            await self._event(row["job_id"], JobState.UNSCHEDULABLE, "", row["epoch"], now_dt,
-                              "deadline passed")
-        result.recovered = await self.recover_lost_peers()
+        if full:
+            self.last_full_pass = self.clock()
+            expired = await self.store.job_expire_deadlines()
+            result.expired = len(expired)
+            metrics.UNSCHEDULABLE.inc(len(expired))
+            now_dt = datetime.now(UTC)
+            for row in expired:
+                log.info("job_unschedulable", job_id=row["job_id"], epoch=row["epoch"])
+                await self._event(row["job_id"], JobState.UNSCHEDULABLE, "", row["epoch"], now_dt,
+                                  "deadline passed")
+            result.recovered = await self.recover_lost_peers()
+            self.runs += 1
         await self._place(result)
-        self.runs += 1
         metrics.ASSIGNMENTS.inc(len(result.assigned))
         metrics.TICK_SECONDS.observe(elapsed())
         return result
