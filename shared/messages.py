@@ -180,11 +180,17 @@ class Heartbeat(Struct, frozen=True):
 
 
 class AssignmentNotice(Struct, frozen=True):
-    """``<prefix>.assign.<peer_id>``: job_id was assigned to that peer under ``epoch``."""
+    """``<prefix>.assign.<peer_id>``: job_id was assigned to that peer under ``epoch``.
+
+    ``backend`` and ``priority`` let the agent accept from the notice alone, without
+    reading its queue from Postgres first; an empty backend means "look it up".
+    """
 
     job_id: str
     peer_id: str
     epoch: int
+    backend: str = ""
+    priority: int = 0
 
 
 class CancelNotice(Struct, frozen=True):

@@ -87,11 +87,11 @@ class Store:
 
     async def job_start_batch(
         self, conn: asyncpg.Connection, peer_id: str, starts: Sequence[tuple[str, int, str | None, str]]
-    ) -> set[str]:
-        """Accept (job_id, epoch, log_dir, reason) for ``peer_id``; return the ids that moved."""
+    ) -> dict[str, asyncpg.Record]:
+        """Accept (job_id, epoch, log_dir, reason) for ``peer_id``; return what moved (spec, backend)."""
         job_ids, epochs, log_dirs, reasons = (list(c) for c in zip(*starts, strict=True))
         rows = await conn.fetch(Q["job_start_batch"], peer_id, job_ids, epochs, log_dirs, reasons)
-        return {r["job_id"] for r in rows}
+        return {r["job_id"]: r for r in rows}
 
     async def job_finish_batch(
         self, conn: asyncpg.Connection, peer_id: str, endings: Sequence[tuple[str, int, int, bool]]

@@ -91,11 +91,12 @@ class _Run:
 
 @dataclass
 class _Pending:
+    """Assigned to us, not yet accepted (what to run comes back with the acceptance)."""
+
     job_id: str
     epoch: int
     backend: str
     priority: int
-    spec: dict
 
 
 class PeerAgent:
@@ -122,6 +123,10 @@ class PeerAgent:
         self.specs = {spec.name: spec for spec in settings.backends}
         self.runs: dict[str, _Run] = {}
         self.pending: dict[str, _Pending] = {}
+        # Assignment notices heard since the last start; merged into ``pending`` under
+        # the lock, so a reconcile in progress never drops one it could not yet see.
+        self.noticed: dict[str, _Pending] = {}
+        self.start_wanted = asyncio.Event()
         # Reconcile and job transitions take this lock so each sees the other's effects.
         self.lock = asyncio.Lock()
         self.reconcile_wanted = asyncio.Event()
@@ -142,6 +147,8 @@ class PeerAgent:
         self.tasks.spawn(when_woken("reconcile", self.reconcile, self.reconcile_wanted,
                                     self.settings.reconcile_interval_s), name="agent-reconcile")
         self.tasks.spawn(self._report_loop(), name="agent-report")
+        self.tasks.spawn(when_woken("start", self._start_noticed, self.start_wanted,
+                                    self.settings.reconcile_interval_s), name="agent-start")
         log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
 
@@ -201,7 +208,17 @@ class PeerAgent:
             log.warning("assign_notice_ignored", error=str(exc))
             return
         log.debug("assign_notice", job_id=notice.job_id, peer_id=self.peer_id, epoch=notice.epoch)
-        self.reconcile_wanted.set()
+        if notice.peer_id != self.peer_id:
+            return
+        # Accepted straight from the notice; the CAS on (state, epoch, owner) in
+        # job_start_batch refuses anything stale, and reconcile covers lost notices.
+        self.noticed[notice.job_id] = _Pending(notice.job_id, notice.epoch, self._backend_for(notice.backend),
+                                               notice.priority)
+        self.start_wanted.set()
+
+    async def _start_noticed(self) -> None:
+        async with self.lock:
+            await self._start_pending()
 
     async def on_cancel(self, msg: Msg) -> None:
         try:
@@ -241,7 +258,7 @@ class PeerAgent:
                     continue
                 if row["state"] == JobState.ASSIGNED.value:
                     self.pending[job_id] = _Pending(job_id, row["epoch"], self._backend_for(row["backend"]),
-                                                    row["priority"], row["spec"])
+                                                    row["priority"])
                 else:
                     await self._recover_orphan(row)
             await self._start_pending()
@@ -275,7 +292,12 @@ class PeerAgent:
                         state=move.to_state.value, leftover_killed=killed)
 
     async def _start_pending(self) -> None:
-        """Accept as many pending jobs as there are free slots: one transaction for all."""
+        """Accept as many pending jobs as there are free slots: one statement for all."""
+        noticed, self.noticed = self.noticed, {}
+        for job_id, pending in noticed.items():
+            known = self.pending.get(job_id)
+            if job_id not in self.runs and (known is None or known.epoch < pending.epoch):
+                self.pending[job_id] = pending
         busy: dict[str, int] = {}
         for run in self.runs.values():
             busy[run.backend] = busy.get(run.backend, 0) + 1
@@ -297,14 +319,15 @@ class PeerAgent:
         crash_point("agent_after_accept")
         now = datetime.now(UTC)
         for pending in chosen:
-            if pending.job_id not in accepted:
+            row = accepted.get(pending.job_id)
+            if row is None:
                 log.info("accept_lost", job_id=pending.job_id, peer_id=self.peer_id, epoch=pending.epoch)
                 continue
             if self.nc.is_connected:
                 await publish(self.nc, self.subjects.events(pending.job_id), JobEvent(
                     pending.job_id, JobState.RUNNING.value, self.peer_id, pending.epoch, now,
                     reason=f"running on {self.peer_id}/{pending.backend}"))
-            await self._launch(pending)
+            await self._launch(pending, row["spec"])
 
     def _log_dir(self, pending: _Pending) -> str | None:
         backend = self.backends[pending.backend]
@@ -312,11 +335,10 @@ class PeerAgent:
             return str(backend.run_dir(pending.job_id, pending.epoch).resolve())
         return None
 
-    async def _launch(self, pending: _Pending) -> None:
+    async def _launch(self, pending: _Pending, spec: dict) -> None:
         job_id, epoch = pending.job_id, pending.epoch
         run = _Run(job_id, epoch, pending.backend)
         self.runs[job_id] = run
-        spec = pending.spec
         try:
             run.handle = await self.backends[pending.backend].launch(RunSpec(
                 job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),

@@ -248,7 +248,8 @@ class Router:
         for job in jobs:
             if job.state == JobState.ASSIGNED.value:
                 await publish(self.nc, self.subjects.assign(job.owner_peer_id),
-                              AssignmentNotice(job.job_id, job.owner_peer_id, job.epoch))
+                              AssignmentNotice(job.job_id, job.owner_peer_id, job.epoch, job.backend or "",
+                                               job.priority))
             queued = queued or job.state == JobState.QUEUED.value
             await publish(self.nc, self.subjects.events(job.job_id),
                           JobEvent(job.job_id, job.state, job.owner_peer_id or "", job.epoch, now,

@@ -235,13 +235,14 @@ class Tick:
             crash_point("tick_after_commit")
             result.waiting += len(waiting)
             backend_of = {p.job_id: p.backend for p in placements}
+            priority_of = {r["job_id"]: r["priority"] for r in rows}
             now_dt = datetime.now(UTC)
             for row in moved:
                 job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
                 key = (peer_id, backend_of[job_id])
                 live[key] = live.get(key, 0) + 1
                 result.assigned.append((job_id, peer_id, epoch))
-                await self._notify_assigned(job_id, peer_id, epoch, now_dt)
+                await self._notify_assigned(job_id, peer_id, epoch, backend_of[job_id], priority_of[job_id], now_dt)
             if len(rows) < self.settings.batch_size:
                 return
             reachable = [p for p in peers if p.is_reachable(now)]
@@ -250,10 +251,12 @@ class Tick:
             last = rows[-1]
             cursor = (-last["priority"], last["submitted_at"], last["job_id"])
 
-    async def _notify_assigned(self, job_id: str, peer_id: str, epoch: int, at: datetime) -> None:
+    async def _notify_assigned(self, job_id: str, peer_id: str, epoch: int, backend: str, priority: int,
+                               at: datetime) -> None:
         if self.nc is None:
             return
-        await publish(self.nc, self.subjects.assign(peer_id), AssignmentNotice(job_id, peer_id, epoch))
+        await publish(self.nc, self.subjects.assign(peer_id),
+                      AssignmentNotice(job_id, peer_id, epoch, backend, priority))
         await self._event(job_id, JobState.ASSIGNED, peer_id, epoch, at, "")
 
     async def _event(self, job_id: str, state: JobState, peer_id: str, epoch: int, at: datetime,

@@ -99,7 +99,7 @@ WITH input AS (
     FROM input
     WHERE jobs.job_id = input.job_id AND jobs.state = 'assigned' AND jobs.epoch = input.epoch
       AND jobs.owner_peer_id = $1
-    RETURNING jobs.job_id, jobs.epoch, input.reason
+    RETURNING jobs.job_id, jobs.epoch, input.reason, jobs.spec, jobs.backend
 ), logged AS (
     INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
     SELECT job_id, 'assigned', 'running', $1, epoch, $1, reason FROM moved
@@ -110,7 +110,8 @@ WITH input AS (
     ON CONFLICT (job_id, peer_id) DO UPDATE
     SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch, note = ''
 )
-SELECT job_id FROM logged;
+-- What to run comes back with the acceptance: no read before it.
+SELECT job_id, spec, backend FROM moved;
 
 -- job_finish_batch --
 -- A peer agent reports many ended runs at once: running → succeeded | failed | killed,
@@ -209,7 +210,7 @@ SELECT job_id, epoch FROM moved;
 
 -- job_live_for_owner --
 -- Everything a peer agent should be doing: its assigned and running jobs.
-SELECT job_id, state, epoch, spec, backend, cancel_requested, priority
+SELECT job_id, state, epoch, backend, cancel_requested, priority
 FROM jobs
 WHERE owner_peer_id = $1 AND state IN ('assigned', 'running')
 ORDER BY priority DESC, submitted_at, job_id;
