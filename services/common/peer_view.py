@@ -39,6 +39,9 @@ class PeerView:
     def __init__(self, config: FederationConfig, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.clock = clock
+        # Computed once: every heartbeat is checked against them.
+        self._peer_ids = config.peer_ids
+        self._known = frozenset(self._peer_ids)
         self._adverts: dict[str, _Advert] = {}
         # Bumped whenever an advertisement could change a routing decision (a peer
         # appears, returns, or changes shape); caches of decisions key on it.
@@ -52,7 +55,7 @@ class PeerView:
         self.healthy_since = self.clock()
 
     def _accept(self, peer_id: str, advert: _Advert) -> bool:
-        if peer_id not in self.config.peer_ids:
+        if peer_id not in self._known:
             return False
         current = self._adverts.get(peer_id)
         newer = (
@@ -93,7 +96,7 @@ class PeerView:
         was down, peers get a full TTL to be heard again before they are judged lost.
         """
         result = []
-        for peer_id in self.config.peer_ids:
+        for peer_id in self._peer_ids:
             advert = self._adverts.get(peer_id)
             if advert is None:
                 result.append(FederationPeer(peer_id, ttl_s=self.config.heartbeat_ttl_s))
