@@ -219,13 +219,14 @@ class Tick:
         # Slots in use are counted once per run; placements this run commits are added
         # as they go, so each batch costs its own rows, not a scan of every live job.
         live = dict(await self.store.job_live_counts())
+        matched: dict = {}  # constraint set → matching backends, for every batch of this run
         while True:
             async with self.pool.acquire() as conn, conn.transaction():
                 rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
                 if not rows:
                     return
                 jobs = [queued_job_from_row(r) for r in rows]
-                placements, waiting = assign_queued(jobs, peers, live, now)
+                placements, waiting = assign_queued(jobs, peers, live, now, matched)
                 moved = await self.store.job_assign_batch(
                     conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements]
                 )
