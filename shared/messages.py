@@ -243,9 +243,24 @@ def decode_request(kind: type[_T], data: bytes) -> _T:
     if not data:
         raise InvalidRequest("empty body: expected a JSON object")
     try:
-        return _strict_decoders[kind].decode(data)
+        request = _strict_decoders[kind].decode(data)
     except (msgspec.DecodeError, ConstraintError) as exc:
         raise InvalidRequest(str(exc)) from None
+    # Postgres text cannot hold NUL; refused here, it can never fail a whole batch.
+    # (JSON can only carry it escaped, so the byte scan is exact unless it hits.)
+    if b"\\u0000" in data and _holds_nul(msgspec.to_builtins(request)):
+        raise InvalidRequest("strings must not contain NUL (\\u0000)")
+    return request
+
+
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def decode_internal(kind: type[_T], data: bytes) -> _T:

@@ -51,13 +51,7 @@ class Store:
 
     async def job_insert_batch(self, conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> set[str]:
         """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
-        columns = list(zip(*(
-            (j.job_id, j.spec_json, j.spec_hash, j.state, j.disposition, j.pinned_peer_id,
-             j.owner_peer_id, j.backend, j.epoch, j.max_retries, j.priority, j.deadline_s,
-             j.reason, j.explanation_json, j.submit_reply_json)
-            for j in jobs
-        ), strict=True))
-        rows = await conn.fetch(Q["job_insert_batch"], *[list(c) for c in columns])
+        rows = await conn.fetch(Q["job_insert_batch"], _encoder.encode(jobs).decode())
         return {r["job_id"] for r in rows}
 
     async def job_get_submitted(self, conn: asyncpg.Connection, job_ids: Sequence[str]) -> dict[str, asyncpg.Record]:

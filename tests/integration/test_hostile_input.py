@@ -112,6 +112,9 @@ hostile_submits = st.one_of(
     st.builds(lambda j: {"command": ["x"], "job_id": j}, bad_job_ids),
     st.builds(lambda p: {"command": ["x"], "cluster_pin": p}, unknown_pins),
     st.builds(lambda n: {"command": ["x"], "name": "n" * n}, st.integers(MAX_BODY_BYTES, MAX_BODY_BYTES * 2)),
+    st.builds(lambda t, where: where(t + "\x00"), st.text(max_size=10), st.sampled_from([
+        lambda t: {"command": ["x", t]}, lambda t: {"command": ["x"], "env": {"K": t}},
+        lambda t: {"command": ["x"], "labels": {t: "v"}}, lambda t: {"command": ["x"], "name": t}])),
 )
 
 
@@ -160,3 +163,19 @@ def test_router_keeps_serving_after_abuse(router):
     ok = router.request("submit", json.dumps({"command": ["true"], "job_id": "fine"}).encode())
     assert ok["job_id"] == "fine" and ok["disposition"] in {"queue", "reject", "local"}
     assert router.rows() == 2  # the one good job and its changelog row
+
+
+def test_a_nul_submit_never_fails_the_batch_it_arrives_with(router):
+    # Postgres cannot store NUL: were it let through, the whole group-commit batch
+    # (other producers' jobs) would fail with it.
+    async def burst() -> list[dict]:
+        bodies = [json.dumps({"command": ["true"], "job_id": f"ok-{i}"}).encode() for i in range(20)]
+        bodies.insert(10, json.dumps({"command": ["echo", "a\x00b"], "job_id": "nul"}).encode())
+        replies = await asyncio.gather(*(router.client.request(f"{router.prefix}.submit", b, timeout=10)
+                                         for b in bodies))
+        return [json.loads(r.data) for r in replies]
+
+    replies = router.run(burst())
+    assert_error(replies.pop(10), {"invalid_request"})
+    assert all(r.get("state") in {"queued", "assigned", "rejected"} for r in replies), replies
+    assert router.rows() == 40  # 20 jobs and their changelog rows; nothing of the NUL one

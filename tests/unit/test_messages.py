@@ -168,3 +168,23 @@ def test_json_schemas_cover_every_message():
     assert target["additionalProperties"] is False
     assert set(target["properties"]) >= {"command", "job_id", "constraints", "cluster_pin", "deadline_s"}
     json.dumps(schemas)  # serialisable
+
+
+@pytest.mark.parametrize("body", [
+    {"command": ["echo", "a\u0000b"]},
+    {"command": ["true"], "env": {"K": "\u0000"}},
+    {"command": ["true"], "env": {"K\u0000": "v"}},
+    {"command": ["true"], "labels": {"team": "x\u0000"}},
+    {"command": ["true"], "name": "\u0000"},
+    {"command": ["true"], "constraints": [{"key": "zone", "op": "eq", "value": "a\u0000"}]},
+])
+def test_nul_in_any_string_is_refused(body):
+    # Postgres text cannot store NUL: refusing it at decode keeps it out of a batch.
+    with pytest.raises(InvalidRequest, match="NUL"):
+        decode_request(SubmitRequest, json.dumps(body).encode())
+
+
+def test_escaped_backslash_u0000_is_plain_text():
+    body = json.dumps({"command": ["printf", "\\u0000"]}).encode()
+    assert b"\\\\u0000" in body
+    assert decode_request(SubmitRequest, body).command == ["printf", "\\u0000"]

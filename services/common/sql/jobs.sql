@@ -6,22 +6,21 @@
 -- Create many jobs (one router group-commit batch) with their first changelog rows.
 -- Existing job_ids are skipped; the caller answers those as duplicates or conflicts.
 WITH input AS (
-    SELECT *
-    -- JSON documents arrive as text: a JSON array inside an array parameter would
-    -- otherwise be read as another array dimension.
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::text[], $9::bigint[], $10::int[], $11::int[],
-                $12::double precision[], $13::text[], $14::text[], $15::text[])
-        AS t(job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
-             backend, epoch, max_retries, priority, deadline_s, reason, explanation, submit_reply)
+    -- One JSON array of row objects (the NewJob fields), encoded in C by msgspec:
+    -- far cheaper for the router than fifteen array parameters built in Python.
+    SELECT * FROM json_to_recordset($1::text::json) AS t(
+        job_id text, spec_json text, spec_hash text, state text, disposition text,
+        pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
+        priority int, deadline_s double precision, reason text, explanation_json text,
+        submit_reply_json text)
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
                       backend, epoch, max_retries, priority, deadline_at, reason, explanation,
                       submit_reply, assigned_at, finished_at)
-    SELECT job_id, spec::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
+    SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
-           reason, explanation::jsonb, submit_reply::jsonb,
+           reason, explanation_json::jsonb, submit_reply_json::jsonb,
            CASE WHEN state = 'assigned' THEN now() END,
            CASE WHEN state = 'rejected' THEN now() END
     FROM input
