@@ -75,6 +75,7 @@ class AgentSettings:
     reconcile_interval_s: float = 2.0
     kill_grace_s: float = 5.0
     simulated_duration_s: float = 0.0
+    report_linger_s: float = 0.01  # gather finished runs this long before writing them
 
 
 @dataclass
@@ -362,6 +363,9 @@ class PeerAgent:
         """Report finished runs in batches: one statement for all normal endings."""
         while True:
             batch = [await self.finished.get()]
+            # Completions are not on anyone's critical path: a moment's wait lets a
+            # burst of them share one statement and one commit.
+            await asyncio.sleep(self.settings.report_linger_s)
             while not self.finished.empty():
                 batch.append(self.finished.get_nowait())
             while True:
