@@ -8,6 +8,7 @@ with fsync on, NATS), like the tests do.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -410,39 +411,42 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
         await dep.close()
 
 
-async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, peer_count: int,
-                     filler: int = 0, label: str = "") -> float:
+KINDS = ("cpu", "gpu", "tpu")
+
+
+def _bench_job(i: int, state: str = "queued"):
+    """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers."""
     from services.router.plan import plan_new_job, route
-    from services.tick.service import Tick
     from shared.federation.router import SubmitDisposition, SubmitPlan
     from shared.messages import SubmitRequest
 
-    kinds = [("cpu", 1), ("gpu", 1), ("tpu", 1)]
-    peers = [(f"p{i}", {"device_type": kinds[i % 3][0], "zone": f"z{i % 4}"}, max(1, 2 * jobs // peer_count))
+    request = msgspec.convert({"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
+                               "constraints": [{"key": "device_type", "op": "eq", "value": KINDS[i % 3]}]},
+                              SubmitRequest)
+    new, _ = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="bench"), "p0", None),
+                          f"{state[0]}{i}")
+    return new if state == "queued" else dataclasses.replace(new, state=state)
+
+
+async def _insert_jobs(dep: Deployment, start: int, stop: int, state: str = "queued") -> None:
+    for first in range(start, stop, 5000):
+        async with dep.pool.acquire() as conn:
+            await dep.store.job_insert_batch(conn, [_bench_job(i, state) for i in range(first, min(stop, first + 5000))])
+    await dep.pool.execute("ANALYZE jobs")
+
+
+async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, peer_count: int,
+                     filler: int = 0, label: str = "") -> float:
+    from services.tick.service import Tick
+
+    peers = [(f"p{i}", {"device_type": KINDS[i % 3], "zone": f"z{i % 4}"}, max(1, 2 * jobs // peer_count))
              for i in range(peer_count)]
     dep = Deployment(bench, admin_url, nats_url, f"tick{jobs}x{peer_count}{label}", peers)
     await dep.create()
     try:
         await dep.advertise(peers)
-        plan = SubmitPlan(SubmitDisposition.QUEUE, reason="bench")
-
-        def job(i: int, state: str = "queued"):
-            kind = kinds[i % 3][0]
-            request = msgspec.convert({"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
-                                       "constraints": [{"key": "device_type", "op": "eq", "value": kind}]},
-                                      SubmitRequest)
-            new, _ = plan_new_job(request, route(plan, "p0", None), f"{state[0]}{i}")
-            if state != "queued":
-                new = __import__("dataclasses").replace(new, state=state)
-            return new
-
-        for start in range(0, filler, 5000):
-            async with dep.pool.acquire() as conn, conn.transaction():
-                await dep.store.job_insert_batch(conn, [job(i, "succeeded") for i in range(start, min(filler, start + 5000))])
-        for start in range(0, jobs, 5000):
-            async with dep.pool.acquire() as conn, conn.transaction():
-                await dep.store.job_insert_batch(conn, [job(i) for i in range(start, min(jobs, start + 5000))])
-        await dep.pool.execute("ANALYZE jobs")
+        await _insert_jobs(dep, 0, filler, "succeeded")
+        await _insert_jobs(dep, 0, jobs)
         tick = Tick(dep.config, dep.pool, None)
         await tick.refresh_view()
         started = time.perf_counter()
@@ -451,6 +455,55 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
         return len(result.assigned) / elapsed
     finally:
         await dep.close()
+
+
+async def _submit_rate(bench: Bench, dep: Deployment, nc: nats.NATS, label: str) -> float:
+    """Median of three closed-loop runs at 100 in flight."""
+    total = bench.profile.n(5000, 20_000)
+    runs = [await closed_loop(nc, f"{dep.prefix}.submit", _submit_body(f"{label}r{i}"), 100, total, check=_is_ack)
+            for i in range(3)]
+    return median([r.rate for r in runs])
+
+
+async def submit_scale(bench: Bench, admin_url: str, nats_url: str) -> None:
+    """Submit cost against rows already in ``jobs``, and against the number of peers."""
+    sizes = (10_000, 50_000) if bench.profile.quick else (10_000, 100_000, 1_000_000)
+    dep = Deployment(bench, admin_url, nats_url, "submitscale", GPU_PEERS)
+    await dep.create()
+    await dep.advertise(GPU_PEERS)
+    dep.start("router")
+    nc = await nats.connect(nats_url)
+    try:
+        await dep.wait_router(nc)
+        await _submit_rate(bench, dep, nc, "warm")
+        first, filled = None, 0
+        for size in sizes:
+            await _insert_jobs(dep, filled, size, "succeeded")
+            filled = size
+            rate = await _submit_rate(bench, dep, nc, f"s{size}")
+            first = first or rate
+            bench.add(Figure("scale", f"submits/s (100 in flight) with {size:,} rows in jobs", rate, "req/s",
+                             f"same at {sizes[0]:,} rows", rate / first, "within 1.5×", first / rate <= 1.5,
+                             "3 runs (median)"))
+    finally:
+        await nc.close()
+        await dep.close()
+    for count in ((10, 100) if bench.profile.quick else (10, 100, 1000)):
+        peers = [(f"g{i}", {"device_type": "gpu"}, 1000) for i in range(count)]
+        dep = Deployment(bench, admin_url, nats_url, f"submitpeers{count}", [("home", {"device_type": "cpu"}, 10)] + peers)
+        await dep.create()
+        await dep.advertise(peers)
+        dep.start("router")
+        nc = await nats.connect(nats_url)
+        try:
+            await dep.wait_router(nc)
+            await _submit_rate(bench, dep, nc, "warm")
+            rate = await _submit_rate(bench, dep, nc, f"p{count}")
+            bench.add(Figure("scale", f"submits/s (100 in flight) with {count} peers", rate, "req/s",
+                             runs="3 runs (median)"))
+        finally:
+            await nc.close()
+            await dep.close()
 
 
 async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
@@ -518,7 +571,9 @@ async def _run(bench: Bench, admin_url: str, nats_url: str, sections: set[str]) 
         await heartbeat_bench(bench, admin_url, nats_url)
     if "scale" in sections:
         print("scale curve", flush=True)
+        await submit_scale(bench, admin_url, nats_url)
         sizes = (10_000, 50_000) if bench.profile.quick else (10_000, 100_000, 1_000_000)
+        await tick_bench(bench, admin_url, nats_url, 5000, 20, label="warm")  # not measured: a cold first run
         first = None
         for size in sizes:
             rate = await tick_bench(bench, admin_url, nats_url, 5000, 20, filler=size, label=f"s{size}")

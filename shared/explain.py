@@ -1,7 +1,9 @@
 """Explanations: why a job is where it is, stored on the job for `irisfed explain`.
 
 The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
-"detail"}]}``. Peer codes: ``match``, ``unreachable``, ``no_backends``,
+"detail"}]}``, plus ``"more": {code: count}`` when the federation has more than
+``MAX_EXPLAINED_PEERS`` peers: every job carries its explanation, so its size must
+not grow with the federation (the first peers are listed, the rest counted). Peer codes: ``match``, ``unreachable``, ``no_backends``,
 ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
 ``no_free_capacity``, ``not_pinned_peer``, ``avoided``. Append only.
 """
@@ -25,10 +27,22 @@ PEER_CODES = {
 }
 
 
+MAX_EXPLAINED_PEERS = 10
+
+
 def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = ()) -> dict:
-    """The stored explanation of one decision."""
-    return {
+    """The stored explanation of one decision (bounded: see MAX_EXPLAINED_PEERS)."""
+    verdicts = list(verdicts)
+    doc: dict = {
         "by": by,
         "rule": rule,
-        "peers": [{"peer_id": v.peer_id, "code": v.code, "detail": v.detail} for v in verdicts],
+        "peers": [{"peer_id": v.peer_id, "code": v.code, "detail": v.detail}
+                  for v in verdicts[:MAX_EXPLAINED_PEERS]],
     }
+    if len(verdicts) > MAX_EXPLAINED_PEERS:
+        more: dict[str, int] = {}
+        for v in verdicts[MAX_EXPLAINED_PEERS:]:
+            more[v.code] = more.get(v.code, 0) + 1
+        doc["more"] = more
+    return doc
+

@@ -132,3 +132,7 @@ def print_explain(job, history) -> None:
             table.add_row(peer["peer_id"], f"[{style}]{PEER_CODES.get(peer['code'], peer['code'])}[/]",
                           peer["detail"])
         out.print(table)
+    more = explained.get("more") or {}
+    if more:
+        counts = ", ".join(f"{count} {PEER_CODES.get(code, code)}" for code, count in more.items())
+        out.print(f"  and {sum(more.values())} more peers: {counts}")

@@ -53,6 +53,21 @@ class PeerView:
     def mark_healthy(self) -> None:
         """The control plane just came back: judge peers' TTLs from now on."""
         self.healthy_since = self.clock()
+        self.version += 1  # peers may count as reachable again: decisions must be redone
+
+    def next_expiry(self, now: float, since_healthy: bool = False) -> float:
+        """The soonest moment a peer reachable at ``now`` stops being so (inf: none is).
+
+        Between version changes, reachability only changes by expiring, so a routing
+        decision taken now stays right until then.
+        """
+        soonest = float("inf")
+        for advert in self._adverts.values():
+            heard = max(advert.received_at, self.healthy_since) if since_healthy else advert.received_at
+            expires = heard + advert.ttl_s
+            if now < expires < soonest:
+                soonest = expires
+        return soonest
 
     def _accept(self, peer_id: str, advert: _Advert) -> bool:
         if peer_id not in self._known:

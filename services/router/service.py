@@ -55,7 +55,9 @@ from shared.subjects import SUBMIT_QUEUE_GROUP
 log = EventLogger("router")
 
 # How long a routing decision may be reused for identical (constraints, pin).
-PLAN_CACHE_S = 0.1
+# A routing decision is reused until the peer view changes or a peer it relied on
+# may have gone stale, and never longer than this.
+PLAN_CACHE_MAX_S = 1.0
 PLAN_CACHE_ENTRIES = 10_000
 
 
@@ -149,17 +151,19 @@ class Router:
         self.queue.put_nowait(_Pending(job, reply, msg, received))
 
     def _route(self, request: SubmitRequest) -> Routed:
-        """Local feasibility and the routing plan, cached briefly per (constraints, pin).
+        """Local feasibility and the routing plan, cached per (constraints, pin).
 
-        Submits mostly repeat a few constraint sets; the cache holds a decision for at
-        most PLAN_CACHE_S and never across a change of the peer view, so a peer going
-        stale is noticed within PLAN_CACHE_S and a peer appearing at once.
+        Submits mostly repeat a few constraint sets. A cached decision is dropped on
+        any change of the peer view (a peer appearing, returning, changing shape, or
+        this router regaining its view) and at the moment the first peer that was
+        reachable would go stale, so it is never wrong, only reused; PLAN_CACHE_MAX_S
+        bounds it besides.
         """
         constraints = request.constraint_list()
         key = (tuple(constraints), request.cluster_pin)
         now = self.clock()
         cached = self._plans.get(key)
-        if cached is not None and cached[0] == self.view.version and now - cached[1] < PLAN_CACHE_S:
+        if cached is not None and cached[0] == self.view.version and now < cached[1]:
             return cached[2]
         local_backend = local_backend_for(constraints, self.view.local_backends())
         # A peer we have not heard from since we (re)started gets one TTL's benefit
@@ -170,7 +174,8 @@ class Router:
         routed = route(plan, self.config.local_cluster, local_backend)
         if len(self._plans) > PLAN_CACHE_ENTRIES:
             self._plans.clear()
-        self._plans[key] = (self.view.version, now, routed)
+        valid_until = min(now + PLAN_CACHE_MAX_S, self.view.next_expiry(now, since_healthy=True))
+        self._plans[key] = (self.view.version, valid_until, routed)
         return routed
 
     async def _writer(self) -> None:

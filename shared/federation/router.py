@@ -99,6 +99,16 @@ def _utc(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+REASON_NAMES = 10  # peers named in a reason; the rest are counted
+
+
+def name_some(items: Sequence[str], sep: str = ", ") -> str:
+    """``a, b, c`` — or the first REASON_NAMES and how many more: reasons are stored per job."""
+    if len(items) <= REASON_NAMES:
+        return sep.join(items)
+    return f"{sep.join(items[:REASON_NAMES])}{sep}and {len(items) - REASON_NAMES} more"
+
+
 class PeerRouter:
     """Classifies submits against the federation's peers (see the module docstring)."""
 
@@ -131,11 +141,12 @@ class PeerRouter:
         if matching:
             return SubmitPlan(
                 SubmitDisposition.QUEUE,
-                reason=f"rule 3: reachable peers can host it: {', '.join(matching)}",
+                reason=f"rule 3: reachable peers can host it: {name_some(matching)}",
                 verdicts=verdicts,
             )
         if not verdicts:
             reason = "rule 4: no peer can host the job: the federation has no peers"
         else:
-            reason = "rule 4: no peer can host the job: " + "; ".join(v.describe() for v in verdicts)
+            # The reply's verdicts name every peer; the reason stays one readable line.
+            reason = "rule 4: no peer can host the job: " + name_some([v.describe() for v in verdicts], sep="; ")
         return SubmitPlan(SubmitDisposition.REJECT, reason=reason, verdicts=verdicts)

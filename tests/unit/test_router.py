@@ -148,3 +148,31 @@ def test_seed_example_runs_unchanged():
     )
     assert result.stdout.startswith("queue - ")
     assert "gpu-west" in result.stdout
+
+
+def test_reasons_and_explanations_stay_bounded_in_a_large_federation():
+    # Every job stores its reason and explanation: their size must not grow with the federation.
+    from shared.explain import MAX_EXPLAINED_PEERS, explanation
+
+    many = [peer(f"g{i:03}", device_type="gpu") for i in range(300)] + [peer("home", device_type="cpu")]
+    plan = make_router(*many).classify(RoutingRequest(GPU, local_feasible=False))
+    assert plan.disposition is SubmitDisposition.QUEUE
+    assert plan.reason.endswith("and 290 more") and "g009" in plan.reason and "g010" not in plan.reason
+    doc = explanation("router", plan.reason, plan.verdicts)
+    assert len(doc["peers"]) == MAX_EXPLAINED_PEERS
+    assert doc["more"] == {"match": 300 - MAX_EXPLAINED_PEERS, "value_mismatch": 1}
+
+    rejected = make_router(*many).classify(RoutingRequest([Constraint("device_type", ConstraintOp.EQ, "tpu")],
+                                                          local_feasible=False))
+    assert rejected.disposition is SubmitDisposition.REJECT
+    assert len(rejected.verdicts) == 301  # the reply still says why for every peer
+    assert rejected.reason.endswith("and 291 more") and len(rejected.reason) < 1000
+
+
+def test_small_explanations_are_complete():
+    from shared.explain import explanation
+
+    plan = make_router(peer("home", device_type="cpu"), peer("gpu-west", device_type="gpu")).classify(
+        RoutingRequest(GPU, local_feasible=False))
+    doc = explanation("router", plan.reason, plan.verdicts)
+    assert [p["peer_id"] for p in doc["peers"]] == ["home", "gpu-west"] and "more" not in doc

@@ -1,0 +1,56 @@
+"""The router's routing-decision cache: reused, but never a decision it would not take now."""
+
+from datetime import UTC, datetime
+
+import msgspec
+
+from services.router.service import Router
+from shared.messages import BackendAd, Capacity, Heartbeat, SubmitRequest
+from tests.infra.factories import make_config
+
+GPU_JOB = msgspec.convert({"command": ["train"], "constraints": [
+    {"key": "device_type", "op": "eq", "value": "gpu"}]}, SubmitRequest)
+
+
+def heartbeat(peer_id: str, seq: int, device: str = "gpu", ttl_s: float = 6.0) -> Heartbeat:
+    return Heartbeat(peer_id, seq, datetime.now(UTC), ttl_s,
+                     [BackendAd("main", {"device_type": [device]}, Capacity(4, 4))], run_id="r1")
+
+
+def make_router(now: list[float]) -> Router:
+    router = Router(make_config(), pool=None, nc=None, clock=lambda: now[0])
+    router.view.apply_heartbeat(heartbeat("home", 1, device="cpu"))
+    return router
+
+
+def test_a_decision_is_reused_until_the_peer_it_relied_on_expires():
+    now = [1000.0]
+    router = make_router(now)
+    router.view.apply_heartbeat(heartbeat("gpu-west", 1))
+    first = router._route(GPU_JOB)
+    assert first.plan.disposition == "queue"
+    now[0] = 1000.9
+    assert router._route(GPU_JOB) is first  # reused: nothing changed
+    now[0] = 1005.9
+    assert router._route(GPU_JOB).plan.disposition == "queue"
+    now[0] = 1006.0  # gpu-west's heartbeat is now as old as its TTL
+    assert router._route(GPU_JOB).plan.disposition == "reject"
+
+
+def test_a_change_of_shape_or_a_returning_peer_drops_the_decision():
+    now = [1000.0]
+    router = make_router(now)
+    router.view.apply_heartbeat(heartbeat("gpu-west", 1, device="tpu"))
+    assert router._route(GPU_JOB).plan.disposition == "reject"
+    router.view.apply_heartbeat(heartbeat("gpu-west", 2, device="gpu"))  # same moment, new shape
+    assert router._route(GPU_JOB).plan.disposition == "queue"
+
+
+def test_regaining_the_control_plane_redecides():
+    now = [980.0]
+    router = make_router(now)
+    router.view.apply_heartbeat(heartbeat("gpu-west", 1), received_at=990.0)
+    now[0] = 996.5
+    assert router._route(GPU_JOB).plan.disposition == "reject"  # heard 6.5 s ago, TTL 6 s
+    router.view.mark_healthy()  # NATS back: peers get a full TTL from now
+    assert router._route(GPU_JOB).plan.disposition == "queue"
