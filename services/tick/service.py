@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import asyncpg
+from asyncpg.transaction import Transaction
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -33,7 +34,7 @@ from shared.config import FederationConfig
 from shared.explain import explanation
 from shared.lifecycle import JobState
 from shared.messages import AssignmentNotice, Heartbeat, JobEvent, decode_internal
-from shared.placement import assign_queued, free_slots
+from shared.placement import Placement, Waiting, assign_queued, free_slots
 from shared.records import Move
 from shared.subjects import TICK_QUEUE_GROUP
 
@@ -58,6 +59,22 @@ class TickResult:
     expired: int = 0
     recovered: int = 0
     waiting: int = 0
+
+
+@dataclass
+class _Batch:
+    """Claimed jobs, placed, holding their row locks in an open transaction."""
+
+    conn: asyncpg.Connection
+    transaction: Transaction
+    rows: list[asyncpg.Record]
+    placements: list[Placement]
+    waiting: list[Waiting]
+
+    @property
+    def cursor(self) -> tuple[int, datetime, str]:
+        last = self.rows[-1]
+        return (-last["priority"], last["submitted_at"], last["job_id"])
 
 
 class Tick:
@@ -211,46 +228,93 @@ class Tick:
         return len(recovered)
 
     async def _place(self, result: TickResult) -> None:
+        """Claim, place and assign the queue in batches, two batches in flight.
+
+        While batch k's assignments commit on one connection, batch k+1 is claimed
+        and placed on the other, so Postgres and Python work at the same time. Batch
+        k+1 is placed as if all of batch k's assignments succeed; any that lose their
+        compare-and-set give their slot back when batch k commits.
+        """
         peers = self.view.peers()
         now = self.clock()
         if not any(p.is_reachable(now) for p in peers):
             return
-        cursor = None
-        # Slots in use are counted once per run; placements this run commits are added
+        # Slots in use are counted once per run; placements this run makes are added
         # as they go, so each batch costs its own rows, not a scan of every live job.
         live = dict(await self.store.job_live_counts())
         matched: dict = {}  # constraint set → matching backends, for every batch of this run
-        while True:
-            async with self.pool.acquire() as conn, conn.transaction():
-                rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
-                if not rows:
-                    return
-                jobs = [queued_job_from_row(r) for r in rows]
-                placements, waiting = assign_queued(jobs, peers, live, now, matched)
-                moved = await self.store.job_assign_batch(
-                    conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements]
-                )
-                await self.store.job_explain_batch(conn, [
-                    (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in waiting
-                ])
-            crash_point("tick_after_commit")
-            result.waiting += len(waiting)
-            backend_of = {p.job_id: p.backend for p in placements}
-            priority_of = {r["job_id"]: r["priority"] for r in rows}
-            now_dt = datetime.now(UTC)
-            for row in moved:
-                job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
-                key = (peer_id, backend_of[job_id])
-                live[key] = live.get(key, 0) + 1
-                result.assigned.append((job_id, peer_id, epoch))
-                await self._notify_assigned(job_id, peer_id, epoch, backend_of[job_id], priority_of[job_id], now_dt)
-            if len(rows) < self.settings.batch_size:
-                return
-            reachable = [p for p in peers if p.is_reachable(now)]
-            if sum(free_slots(reachable, live).values()) <= 0:
-                return  # no slot left anywhere: the rest of the queue waits for the next run
-            last = rows[-1]
-            cursor = (-last["priority"], last["submitted_at"], last["job_id"])
+        async with self.pool.acquire() as first, self.pool.acquire() as second:
+            batch = await self._claim_batch(first, None, peers, live, now, matched)
+            spare = second
+            while batch is not None:
+                following = None
+                if len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now):
+                    committed, claimed = await asyncio.gather(
+                        self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
+                        return_exceptions=True)
+                    if isinstance(claimed, BaseException):
+                        if not isinstance(committed, BaseException):
+                            await self._announce_batch(batch, committed, live, result)
+                        raise claimed
+                    if isinstance(committed, BaseException):
+                        if claimed is not None:
+                            await claimed.transaction.rollback()
+                        raise committed
+                    following, spare = claimed, batch.conn
+                else:
+                    committed = await self._commit_batch(batch)
+                await self._announce_batch(batch, committed, live, result)
+                batch = following
+
+    @staticmethod
+    def _slots_left(peers, live, now: float) -> bool:
+        return sum(free_slots([p for p in peers if p.is_reachable(now)], live).values()) > 0
+
+    async def _claim_batch(self, conn, cursor, peers, live, now: float, matched: dict) -> _Batch | None:
+        """Open a transaction, claim the next batch after ``cursor`` and place it (None: queue drained)."""
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
+            if not rows:
+                await transaction.rollback()
+                return None
+            placements, waiting = assign_queued([queued_job_from_row(r) for r in rows], peers, live, now, matched)
+        except BaseException:
+            await transaction.rollback()
+            raise
+        for p in placements:
+            live[(p.peer_id, p.backend)] = live.get((p.peer_id, p.backend), 0) + 1
+        return _Batch(conn, transaction, rows, placements, waiting)
+
+    async def _commit_batch(self, batch: _Batch) -> list[asyncpg.Record]:
+        """Assign (CAS on epoch, changelog in the same statement), explain the rest, commit."""
+        try:
+            moved = await self.store.job_assign_batch(
+                batch.conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
+            await self.store.job_explain_batch(batch.conn, [
+                (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in batch.waiting])
+            await batch.transaction.commit()
+        except BaseException:
+            await batch.transaction.rollback()
+            raise
+        return moved
+
+    async def _announce_batch(self, batch: _Batch, moved: list[asyncpg.Record], live: dict,
+                              result: TickResult) -> None:
+        """After commit: give back slots of lost CASes, then tell agents and watchers."""
+        crash_point("tick_after_commit")
+        result.waiting += len(batch.waiting)
+        placed = {p.job_id: p for p in batch.placements}
+        for job_id in placed.keys() - {row["job_id"] for row in moved}:
+            p = placed[job_id]
+            live[(p.peer_id, p.backend)] -= 1
+        priority_of = {r["job_id"]: r["priority"] for r in batch.rows}
+        now_dt = datetime.now(UTC)
+        for row in moved:
+            job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
+            result.assigned.append((job_id, peer_id, epoch))
+            await self._notify_assigned(job_id, peer_id, epoch, placed[job_id].backend, priority_of[job_id], now_dt)
 
     async def _notify_assigned(self, job_id: str, peer_id: str, epoch: int, backend: str, priority: int,
                                at: datetime) -> None:

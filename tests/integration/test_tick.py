@@ -68,6 +68,32 @@ async def test_concurrent_ticks_never_double_assign(pool, database_url):
     await assert_changelog_replays(store)
 
 
+async def test_capacity_holds_across_batches_placed_while_the_previous_commits(pool):
+    # Batch k+1 is claimed and placed while batch k commits: capacity taken by k must
+    # already count, and the highest priorities must still win the slots.
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=30)
+    await advertise(store, "tpu-east", slots=30)
+    jobs = [make_job(priority=i % 7) for i in range(200)]
+    await insert_jobs(store, jobs)
+    tick = Tick(make_config(), pool, None)
+    tick.settings = type(tick.settings)(batch_size=25)
+    await tick.refresh_view()
+    result = await tick.run_once()
+    assert len(result.assigned) == 60
+    per_peer = {}
+    for _, peer, _ in result.assigned:
+        per_peer[peer] = per_peer.get(peer, 0) + 1
+    assert per_peer == {"gpu-west": 30, "tpu-east": 30}
+    priorities = {j.job_id: j.priority for j in jobs}
+    lowest_placed = min(priorities[job_id] for job_id, _, _ in result.assigned)
+    assert all(priorities[j] <= lowest_placed for j in priorities if j not in {a for a, _, _ in result.assigned})
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'queued'") == 140
+    again = await tick.run_once()
+    assert again.assigned == []  # full: nothing more, nothing twice
+    await assert_changelog_replays(store)
+
+
 async def test_deadline_makes_queued_jobs_unschedulable(pool):
     store = Store(pool)
     job = make_job(deadline_s=0.001, constraints=[{"key": "device_type", "op": "eq", "value": "quantum"}])
