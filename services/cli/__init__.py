@@ -512,7 +512,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmarks against baselines measured in the same run; prints a table, writes JSON."""
     from bench.run import run_bench
 
-    sections = set(args.sections.split(",")) if args.sections else {"submit", "dispatch", "tick", "heartbeat", "scale"}
+    known = {"submit", "dispatch", "tick", "heartbeat", "scale"}
+    sections = {s.strip() for s in args.sections.split(",")} if args.sections else known
+    if sections - known:
+        print(f"irisfed: unknown bench section(s): {', '.join(sorted(sections - known))} "
+              f"(known: {', '.join(sorted(known))})", file=sys.stderr)
+        return 2
     run_bench(args.quick, Path(args.out) if args.out else None, sections)
     return 0
 
