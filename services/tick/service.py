@@ -12,6 +12,7 @@ then announced on ``assign.<peer>``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -243,12 +244,14 @@ class Tick:
         # as they go, so each batch costs its own rows, not a scan of every live job.
         live = dict(await self.store.job_live_counts())
         matched: dict = {}  # constraint set → matching backends, for every batch of this run
-        async with self.pool.acquire() as first, self.pool.acquire() as second:
-            batch = await self._claim_batch(first, None, peers, live, now, matched)
-            spare = second
+        async with contextlib.AsyncExitStack() as connections:
+            batch = await self._claim_batch(await connections.enter_async_context(self.pool.acquire()), None,
+                                            peers, live, now, matched)
+            spare = None  # the second connection, taken only when a second batch is needed
             while batch is not None:
                 following = None
                 if len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now):
+                    spare = spare or await connections.enter_async_context(self.pool.acquire())
                     committed, claimed = await asyncio.gather(
                         self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
                         return_exceptions=True)
