@@ -91,6 +91,8 @@ def parse_attributes(raw: object, where: str) -> dict[str, tuple[str, ...]]:
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in values):
             raise ConfigError(f"{where}: attribute {key!r} must be strings or numbers")
+        if "\x00" in str(key) or any("\x00" in str(v) for v in values):
+            raise ConfigError(f"{where}: attribute {key!r} contains NUL, which Postgres cannot store")
         result[str(key).strip()] = tuple(str(v).strip() for v in values)
     return result
 

@@ -264,8 +264,15 @@ def _holds_nul(value: object) -> bool:
 
 
 def decode_internal(kind: type[_T], data: bytes) -> _T:
-    """Decode a message from another irisfed service (unknown fields tolerated)."""
-    return _internal_decoders[kind].decode(data)
+    """Decode a message from another irisfed service (unknown fields tolerated).
+
+    Strings holding NUL are refused here too: a peer's advertised attributes end up
+    in stored heartbeats and explanations, and Postgres cannot store NUL.
+    """
+    message = _internal_decoders[kind].decode(data)
+    if b"\\u0000" in data and _holds_nul(msgspec.to_builtins(message)):
+        raise msgspec.ValidationError("strings must not contain NUL (\\u0000)")
+    return message
 
 
 def decode_reply(data: bytes) -> SubmitReply | CancelReply | ErrorReply:

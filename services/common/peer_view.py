@@ -80,7 +80,8 @@ class PeerView:
         )
         if newer:
             if (current is None or current.backends != advert.backends
-                    or advert.received_at - current.received_at >= current.ttl_s):
+                    or advert.received_at - current.received_at >= current.ttl_s
+                    or self.clock() - current.received_at >= current.ttl_s):  # it had expired: back
                 self.version += 1
             self._adverts[peer_id] = advert
         return newer

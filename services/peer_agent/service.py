@@ -211,6 +211,9 @@ class PeerAgent:
         log.debug("assign_notice", job_id=notice.job_id, peer_id=self.peer_id, epoch=notice.epoch)
         if notice.peer_id != self.peer_id:
             return
+        if not notice.backend:  # from a sender that predates the field: read the job first
+            self.reconcile_wanted.set()
+            return
         # Accepted straight from the notice; the CAS on (state, epoch, owner) in
         # job_start_batch refuses anything stale, and reconcile covers lost notices.
         self.noticed[notice.job_id] = _Pending(notice.job_id, notice.epoch, self._backend_for(notice.backend),
@@ -324,6 +327,7 @@ class PeerAgent:
             if row is None:
                 log.info("accept_lost", job_id=pending.job_id, peer_id=self.peer_id, epoch=pending.epoch)
                 continue
+            pending.backend = self._backend_for(row["backend"])  # the row decides, not the notice
             if self.nc.is_connected:
                 await publish(self.nc, self.subjects.events(pending.job_id), JobEvent(
                     pending.job_id, JobState.RUNNING.value, self.peer_id, pending.epoch, now,
@@ -374,7 +378,6 @@ class PeerAgent:
                         await self._report(batch)
                         for run in batch:
                             self.runs.pop(run.job_id, None)
-                        await self._start_pending()
                     break
                 except asyncio.CancelledError:
                     raise
@@ -384,6 +387,9 @@ class PeerAgent:
                     metrics.DB_UNAVAILABLE.inc()
                     log.warning("report_deferred", jobs=len(batch), peer_id=self.peer_id, error=repr(exc))
                     await asyncio.sleep(self.settings.reconcile_interval_s)
+            # Freed slots: the start loop takes pending work (a failure there is its
+            # own, and never makes this batch be reported twice).
+            self.start_wanted.set()
 
     async def _report(self, batch: list[_Run]) -> None:
         normal = []

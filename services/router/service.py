@@ -76,6 +76,7 @@ class _Pending:
     reply: bytes  # the SubmitReply JSON, sent once the job is committed
     msg: Msg
     received: float  # perf_counter at receipt, for the ack latency histogram
+    answered: bool = False
 
 
 class Router:
@@ -191,19 +192,20 @@ class Router:
                         conn = await self.pool.acquire()
                     await self._commit(conn, batch)
                 except asyncio.CancelledError:
-                    for item in batch:
-                        await self._respond(item.msg, error_reply("unavailable", "router shutting down"))
+                    await self._fail_all(batch, "unavailable", "router shutting down; retry with the same job_id")
                     raise
                 except CONNECTION_ERRORS as exc:
                     metrics.DB_UNAVAILABLE.inc()
                     log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
                     conn = await self._drop(conn)
+                    # A connection lost during the commit leaves the outcome unknown; a
+                    # retry under the same job_id is safe either way.
                     await self._fail_all(batch, "unavailable",
-                                         f"database unavailable: {exc}; nothing was written, retry")
+                                         f"database unavailable: {exc}; retry with the same job_id")
                 except Exception as exc:  # noqa: BLE001 - answer every waiting producer
                     log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
                     conn = await self._drop(conn)
-                    await self._fail_all(batch, "internal", f"internal error: {exc}; nothing was written")
+                    await self._fail_all(batch, "internal", f"internal error: {exc}")
         finally:
             await self._drop(conn)
 
@@ -223,28 +225,38 @@ class Router:
             first.setdefault(item.job.job_id, item)
         # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
         created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
-        repeats = [i.job.job_id for i in batch if i.job.job_id not in created or first[i.job.job_id] is not i]
-        # Rows that already existed are committed (ON CONFLICT waited for them) and
-        # their spec and first reply never change, so reading them afterwards is exact.
-        existing = await self.store.job_get_submitted(conn, repeats) if repeats else {}
         crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
+        # Committed jobs are answered first, so nothing that fails later can tell
+        # their producers otherwise.
+        repeats = []
         for item in batch:
-            job_id = item.job.job_id
-            if job_id in created and first[job_id] is item:
+            if item.job.job_id in created and first[item.job.job_id] is item:
                 metrics.SUBMITS.labels(item.job.disposition).inc()
-                await self._respond(item.msg, item.reply)
-            elif existing[job_id]["spec_hash"] != item.job.spec_hash:
-                exc = Conflict(f"job_id {job_id!r} already names a job with a different spec")
+                await self._answer(item, item.reply)
+            else:
+                repeats.append(item)
+        await self._announce([first[job_id].job for job_id in created])
+        if not repeats:
+            return
+        # Rows that already existed are committed (ON CONFLICT waited for them) and
+        # their spec and first reply never change, so reading them afterwards is exact.
+        existing = await self.store.job_get_submitted(conn, [i.job.job_id for i in repeats])
+        for item in repeats:
+            row = existing[item.job.job_id]
+            if row["spec_hash"] != item.job.spec_hash:
+                exc = Conflict(f"job_id {item.job.job_id!r} already names a job with a different spec")
                 metrics.SUBMIT_ERRORS.labels(exc.code).inc()
-                await self._respond(item.msg, error_reply(exc.code, exc.message))
+                await self._answer(item, error_reply(exc.code, exc.message))
             else:
                 metrics.SUBMIT_DUPLICATES.inc()
-                original = existing[job_id]["submit_reply"]
-                await self._respond(item.msg, encoder.encode({**original, "duplicate": True}))
-            metrics.SUBMIT_ACK.observe(time.perf_counter() - item.received)
-        await self._announce([first[job_id].job for job_id in created])
+                await self._answer(item, encoder.encode({**row["submit_reply"], "duplicate": True}))
+
+    async def _answer(self, item: _Pending, body: bytes) -> None:
+        item.answered = True
+        await self._respond(item.msg, body)
+        metrics.SUBMIT_ACK.observe(time.perf_counter() - item.received)
 
     async def _announce(self, jobs: list[NewJob]) -> None:
         """After commit: wake agents and the tick, and tell watchers."""
@@ -263,8 +275,11 @@ class Router:
             await publish(self.nc, self.subjects.tick_wake, TickWake("submit"))
 
     async def _fail_all(self, batch: list[_Pending], code: str, message: str) -> None:
-        metrics.SUBMIT_ERRORS.labels(code).inc(len(batch))
-        for item in batch:
+        """Answer every submit of ``batch`` not answered yet."""
+        unanswered = [item for item in batch if not item.answered]
+        metrics.SUBMIT_ERRORS.labels(code).inc(len(unanswered))
+        for item in unanswered:
+            item.answered = True
             await self._respond(item.msg, error_reply(code, message))
 
     @staticmethod

@@ -71,11 +71,18 @@ class _Batch:
     rows: list[asyncpg.Record]
     placements: list[Placement]
     waiting: list[Waiting]
+    finished: bool = False  # committed or rolled back
 
     @property
     def cursor(self) -> tuple[int, datetime, str]:
         last = self.rows[-1]
         return (-last["priority"], last["submitted_at"], last["job_id"])
+
+
+async def _rollback_quietly(transaction: Transaction) -> None:
+    """Roll back on the way out of an error; a failure here must not hide that error."""
+    with contextlib.suppress(Exception):
+        await transaction.rollback()
 
 
 class Tick:
@@ -102,7 +109,7 @@ class Tick:
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
         self.runs = 0  # full passes
-        self.last_full_pass = float("-inf")  # clock() when the last full pass started
+        self.last_full_pass = float("-inf")  # time.monotonic() when the last full pass started
 
     async def start(self) -> None:
         await self.refresh_view()
@@ -173,14 +180,14 @@ class Tick:
         placeable. Deadlines and lost peers are matters of time, so they keep the
         interval and a burst of submits does not repeat them per wake-up.
         """
-        return await self.run_once(full=self.clock() - self.last_full_pass >= self.config.tick_interval_s)
+        return await self.run_once(full=time.monotonic() - self.last_full_pass >= self.config.tick_interval_s)
 
     async def run_once(self, full: bool = True) -> TickResult:
         """One pass: deadlines and lost peers (when ``full``), then placement."""
         result = TickResult()
         elapsed = metrics.timer()
         if full:
-            self.last_full_pass = self.clock()
+            self.last_full_pass = time.monotonic()  # scheduling: immune to wall-clock jumps
             expired = await self.store.job_expire_deadlines()
             result.expired = len(expired)
             metrics.UNSCHEDULABLE.inc(len(expired))
@@ -244,30 +251,40 @@ class Tick:
         # as they go, so each batch costs its own rows, not a scan of every live job.
         live = dict(await self.store.job_live_counts())
         matched: dict = {}  # constraint set → matching backends, for every batch of this run
+        # The second batch in flight needs a second connection; a pool of one cannot.
+        pipelined = self.pool.get_max_size() > 1
+        batch = following = None
         async with contextlib.AsyncExitStack() as connections:
-            batch = await self._claim_batch(await connections.enter_async_context(self.pool.acquire()), None,
-                                            peers, live, now, matched)
-            spare = None  # the second connection, taken only when a second batch is needed
-            while batch is not None:
-                following = None
-                if len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now):
-                    spare = spare or await connections.enter_async_context(self.pool.acquire())
-                    committed, claimed = await asyncio.gather(
-                        self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
-                        return_exceptions=True)
-                    if isinstance(claimed, BaseException):
-                        if not isinstance(committed, BaseException):
-                            await self._announce_batch(batch, committed, live, result)
-                        raise claimed
-                    if isinstance(committed, BaseException):
-                        if claimed is not None:
-                            await claimed.transaction.rollback()
-                        raise committed
-                    following, spare = claimed, batch.conn
-                else:
-                    committed = await self._commit_batch(batch)
-                await self._announce_batch(batch, committed, live, result)
-                batch = following
+            try:
+                batch = await self._claim_batch(await connections.enter_async_context(self.pool.acquire()), None,
+                                                peers, live, now, matched)
+                spare = None  # the second connection, taken only when a second batch is needed
+                while batch is not None:
+                    following = None
+                    more = len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now)
+                    if more and pipelined:
+                        spare = spare or await connections.enter_async_context(self.pool.acquire())
+                        committed, claimed = await asyncio.gather(
+                            self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
+                            return_exceptions=True)
+                        if not isinstance(claimed, BaseException):
+                            following = claimed
+                        if isinstance(committed, BaseException):
+                            raise committed
+                        await self._announce_batch(batch, committed, live, result)
+                        if isinstance(claimed, BaseException):
+                            raise claimed
+                        spare, batch = batch.conn, following
+                    else:
+                        committed = await self._commit_batch(batch)
+                        await self._announce_batch(batch, committed, live, result)
+                        batch = (await self._claim_batch(batch.conn, batch.cursor, peers, live, now, matched)
+                                 if more else None)
+            finally:
+                # Whatever stopped us (an error, shutdown), no claim stays open.
+                for left in (batch, following):
+                    if left is not None and not left.finished:
+                        await _rollback_quietly(left.transaction)
 
     @staticmethod
     def _slots_left(peers, live, now: float) -> bool:
@@ -284,7 +301,7 @@ class Tick:
                 return None
             placements, waiting = assign_queued([queued_job_from_row(r) for r in rows], peers, live, now, matched)
         except BaseException:
-            await transaction.rollback()
+            await _rollback_quietly(transaction)
             raise
         for p in placements:
             live[(p.peer_id, p.backend)] = live.get((p.peer_id, p.backend), 0) + 1
@@ -297,10 +314,14 @@ class Tick:
                 batch.conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
             await self.store.job_explain_batch(batch.conn, [
                 (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in batch.waiting])
-            await batch.transaction.commit()
         except BaseException:
-            await batch.transaction.rollback()
+            await _rollback_quietly(batch.transaction)
+            batch.finished = True
             raise
+        # A failed commit raises its own error (never a rollback's): the caller's
+        # cleanup and the pool deal with the connection.
+        await batch.transaction.commit()
+        batch.finished = True
         return moved
 
     async def _announce_batch(self, batch: _Batch, moved: list[asyncpg.Record], live: dict,

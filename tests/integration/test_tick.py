@@ -164,3 +164,50 @@ async def test_restarted_control_plane_gives_peers_a_ttl_before_judging_them(poo
     now[0] += 1.0  # a full TTL after the restart and still silent: now it is lost
     assert await tick.recover_lost_peers() == 1
     assert (await store.job_get(job.job_id))["state"] == "failed"
+
+
+async def test_a_pool_of_one_places_batch_by_batch(database_url):
+    from services.common import db as dbmod
+
+    single = await dbmod.connect(database_url, max_size=1)
+    try:
+        store = Store(single)
+        await advertise(store, "gpu-west", slots=30)
+        await insert_jobs(store, [make_job() for _ in range(100)])
+        tick = Tick(make_config(), single, None)
+        tick.settings = type(tick.settings)(batch_size=20)
+        await tick.refresh_view()
+        result = await asyncio.wait_for(tick.run_once(), 30)  # no second connection to wait for
+        assert len(result.assigned) == 30
+        await assert_changelog_replays(store)
+    finally:
+        await single.close()
+
+
+async def test_a_failed_batch_leaves_no_claim_behind(pool):
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=500)
+    await insert_jobs(store, [make_job() for _ in range(100)])
+    tick = Tick(make_config(), pool, None)
+    tick.settings = type(tick.settings)(batch_size=20)
+    await tick.refresh_view()
+    real_assign, calls = store.job_assign_batch, []
+
+    async def fail_third(conn, assignments):
+        calls.append(len(assignments))
+        if len(calls) == 3:
+            raise RuntimeError("injected: assign failed")
+        return await real_assign(conn, assignments)
+
+    tick.store.job_assign_batch = fail_third
+    try:
+        await tick.run_once()
+        raise AssertionError("the injected failure should surface")
+    except RuntimeError as exc:
+        assert "injected" in str(exc)
+    assigned = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'assigned'")
+    assert assigned == 40  # the two batches committed before the failure, nothing of the third
+    async with pool.acquire() as conn, conn.transaction():  # every queued row is claimable again
+        claimable = await store.job_claim_queued(conn, 1000)
+    assert len(claimable) == 60
+    await assert_changelog_replays(store)

@@ -52,3 +52,8 @@ def test_subjects():
     assert s.cancel_notice("gpu") == "acme.irisfed.cancel.gpu"
     assert s.heartbeat() == "acme.irisfed.heartbeat.*"
     assert s.events("j1") == "acme.irisfed.events.j1"
+
+
+def test_attributes_with_nul_are_a_config_error():
+    with pytest.raises(ConfigError, match="NUL"):
+        parse_config({"peers": [{"id": "home", "attributes": {"zone": "a\x00b"}}]})

@@ -188,3 +188,14 @@ def test_escaped_backslash_u0000_is_plain_text():
     body = json.dumps({"command": ["printf", "\\u0000"]}).encode()
     assert b"\\\\u0000" in body
     assert decode_request(SubmitRequest, body).command == ["printf", "\\u0000"]
+
+
+def test_internal_messages_with_nul_are_refused():
+    from shared.messages import Heartbeat, decode_internal
+
+    body = json.dumps({"peer_id": "p", "seq": 1, "sent_at": "2026-11-30T00:00:00Z", "ttl_s": 6.0,
+                       "backends": [{"name": "main", "attributes": {"zone": ["a\u0000"]},
+                                     "capacity": {"total": 1, "free": 1}}]}).encode()
+    with pytest.raises(msgspec.ValidationError, match="NUL"):
+        decode_internal(Heartbeat, body)
+    assert decode_internal(Heartbeat, body.replace(b"\\u0000", b"")).backends[0].attributes == {"zone": ["a"]}

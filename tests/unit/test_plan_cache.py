@@ -54,3 +54,15 @@ def test_regaining_the_control_plane_redecides():
     assert router._route(GPU_JOB).plan.disposition == "reject"  # heard 6.5 s ago, TTL 6 s
     router.view.mark_healthy()  # NATS back: peers get a full TTL from now
     assert router._route(GPU_JOB).plan.disposition == "queue"
+
+
+def test_a_peer_back_through_a_lagging_row_redecides():
+    # Postgres rows carry their own (older) receive time: the gap to the previous
+    # advertisement can be under the TTL although that one had already expired.
+    now = [980.0]
+    router = make_router(now)
+    router.view.apply_heartbeat(heartbeat("gpu-west", 1), received_at=990.0)
+    now[0] = 997.0
+    assert router._route(GPU_JOB).plan.disposition == "reject"  # expired at 996
+    router.view.apply_heartbeat(heartbeat("gpu-west", 2), received_at=995.0)  # reachable until 1001
+    assert router._route(GPU_JOB).plan.disposition == "queue"
