@@ -1,6 +1,7 @@
 """The operator's view: explain, metrics, logs and `irisfed top` on a running federation."""
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -98,9 +99,13 @@ async def test_metrics_are_scraped_from_running_services(federation):
     assert value(router, "irisfed_peer_heartbeat_age_seconds", 'peer_id="home"') is not None
 
     async def tick_exported():
-        # The gauge can show the queued job before the tick's first run has ended
-        # (a tick that starts after the submits): wait for both.
-        text = scrape(ports["tick"])
+        # The tick may start after the submits (a cold interpreter in a fresh venv is
+        # slow): its port may not answer yet, and its gauge can show the queued job
+        # before its first run has ended. Wait for all of it.
+        try:
+            text = scrape(ports["tick"])
+        except urllib.error.URLError:
+            return None
         depth = value(text, "irisfed_queue_depth", 'constraints="[]",pinned_peer="gpu-west"')
         runs = value(text, "irisfed_tick_duration_seconds_count") or 0
         return text if depth == 1.0 and runs >= 1 else None
