@@ -8,6 +8,7 @@ with fsync on, NATS), like the tests do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -290,14 +291,25 @@ def _is_ack(data: bytes) -> bool:
     return b'"disposition"' in data
 
 
-async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
-    dep = Deployment(bench, admin_url, nats_url, "submit", GPU_PEERS)
+@contextlib.asynccontextmanager
+async def _routed(bench: Bench, admin_url: str, nats_url: str, name: str,
+                  peers: list[tuple[str, dict[str, str], int]], advertised=None):
+    """A fresh deployment, its peers advertised and a router answering; closed on exit."""
+    dep = Deployment(bench, admin_url, nats_url, name, peers)
     await dep.create()
-    await dep.advertise(GPU_PEERS)
+    await dep.advertise(peers if advertised is None else advertised)
     dep.start("router")
     nc = await nats.connect(nats_url)
     try:
         await dep.wait_router(nc)
+        yield dep, nc
+    finally:
+        await nc.close()
+        await dep.close()
+
+
+async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
+    async with _routed(bench, admin_url, nats_url, "submit", GPU_PEERS) as (dep, nc):
         targets = {1: None, 100: 0.40, 2000: 0.35}
         for conc, total in ((1, bench.profile.n(1000, 5000)), (100, bench.profile.n(10_000, 50_000)),
                             (2000, bench.profile.n(20_000, 100_000))):
@@ -335,9 +347,6 @@ async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
                               f"achieved {run.rate:,.0f}/s, errors {run.errors}"))
         jobs = await dep.pool.fetchval("SELECT count(*) FROM jobs")
         bench.add(Figure("submit", "jobs committed (all acked submits)", jobs, "rows"))
-    finally:
-        await nc.close()
-        await dep.close()
 
 
 async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int = 500) -> None:
@@ -477,13 +486,7 @@ async def _submit_rate(bench: Bench, dep: Deployment, nc: nats.NATS, label: str)
 async def submit_scale(bench: Bench, admin_url: str, nats_url: str) -> None:
     """Submit cost against rows already in ``jobs``, and against the number of peers."""
     sizes = (10_000, 50_000) if bench.profile.quick else (10_000, 100_000, 1_000_000)
-    dep = Deployment(bench, admin_url, nats_url, "submitscale", GPU_PEERS)
-    await dep.create()
-    await dep.advertise(GPU_PEERS)
-    dep.start("router")
-    nc = await nats.connect(nats_url)
-    try:
-        await dep.wait_router(nc)
+    async with _routed(bench, admin_url, nats_url, "submitscale", GPU_PEERS) as (dep, nc):
         await _submit_rate(bench, dep, nc, "warm")
         first, filled = None, 0
         for size in sizes:
@@ -494,25 +497,14 @@ async def submit_scale(bench: Bench, admin_url: str, nats_url: str) -> None:
             bench.add(Figure("scale", f"submits/s (100 in flight) with {size:,} rows in jobs", rate, "req/s",
                              f"same at {sizes[0]:,} rows", rate / first, "within 1.5×", first / rate <= 1.5,
                              "3 runs (median)"))
-    finally:
-        await nc.close()
-        await dep.close()
     for count in ((10, 100) if bench.profile.quick else (10, 100, 1000)):
         peers = [(f"g{i}", {"device_type": "gpu"}, 1000) for i in range(count)]
-        dep = Deployment(bench, admin_url, nats_url, f"submitpeers{count}", [("home", {"device_type": "cpu"}, 10)] + peers)
-        await dep.create()
-        await dep.advertise(peers)
-        dep.start("router")
-        nc = await nats.connect(nats_url)
-        try:
-            await dep.wait_router(nc)
+        async with _routed(bench, admin_url, nats_url, f"submitpeers{count}",
+                           [("home", {"device_type": "cpu"}, 10)] + peers, advertised=peers) as (dep, nc):
             await _submit_rate(bench, dep, nc, "warm")
             rate = await _submit_rate(bench, dep, nc, f"p{count}")
             bench.add(Figure("scale", f"submits/s (100 in flight) with {count} peers", rate, "req/s",
                              runs="3 runs (median)"))
-        finally:
-            await nc.close()
-            await dep.close()
 
 
 async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
