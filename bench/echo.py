@@ -4,11 +4,11 @@ import asyncio
 import signal
 import sys
 
-import nats
+from services.common.bus import connect_client
 
 
 async def main(url: str, subject: str) -> None:
-    nc = await nats.connect(url)
+    nc = await connect_client(url)  # the URL's user and its own inbox prefix, like every client of ours
 
     async def echo(msg) -> None:
         await msg.respond(msg.data)

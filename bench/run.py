@@ -29,6 +29,7 @@ import nats
 
 from bench.load import Run, closed_loop, median, open_loop, spread
 from services.common import db as dbmod
+from services.common.bus import connect_client
 from services.common.servers import start_nats, start_postgres
 from services.common.store import Store
 from shared.config import parse_config
@@ -119,7 +120,7 @@ async def nats_baseline(bench: Bench, nats_url: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     echo = _spawn(["bench.echo", nats_url, subject], env, bench.folder / "echo.log")
     try:
-        nc = await nats.connect(nats_url)
+        nc = await connect_client(nats_url)
         for _ in range(100):  # wait for the responder
             try:
                 await nc.request(subject, b"ping", timeout=0.2)
@@ -299,7 +300,7 @@ async def _routed(bench: Bench, admin_url: str, nats_url: str, name: str,
     await dep.create()
     await dep.advertise(peers if advertised is None else advertised)
     dep.start("router")
-    nc = await nats.connect(nats_url)
+    nc = await connect_client(nats_url)
     try:
         await dep.wait_router(nc)
         yield dep, nc
@@ -357,7 +358,7 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
     dep.start("tick")
     for peer_id, _, _ in peers:
         dep.start(peer_id)
-    nc = await nats.connect(nats_url)
+    nc = await connect_client(nats_url)
     sent: dict[str, float] = {}
     seen: dict[str, dict[str, float]] = {"queued": {}, "assigned": {}, "running": {}}
     running = seen["running"]
@@ -513,7 +514,7 @@ async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
     dep = Deployment(bench, admin_url, nats_url, "heartbeat", peers, interval=1.0, ttl=3.0)
     await dep.create()
     router, tick = dep.start("router"), dep.start("tick")
-    nc = await nats.connect(nats_url)
+    nc = await connect_client(nats_url)
     try:
         await dep.wait_router(nc)
         seconds = bench.profile.s(4, 10)

@@ -6,11 +6,11 @@ import os
 import uuid
 
 import asyncpg
-import nats
 import pytest
 from hypothesis import HealthCheck, settings
 
 from services.common import db as dbmod
+from services.common.bus import connect_client
 from tests.infra.provision import Servers, provision_servers, with_database
 
 # Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.
@@ -116,7 +116,7 @@ def subject_prefix() -> str:
 
 @pytest.fixture
 async def nats_client(servers: Servers):
-    client = await nats.connect(servers.nats_url)
+    client = await connect_client(servers.nats_url)  # its user's own inbox prefix, like every client
     yield client
     if not client.is_closed:
         await client.drain()

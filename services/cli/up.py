@@ -22,6 +22,7 @@ from pathlib import Path
 
 from services.common import db
 from services.common.nats_auth import NatsAuth
+from services.common.redact import redact
 from services.common.servers import ServerProcess, free_port, start_nats, start_postgres
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 
@@ -160,11 +161,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         connect_file.write_text(json.dumps(connect, indent=2))
         pids_file = state / "pids.json"
         _write_pids(pids_file, servers, children)
-        print(f"irisfed up: ready. NATS {nats_url}  Postgres {db_url}", flush=True)
+        # Passwords stay in connect.json (0600), never on the screen or in a captured log.
+        print(f"irisfed up: ready. NATS {redact(nats_url)}  Postgres {redact(db_url)}", flush=True)
         print(f"  submit:  irisfed submit -- echo hello      (or from any NATS client on "
               f"{config.subjects.submit})", flush=True)
-        print(f"  elsewhere: export {DATABASE_URL_ENV}={db_url} {CONFIG_ENV}={config_path} and "
-              f"{NATS_URL_ENV} from {connect_file} (it holds the operator's NATS password)", flush=True)
+        print(f"  elsewhere: export {CONFIG_ENV}={config_path} and {DATABASE_URL_ENV}, {NATS_URL_ENV} "
+              f"from {connect_file} (it holds the passwords)", flush=True)
         metrics = ", ".join(f"{c.name} http://127.0.0.1:{c.args[c.args.index('--metrics-port') + 1]}/metrics"
                             for c in children if "--metrics-port" in c.args)
         print(f"  metrics: {metrics}", flush=True)

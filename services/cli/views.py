@@ -1,4 +1,10 @@
-"""Rich renderings of the unified view: jobs, one job, peers."""
+"""Rich renderings of the unified view: jobs, one job, peers.
+
+Everything a job, a producer or a peer chose (ids, names, labels, commands,
+reasons, advertised attributes) reaches the screen through :func:`lit`: a rich
+``Text`` (never parsed as markup or emoji) with control characters escaped, so
+``[cpu]`` shows as ``[cpu]`` and nothing can restyle or drive the terminal.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from shared.config import FederationConfig
 
@@ -19,6 +26,24 @@ STATE_STYLE = {
 
 def console() -> Console:
     return Console()
+
+
+def printable(value: object) -> str:
+    """``value`` as a string whose control characters (ESC, CR, bidi overrides ...) are escaped."""
+    text = "" if value is None else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
+def lit(value: object, style: str = "") -> Text:
+    """Untrusted text shown literally: no markup, no emoji codes, no control sequences."""
+    return Text(printable(value), style=style)
+
+
+def _state(state: str) -> Text:
+    return lit(state, STATE_STYLE.get(state, ""))
 
 
 def _ago(when: datetime | None) -> str:
@@ -33,12 +58,11 @@ def jobs_table(rows: Sequence, title: str = "jobs") -> Table:
     for column in ("job", "state", "peer", "epoch", "exit", "submitted", "command", "reason"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        style = STATE_STYLE.get(row["state"], "")
         command = " ".join(row["command"] or [])
         table.add_row(
-            row["job_id"], f"[{style}]{row['state']}[/]", row["owner_peer_id"] or row["pinned_peer_id"] or "-",
+            lit(row["job_id"]), _state(row["state"]), lit(row["owner_peer_id"] or row["pinned_peer_id"] or "-"),
             str(row["epoch"]), "-" if row["exit_code"] is None else str(row["exit_code"]),
-            _ago(row["submitted_at"]), command[:40], (row["reason"] or "")[:60],
+            _ago(row["submitted_at"]), lit(command[:40]), lit((row["reason"] or "")[:60]),
         )
     return table
 
@@ -56,41 +80,51 @@ def peers_table(rows: Sequence, config: FederationConfig | None = None) -> Table
             ", ".join(f"{k}={'|'.join(v)}" for k, v in b["attributes"].items()) for b in row["backends"]
         )
         reachable = "[green]yes[/]" if row["reachable"] else "[red]no[/]"
-        table.add_row(row["peer_id"], reachable, _ago(row["received_at"]), f"{free}/{total}", attrs or "-")
+        table.add_row(lit(row["peer_id"]), reachable, _ago(row["received_at"]), f"{free}/{total}", lit(attrs or "-"))
     for peer_id in (config.peer_ids if config else ()):
         if peer_id not in seen:
-            table.add_row(peer_id, "[red]no[/]", "never", "-", "-")
+            table.add_row(lit(peer_id), "[red]no[/]", "never", "-", "-")
     return table
 
 
 def print_job(job, history) -> None:
     out = console()
     spec = job["spec"]
-    out.print(f"[bold]{job['job_id']}[/]  {job['state']}  ({job['disposition']})")
-    out.print(f"  command     {' '.join(spec['command'])}")
-    out.print(f"  owner       {job['owner_peer_id'] or '-'}   pinned {job['pinned_peer_id'] or '-'}   "
-              f"epoch {job['epoch']}   attempts {job['attempts']}/{job['max_retries'] + 1}")
-    out.print(f"  exit code   {'-' if job['exit_code'] is None else job['exit_code']}")
-    out.print(f"  reason      {job['reason'] or '-'}")
+    out.print(Text.assemble(lit(job["job_id"], "bold"), "  ", lit(job["state"]), "  (",
+                            lit(job["disposition"]), ")"))
+    out.print(Text.assemble("  command     ", lit(" ".join(spec["command"]))))
+    if spec.get("name"):
+        out.print(Text.assemble("  name        ", lit(spec["name"])))
+    if spec.get("labels"):
+        out.print(Text.assemble("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items()))))
+    out.print(Text.assemble("  owner       ", lit(job["owner_peer_id"] or "-"), "   pinned ",
+                            lit(job["pinned_peer_id"] or "-"),
+                            f"   epoch {job['epoch']}   attempts {job['attempts']}/{job['max_retries'] + 1}"))
+    out.print(Text.assemble("  exit code   ", "-" if job["exit_code"] is None else str(job["exit_code"])))
+    out.print(Text.assemble("  reason      ", lit(job["reason"] or "-")))
     if job["cancel_requested"]:
-        out.print("  cancel      requested")
+        out.print("  cancel      requested", markup=False)
     table = Table(title="history")
     for column in ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"):
         table.add_column(column, overflow="fold")
     for row in history:
-        table.add_row(str(row["seq"]), row["at"].strftime("%H:%M:%S.%f")[:-3], row["from_state"] or "(new)",
-                      row["to_state"], row["peer_id"] or "-", str(row["epoch"]), row["actor"], row["detail"])
+        table.add_row(str(row["seq"]), row["at"].strftime("%H:%M:%S.%f")[:-3], lit(row["from_state"] or "(new)"),
+                      lit(row["to_state"]), lit(row["peer_id"] or "-"), str(row["epoch"]), lit(row["actor"]),
+                      lit(row["detail"]))
     out.print(table)
 
 
-async def dashboard(store, config: FederationConfig | None, header: str):
-    """One frame of the live view: peers, jobs by state, recent jobs."""
+async def dashboard(store, config: FederationConfig | None, header: str | Text):
+    """One frame of the live view: peers, jobs by state, recent jobs.
+
+    ``header`` is ours (a str is read as markup); everything else is shown literally.
+    """
     from rich.console import Group
 
     peers = await store.peer_heartbeat_list()
     counts = await store.job_count_by_state()
     recent = await store.job_list(None, 10)
-    return Group(header, peers_table(peers, config), counts_line(counts), jobs_table(recent, title="recent jobs"))
+    return Group(header, peers_table(peers, config), lit(counts_line(counts)), jobs_table(recent, title="recent jobs"))
 
 
 def counts_line(counts: dict[str, int]) -> str:
@@ -108,20 +142,21 @@ def print_explain(job, history) -> None:
 
     out = console()
     state = job["state"]
-    out.print(f"[bold]{job['job_id']}[/] is [{STATE_STYLE.get(state, '')}]{state}[/] "
-              f"({job['disposition']} at submit)")
+    out.print(Text.assemble(lit(job["job_id"], "bold"), " is ", _state(state), " (", lit(job["disposition"]),
+                            " at submit)"))
     explained = job["explanation"] or {}
     if explained:
-        out.print(f"  decided by  {explained['by']}")
-        out.print(f"  rule        {explained['rule']}")
+        out.print(Text.assemble("  decided by  ", lit(explained["by"])))
+        out.print(Text.assemble("  rule        ", lit(explained["rule"])))
     elif job["reason"]:
-        out.print(f"  reason      {job['reason']}")
+        out.print(Text.assemble("  reason      ", lit(job["reason"])))
     placed = [row for row in history if row["to_state"] == "assigned"]
     if placed:
         last = placed[-1]
-        out.print(f"  placed      on {last['peer_id']} at epoch {last['epoch']} ({last['actor']})")
+        out.print(Text.assemble("  placed      on ", lit(last["peer_id"]), f" at epoch {last['epoch']} (",
+                                lit(last["actor"]), ")"))
     if state not in ("queued", "rejected"):
-        out.print(f"  now         {job['reason'] or state}")
+        out.print(Text.assemble("  now         ", lit(job["reason"] or state)))
     peers = explained.get("peers") or []
     if peers:
         table = Table(title="peers")
@@ -129,10 +164,10 @@ def print_explain(job, history) -> None:
             table.add_column(column, overflow="fold")
         for peer in peers:
             style = "green" if peer["code"] == "match" else "red"
-            table.add_row(peer["peer_id"], f"[{style}]{PEER_CODES.get(peer['code'], peer['code'])}[/]",
-                          peer["detail"])
+            table.add_row(lit(peer["peer_id"]), lit(PEER_CODES.get(peer["code"], peer["code"]), style),
+                          lit(peer["detail"]))
         out.print(table)
     more = explained.get("more") or {}
     if more:
         counts = ", ".join(f"{count} {PEER_CODES.get(code, code)}" for code, count in more.items())
-        out.print(f"  and {sum(more.values())} more peers: {counts}")
+        out.print(lit(f"  and {sum(more.values())} more peers: {counts}"))

@@ -1,4 +1,10 @@
-"""NATS at the edge: connect with endless reconnects, publish our structs."""
+"""NATS at the edge: connect with endless reconnects, publish our structs.
+
+Every client of ours connects through :func:`connect_nats` (services) or
+:func:`connect_client` (CLI, tests, chaos, bench), which use the inbox prefix of
+the URL's user (``_INBOX_<user>``: the only inbox that user may read) and never
+put a password in a message.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from nats.aio.client import Client
 
 from services.common import metrics
 from services.common.log import EventLogger
+from services.common.nats_auth import inbox_prefix_for_url
+from services.common.redact import redact
 from shared.messages import encoder
 
 log = EventLogger("bus")
@@ -19,6 +27,11 @@ log = EventLogger("bus")
 def server_list(url: str) -> list[str]:
     """``nats://a:4222,nats://b:4222`` → every server of a NATS cluster."""
     return [part.strip() for part in url.split(",") if part.strip()]
+
+
+async def connect_client(url: str, **options) -> Client:
+    """One connection attempt with ``url``'s user and its inbox prefix (``options`` go to nats-py)."""
+    return await nats.connect(server_list(url), inbox_prefix=inbox_prefix_for_url(url), **options)
 
 
 async def connect_nats(
@@ -40,13 +53,13 @@ async def connect_nats(
             await on_reconnect()
 
     async def error(exc: Exception) -> None:
-        log.debug("nats_error", client=name, error=str(exc))
+        log.debug("nats_error", client=name, error=redact(exc))
 
     delay = 0.2
     while True:
         try:
-            return await nats.connect(
-                server_list(url),
+            return await connect_client(
+                url,
                 name=name,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
@@ -58,7 +71,7 @@ async def connect_nats(
         except (TimeoutError, OSError, nats.errors.NoServersError) as exc:
             if stop is not None and stop.is_set():
                 raise
-            log.warning("nats_connect_retry", client=name, error=str(exc), retry_in_s=delay)
+            log.warning("nats_connect_retry", client=name, error=redact(exc), retry_in_s=delay)
             await asyncio.sleep(delay)
             delay = min(5.0, delay * 2)
 

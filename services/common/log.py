@@ -2,6 +2,8 @@
 
 ``log.info("job_assigned", job_id=..., peer_id=..., epoch=...)`` — the first
 argument names the event; fields carry the ids an operator greps for.
+Every line, tracebacks included, passes through :func:`redact` on its way out,
+so no URL password or token reaches a log.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from typing import Any
 
 import msgspec
+
+from services.common.redact import redact
 
 _json = msgspec.json.Encoder()
 
@@ -33,13 +37,13 @@ class _Formatter(logging.Formatter):
             }
             if record.exc_info:
                 body["error"] = self.formatException(record.exc_info)
-            return _json.encode(body).decode()
+            return redact(_json.encode(body).decode())
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         extras = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()} {extras}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)
 
 
 class EventLogger:

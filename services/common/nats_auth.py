@@ -4,26 +4,65 @@ Roles and what they may do (``P`` is the subject prefix):
 
 | role | publish | subscribe |
 |---|---|---|
-| producer | P.submit, P.cancel | _INBOX.> (replies) |
-| operator | P.submit, P.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX.> |
+| producer | P.submit, P.cancel | _INBOX_producer.> (its replies) |
+| operator | P.submit, P.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX_operator.> |
 | router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit, P.cancel, P.heartbeat.* |
 | tick | P.assign.*, P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
 | agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
 | admin | everything | everything |
 
 So a peer agent cannot advertise as another peer nor read another peer's
-assignments, and a producer can only ask. Passwords are random; they live in a
-0600 credentials file and reach services in their URL, never in logs.
+assignments, and a producer can only ask. Replies are private too: a user that
+makes requests gets its own inbox prefix, ``_INBOX_<user>`` (:func:`inbox_prefix`),
+and may subscribe only below it, never to ``_INBOX.>`` where everyone's replies
+would be; our clients derive the prefix from the user in their URL
+(:func:`inbox_prefix_for_url`). Services make no requests, so they get no inbox.
+Passwords are random; they live in a 0600 credentials file and reach services in
+their URL, never in logs.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
+
+# The NATS default; used when a URL names no user (or one that is not a plain subject token).
+DEFAULT_INBOX_PREFIX = "_INBOX"
+# Overrides the derived prefix, for NATS servers whose users follow another scheme.
+INBOX_PREFIX_ENV = "IRISFED_NATS_INBOX_PREFIX"
+_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def inbox_prefix(user: str) -> str:
+    """The inbox prefix of NATS user ``user``: its replies arrive on ``_INBOX_<user>.>``."""
+    return f"{DEFAULT_INBOX_PREFIX}_{user}"
+
+
+def inbox_prefix_for_url(url: str) -> str:
+    """The inbox prefix a client connecting with ``url`` must use.
+
+    ``$IRISFED_NATS_INBOX_PREFIX`` when set; else ``_INBOX_<user>`` when the first
+    server's URL carries ``user:password``; else the NATS default ``_INBOX`` (no
+    auth, or a token: a secret never becomes part of a subject).
+    """
+    override = os.environ.get(INBOX_PREFIX_ENV)
+    if override:
+        return override
+    first = url.split(",", 1)[0].strip()
+    try:
+        parts = urlsplit(first if "://" in first else f"nats://{first}")
+        user, password = parts.username, parts.password
+    except ValueError:
+        return DEFAULT_INBOX_PREFIX
+    if user and password is not None and _SUBJECT_TOKEN.fullmatch(user):
+        return inbox_prefix(user)
+    return DEFAULT_INBOX_PREFIX
 
 
 @dataclass(frozen=True)
@@ -37,9 +76,9 @@ def role_permissions(prefix: str, peer_ids: Iterable[str]) -> dict[str, Permissi
     """The permission set of every role for a federation's prefix and peers."""
     p = prefix
     roles = {
-        "producer": Permissions((f"{p}.submit", f"{p}.cancel"), ("_INBOX.>",)),
+        "producer": Permissions((f"{p}.submit", f"{p}.cancel"), (f"{inbox_prefix('producer')}.>",)),
         "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.tick.ping"),
-                                (f"{p}.events.*", f"{p}.heartbeat.*", "_INBOX.>")),
+                                (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
         "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake"),
                               (f"{p}.submit", f"{p}.cancel", f"{p}.heartbeat.*"), allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.events.*"),

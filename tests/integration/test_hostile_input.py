@@ -12,12 +12,12 @@ import re
 import threading
 import uuid
 
-import nats
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common import db as dbmod
+from services.common.bus import connect_client
 from services.router.service import Router
 from shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES
 from tests.infra.factories import make_config
@@ -41,8 +41,8 @@ class RouterThread:
 
     async def _start(self, database_url: str, nats_url: str) -> None:
         self.pool = await dbmod.connect(database_url)
-        self.service_nc = await nats.connect(nats_url)
-        self.client = await nats.connect(nats_url)
+        self.service_nc = await connect_client(nats_url)
+        self.client = await connect_client(nats_url)
         self.router = Router(make_config(subject_prefix=self.prefix), self.pool, self.service_nc)
         await self.router.start()
 

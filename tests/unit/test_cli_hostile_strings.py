@@ -1,0 +1,118 @@
+"""Untrusted strings (peer attributes, job names, labels, reasons, commands, ids)
+are shown literally by every CLI view: never read as rich markup or emoji codes,
+and never passed through as terminal control sequences."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from datetime import UTC, datetime
+
+import pytest
+from rich.console import Console
+
+from services.cli import views
+
+HOSTILE = ["[cpu]", "[bold]x[/]", "[link=http://x]y[/link]", "oops [/] done", ":smile:"]
+ESC = "\x1b[31mred"  # a terminal escape hidden in a string
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch):
+    # Wide enough that no table folds a cell; the views' own consoles read COLUMNS.
+    monkeypatch.setenv("COLUMNS", "500")
+
+
+def render(renderable) -> str:
+    out = Console(file=io.StringIO(), width=500, force_terminal=True, color_system="truecolor")
+    out.print(renderable)
+    return out.file.getvalue()
+
+
+def assert_literal(text: str) -> None:
+    for hostile in HOSTILE:
+        assert hostile in text, f"{hostile!r} not shown literally in:\n{text}"
+    assert "\x1b[31mred" not in text and "\\x1b[31mred" in text
+    assert "😄" not in text
+
+
+def job_row(**overrides) -> dict:
+    row = {
+        "job_id": "j-[cpu]", "state": "queued", "disposition": "queue", "owner_peer_id": None,
+        "pinned_peer_id": "[bold]x[/]", "epoch": 1, "exit_code": None, "submitted_at": datetime.now(UTC),
+        "command": ["echo", "[link=http://x]y[/link]", ":smile:"], "reason": f"oops [/] done {ESC}",
+        "attempts": 0, "max_retries": 2, "cancel_requested": False, "explanation": None,
+    }
+    row["spec"] = {"command": row["command"], "name": "[bold]x[/]", "labels": {"team": "[cpu]"}}
+    row.update(overrides)
+    return row
+
+
+def peer_row() -> dict:
+    return {
+        "peer_id": "p-[cpu]", "reachable": True, "received_at": datetime.now(UTC),
+        "backends": [{"name": "main", "capacity": {"total": 2, "free": 1},
+                      "attributes": {"device_type": ["[cpu]", "[bold]x[/]"],
+                                     "zone": ["[link=http://x]y[/link]", "oops [/] done", ":smile:", ESC]}}],
+    }
+
+
+def test_jobs_table_shows_strings_literally():
+    text = render(views.jobs_table([job_row(job_id="[cpu]", owner_peer_id="[bold]x[/]",
+                                            command=["[link=http://x]y[/link]", ":smile:"])]))
+    assert_literal(text)
+
+
+def test_peers_table_shows_attributes_literally():
+    assert_literal(render(views.peers_table([peer_row()])))
+
+
+def test_job_view_shows_strings_literally(capsys):
+    history = [{"seq": 1, "at": datetime.now(UTC), "from_state": None, "to_state": "queued",
+                "peer_id": "[cpu]", "epoch": 0, "actor": "router", "detail": "[bold]x[/] :smile:"}]
+    views.print_job(job_row(command=["[link=http://x]y[/link]", "oops [/] done"]), history)
+    out = capsys.readouterr().out
+    assert_literal(out)
+    assert "[bold]x[/]" in out and "team=[cpu]" in out  # name and labels
+
+
+def test_explain_shows_peer_attributes_literally(capsys):
+    from shared.explain import explanation
+    from shared.federation.router import PeerVerdict
+
+    verdicts = [PeerVerdict("[cpu]", "value_mismatch", "device_type=[cpu] does not satisfy device_type eq gpu"),
+                PeerVerdict("gpu-west", "missing_attribute", "[bold]x[/] [link=http://x]y[/link] :smile:")]
+    job = job_row(state="rejected", disposition="reject",
+                  explanation=explanation("router", "rule 4: oops [/] done", verdicts))
+    history = [{"seq": 1, "at": datetime.now(UTC), "from_state": None, "to_state": "assigned",
+                "peer_id": "[bold]x[/]", "epoch": 1, "actor": ESC, "detail": ""}]
+    views.print_explain(job, history)
+    out = capsys.readouterr().out
+    assert "device_type=[cpu] does not satisfy" in out
+    assert_literal(out)
+
+
+def test_explain_with_only_a_reason(capsys):
+    views.print_explain(job_row(state="failed", reason="[bold]x[/] [link=http://x]y[/link] oops [/] done"), [])
+    out = capsys.readouterr().out
+    assert "[bold]x[/] [link=http://x]y[/link] oops [/] done" in out
+
+
+class _Store:
+    """The three reads the dashboard makes (no I/O in unit tests)."""
+
+    async def peer_heartbeat_list(self):
+        return [peer_row()]
+
+    async def job_count_by_state(self):
+        return {"queued": 1}
+
+    async def job_list(self, state, limit):
+        return [job_row(job_id="[cpu]", owner_peer_id="[bold]x[/]", command=["[link=http://x]y[/link]", ":smile:"])]
+
+
+def test_top_dashboard_shows_strings_literally():
+    frame = asyncio.run(views.dashboard(_Store(), None, "irisfed top"))
+    text = render(frame)
+    assert_literal(text)
+    assert "queued=1" in text
