@@ -1,4 +1,15 @@
-"""The routing view of the federation's peers, fed by heartbeats (NATS and Postgres)."""
+"""The routing view of the federation's peers, fed by heartbeats (NATS and Postgres).
+
+Trust: NATS auth lets agent X publish only on ``<prefix>.heartbeat.X``, so the
+subject names the peer. A heartbeat whose body names another peer, or a peer not
+in the configuration, is dropped (and counted); a peer's ``ttl_s`` never exceeds
+the configured ``heartbeat_ttl_s``.
+
+Time: ages are kept on this service's own monotonic clock. Heartbeats heard on NATS
+are stamped with it on receipt; ``peer_heartbeat`` rows carry their age as Postgres
+computes it (``now() - received_at``), so neither host's wall clock, nor a jump of
+it, decides whether a peer is reachable or lost.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +17,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import msgspec
+
+from services.common import metrics
+from services.common.log import EventLogger
 from shared.config import FederationConfig
 from shared.federation.peer import Backend, FederationPeer
-from shared.messages import Heartbeat
+from shared.messages import Heartbeat, decode_internal
+
+# Why a heartbeat was dropped (the label of irisfed_heartbeats_dropped_total).
+DROP_MALFORMED = "malformed"
+DROP_SUBJECT_MISMATCH = "subject_mismatch"
+DROP_UNKNOWN_PEER = "unknown_peer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +38,33 @@ class _Advert:
     backends: tuple[Backend, ...]
     ttl_s: float
     received_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What one advertisement did to the view (true when it was recorded)."""
+
+    recorded: bool = False  # newer than what the view had: now the peer's advertisement
+    # It may let queued work be placed: the peer appeared or came back, changed shape
+    # (backends, attributes, totals), or advertises more free slots than before.
+    placeable: bool = False
+
+    def __bool__(self) -> bool:
+        return self.recorded
+
+
+UNCHANGED = Change()
+
+
+def _shape(backends: tuple[Backend, ...]) -> tuple:
+    return tuple((b.name, tuple(sorted(b.attributes.items())), b.total) for b in backends)
+
+
+def _more_room(old: tuple[Backend, ...], new: tuple[Backend, ...]) -> bool:
+    """Could ``new`` place something ``old`` could not? (A new shape, or a slot freed.)"""
+    if _shape(old) != _shape(new):
+        return True
+    return any(n.free > o.free for o, n in zip(old, new, strict=True))
 
 
 def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
@@ -34,14 +81,18 @@ def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
 
 
 class PeerView:
-    """Newest advertisement per configured peer; unconfigured peers are ignored."""
+    """Newest advertisement per configured peer; unconfigured peers are ignored.
 
-    def __init__(self, config: FederationConfig, clock: Callable[[], float] = time.time) -> None:
+    ``clock`` is this service's own clock for ages (monotonic unless a test injects one).
+    """
+
+    def __init__(self, config: FederationConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
         # Computed once: every heartbeat is checked against them.
         self._peer_ids = config.peer_ids
         self._known = frozenset(self._peer_ids)
+        self._heartbeat_prefix = config.subjects.heartbeat("")
         self._adverts: dict[str, _Advert] = {}
         # Bumped whenever an advertisement could change a routing decision (a peer
         # appears, returns, or changes shape); caches of decisions key on it.
@@ -69,40 +120,88 @@ class PeerView:
                 soonest = expires
         return soonest
 
-    def _accept(self, peer_id: str, advert: _Advert) -> bool:
+    def cap_ttl(self, ttl_s: float) -> float:
+        """A peer's TTL, never more than the configured ``heartbeat_ttl_s`` (nor absurd)."""
+        cap = self.config.heartbeat_ttl_s
+        return ttl_s if 0 < ttl_s <= cap else cap  # NaN and non-positive values get the cap too
+
+    def _accept(self, peer_id: str, advert: _Advert) -> Change:
         if peer_id not in self._known:
-            return False
+            return UNCHANGED
         current = self._adverts.get(peer_id)
         newer = (
             current is None
             or advert.run_id != current.run_id and advert.received_at >= current.received_at
             or advert.run_id == current.run_id and advert.seq > current.seq
         )
-        if newer:
-            if (current is None or current.backends != advert.backends
-                    or advert.received_at - current.received_at >= current.ttl_s
-                    or self.clock() - current.received_at >= current.ttl_s):  # it had expired: back
-                self.version += 1
-            self._adverts[peer_id] = advert
-        return newer
+        if not newer:
+            return UNCHANGED
+        back = (current is None
+                or advert.received_at - current.received_at >= current.ttl_s
+                or self.clock() - current.received_at >= current.ttl_s)  # it had expired: back
+        # The version (the router's plan cache keys on it) moves on any change of the
+        # advertisement, free slots included; waking placement needs more room.
+        if back or current.backends != advert.backends:
+            self.version += 1
+        self._adverts[peer_id] = advert
+        return Change(True, back or _more_room(current.backends, advert.backends))
 
-    def apply_heartbeat(self, heartbeat: Heartbeat, received_at: float | None = None) -> bool:
-        """Record a heartbeat received now (our clock); False when old or unconfigured."""
+    def apply_heartbeat(self, heartbeat: Heartbeat, received_at: float | None = None) -> Change:
+        """Record a heartbeat received now (our clock); unchanged when old or unconfigured.
+
+        The caller has checked that ``heartbeat.peer_id`` is who sent it (``receive``
+        does, from the subject); its TTL is capped here.
+        """
         backends = tuple(
             Backend(b.name, {k: tuple(v) for k, v in b.attributes.items()},
                     b.capacity.total, b.capacity.free)
             for b in heartbeat.backends
         )
-        advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, heartbeat.ttl_s,
+        advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, self.cap_ttl(heartbeat.ttl_s),
                          self.clock() if received_at is None else received_at)
         return self._accept(heartbeat.peer_id, advert)
 
-    def apply_rows(self, rows: Iterable[Mapping]) -> None:
-        """Merge ``peer_heartbeat`` rows (what other services' peers told Postgres)."""
+    def receive(self, subject: str, data: bytes, log: EventLogger) -> tuple[Heartbeat | None, Change]:
+        """A heartbeat message from NATS, checked against its subject and the configuration.
+
+        Returns the heartbeat (TTL capped: what may be persisted) when it was newer than
+        what the view had, and what it changed. Dropped messages are counted
+        (``irisfed_heartbeats_dropped_total{reason}``) and logged on ``log``.
+        """
+        sender = subject[len(self._heartbeat_prefix):] if subject.startswith(self._heartbeat_prefix) else ""
+        try:
+            heartbeat = decode_internal(Heartbeat, data)
+        except Exception as exc:  # noqa: BLE001 - one bad heartbeat must not stop the view
+            return self._drop(DROP_MALFORMED, log, subject, error=str(exc)[:200])
+        if heartbeat.peer_id != sender:
+            return self._drop(DROP_SUBJECT_MISMATCH, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
+        if sender not in self._known:
+            return self._drop(DROP_UNKNOWN_PEER, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
+        ttl_s = self.cap_ttl(heartbeat.ttl_s)
+        if ttl_s != heartbeat.ttl_s:
+            heartbeat = msgspec.structs.replace(heartbeat, ttl_s=ttl_s)
+        change = self.apply_heartbeat(heartbeat)
+        return (heartbeat if change.recorded else None), change
+
+    @staticmethod
+    def _drop(reason: str, log: EventLogger, subject: str, **fields) -> tuple[None, Change]:
+        metrics.HEARTBEATS_DROPPED.labels(reason).inc()
+        log.warning("heartbeat_dropped", reason=reason, subject=subject[:200], **fields)
+        return None, UNCHANGED
+
+    def apply_rows(self, rows: Iterable[Mapping]) -> bool:
+        """Merge ``peer_heartbeat`` rows (what other services' peers told Postgres).
+
+        Each row's ``age_s`` (Postgres ``now() - received_at``) places it on our clock.
+        True when some row may let queued work be placed.
+        """
+        now = self.clock()
+        placeable = False
         for row in rows:
             advert = _Advert(row["run_id"], row["seq"], backends_from_wire(row["backends"]),
-                             row["ttl_s"], row["received_epoch"])
-            self._accept(row["peer_id"], advert)
+                             self.cap_ttl(row["ttl_s"]), now - max(0.0, row["age_s"]))
+            placeable = self._accept(row["peer_id"], advert).placeable or placeable
+        return placeable
 
     def peers(self, since_healthy: bool = False) -> list[FederationPeer]:
         """Every configured peer with its newest advertisement, for PeerRouter.
@@ -129,3 +228,30 @@ class PeerView:
     def reachable_ids(self, since_healthy: bool = False) -> list[str]:
         now = self.clock()
         return [p.peer_id for p in self.peers(since_healthy) if p.is_reachable(now)]
+
+    def lost_ids(self, grace_s: float) -> list[str]:
+        """Configured peers silent for their TTL plus ``grace_s``: their live work may move.
+
+        Silence is counted from the newest heartbeat, but never from before
+        ``healthy_since`` (an outage of this service is not the peers' silence); a
+        peer never heard counts from ``healthy_since`` with the configured TTL.
+        """
+        now = self.clock()
+        lost = []
+        for peer_id in self._peer_ids:
+            advert = self._adverts.get(peer_id)
+            if advert is None:
+                heard, ttl_s = self.healthy_since, self.config.heartbeat_ttl_s
+            else:
+                heard, ttl_s = max(advert.received_at, self.healthy_since), advert.ttl_s
+            if now >= heard + ttl_s + grace_s:
+                lost.append(peer_id)
+        return lost
+
+    def unheard_lost(self, grace_s: float) -> bool:
+        """Would a peer never heard since ``healthy_since`` count as lost now?
+
+        Owners that are not (or no longer) in the configuration can never be heard:
+        their live work is judged like a never-heard peer's.
+        """
+        return self.clock() >= self.healthy_since + self.config.heartbeat_ttl_s + grace_s

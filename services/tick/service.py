@@ -34,7 +34,7 @@ from services.tick.plan import queued_job_from_row, recover_from_lost_peer
 from shared.config import FederationConfig
 from shared.explain import explanation
 from shared.lifecycle import JobState
-from shared.messages import AssignmentNotice, Heartbeat, JobEvent, decode_internal
+from shared.messages import AssignmentNotice, Heartbeat, JobEvent
 from shared.placement import Placement, Waiting, assign_queued, free_slots
 from shared.records import Move
 from shared.subjects import TICK_QUEUE_GROUP
@@ -50,6 +50,7 @@ QUEUE_DEPTH_CLASSES = 20  # label sets exported at most; the rest are summed as 
 @dataclass(frozen=True)
 class TickSettings:
     batch_size: int = 1000  # queued jobs claimed per transaction
+    recover_batch_size: int = 1000  # live jobs of lost peers recovered per transaction
 
 
 @dataclass
@@ -94,7 +95,7 @@ class Tick:
         pool: asyncpg.Pool,
         nc: Client | None,
         settings: TickSettings = TickSettings(),
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,  # ages only: immune to wall-clock jumps
     ) -> None:
         self.config = config
         self.subjects = config.subjects
@@ -109,6 +110,7 @@ class Tick:
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
         self.runs = 0  # full passes
+        self.passes = 0  # placement passes (full or not): what wake-ups cost
         self.last_full_pass = float("-inf")  # time.monotonic() when the last full pass started
 
     async def start(self) -> None:
@@ -140,17 +142,18 @@ class Tick:
             metrics.QUEUE_DEPTH.labels(row["pinned_peer"], row["constraints"]).set(row["jobs"])
 
     async def refresh_view(self) -> None:
-        self.view.apply_rows(await self.store.peer_heartbeat_list())
+        if self.view.apply_rows(await self.store.peer_heartbeat_list()):
+            self.wake.set()  # a peer back (or roomier) through Postgres, e.g. NATS-partitioned
 
     async def on_heartbeat(self, msg: Msg) -> None:
-        try:
-            heartbeat = decode_internal(Heartbeat, msg.data)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("heartbeat_ignored", subject=msg.subject, error=str(exc))
-            return
-        if self.view.apply_heartbeat(heartbeat):
-            self.heard[heartbeat.peer_id] = heartbeat
-            # A peer (re)appearing or freeing slots may make queued work placeable.
+        # Checked against its subject and the configuration; its TTL capped.
+        heartbeat, change = self.view.receive(msg.subject, msg.data, log)
+        if heartbeat is not None:
+            self.heard[heartbeat.peer_id] = heartbeat  # persisted with the capped TTL
+        # Only a peer appearing or coming back, a new shape or freed slots may make
+        # queued work placeable; a heartbeat that merely says "still here" costs no pass.
+        if change.placeable:
+            metrics.TICK_WAKEUPS_FROM_HEARTBEATS.inc()
             self.wake.set()
 
     async def persist_heartbeats(self) -> None:
@@ -184,6 +187,10 @@ class Tick:
 
     async def run_once(self, full: bool = True) -> TickResult:
         """One pass: deadlines and lost peers (when ``full``), then placement."""
+        # Counted before the first await: once the loop has cleared a wake-up, the
+        # pass it causes is already counted (tests wait on exactly that).
+        self.passes += 1
+        metrics.TICK_PASSES.labels("full" if full else "place").inc()
         result = TickResult()
         elapsed = metrics.timer()
         if full:
@@ -204,16 +211,48 @@ class Tick:
         return result
 
     async def recover_lost_peers(self) -> int:
-        """Requeue or fail live jobs whose owner stayed unreachable past the grace period."""
-        # Judged from when the tick last came back, so a control-plane outage never
-        # looks like every peer died at once.
-        reachable = self.view.reachable_ids(since_healthy=True)
+        """Requeue or fail unpinned live jobs of lost peers, batch by batch until none is left.
+
+        A peer is lost once it has been silent for its TTL plus ``assign_grace_s``,
+        counted from its newest heartbeat (never from before the tick last came back,
+        so a control-plane outage never looks like every peer died at once), not from
+        when its jobs last changed. Owners missing from the configuration can never be
+        heard: they are lost like a peer never heard since then.
+        """
+        grace_s = self.config.assign_grace_s
+        lost = self.view.lost_ids(grace_s)
+        if self.view.unheard_lost(grace_s):
+            configured = set(self.config.peer_ids)
+            lost += sorted({owner for owner, _ in await self.store.job_live_counts()
+                            if owner and owner not in configured})
+        if not lost:
+            return 0
+        total, limit = 0, self.settings.recover_batch_size
+        while True:
+            fetched, recovered = await self._recover_batch(lost, limit)
+            total += len(recovered)
+            now_dt = datetime.now(UTC)
+            for job_id, decision, owner, epoch in recovered:
+                metrics.FAILOVERS.labels(decision.to_state.value).inc()
+                log.warning("job_recovered_from_lost_peer", job_id=job_id, peer_id=owner, epoch=epoch,
+                            state=decision.to_state.value)
+                await self._event(job_id, decision.to_state, owner, epoch, now_dt, decision.reason)
+            # Fewer rows than asked: none left (or locked by another tick, which recovers
+            # them). No progress at all: stop rather than spin.
+            if fetched < limit or not recovered:
+                break
+        if total:
+            self.wake.set()
+        return total
+
+    async def _recover_batch(self, lost: list[str], limit: int) -> tuple[int, list]:
+        """One transaction: lock up to ``limit`` unpinned live jobs of ``lost`` peers and move them."""
         recovered = []
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await self.store.job_stale_on_peers(conn, reachable, self.config.assign_grace_s)
+            rows = await self.store.job_stale_on_peers(conn, lost, limit)
             for row in rows:
                 if row["pinned_peer_id"]:
-                    continue  # pinned jobs never move; they wait for their peer
+                    continue  # the query leaves them out; pinned jobs never move
                 state, owner = JobState(row["state"]), row["owner_peer_id"]
                 decision = recover_from_lost_peer(state, owner, row["attempts"], row["max_retries"])
                 new_epoch = row["epoch"] + 1
@@ -225,15 +264,7 @@ class Tick:
                 ), conn)
                 if seq is not None:
                     recovered.append((row["job_id"], decision, owner, new_epoch))
-        now_dt = datetime.now(UTC)
-        for job_id, decision, owner, epoch in recovered:
-            metrics.FAILOVERS.labels(decision.to_state.value).inc()
-            log.warning("job_recovered_from_lost_peer", job_id=job_id, peer_id=owner, epoch=epoch,
-                        state=decision.to_state.value)
-            await self._event(job_id, decision.to_state, owner, epoch, now_dt, decision.reason)
-        if recovered:
-            self.wake.set()
-        return len(recovered)
+        return len(rows), recovered
 
     async def _place(self, result: TickResult) -> None:
         """Claim, place and assign the queue in batches, two batches in flight.

@@ -154,6 +154,7 @@ async def test_restarted_control_plane_gives_peers_a_ttl_before_judging_them(poo
     await _assign_and_start(store, job, "gpu-west", start=True)
     # The tick comes up an hour after gpu-west's last heartbeat reached Postgres
     # (say Postgres and NATS were down with it): it must wait a TTL first.
+    await pool.execute("UPDATE peer_heartbeat SET received_at = now() - interval '1 hour'")
     now = [time.time() + 3600]
     tick = Tick(make_config(assign_grace_s=0.001), pool, None, clock=lambda: now[0])
     await tick.refresh_view()

@@ -18,7 +18,8 @@ def heartbeat(peer_id: str, seq: int, device: str = "gpu", ttl_s: float = 6.0) -
 
 
 def make_router(now: list[float]) -> Router:
-    router = Router(make_config(), pool=None, nc=None, clock=lambda: now[0])
+    # Heartbeats here advertise ttl_s=6; TTLs are capped at the configured one.
+    router = Router(make_config(heartbeat_ttl_s=6.0), pool=None, nc=None, clock=lambda: now[0])
     router.view.apply_heartbeat(heartbeat("home", 1, device="cpu"))
     return router
 

@@ -23,8 +23,10 @@ SET run_id = EXCLUDED.run_id, seq = EXCLUDED.seq, backends = EXCLUDED.backends,
 WHERE peer_heartbeat.run_id <> EXCLUDED.run_id OR peer_heartbeat.seq < EXCLUDED.seq;
 
 -- peer_heartbeat_list --
--- All advertisements, with receive time as epoch seconds for the routing view.
+-- All advertisements. The routing view uses age_s (Postgres's now() - received_at,
+-- one clock) and places it on its own monotonic clock: no two hosts' wall clocks compared.
 SELECT peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at,
        extract(epoch FROM received_at)::double precision AS received_epoch,
+       extract(epoch FROM now() - received_at)::double precision AS age_s,
        expires_at > now() AS reachable
 FROM peer_heartbeat ORDER BY peer_id;
