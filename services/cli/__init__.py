@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from services.cli.parse import CONSTRAINT_HELP, parse_attr_flags, parse_constraint, parse_pairs
-from services.common.bus import server_list
+from services.common.redact import redact
 from shared.config import (
     CONFIG_ENV,
     DATABASE_URL_ENV,
@@ -83,7 +83,7 @@ def _service_main(args: argparse.Namespace) -> int:
     from services.common import db, metrics
     from services.common.bus import connect_nats
     from services.common.log import setup_logging
-    from services.common.runtime import run_service
+    from services.common.runtime import run_service, start_with_retry
 
     setup_logging(args.log_level)
     config = federation_config(args)
@@ -91,22 +91,40 @@ def _service_main(args: argparse.Namespace) -> int:
     db_url, n_url = database_url(args), nats_url(args)
 
     async def main(stop: asyncio.Event) -> None:
-        pool = await db.with_retry(lambda: db.connect(db_url, max_size=args.db_pool), attempts=30)
+        timeouts = db.DbTimeouts(command_s=args.db_timeout, acquire_s=args.db_timeout)
+        pool = await db.with_retry(lambda: db.connect(db_url, max_size=args.db_pool, timeouts=timeouts),
+                                   attempts=30)
         holder: dict[str, Any] = {}
 
         async def reconnected() -> None:
             if "service" in holder and hasattr(holder["service"], "on_reconnect"):
                 await holder["service"].on_reconnect()
 
-        nc = await connect_nats(n_url, f"irisfed-{args.command}", on_reconnect=reconnected, stop=stop)
-        try:
+        async def attempt() -> tuple[Any, Any]:
+            # A fresh NATS connection per attempt: a failed start's subscriptions go with it.
+            nc = await connect_nats(n_url, f"irisfed-{args.command}", on_reconnect=reconnected, stop=stop)
             service = _build_service(args, config, pool, nc)
             holder["service"] = service
-            await service.start()
+            try:
+                await service.start()
+            except BaseException:
+                holder.pop("service", None)
+                await service.close()
+                await nc.close()
+                raise
+            return service, nc
+
+        nc = None
+        try:
+            started = await start_with_retry(attempt, stop, args.command)
+            if started is None:
+                return
+            service, nc = started
             await stop.wait()
             await service.close()
         finally:
-            await nc.drain() if nc.is_connected else await nc.close()
+            if nc is not None:
+                await nc.drain() if nc.is_connected else await nc.close()
             await pool.close()
 
     return run_service(main)
@@ -116,7 +134,8 @@ def _build_service(args, config, pool, nc):
     if args.command == "router":
         from services.router.service import Router, RouterSettings
 
-        return Router(config, pool, nc, RouterSettings(writers=args.writers))
+        return Router(config, pool, nc, RouterSettings(writers=args.writers, max_queue=args.max_queue,
+                                                       submit_timeout_s=args.submit_timeout))
     if args.command == "tick":
         from services.tick.service import Tick, TickSettings
 
@@ -162,13 +181,29 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- client commands
 
 
+async def _nats(args: argparse.Namespace, **options):
+    """A NATS connection as the URL's user, with that user's own inbox prefix.
+
+    Failures become a clear ``Unavailable`` that names the server but never its password.
+    """
+    from services.common.bus import connect_client
+
+    url = nats_url(args)
+
+    async def quiet(exc: Exception) -> None:  # nats-py would print a traceback per attempt
+        pass
+
+    options.setdefault("max_reconnect_attempts", 1)
+    try:
+        return await connect_client(url, connect_timeout=3, error_cb=quiet, **options)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is "unreachable" to a user
+        raise Unavailable(f"cannot reach NATS at {redact(url)}: {redact(exc)}") from None
+
+
 async def _request(args: argparse.Namespace, subject: str, body: bytes) -> dict:
     import nats
 
-    try:
-        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=1)
-    except Exception as exc:  # noqa: BLE001
-        raise Unavailable(f"cannot reach NATS at {nats_url(args)}: {exc}") from None
+    nc = await _nats(args)
     try:
         reply = await nc.request(subject, body, timeout=args.timeout)
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
@@ -223,11 +258,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         _print_json(reply)
         return 1 if "error" in reply else 0
     reply = _reply_or_fail(reply)
+    from services.cli.views import printable
+
     where = f" on {reply['peer_id']}" if reply["peer_id"] else ""
     dup = " (duplicate: original answer)" if reply["duplicate"] else ""
-    print(f"{reply['job_id']}: {reply['disposition']} → {reply['state']}{where}{dup}")
+    print(printable(f"{reply['job_id']}: {reply['disposition']} → {reply['state']}{where}{dup}"))
     if reply["disposition"] == "reject":
-        print(f"  {reply['reason']}")
+        print(printable(f"  {reply['reason']}"))
         return 3
     if args.wait:
         return _watch(args, reply["job_id"])
@@ -342,15 +379,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace, job_id: str) -> int:
     """Follow one job to a terminal state: NATS events, with Postgres as the fallback."""
-    import nats
-
+    from services.cli.views import printable
     from services.common import db
     from services.common.store import Store
 
     async def follow() -> str:
         pool = await db.connect(database_url(args), max_size=2)
         store = Store(pool)
-        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3)
+        nc = await _nats(args, max_reconnect_attempts=60)  # nats-py's default, as before
         changed = asyncio.Event()
 
         async def on_event(msg) -> None:
@@ -368,7 +404,8 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
                 if line != last:
                     owner = f" on {job['owner_peer_id']}" if job["owner_peer_id"] else ""
                     code = f" exit={job['exit_code']}" if job["exit_code"] is not None else ""
-                    print(f"{time.strftime('%H:%M:%S')} {job_id}: {job['state']}{owner} epoch={job['epoch']}{code} {job['reason']}", flush=True)
+                    print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {job['state']}{owner} "
+                                    f"epoch={job['epoch']}{code} {job['reason']}"), flush=True)
                     last = line
                 if job["state"] in TERMINAL:
                     return job["state"]
@@ -401,7 +438,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         body = json.dumps({"job_id": "health-probe"}).encode() if args.service == "router" else b""
         import nats
 
-        nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=1)
+        nc = await _nats(args)
         try:
             await nc.request(subject, body, timeout=args.timeout)
             return True
@@ -430,7 +467,6 @@ def cmd_top(args: argparse.Namespace) -> int:
             if args.once:
                 views.console().print(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
                 return
-            import nats
             from rich.live import Live
 
             changed = asyncio.Event()
@@ -438,7 +474,7 @@ def cmd_top(args: argparse.Namespace) -> int:
             async def on_message(msg) -> None:
                 changed.set()
 
-            nc = await nats.connect(server_list(nats_url(args)), connect_timeout=3, max_reconnect_attempts=-1)
+            nc = await _nats(args, max_reconnect_attempts=-1)
             names = subjects(args)
             await nc.subscribe(names.events(), cb=on_message)
             await nc.subscribe(names.heartbeat(), cb=on_message)
@@ -466,8 +502,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from services.chaos.runner import ChaosSettings, run_chaos
 
     settings = ChaosSettings(schedules=args.schedules, seed=args.seed, steps=args.steps,
-                             first=args.first, keep=args.keep)
-    print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}", flush=True)
+                             first=args.first, keep=args.keep, restricted_roles=args.restricted_roles)
+    roles = "restricted login roles" if settings.restricted_roles else "the owner role"
+    print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}, "
+          f"services on {roles}", flush=True)
     summary = run_chaos(settings, say=lambda line: print(line, flush=True))
     print(summary.line(), flush=True)
     return 1 if summary.violations else 0
@@ -552,6 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
         servers(p)
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         p.add_argument("--db-pool", type=int, default=10, help="max Postgres connections")
+        p.add_argument("--db-timeout", type=float, default=15.0, metavar="SECONDS",
+                       help="longest wait for one statement or a free connection (0: none)")
         p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
         p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
 
@@ -563,6 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("router", help="run a router (answers submit and cancel)")
     service(p)
     p.add_argument("--writers", type=int, default=4, help="concurrent group-commit writers")
+    p.add_argument("--max-queue", type=int, default=10_000,
+                   help="submits waiting for a writer at most; more are answered unavailable")
+    p.add_argument("--submit-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="longest a submit waits for a writer, and for its commit, before unavailable")
 
     p = sub.add_parser("tick", help="run a scheduler tick (places queued jobs)")
     service(p)
@@ -646,6 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=8, help="fault/submit steps per schedule")
     p.add_argument("--first", type=int, default=0, help="first schedule index (to replay one)")
     p.add_argument("--keep", action="store_true", help="keep logs even when nothing failed")
+    p.add_argument("--restricted-roles", action="store_true",
+                   help="services and agents connect as their own login roles (irisfed db-roles)")
 
     p = sub.add_parser("nats-auth", help="generate NATS users and subject permissions per role")
     p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
@@ -713,10 +759,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except _ReplyError as exc:
-        print(f"irisfed: {exc.message}", file=sys.stderr)
+        print(f"irisfed: {redact(exc.message)}", file=sys.stderr)
         return 1
     except IrisfedError as exc:
-        print(f"irisfed: {exc.message}", file=sys.stderr)
+        print(f"irisfed: {redact(exc.message)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception:  # noqa: BLE001 - a bug or an odd failure: keep the traceback, not the secrets
+        import traceback
+
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)
+        return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -32,12 +33,65 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     # A connection that broke in the middle of a statement (e.g. a server restart).
     asyncpg.exceptions.InternalClientError,
     ConnectionError,
+    # A Postgres that hangs: our own timeouts (client side: TimeoutError; server
+    # side: statement_timeout cancels the statement, idle_in_transaction ends the session).
     asyncio.TimeoutError,
+    asyncpg.exceptions.QueryCanceledError,
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
 
 
 # A submit waiting on a dead database should fail fast with `unavailable`, not hang.
 CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class DbTimeouts:
+    """How long anything may wait on Postgres, in seconds (0: no limit).
+
+    A Postgres that hangs, rather than resetting connections, otherwise hangs every
+    caller for ever. Client-side limits are what unblock a service; server-side ones
+    are the backstop for a client that can no longer even cancel (its connection is
+    the one that hangs), so the server frees its locks by itself. Defaults suit the
+    services' statements, which all take milliseconds: the largest (the tick's
+    1000-job claim, the queue-depth scan) take well under a second on 1M rows.
+    Migrations run through Alembic's own connection and get none of these.
+    """
+
+    connect_s: float = CONNECT_TIMEOUT_S  # open a connection: TCP, start-up, authentication
+    command_s: float = 15.0  # each statement, client side (asyncpg command_timeout)
+    acquire_s: float = 15.0  # wait for a free connection of the pool (and to release it)
+    statement_s: float = 60.0  # server side statement_timeout
+    # Server side: a session idle inside an open transaction this long is ended, and
+    # its row locks released. The tick's claim transactions are the longest-lived
+    # (idle while a batch is placed in Python and the batch before commits: under a
+    # second, and never more than command_s), so this stays well above them.
+    idle_in_transaction_s: float = 60.0
+
+    def server_settings(self) -> dict[str, str]:
+        return {"statement_timeout": f"{int(self.statement_s * 1000)}",
+                "idle_in_transaction_session_timeout": f"{int(self.idle_in_transaction_s * 1000)}"}
+
+
+DEFAULT_TIMEOUTS = DbTimeouts()
+
+
+class TimedPool(asyncpg.Pool):
+    """asyncpg's pool whose ``acquire`` (and so ``release``) waits at most ``acquire_s``.
+
+    asyncpg has no pool-wide default for it, and every ``async with pool.acquire()``
+    (and ``pool.fetch``...) in the services would otherwise wait for ever for a free
+    connection while all of them hang.
+    """
+
+    __slots__ = ("acquire_timeout",)
+
+    def __init__(self, *args: Any, acquire_timeout: float | None = None, **kwargs: Any) -> None:
+        self.acquire_timeout = acquire_timeout
+        super().__init__(*args, **kwargs)
+
+    def acquire(self, *, timeout: float | None = None):
+        return super().acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
 
 
 def alembic_config(database_url: str) -> Config:
@@ -108,14 +162,20 @@ async def _release_as_is(conn: asyncpg.Connection) -> None:
 
 
 async def connect(
-    database_url: str, *, min_size: int = 1, max_size: int = 10, check: bool = True
+    database_url: str, *, min_size: int = 1, max_size: int = 10, check: bool = True,
+    timeouts: DbTimeouts = DEFAULT_TIMEOUTS,
 ) -> asyncpg.Pool:
-    """A pool with our codecs; with ``check``, verify the schema head first."""
+    """A pool with our codecs and ``timeouts``; with ``check``, verify the schema head first."""
+    pool = TimedPool(
+        database_url, connection_class=asyncpg.Connection, record_class=asyncpg.Record,
+        init_size=None, min_size=min_size, max_size=max_size, max_queries=50_000,
+        max_inactive_connection_lifetime=300.0, connect=None, setup=None, loop=None,
+        init=_init_connection, reset=_release_as_is,
+        timeout=timeouts.connect_s or None, command_timeout=timeouts.command_s or None,
+        server_settings=timeouts.server_settings(), acquire_timeout=timeouts.acquire_s or None,
+    )
     try:
-        pool = await asyncpg.create_pool(
-            database_url, min_size=min_size, max_size=max_size, init=_init_connection,
-            reset=_release_as_is, timeout=CONNECT_TIMEOUT_S,
-        )
+        await pool
     except CONNECTION_ERRORS as exc:
         raise Unavailable(f"cannot reach Postgres: {exc}") from exc
     if check:
@@ -150,3 +210,24 @@ async def with_retry(
                 on_retry(exc, delay)
             await asyncio.sleep(delay)
             delay = min(max_delay, delay * 2)
+
+
+# SQLSTATEs (classes and codes) that mean "not now", not "never": connection
+# exceptions, insufficient resources, operator intervention (shutdown, starting up,
+# statement timeout or cancel), serialization failure and deadlock, lock timeout,
+# a session ended for idling in a transaction.
+TRANSIENT_SQLSTATES = ("08", "53", "57", "40001", "40P01", "55P03", "25P03")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may go away by itself (retry later) rather than on every retry.
+
+    Transient: Postgres unreachable or restarting, the connection lost, a timeout.
+    Everything else a statement raises (permission denied, a constraint, a bad
+    argument, a bug) fails again the same way and must not be retried forever.
+    """
+    if isinstance(exc, asyncpg.exceptions.DataError):  # a bad argument (an InterfaceError)
+        return False
+    if isinstance(exc, (Unavailable, *CONNECTION_ERRORS)):
+        return True
+    return isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "").startswith(TRANSIENT_SQLSTATES)

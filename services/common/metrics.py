@@ -26,6 +26,12 @@ SUBMIT_BATCH = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
 )
 CANCELS = Counter("irisfed_cancels_total", "Cancel requests, by outcome", ["outcome"])
+SUBMIT_SHED = Counter(
+    "irisfed_submit_shed_total",
+    "Submits answered unavailable without a commit attempt: queue_full, or expired (waited too long for a writer)",
+    ["reason"],
+)
+ROUTER_QUEUE = Gauge("irisfed_router_queue_depth", "Submits waiting for a group-commit writer")
 
 # tick
 ASSIGNMENTS = Counter("irisfed_assignments_total", "Jobs assigned to a peer by the tick")
@@ -33,12 +39,28 @@ FAILOVERS = Counter("irisfed_failovers_total", "Live jobs recovered from lost pe
 UNSCHEDULABLE = Counter("irisfed_unschedulable_total", "Queued jobs that passed their deadline")
 TICK_SECONDS = Histogram("irisfed_tick_duration_seconds", "Duration of one tick run")
 QUEUE_DEPTH = Gauge("irisfed_queue_depth", "Queued jobs by pin and constraint class", ["pinned_peer", "constraints"])
+TICK_PASSES = Counter("irisfed_tick_passes_total",
+                      "Tick runs, by kind (full: deadlines, lost peers and placement; place: placement only)",
+                      ["kind"])
+TICK_WAKEUPS_FROM_HEARTBEATS = Counter(
+    "irisfed_tick_heartbeat_wakeups_total",
+    "Heartbeats that woke the tick (a peer appeared or came back, changed shape or freed slots)")
 
 # peer agent
 FENCED_WRITES = Counter("irisfed_fenced_writes_total", "Status writes refused because the epoch moved on")
 STALE_COPIES_KILLED = Counter("irisfed_stale_copies_killed_total", "Local runs killed because their epoch went stale")
 JOBS_FINISHED = Counter("irisfed_jobs_finished_total", "Jobs this agent finished, by final state", ["state"])
 RUNNING_JOBS = Gauge("irisfed_agent_running_jobs", "Jobs this agent is running now")
+AGENT_REPORT_ERRORS = Counter(
+    "irisfed_agent_report_errors_total",
+    "Status writes an agent set aside after a permanent database error (not retried), by what it "
+    "was writing (finish, launch_error, stale_copy, orphan)", ["kind"])
+
+# router and tick
+HEARTBEATS_DROPPED = Counter(
+    "irisfed_heartbeats_dropped_total",
+    "Heartbeats dropped, by reason (subject_mismatch: the body names another peer than its subject; "
+    "unknown_peer: not in the configuration; malformed: undecodable)", ["reason"])
 
 # every service
 NATS_RECONNECTS = Counter("irisfed_nats_reconnects_total", "Reconnections to NATS")

@@ -5,6 +5,11 @@ blocks (a test waiting on a subprocess, the chaos runner sleeping). Placed betwe
 one peer agent and NATS or Postgres, it partitions that peer without touching the
 servers. ``cut`` aborts every open connection and refuses new ones (they are
 accepted and reset at once, like a host that went away); ``restore`` lets them in.
+``stall`` is the other kind of failure: a server that hangs. Every connection stays
+open and new ones are accepted, but not one byte moves in either direction, and
+nothing is reset, so only the clients' own timeouts notice. ``restore`` then resumes
+forwarding (what was held is delivered), or with ``drop=True`` resets every
+connection that was open, like a hung server that finally dies.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ class TcpProxy:
         self.port = port or free_port()
         self.delay_s = 0.0
         self._cut = False
+        self._stalled = False
         self._loop = asyncio.new_event_loop()
+        self._flowing: asyncio.Event | None = None  # clear while stalled (made in the loop)
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._connections: set[asyncio.Task] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"proxy-{self.port}", daemon=True)
         self._thread.start()
         self._call(self._start())
@@ -35,27 +43,49 @@ class TcpProxy:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
 
     async def _start(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._connections.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._cut:
             writer.transport.abort()
+            return
+        self._writers.add(writer)
+        await self._flowing.wait()  # a hung server accepts, then says nothing
+        if self._cut or writer.transport.is_closing():
+            writer.transport.abort()
+            self._writers.discard(writer)
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.transport.abort()
+            self._writers.discard(writer)
             return
-        self._writers.update((writer, up_writer))
+        self._writers.add(up_writer)
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
         self._writers.difference_update((writer, up_writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while chunk := await reader.read(65536):
+            while True:
+                await self._flowing.wait()  # stalled: read nothing, so nothing moves
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                await self._flowing.wait()  # a chunk read as the stall began is held
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                if self._cut:
+                if self._cut or writer.transport.is_closing():
                     break
                 writer.write(chunk)
                 await writer.drain()
@@ -78,8 +108,32 @@ class TcpProxy:
         self._cut = True
         self._call(self._abort_all())
 
-    def restore(self) -> None:
+    @property
+    def is_stalled(self) -> bool:
+        return self._stalled
+
+    def stall(self) -> None:
+        """Hang: keep every connection open (and accept new ones) but forward nothing."""
+        self._stalled = True
+
+        async def hold() -> None:
+            self._flowing.clear()
+
+        self._call(hold())  # in force when this returns
+
+    def restore(self, drop: bool = False) -> None:
+        """End a cut or a stall. After a stall, resume forwarding what was held, or with
+        ``drop`` reset every connection that was open (new ones go through)."""
         self._cut = False
+        if self._stalled:
+            self._stalled = False
+
+            async def resume() -> None:
+                if drop:
+                    await self._abort_all()
+                self._flowing.set()
+
+            self._call(resume())
 
     def delay(self, seconds: float) -> None:
         """Hold every chunk this long before forwarding it (0: no delay)."""
@@ -96,6 +150,9 @@ class TcpProxy:
     def close(self) -> None:
         async def shutdown() -> None:
             await self._abort_all()
+            self._flowing.set()  # let stalled pipes see their aborted connections and end
+            if self._connections:
+                await asyncio.wait(list(self._connections), timeout=2)
             if self._server is not None:
                 self._server.close()
                 with contextlib.suppress(Exception):

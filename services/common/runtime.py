@@ -11,6 +11,7 @@ from typing import Any
 from services.common import metrics
 from services.common.db import CONNECTION_ERRORS
 from services.common.log import EventLogger
+from services.common.redact import redact
 from shared.errors import IrisfedError
 
 log = EventLogger("runtime")
@@ -93,6 +94,32 @@ async def when_woken(
         await asyncio.sleep(min(1.0, interval_s))
 
 
+async def start_with_retry(attempt: Callable[[], Awaitable[Any]], stop: asyncio.Event, name: str,
+                           max_delay: float = 5.0) -> Any:
+    """``attempt()`` until it does not fail for Postgres being away; None if stopped meanwhile.
+
+    A service whose start-up reads Postgres (its first view, an agent's first
+    reconcile) must not exit because Postgres restarted or hung at that moment.
+    ``attempt`` undoes what it did before it raises; any other error is raised.
+    """
+    from shared.errors import Unavailable
+
+    delay = 0.2
+    while True:
+        try:
+            return await attempt()
+        except (Unavailable, *CONNECTION_ERRORS) as exc:
+            if stop.is_set():
+                return None  # shutting down anyway
+            metrics.DB_UNAVAILABLE.inc()
+            log.warning("start_retry", service=name, error=repr(exc), retry_in_s=delay)
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return None  # asked to stop while waiting to retry
+        except TimeoutError:
+            delay = min(max_delay, delay * 2)
+
+
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     """Run ``main(stop)`` until SIGTERM/SIGINT sets ``stop``; return a process exit code."""
 
@@ -106,7 +133,7 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     try:
         asyncio.run(runner())
     except IrisfedError as exc:
-        print(f"irisfed: {exc.message}", file=sys.stderr)
+        print(f"irisfed: {redact(exc.message)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import msgspec
 
-from shared.lifecycle import check_transition
+from shared.lifecycle import JobState, check_transition
 from shared.records import Move, NewJob
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
@@ -49,13 +49,16 @@ class Store:
 
     # ------------------------------------------------------------ jobs
 
-    async def job_insert_batch(self, conn: asyncpg.Connection, jobs: Sequence[NewJob]) -> set[str]:
+    async def job_insert_batch(self, conn: asyncpg.Connection, jobs: Sequence[NewJob],
+                               statement_timeout_s: float | None = None) -> set[str]:
         """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
-        rows = await conn.fetch(Q["job_insert_batch"], _encoder.encode(jobs).decode())
+        rows = await conn.fetch(Q["job_insert_batch"], _encoder.encode(jobs).decode(),
+                                timeout=statement_timeout_s)
         return {r["job_id"] for r in rows}
 
-    async def job_get_submitted(self, conn: asyncpg.Connection, job_ids: Sequence[str]) -> dict[str, asyncpg.Record]:
-        rows = await conn.fetch(Q["job_get_submitted"], list(job_ids))
+    async def job_get_submitted(self, conn: asyncpg.Connection, job_ids: Sequence[str],
+                                statement_timeout_s: float | None = None) -> dict[str, asyncpg.Record]:
+        rows = await conn.fetch(Q["job_get_submitted"], list(job_ids), timeout=statement_timeout_s)
         return {r["job_id"]: r for r in rows}
 
     async def job_get(self, job_id: str) -> asyncpg.Record | None:
@@ -94,6 +97,16 @@ class Store:
         job_ids, epochs, codes, cancelled = (list(c) for c in zip(*endings, strict=True))
         rows = await conn.fetch(Q["job_finish_batch"], peer_id, job_ids, epochs, codes, cancelled)
         return {r["job_id"]: r for r in rows}
+
+    async def job_end_run(
+        self, peer_id: str, job_id: str, epoch: int, to_state: JobState, reason: str,
+        exit_code: int | None = None, conn: asyncpg.Connection | None = None,
+    ) -> int | None:
+        """``peer_id`` ends its running job other than by its exit: queued (handed back,
+        epoch + 1, no owner), failed or killed. Returns the changelog seq; None: CAS lost."""
+        check_transition(JobState.RUNNING, to_state)
+        return await (conn or self.db).fetchval(
+            Q["job_end_run"], peer_id, job_id, epoch, to_state.value, reason, exit_code)
 
     async def job_request_cancel(self, conn: asyncpg.Connection, job_id: str) -> None:
         await conn.execute(Q["job_request_cancel"], job_id)
@@ -137,9 +150,10 @@ class Store:
         return await self.db.fetch(Q["job_live_for_owner"], peer_id)
 
     async def job_stale_on_peers(
-        self, conn: asyncpg.Connection, reachable: Sequence[str], grace_s: float, limit: int = 1000
+        self, conn: asyncpg.Connection, lost: Sequence[str], limit: int = 1000
     ) -> list[asyncpg.Record]:
-        return await conn.fetch(Q["job_stale_on_peers"], list(reachable), grace_s, limit)
+        """Up to ``limit`` unpinned live jobs owned by the ``lost`` peers, locked (SKIP LOCKED)."""
+        return await conn.fetch(Q["job_stale_on_peers"], list(lost), limit)
 
     async def job_states_all(self) -> list[asyncpg.Record]:
         return await self.db.fetch(Q["job_states_all"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from nats.aio.msg import Msg
 
 from services.common import metrics
 from services.common.bus import publish
+from services.common.db import is_transient
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.runtime import TaskOwner, forever, when_woken
@@ -33,6 +35,7 @@ from services.common.store import Store
 from services.peer_agent.backends import (
     Backend,
     LaunchError,
+    LiveRun,
     RunHandle,
     RunSpec,
     SimulatedBackend,
@@ -133,6 +136,9 @@ class PeerAgent:
         self.reconcile_wanted = asyncio.Event()
         self.finished: asyncio.Queue[_Run] = asyncio.Queue()
         self.reconciled = 0
+        # job_id → epoch of runs whose status write failed permanently (e.g. permission
+        # denied): logged and counted once, then left alone instead of retried forever.
+        self.set_aside: dict[str, int] = {}
         self.tasks = TaskOwner()
 
     # ------------------------------------------------------------ lifecycle
@@ -244,6 +250,7 @@ class PeerAgent:
         async with self.lock:
             rows = await self.store.job_live_for_owner(self.peer_id)
             owned = {row["job_id"]: row for row in rows}
+            await self._stop_leftovers(owned)
             for run in list(self.runs.values()):
                 row = owned.get(run.job_id)
                 if run.exit_code is not None:
@@ -268,30 +275,80 @@ class PeerAgent:
             await self._start_pending()
         self.reconciled += 1
 
+    async def _stop_leftovers(self, owned: dict[str, asyncpg.Record]) -> None:
+        """Kill every run our backends still have alive that is not ours to run any more.
+
+        Runs outlive a crashed agent (they have their own session). A run this agent
+        object did not launch may stay only while its job's row is ours, running, at
+        that run's epoch — and that case is orphan recovery's (it kills and requeues).
+        Anything else (the job moved on to another peer or epoch, or ended) is a stale
+        copy: killed and recorded like a fenced run.
+        """
+        for name, backend in self.backends.items():
+            try:
+                leftovers = await backend.list_runs()
+            except Exception as exc:  # noqa: BLE001 - the next reconcile looks again
+                log.warning("leftover_scan_failed", peer_id=self.peer_id, backend=name, error=repr(exc))
+                continue
+            for leftover in leftovers:
+                mine = self.runs.get(leftover.job_id)
+                if mine is not None and mine.epoch == leftover.epoch:
+                    continue  # launched by this agent object: fenced above when it goes stale
+                row = owned.get(leftover.job_id)
+                if (mine is None and row is not None and row["epoch"] == leftover.epoch
+                        and row["state"] == JobState.RUNNING.value):
+                    continue  # still ours: _recover_orphan kills it and requeues the job
+                await self._kill_leftover_run(name, backend, leftover, row)
+
+    async def _kill_leftover_run(self, name: str, backend: Backend, leftover: LiveRun,
+                                 row: asyncpg.Record | None) -> None:
+        if not await backend.kill_run(leftover):
+            return  # ended (or turned out not ours) meanwhile
+        log.warning("leftover_run_killed", job_id=leftover.job_id, peer_id=self.peer_id,
+                    epoch=leftover.epoch, backend=name, handle=leftover.handle,
+                    owned_epoch=row["epoch"] if row is not None else None)
+        # Recorded like any fenced copy: sync-state note, metric, log line.
+        await self._record_fenced(_Run(leftover.job_id, leftover.epoch, name, fenced=True))
+
     def _backend_for(self, name: str | None) -> str:
         if name in self.backends:
             return name
         return self.settings.backends[0].name
 
     async def _recover_orphan(self, row: asyncpg.Record) -> None:
-        """A `running` row with no local run: a previous agent run died under it."""
+        """A `running` row with no local run: a previous agent run died under it.
+
+        A permanent database error sets the job aside (logged, counted) instead of
+        stopping the agent; a transient one propagates and the next reconcile retries.
+        """
         job_id, epoch = row["job_id"], row["epoch"]
+        if self.set_aside.get(job_id) == epoch:
+            return  # its write failed for good before: not retried every interval
         backend = self.backends[self._backend_for(row["backend"])]
         killed = backend.kill_leftover(job_id, epoch)
-        job = await self.store.job_get(job_id)
-        retry = may_retry_infra_failure(job["attempts"], job["max_retries"])
-        if row["cancel_requested"]:
-            move = Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=self.peer_id,
-                        owner_peer_id=self.peer_id, reason="cancelled while its agent was down")
-        elif retry:
-            move = Move(job_id, JobState.RUNNING, JobState.QUEUED, epoch, actor=self.peer_id,
-                        owner_peer_id=None, new_epoch=epoch + 1,
-                        reason=f"agent on {self.peer_id} restarted while running it; retrying")
-        else:
-            move = Move(job_id, JobState.RUNNING, JobState.FAILED, epoch, actor=self.peer_id,
-                        owner_peer_id=self.peer_id,
-                        reason=f"agent on {self.peer_id} restarted while running it; no retries left")
-        if await self._write(move):
+        try:
+            job = await self.store.job_get(job_id)
+            if job is None:
+                return  # no longer ours since the row was read: nothing to recover
+            retry = may_retry_infra_failure(job["attempts"], job["max_retries"])
+            if row["cancel_requested"]:
+                move = Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=self.peer_id,
+                            owner_peer_id=self.peer_id, reason="cancelled while its agent was down")
+            elif retry:
+                move = Move(job_id, JobState.RUNNING, JobState.QUEUED, epoch, actor=self.peer_id,
+                            owner_peer_id=None, new_epoch=epoch + 1,
+                            reason=f"agent on {self.peer_id} restarted while running it; retrying")
+            else:
+                move = Move(job_id, JobState.RUNNING, JobState.FAILED, epoch, actor=self.peer_id,
+                            owner_peer_id=self.peer_id,
+                            reason=f"agent on {self.peer_id} restarted while running it; no retries left")
+            written = await self._write(move)
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones propagate
+            if is_transient(exc):
+                raise
+            self._set_aside("orphan", job_id, epoch, exc)
+            return
+        if written:
             log.warning("orphan_recovered", job_id=job_id, peer_id=self.peer_id, epoch=epoch,
                         state=move.to_state.value, leftover_killed=killed)
 
@@ -322,17 +379,22 @@ class PeerAgent:
                                      for p, d in zip(chosen, log_dirs, strict=True)])
         crash_point("agent_after_accept")
         now = datetime.now(UTC)
+        started = []
+        # Committed: every accepted job is launched first, whatever NATS does next.
         for pending in chosen:
             row = accepted.get(pending.job_id)
             if row is None:
                 log.info("accept_lost", job_id=pending.job_id, peer_id=self.peer_id, epoch=pending.epoch)
                 continue
             pending.backend = self._backend_for(row["backend"])  # the row decides, not the notice
-            if self.nc.is_connected:
-                await publish(self.nc, self.subjects.events(pending.job_id), JobEvent(
-                    pending.job_id, JobState.RUNNING.value, self.peer_id, pending.epoch, now,
-                    reason=f"running on {self.peer_id}/{pending.backend}"))
             await self._launch(pending, row["spec"])
+            started.append(pending)
+        # Then the events, best effort (_announce logs a failed publish): Postgres
+        # already holds the truth, and NATS gone mid-batch must not strand the rest.
+        for pending in started:
+            await self._announce(JobEvent(
+                pending.job_id, JobState.RUNNING.value, self.peer_id, pending.epoch, now,
+                reason=f"running on {self.peer_id}/{pending.backend}"))
 
     def _log_dir(self, pending: _Pending) -> str | None:
         backend = self.backends[pending.backend]
@@ -364,7 +426,12 @@ class PeerAgent:
         self.finished.put_nowait(run)
 
     async def _report_loop(self) -> None:
-        """Report finished runs in batches: one statement for all normal endings."""
+        """Report finished runs in batches: one statement for all normal endings.
+
+        Only transient errors (Postgres unreachable, the connection lost, a timeout) are
+        retried, keeping the results until Postgres answers. A permanent error sets that
+        one run aside (``_set_aside``) and never holds back the reports of the others.
+        """
         while True:
             batch = [await self.finished.get()]
             # Completions are not on anyone's critical path: a moment's wait lets a
@@ -372,18 +439,16 @@ class PeerAgent:
             await asyncio.sleep(self.settings.report_linger_s)
             while not self.finished.empty():
                 batch.append(self.finished.get_nowait())
-            while True:
+            while batch:
                 try:
                     async with self.lock:
                         await self._report(batch)
-                        for run in batch:
-                            self.runs.pop(run.job_id, None)
-                    break
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - results are never dropped
-                    # Partitioned from Postgres (or its connection broke mid-statement):
-                    # keep the results and report them when it answers again.
+                    # Transient only (_report sets permanent errors aside): partitioned
+                    # from Postgres, or its connection broke mid-statement. Keep what is
+                    # left of the batch and report it when Postgres answers again.
                     metrics.DB_UNAVAILABLE.inc()
                     log.warning("report_deferred", jobs=len(batch), peer_id=self.peer_id, error=repr(exc))
                     await asyncio.sleep(self.settings.reconcile_interval_s)
@@ -392,21 +457,70 @@ class PeerAgent:
             self.start_wanted.set()
 
     async def _report(self, batch: list[_Run]) -> None:
-        normal = []
-        for run in batch:
+        """Write how ``batch``'s runs ended; each run leaves ``batch`` once settled.
+
+        Settled: written (or refused by the CAS), or set aside after a permanent error.
+        A transient error propagates with the unsettled runs still in ``batch``, so a
+        retry never writes a run twice.
+        """
+        for run in [r for r in batch if r.fenced or r.launch_error]:
             if run.fenced:
-                await self._record_fenced(run)
-            elif run.launch_error:
-                await self._report_launch_error(run)
+                await self._settle(batch, run, "stale_copy", self._record_fenced(run))
             else:
-                normal.append(run)
-        if not normal:
+                await self._settle(batch, run, "launch_error", self._report_launch_error(run))
+        normal = list(batch)
+        if len(normal) <= 1:
+            for run in normal:
+                await self._settle(batch, run, "finish", self._report_finished(normal))
             return
-        async with self.pool.acquire() as conn:  # one statement, atomic on its own
-            moved = await self.store.job_finish_batch(conn, self.peer_id, [
-                (r.job_id, r.epoch, r.exit_code, r.cancel_requested) for r in normal])
-        now = datetime.now(UTC)
+        try:
+            await self._report_finished(normal)
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones propagate
+            if is_transient(exc):
+                raise
+            # One bad row must not sink the others: report them one by one.
+            log.warning("report_batch_failed", jobs=len(normal), peer_id=self.peer_id,
+                        error=f"{type(exc).__name__}: {exc}")
+            for run in normal:
+                await self._settle(batch, run, "finish", self._report_finished([run]))
+            return
         for run in normal:
+            self._settled(batch, run)
+
+    async def _settle(self, batch: list[_Run], run: _Run, kind: str, write: Awaitable[None]) -> None:
+        """Await ``write`` (``run``'s report); a permanent error sets ``run`` aside."""
+        try:
+            await write
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones propagate
+            if is_transient(exc):
+                raise
+            self._set_aside(kind, run.job_id, run.epoch, exc)
+        self._settled(batch, run)
+
+    def _settled(self, batch: list[_Run], run: _Run) -> None:
+        batch.remove(run)
+        if self.runs.get(run.job_id) is run:
+            del self.runs[run.job_id]
+
+    def _set_aside(self, kind: str, job_id: str, epoch: int, exc: BaseException) -> None:
+        """A status write that failed for good: log it, count it, and move on.
+
+        The job's row stays as it was (visible to operators; Postgres is the truth) and
+        this agent does not retry it; an agent restarted after the cause is fixed
+        recovers it like any orphan.
+        """
+        self.set_aside[job_id] = epoch
+        metrics.AGENT_REPORT_ERRORS.labels(kind).inc()
+        log.error("report_set_aside", job_id=job_id, peer_id=self.peer_id, epoch=epoch, kind=kind,
+                  error=f"{type(exc).__name__}: {exc}")
+
+    async def _report_finished(self, runs: list[_Run]) -> None:
+        """Runs that ended by their exit (or a kill): one statement, atomic on its own."""
+        async with self.pool.acquire() as conn:
+            moved = await self.store.job_finish_batch(conn, self.peer_id, [
+                (r.job_id, r.epoch, r.exit_code, r.cancel_requested) for r in runs])
+        now = datetime.now(UTC)
+        for run in runs:
             row = moved.get(run.job_id)
             if row is None:
                 metrics.FENCED_WRITES.inc()
@@ -415,19 +529,25 @@ class PeerAgent:
             metrics.JOBS_FINISHED.labels(row["state"]).inc()
             log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                      state=row["state"], exit_code=run.exit_code)
-            if self.nc.is_connected:
-                await publish(self.nc, self.subjects.events(run.job_id), JobEvent(
-                    run.job_id, row["state"], self.peer_id, run.epoch, now,
-                    exit_code=run.exit_code, reason=row["reason"]))
+            await self._announce(JobEvent(run.job_id, row["state"], self.peer_id, run.epoch, now,
+                                          exit_code=run.exit_code, reason=row["reason"]))
 
     async def _record_fenced(self, run: _Run) -> None:
-        # Record that this peer killed its stale copy, where operators look for a
-        # peer's view of a job: its sync state row.
-        last = await self.store.changelog_last_for_job(run.job_id)
-        now_epoch = last["epoch"] if last else run.epoch
-        note = f"stale copy killed: epoch {run.epoch} superseded by {now_epoch}"
-        await self.store.sync_state_upsert(run.job_id, self.peer_id, last["seq"] if last else 0,
-                                           run.epoch, note=note)
+        """Record that this peer killed its stale copy, where operators look for a
+        peer's view of a job: its sync state row (a row of its own, which an agent role
+        may write even for a job it no longer sees). A permanent error writing it sets
+        the note aside; a transient one propagates (the caller tries again later)."""
+        now_epoch = run.epoch
+        try:
+            last = await self.store.changelog_last_for_job(run.job_id)
+            now_epoch = last["epoch"] if last else run.epoch
+            note = f"stale copy killed: epoch {run.epoch} superseded by {now_epoch}"
+            await self.store.sync_state_upsert(run.job_id, self.peer_id, last["seq"] if last else 0,
+                                               run.epoch, note=note)
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones propagate
+            if is_transient(exc):
+                raise
+            self._set_aside("stale_copy", run.job_id, run.epoch, exc)
         metrics.STALE_COPIES_KILLED.inc()
         log.warning("stale_copy_killed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                     current_epoch=now_epoch)
@@ -458,16 +578,31 @@ class PeerAgent:
     # ------------------------------------------------------------ writes
 
     async def _write(self, move: Move) -> bool:
-        """CAS ``move`` + sync state in one transaction, then announce it. False: CAS lost."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            seq = await self.store.job_move(move, conn)
-            if seq is None:
-                return False
-            epoch = move.epoch if move.new_epoch is None else move.new_epoch
-            await self.store.sync_state_upsert(move.job_id, self.peer_id, seq, epoch, conn)
-        if self.nc.is_connected:
-            await publish(self.nc, self.subjects.events(move.job_id), JobEvent(
-                move.job_id, move.to_state.value, move.owner_peer_id or "", epoch, datetime.now(UTC),
-                exit_code=move.exit_code, reason=move.reason,
-            ))
+        """End one of our running jobs as ``move`` says, then announce it.
+
+        Handed back to the queue (epoch + 1, no owner), failed or killed: one statement
+        (``job_end_run``) does the CAS on (state, epoch, owner), the changelog row and
+        our sync state. False: the CAS lost (the job is no longer ours at that epoch).
+        """
+        seq = await self.store.job_end_run(self.peer_id, move.job_id, move.epoch, move.to_state,
+                                           move.reason, move.exit_code)
+        if seq is None:
+            return False
+        handed_back = move.to_state is JobState.QUEUED
+        await self._announce(JobEvent(
+            move.job_id, move.to_state.value, "" if handed_back else self.peer_id,
+            move.epoch + 1 if handed_back else move.epoch, datetime.now(UTC),
+            exit_code=move.exit_code, reason=move.reason,
+        ))
         return True
+
+    async def _announce(self, event: JobEvent) -> None:
+        """Publish a committed change, best effort: Postgres already holds the truth, and
+        a failed publish must not make the write look failed (and be written again)."""
+        if not self.nc.is_connected:
+            return
+        try:
+            await publish(self.nc, self.subjects.events(event.job_id), event)
+        except Exception as exc:  # noqa: BLE001 - watchers also read Postgres
+            log.warning("event_publish_failed", job_id=event.job_id, peer_id=self.peer_id,
+                        epoch=event.epoch, error=repr(exc))

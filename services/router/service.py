@@ -11,6 +11,7 @@ jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -40,11 +41,9 @@ from shared.messages import (
     CancelNotice,
     CancelReply,
     CancelRequest,
-    Heartbeat,
     JobEvent,
     SubmitRequest,
     TickWake,
-    decode_internal,
     decode_request,
     encoder,
     error_reply,
@@ -68,6 +67,36 @@ class RouterSettings:
     writers: int = 4  # concurrent group-commit transactions
     max_batch: int = 1000  # jobs per transaction at most
     view_refresh_s: float | None = None  # default: the heartbeat interval
+    # Backpressure: submits waiting for a writer at most; beyond, `unavailable` at once
+    # (~2 KB each, so the default bounds the queue near 20 MB; 5× a full
+    # 2000-in-flight load).
+    max_queue: int = 10_000
+    # How long a submit may wait for Postgres at each step: for a writer (then it is
+    # answered `unavailable` without being written) and for its commit (then
+    # `unavailable`: it may or may not have been written; the retry with the same
+    # job_id is safe either way). A producer is answered within about twice this, and
+    # a cancel within twice this too. Pick a producer request timeout above it.
+    submit_timeout_s: float = 2.0
+
+
+def _usable(conn: asyncpg.Connection | None) -> bool:
+    """Whether a writer's connection can take the next batch.
+
+    asyncpg may close a pooled connection behind its holder's back (after a
+    statement timeout whose cancel request failed), which gives it back to the pool:
+    every call on it then raises InterfaceError.
+    """
+    if conn is None:
+        return False
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (perf_counter), for a statement's timeout."""
+    return None if deadline is None else max(0.001, deadline - time.perf_counter())
 
 
 @dataclass
@@ -88,7 +117,7 @@ class Router:
         pool: asyncpg.Pool,
         nc: Client,
         settings: RouterSettings = RouterSettings(),
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,  # ages only: immune to wall-clock jumps
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         self.config = config
@@ -101,7 +130,10 @@ class Router:
         self.new_job_id = new_job_id
         self.view = PeerView(config, clock)
         metrics.watch_peer_view(self.view)
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=settings.max_queue)
+        metrics.ROUTER_QUEUE.set_function(self.queue.qsize)
+        self.writer_busy = 0  # writers holding a batch (waiting on Postgres or answering)
+        self._cancels: set[asyncio.Task] = set()  # cancels outliving their timed-out request
         self._plans: dict[tuple, tuple] = {}
         self.tasks = TaskOwner()
         self.batches_committed = 0
@@ -122,6 +154,9 @@ class Router:
 
     async def close(self) -> None:
         await self.tasks.close()
+        for task in list(self._cancels):
+            task.cancel()
+        await asyncio.gather(*self._cancels, return_exceptions=True)
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -133,10 +168,9 @@ class Router:
         self.view.apply_rows(await self.store.peer_heartbeat_list())
 
     async def on_heartbeat(self, msg: Msg) -> None:
-        try:
-            self.view.apply_heartbeat(decode_internal(Heartbeat, msg.data))
-        except Exception as exc:  # noqa: BLE001 - one bad heartbeat must not stop the view
-            log.warning("heartbeat_ignored", subject=msg.subject, error=str(exc))
+        # The subject names the sender (NATS auth); a body naming another peer, or an
+        # unconfigured one, is dropped and counted; the TTL is capped.
+        self.view.receive(msg.subject, msg.data, log)
 
     # ------------------------------------------------------------ submit
 
@@ -149,7 +183,16 @@ class Router:
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
-        self.queue.put_nowait(_Pending(job, reply, msg, received))
+        try:
+            self.queue.put_nowait(_Pending(job, reply, msg, received))
+        except asyncio.QueueFull:
+            # Postgres is slower than submits arrive (or hangs): say so now rather than
+            # hold memory and the producer for a commit that may come after it gave up.
+            metrics.SUBMIT_SHED.labels("queue_full").inc()
+            metrics.SUBMIT_ERRORS.labels("unavailable").inc()
+            await self._respond(msg, error_reply(
+                "unavailable", f"router overloaded: {self.queue.qsize()} submits waiting for the "
+                               "database; retry with the same job_id"))
 
     def _route(self, request: SubmitRequest) -> Routed:
         """Local feasibility and the routing plan, cached per (constraints, pin).
@@ -187,44 +230,82 @@ class Router:
                 batch = [await self.queue.get()]
                 while len(batch) < self.settings.max_batch and not self.queue.empty():
                     batch.append(self.queue.get_nowait())
+                self.writer_busy += 1
                 try:
-                    if conn is None or conn.is_closed():
-                        conn = await self.pool.acquire()
-                    await self._commit(conn, batch)
+                    batch = await self._expire(batch)
+                    if not batch:
+                        continue
+                    # One budget for the whole commit step (connection, insert, repeats).
+                    deadline = time.perf_counter() + self.settings.submit_timeout_s
+                    if not _usable(conn):
+                        conn = await self._drop(conn)
+                        conn = await self.pool.acquire(timeout=self.settings.submit_timeout_s)
+                    await self._commit(conn, batch, deadline)
                 except asyncio.CancelledError:
                     await self._fail_all(batch, "unavailable", "router shutting down; retry with the same job_id")
                     raise
                 except CONNECTION_ERRORS as exc:
                     metrics.DB_UNAVAILABLE.inc()
-                    log.warning("submit_batch_unavailable", jobs=len(batch), error=str(exc))
-                    conn = await self._drop(conn)
-                    # A connection lost during the commit leaves the outcome unknown; a
-                    # retry under the same job_id is safe either way.
+                    log.warning("submit_batch_unavailable", jobs=len(batch), error=self._db_error(exc))
+                    # A connection lost (or silent) during the commit leaves the outcome
+                    # unknown; a retry under the same job_id is safe either way. Answer
+                    # first: a hung connection is then thrown away, never reused.
                     await self._fail_all(batch, "unavailable",
-                                         f"database unavailable: {exc}; retry with the same job_id")
+                                         f"{self._db_error(exc)}; retry with the same job_id")
+                    conn = await self._discard(conn)
                 except Exception as exc:  # noqa: BLE001 - answer every waiting producer
                     log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
-                    conn = await self._drop(conn)
                     await self._fail_all(batch, "internal", f"internal error: {exc}")
+                    conn = await self._discard(conn)
+                finally:
+                    self.writer_busy -= 1
         finally:
             await self._drop(conn)
+
+    def _db_error(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError):
+            return "the database did not answer in time"
+        return f"database unavailable: {exc}"
+
+    async def _expire(self, batch: list[_Pending]) -> list[_Pending]:
+        """Answer `unavailable` to submits that waited too long for a writer; the rest go on."""
+        oldest_allowed = time.perf_counter() - self.settings.submit_timeout_s
+        if batch[0].received >= oldest_allowed:  # the queue is FIFO: the first is the oldest
+            return batch
+        expired = [item for item in batch if item.received < oldest_allowed]
+        metrics.SUBMIT_SHED.labels("expired").inc(len(expired))
+        log.warning("submits_expired_in_queue", jobs=len(expired))
+        await self._fail_all(expired, "unavailable", (
+            f"waited over {self.settings.submit_timeout_s:g}s for the database; this submit was not "
+            "written; retry with the same job_id"))
+        return [item for item in batch if item.received >= oldest_allowed]
+
+    async def _discard(self, conn: asyncpg.Connection | None) -> None:
+        """Throw a connection away whatever state it is in (hung, mid-statement, broken)."""
+        if conn is not None:
+            # Already given back (asyncpg closes a connection whose cancel failed): nothing to do.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
+        return await self._drop(conn)
 
     async def _drop(self, conn: asyncpg.Connection | None) -> None:
         if conn is not None:
             try:
                 await self.pool.release(conn)
             except Exception:  # noqa: BLE001 - a dead connection is simply discarded
-                conn.terminate()
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
         return None
 
-    async def _commit(self, conn: asyncpg.Connection, batch: list[_Pending]) -> None:
+    async def _commit(self, conn: asyncpg.Connection, batch: list[_Pending], deadline: float | None = None) -> None:
         # The first submit of a job_id in a batch is the one inserted; later ones in
         # the same batch are answered like resubmissions.
         first: dict[str, _Pending] = {}
         for item in batch:
             first.setdefault(item.job.job_id, item)
         # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
-        created = await self.store.job_insert_batch(conn, [i.job for i in first.values()])
+        created = await self.store.job_insert_batch(conn, [i.job for i in first.values()],
+                                                    statement_timeout_s=_left(deadline))
         crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
@@ -242,7 +323,8 @@ class Router:
             return
         # Rows that already existed are committed (ON CONFLICT waited for them) and
         # their spec and first reply never change, so reading them afterwards is exact.
-        existing = await self.store.job_get_submitted(conn, [i.job.job_id for i in repeats])
+        existing = await self.store.job_get_submitted(conn, [i.job.job_id for i in repeats],
+                                                      statement_timeout_s=_left(deadline))
         for item in repeats:
             row = existing[item.job.job_id]
             if row["spec_hash"] != item.job.spec_hash:
@@ -292,19 +374,37 @@ class Router:
     async def on_cancel(self, msg: Msg) -> None:
         try:
             request = decode_request(CancelRequest, msg.data)
-            reply = await self.cancel(request.job_id)
+            reply = await self._bounded(self.cancel(request.job_id))
         except IrisfedError as exc:
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
         except CONNECTION_ERRORS as exc:
             metrics.DB_UNAVAILABLE.inc()
-            await self._respond(msg, error_reply("unavailable", f"database unavailable: {exc}; retry"))
+            await self._respond(msg, error_reply("unavailable", f"{self._db_error(exc)}; retry"))
             return
         except Exception as exc:  # noqa: BLE001 - every request gets an answer
             log.error("cancel_failed", exc_info=True)
             await self._respond(msg, error_reply("internal", f"internal error: {exc}"))
             return
         await self._respond(msg, encoder.encode(reply))
+
+    async def _bounded(self, work):
+        """``work``'s result, or TimeoutError after twice the submit timeout.
+
+        A cancel may need a row lock and several statements; when Postgres hangs its
+        requester is answered `unavailable` in time while the cancel finishes (or
+        fails) in the background. A cancel is idempotent, so the retry is safe.
+        """
+        task = asyncio.ensure_future(work)
+        self._cancels.add(task)
+
+        def done(finished: asyncio.Task) -> None:
+            self._cancels.discard(finished)
+            if not finished.cancelled():
+                finished.exception()  # retrieved: it was answered (or logged) already
+
+        task.add_done_callback(done)
+        return await asyncio.wait_for(asyncio.shield(task), 2 * self.settings.submit_timeout_s)
 
     async def cancel(self, job_id: str) -> CancelReply:
         """Cancel ``job_id`` durably; the reply's outcome says what happened."""

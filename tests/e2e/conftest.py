@@ -63,9 +63,42 @@ class Federation:
     auth: NatsAuth | None = None
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     proxies: list[TcpProxy] = field(default_factory=list)
+    # Service name → the Postgres URL of its own login role (after use_db_roles()).
+    db_urls: dict[str, str] = field(default_factory=dict)
 
     def nats_url_for(self, role: str) -> str:
         return self.auth.url(self.nats_url, role) if self.auth else self.nats_url
+
+    def database_url_for(self, name: str) -> str:
+        """The Postgres URL service ``name`` connects with (the admin's unless roles are on)."""
+        return self.db_urls.get(name, self.database_url)
+
+    async def use_db_roles(self) -> None:
+        """Run services started from now on as their least-privilege login roles.
+
+        What `irisfed db-roles` sets up: ``irisfed_svc_router``, ``irisfed_svc_tick`` and
+        one ``irisfed_peer_<id>`` per peer, each with its own password in its URL.
+        """
+        from urllib.parse import quote, urlsplit, urlunsplit
+
+        import asyncpg
+
+        from services.common.db_roles import apply_roles, peer_role
+        from shared.config import load_config
+
+        config = load_config(self.config_path)
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            passwords = await apply_roles(conn, config)
+        finally:
+            await conn.close()
+        parts = urlsplit(self.database_url)
+        host = parts.netloc.rsplit("@", 1)[-1]
+
+        def url(role: str) -> str:
+            return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}:{quote(passwords[role], safe='')}@{host}"))
+        self.db_urls = {"router": url("irisfed_svc_router"), "tick": url("irisfed_svc_tick")}
+        self.db_urls.update({peer: url(peer_role(peer)) for peer in config.peer_ids})
 
     @property
     def config_path(self) -> Path:
@@ -85,7 +118,8 @@ class Federation:
     def start(self, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         module = {"router": "services.router", "tick": "services.tick"}.get(name, "services.peer_agent")
         role = name if module != "services.peer_agent" else f"agent-{name}"
-        env = {"IRISFED_NATS_URL": self.nats_url_for(role), **(env or {})}
+        env = {"IRISFED_NATS_URL": self.nats_url_for(role), "IRISFED_DATABASE_URL": self.database_url_for(name),
+               **(env or {})}
         args = [sys.executable, "-m", module, "--log-level", "debug", *extra]
         if module == "services.peer_agent":
             args += ["--peer-id", name, "--work-dir", str(self.tmp / "work")]
@@ -112,7 +146,7 @@ class Federation:
         nats_proxy, db_proxy = proxy_for(self.nats_url), proxy_for(self.database_url)
         self.proxies += [nats_proxy, db_proxy]
         self.start(name, *extra, env={"IRISFED_NATS_URL": nats_proxy.url_for(self.nats_url_for(f"agent-{name}")),
-                                      "IRISFED_DATABASE_URL": db_proxy.url_for(self.database_url)})
+                                      "IRISFED_DATABASE_URL": db_proxy.url_for(self.database_url_for(name))})
         return nats_proxy, db_proxy
 
     def kill(self, name: str) -> None:

@@ -10,7 +10,6 @@ from services.common import db as dbmod
 from services.common.db_roles import apply_roles, peer_role
 from services.common.store import Store
 from shared.lifecycle import JobState
-from shared.records import Move
 from tests.infra.factories import insert_jobs, make_config, make_job
 
 
@@ -47,14 +46,17 @@ async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
     gpu_pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")))
     try:
         gpu = Store(gpu_pool)
-        assert await gpu.job_move(Move(mine, JobState.ASSIGNED, JobState.RUNNING, 1, "gpu-west", "gpu-west"))
-        stolen = Move(theirs, JobState.ASSIGNED, JobState.RUNNING, 1, "gpu-west", "gpu-west")
-        assert await gpu.job_move(stolen) is None  # invisible: the CAS finds no row
+        async with gpu_pool.acquire() as conn:
+            assert mine in await gpu.job_start_batch(conn, "gpu-west", [(mine, 1, None, "running")])
+            # invisible: the CAS finds no row
+            assert await gpu.job_start_batch(conn, "gpu-west", [(theirs, 1, None, "stolen")]) == {}
         assert await gpu.job_get(theirs) is None
         assert [r["job_id"] for r in await gpu.job_live_for_owner("tpu-east")] == []
-        raw = await gpu_pool.execute("UPDATE jobs SET reason = 'pwned' WHERE job_id = $1", theirs)
-        assert raw == "UPDATE 0"
+        # Jobs change only through the agent functions (migration 0004), never directly.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu_pool.execute("UPDATE jobs SET reason = 'pwned' WHERE job_id = $1", theirs)
         # It may hand its own job back to the queue, but never to another peer.
+        assert await gpu.job_end_run("gpu-west", mine, 1, JobState.QUEUED, "handed back") is not None
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await gpu_pool.execute("UPDATE jobs SET owner_peer_id = 'tpu-east' WHERE job_id = $1", mine)
         with pytest.raises(asyncpg.InsufficientPrivilegeError):

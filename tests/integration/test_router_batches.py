@@ -21,7 +21,7 @@ def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(rout
     async def batch_with_a_failing_repeat() -> dict[str, dict]:
         r = router.router
 
-        async def connection_lost(conn, job_ids):
+        async def connection_lost(conn, job_ids, statement_timeout_s=None):
             raise ConnectionDoesNotExistError("connection was closed in the middle of operation")
 
         r.store.job_get_submitted = connection_lost  # the read after the insert fails

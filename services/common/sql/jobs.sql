@@ -89,60 +89,23 @@ WHERE job_id = $1;
 -- job_start_batch --
 -- A peer agent accepts many assigned jobs at once: assigned → running, CAS on
 -- (state, epoch, owner $1), with changelog and sync-state rows in the same statement.
-WITH input AS (
-    SELECT * FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[])
-        AS t(job_id, epoch, log_dir, reason)
-), moved AS (
-    UPDATE jobs SET state = 'running', attempts = attempts + 1, started_at = now(),
-                    updated_at = now(), log_dir = input.log_dir, reason = input.reason
-    FROM input
-    WHERE jobs.job_id = input.job_id AND jobs.state = 'assigned' AND jobs.epoch = input.epoch
-      AND jobs.owner_peer_id = $1
-    RETURNING jobs.job_id, jobs.epoch, input.reason, jobs.spec, jobs.backend
-), logged AS (
-    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
-    SELECT job_id, 'assigned', 'running', $1, epoch, $1, reason FROM moved
-    RETURNING seq, job_id, epoch
-), synced AS (
-    INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
-    SELECT job_id, $1, now(), seq, epoch FROM logged
-    ON CONFLICT (job_id, peer_id) DO UPDATE
-    SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch, note = ''
-)
--- What to run comes back with the acceptance: no read before it.
-SELECT job_id, spec, backend FROM moved;
+-- A function (migration 0004): agents may not write jobs or history directly, and it
+-- refuses a caller acting as another peer. What to run comes back with the acceptance.
+SELECT job_id, spec, backend FROM irisfed_job_start_batch($1, $2::text[], $3::bigint[], $4::text[], $5::text[]);
 
 -- job_finish_batch --
 -- A peer agent reports many ended runs at once: running → succeeded | failed | killed,
 -- CAS on (state, epoch, owner $1). A stored cancel makes the ending `killed`.
-WITH input AS (
-    SELECT * FROM unnest($2::text[], $3::bigint[], $4::int[], $5::boolean[])
-        AS t(job_id, epoch, exit_code, cancelled)
-), decided AS (
-    SELECT input.*,
-           CASE WHEN input.cancelled OR jobs.cancel_requested THEN 'killed'
-                WHEN input.exit_code = 0 THEN 'succeeded' ELSE 'failed' END AS to_state
-    FROM input JOIN jobs USING (job_id)
-), moved AS (
-    UPDATE jobs SET state = decided.to_state, exit_code = decided.exit_code, updated_at = now(),
-                    finished_at = now(),
-                    reason = CASE decided.to_state WHEN 'killed' THEN 'cancelled by request'
-                                  ELSE 'exit code ' || decided.exit_code END
-    FROM decided
-    WHERE jobs.job_id = decided.job_id AND jobs.state = 'running' AND jobs.epoch = decided.epoch
-      AND jobs.owner_peer_id = $1
-    RETURNING jobs.job_id, jobs.epoch, jobs.state, jobs.reason
-), logged AS (
-    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
-    SELECT job_id, 'running', state, $1, epoch, $1, reason FROM moved
-    RETURNING seq, job_id, epoch
-), synced AS (
-    INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
-    SELECT job_id, $1, now(), seq, epoch FROM logged
-    ON CONFLICT (job_id, peer_id) DO UPDATE
-    SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch, note = ''
-)
-SELECT job_id, state, reason FROM moved;
+-- Changelog and sync state in the same statement (function: migration 0004).
+SELECT job_id, state, reason FROM irisfed_job_finish_batch($1, $2::text[], $3::bigint[], $4::int[], $5::boolean[]);
+
+-- job_end_run --
+-- A peer agent ends its own running job $2 at epoch $3 other than by its exit: back to
+-- the queue ($4 = 'queued': epoch + 1, no owner, no backend; launch error or orphan with
+-- retries left), 'failed' or 'killed' (cancelled while the agent was down), CAS on
+-- (state, epoch, owner $1), with changelog (actor $1) and sync state in the same
+-- statement (function: migration 0004). Returns the changelog seq; NULL: the CAS lost.
+SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
 
 -- job_claim_queued --
 -- Lock the next batch of queued jobs in priority order, after the keyset cursor
@@ -215,14 +178,16 @@ WHERE owner_peer_id = $1 AND state IN ('assigned', 'running')
 ORDER BY priority DESC, submitted_at, job_id;
 
 -- job_stale_on_peers --
--- Live jobs owned by peers that are not reachable now ($1: reachable peer ids),
--- assigned or last updated before $2 seconds ago.
+-- Unpinned live jobs owned by lost peers ($1: their ids; the tick decides who is lost
+-- from heartbeats, TTL and grace), at most $2, locked. Pinned jobs never move, so they
+-- are filtered here, before the LIMIT: a lost peer full of pinned work cannot hide the
+-- rest. owner = ANY($1) is a range scan of jobs_live_by_owner (partial: live rows only).
 SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id
 FROM jobs
 WHERE state IN ('assigned', 'running')
-  AND NOT (owner_peer_id = ANY($1::text[]))
-  AND updated_at < now() - make_interval(secs => $2)
-LIMIT $3
+  AND owner_peer_id = ANY($1::text[])
+  AND (pinned_peer_id IS NULL OR pinned_peer_id = '')
+LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
 -- job_states_all --

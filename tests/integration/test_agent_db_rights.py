@@ -1,0 +1,313 @@
+"""What a peer agent may do in Postgres under `irisfed db-roles` (migration 0004).
+
+Agents change jobs only through narrowly scoped functions: accept, finish, and hand
+back / fail / kill their own running jobs, each a compare-and-set that writes the
+changelog row (actor: the peer itself) and the sync state in the same statement.
+They have no direct INSERT/UPDATE on `jobs` or `federation_changelog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from services.common import db as dbmod
+from services.common import metrics
+from services.common.db_roles import apply_roles, peer_role
+from services.common.invariants import assert_changelog_replays
+from services.common.store import Store
+from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent, _Run
+from shared.lifecycle import JobState
+from tests.infra.factories import insert_jobs, make_config, make_job
+from tests.infra.waiting import wait_for
+from tests.integration.test_db_roles import as_role
+
+
+@pytest.fixture
+async def roles(database_url, pool):
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await apply_roles(conn, make_config())
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def gpu_pool(database_url, roles):
+    pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")), max_size=4)
+    yield pool
+    await pool.close()
+
+
+async def _running(admin: Store, peer: str, agent: Store | None = None, **fields) -> str:
+    """A job assigned to ``peer`` (epoch 1) and accepted by it (through ``agent``'s role)."""
+    job = make_job(**fields)
+    await insert_jobs(admin, [job])
+    async with admin.db.acquire() as conn, conn.transaction():
+        await admin.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
+    async with (agent or admin).db.acquire() as conn:
+        accepted = await (agent or admin).job_start_batch(conn, peer, [(job.job_id, 1, None, "running")])
+    assert job.job_id in accepted
+    return job.job_id
+
+
+def _agent(pool, nats_client, subject_prefix, tmp_path: Path, peer: str = "gpu-west") -> PeerAgent:
+    settings = AgentSettings(peer, (BackendSpec("main", "subprocess", {}, 2),), work_root=tmp_path / "work",
+                             reconcile_interval_s=0.1, report_linger_s=0.0)
+    return PeerAgent(make_config(subject_prefix=subject_prefix), pool, nats_client, settings)
+
+
+async def _poison(admin_pool, job_id: str) -> None:
+    """Make every write of ``job_id``'s sync state fail with a permanent error."""
+    await admin_pool.execute(f"""
+        CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.job_id = '{job_id}' THEN
+                RAISE EXCEPTION 'poisoned row' USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_poison BEFORE INSERT OR UPDATE ON federation_sync_state
+            FOR EACH ROW EXECUTE FUNCTION test_poison();
+    """)
+
+
+async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
+        pool, gpu_pool, nats_client, subject_prefix, tmp_path):
+    admin, gpu = Store(pool), Store(gpu_pool)
+    retried = await _running(admin, "gpu-west", gpu, max_retries=1)
+    out_of_retries = await _running(admin, "gpu-west", gpu, max_retries=0)
+    cancelled = await _running(admin, "gpu-west", gpu, max_retries=3)
+    launch_failed = await _running(admin, "gpu-west", gpu, max_retries=2)
+    async with pool.acquire() as conn:
+        await admin.job_request_cancel(conn, cancelled)
+    agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
+    # A restarted agent finds three running jobs it has no process for.
+    rows = {r["job_id"]: r for r in await gpu.job_live_for_owner("gpu-west")}
+    for job_id in (retried, out_of_retries, cancelled):
+        await agent._recover_orphan(rows[job_id])
+    # A launch error on a job with retries left hands it back to the queue.
+    run = _Run(launch_failed, 1, "main", exit_code=-1, launch_error="no such program")
+    agent.runs[launch_failed] = run
+    await agent._report([run])
+
+    expected = {
+        retried: ("queued", 2, None),
+        out_of_retries: ("failed", 1, "gpu-west"),
+        cancelled: ("killed", 1, "gpu-west"),
+        launch_failed: ("queued", 2, None),
+    }
+    for job_id, (state, epoch, owner) in expected.items():
+        job = await admin.job_get(job_id)
+        assert (job["state"], job["epoch"], job["owner_peer_id"]) == (state, epoch, owner), job_id
+        last = (await admin.changelog_for_job(job_id))[-1]
+        assert (last["from_state"], last["to_state"], last["actor"], last["epoch"]) == \
+            ("running", state, "gpu-west", epoch)
+        [sync] = await admin.sync_state_get(job_id)
+        assert (sync["peer_id"], sync["changelog_seq"], sync["epoch"]) == ("gpu-west", last["seq"], epoch)
+    assert (await admin.job_get(retried))["cancel_requested"] is False
+    assert agent.runs == {}
+    # Handed back: the agent no longer sees the row, but still reads its history and
+    # may leave a note in its own sync state (what a fenced stale copy does).
+    assert await gpu.job_get(retried) is None
+    assert (await gpu.changelog_last_for_job(retried))["to_state"] == "queued"
+    await agent._record_fenced(_Run(retried, 1, "main", fenced=True))
+    [sync] = await admin.sync_state_get(retried)
+    assert sync["note"] == "stale copy killed: epoch 1 superseded by 2"
+    await assert_changelog_replays(admin)
+
+
+async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_pool):
+    admin, gpu = Store(pool), Store(gpu_pool)
+    theirs = await _running(admin, "tpu-east")
+    assigned = make_job()
+    await insert_jobs(admin, [assigned])
+    async with pool.acquire() as conn, conn.transaction():
+        await admin.job_assign_batch(conn, [(assigned.job_id, 0, "tpu-east", "main")])
+    # Claiming to be another peer is refused outright.
+    async with gpu_pool.acquire() as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu.job_start_batch(conn, "tpu-east", [(assigned.job_id, 1, None, "stolen")])
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu.job_finish_batch(conn, "tpu-east", [(theirs, 1, 0, False)])
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await gpu.job_end_run("tpu-east", theirs, 1, JobState.QUEUED, "stolen")
+    # In its own name, another peer's job is simply not there: the CAS finds nothing.
+    assert await gpu.job_end_run("gpu-west", theirs, 1, JobState.FAILED, "stolen") is None
+    async with gpu_pool.acquire() as conn:
+        assert await gpu.job_start_batch(conn, "gpu-west", [(assigned.job_id, 1, None, "x")]) == {}
+        assert await gpu.job_finish_batch(conn, "gpu-west", [(theirs, 1, 0, False)]) == {}
+    # Only the moves an agent makes this way: not back to assigned, not succeeded (only
+    # a finish with exit code 0 is), and nothing but a state name.
+    mine = await _running(admin, "gpu-west", gpu)
+    for bad in ("assigned", "running", "succeeded", "rejected", None):
+        with pytest.raises(asyncpg.InvalidParameterValueError):
+            await gpu_pool.fetchval("SELECT irisfed_job_end_run('gpu-west', $1, 1, $2, 'nope')", mine, bad)
+    # The admin (migration owner: no roles set up) may act for any peer.
+    assert await admin.job_end_run("tpu-east", theirs, 1, JobState.QUEUED, "handed back") is not None
+    job = await admin.job_get(theirs)
+    assert (job["state"], job["epoch"], job["owner_peer_id"], job["backend"]) == ("queued", 2, None, None)
+    assert (await admin.job_get(assigned.job_id))["state"] == "assigned"
+    assert (await admin.job_get(mine))["state"] == "running"
+    await assert_changelog_replays(admin)
+
+
+async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
+    admin = Store(pool)
+    mine = await _running(admin, "gpu-west", Store(gpu_pool))
+    theirs = await _running(admin, "tpu-east")
+    async with pool.acquire() as conn:
+        await admin.job_request_cancel(conn, mine)
+    before = await admin.changelog_all()
+    forgeries = [
+        # History for another peer's job, in the tick's name.
+        ("INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor) "
+         f"VALUES ('{theirs}', 'running', 'succeeded', NULL, 1, 'tick')"),
+        # Even for its own job, in its own name: only the functions write history.
+        ("INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor) "
+         f"VALUES ('{mine}', 'running', 'succeeded', 'gpu-west', 1, 'gpu-west')"),
+        # Rewrite its own rows: spec, epoch back to 0, cancel cleared.
+        "UPDATE jobs SET spec = '{\"command\": [\"evil\"]}', epoch = 0, cancel_requested = false",
+        f"UPDATE jobs SET state = 'succeeded' WHERE job_id = '{mine}'",
+        "DELETE FROM jobs",
+        "DELETE FROM federation_changelog",
+    ]
+    for statement in forgeries:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu_pool.execute(statement)
+    # The internal caller check is no entry point of its own.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await gpu_pool.execute("SELECT irisfed_check_caller('tpu-east')")
+    job = await admin.job_get(mine)
+    assert (job["state"], job["epoch"], job["cancel_requested"], job["spec"]["command"]) == \
+        ("running", 1, True, ["true"])
+    assert len(await admin.changelog_all()) == len(before)
+    # What it does need still works: its own job, its heartbeat, a finish that honours the cancel.
+    assert (await Store(gpu_pool).job_get(mine))["state"] == "running"
+    async with gpu_pool.acquire() as conn:
+        moved = await Store(gpu_pool).job_finish_batch(conn, "gpu-west", [(mine, 1, 0, False)])
+    assert moved[mine]["state"] == "killed"
+
+
+async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
+        pool, gpu_pool, nats_client, subject_prefix, tmp_path):
+    admin, gpu = Store(pool), Store(gpu_pool)
+    poisoned = await _running(admin, "gpu-west", gpu)
+    fine = await _running(admin, "gpu-west", gpu)
+    later = await _running(admin, "gpu-west", gpu)
+    await _poison(pool, poisoned)
+    agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
+    errors = metrics.AGENT_REPORT_ERRORS.labels("finish")
+    counted = errors._value.get()
+    loop = asyncio.create_task(agent._report_loop())
+    try:
+        for job_id in (poisoned, fine):  # one batch: the bad row must not sink the other
+            agent.runs[job_id] = run = _Run(job_id, 1, "main", exit_code=0)
+            agent.finished.put_nowait(run)
+
+        async def landed(job_id):
+            return (await admin.job_get(job_id))["state"] == "succeeded"
+        await wait_for(lambda: landed(fine), "the good run's report", timeout=10)
+        agent.runs[later] = run = _Run(later, 1, "main", exit_code=3)
+        agent.finished.put_nowait(run)
+        await wait_for(lambda: _state_is(admin, later, "failed"), "a later run's report", timeout=10)
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert (await admin.job_get(poisoned))["state"] == "running"  # set aside, not retried forever
+    assert agent.runs == {}
+    assert errors._value.get() == counted + 1
+
+
+async def _state_is(store: Store, job_id: str, state: str) -> bool:
+    return (await store.job_get(job_id))["state"] == state
+
+
+async def test_a_permanent_error_recovering_an_orphan_does_not_stop_the_agent(
+        pool, gpu_pool, nats_client, subject_prefix, tmp_path):
+    admin, gpu = Store(pool), Store(gpu_pool)
+    poisoned = await _running(admin, "gpu-west", gpu, max_retries=1)
+    fine = await _running(admin, "gpu-west", gpu, max_retries=1)
+    await _poison(pool, poisoned)
+    agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
+    errors = metrics.AGENT_REPORT_ERRORS.labels("orphan")
+    counted = errors._value.get()
+    await agent.reconcile()  # what start() does first
+    assert (await admin.job_get(fine))["state"] == "queued"
+    assert (await admin.job_get(poisoned))["state"] == "running"
+    await agent.reconcile()  # set aside once, not retried (and logged) every interval
+    assert agent.reconciled == 2
+    assert errors._value.get() == counted + 1
+
+
+async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
+    url = empty_database_url
+    await asyncio.to_thread(dbmod.migrate, url)
+    conn = await asyncpg.connect(url)
+    try:
+        await apply_roles(conn, make_config())
+        functions = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'irisfed_job_%'"
+        assert await conn.fetchval(functions) == 3
+        await asyncio.to_thread(dbmod.downgrade, url, "0003")
+        assert await conn.fetchval(functions) == 0
+        # 0003's rights are back as they were.
+        assert await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'UPDATE')")
+        assert await conn.fetchval(
+            "SELECT has_table_privilege('irisfed_agent', 'federation_changelog', 'INSERT')")
+        await asyncio.to_thread(dbmod.migrate, url)
+        assert await conn.fetchval(functions) == 3
+        assert not await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'UPDATE')")
+        assert await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'SELECT')")
+        assert not await conn.fetchval(
+            "SELECT has_table_privilege('irisfed_agent', 'federation_changelog', 'INSERT')")
+        assert not await conn.fetchval(
+            "SELECT has_function_privilege('irisfed_svc_router', 'irisfed_job_end_run("
+            "text, text, bigint, text, text, integer)', 'EXECUTE')")
+    finally:
+        await conn.close()
+
+
+async def test_a_migration_owner_without_superuser_may_act_for_any_peer(servers, empty_database_url):
+    """Managed Postgres has no superuser: the role that migrated (the functions' owner)
+    is what services use when no roles are set up, and it may act for every peer."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    owner = f"irisfed_owner_{uuid.uuid4().hex[:8]}"
+    database = urlsplit(empty_database_url).path.lstrip("/")
+    admin = await asyncpg.connect(empty_database_url)
+    try:
+        await admin.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE")
+        await admin.execute(f'ALTER DATABASE "{database}" OWNER TO {owner}')
+        url = as_role(empty_database_url, owner)
+        await asyncio.to_thread(dbmod.migrate, url)
+        pool = await dbmod.connect(url, max_size=2)
+        try:
+            store = Store(pool)
+            job_id = await _running(store, "tpu-east")
+            assert await store.job_end_run("tpu-east", job_id, 1, JobState.QUEUED, "handed back") is not None
+            assert (await store.job_get(job_id))["epoch"] == 2
+            async with pool.acquire() as conn:
+                await apply_roles(conn, make_config())
+            peer = await asyncpg.connect(as_role(empty_database_url, peer_role("gpu-west")))
+            try:
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await peer.fetchval("SELECT irisfed_job_end_run('tpu-east', $1, 2, 'failed', 'x')", job_id)
+            finally:
+                await peer.close()
+        finally:
+            await pool.close()
+    finally:
+        await admin.execute(f"REASSIGN OWNED BY {owner} TO CURRENT_USER")
+        await admin.execute(f"DROP OWNED BY {owner}")
+        await admin.close()
+        # Its privileges in the template and other databases: none were granted there.
+        conn = await asyncpg.connect(servers.database_url)
+        try:
+            await conn.execute(f"DROP ROLE {owner}")
+        finally:
+            await conn.close()
