@@ -30,9 +30,9 @@ import nats
 from bench.load import Run, closed_loop, median, open_loop, spread
 from services.common import db as dbmod
 from services.common.bus import connect_client
-from services.common.servers import start_nats, start_postgres
 from services.common.store import Store
 from shared.config import parse_config
+from tooling.servers import start_nats, start_postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -59,12 +59,12 @@ import nats
 from services.common import db as dbmod
 from services.common.bus import connect_client
 from services.common.db_roles import apply_roles, peer_role
-from services.common.invariants import changelog_violations
 from services.common.nats_auth import NatsAuth
-from services.common.proxy import TcpProxy, proxy_for
-from services.common.servers import start_nats, start_postgres
 from services.common.store import Store
 from shared.config import parse_config
+from tooling.invariants import changelog_violations
+from tooling.proxy import TcpProxy, proxy_for
+from tooling.servers import start_nats, start_postgres
 
 PEERS = {
     "home": {"device_type": "cpu"},

@@ -23,8 +23,8 @@ from pathlib import Path
 from services.common import db
 from services.common.nats_auth import NatsAuth
 from services.common.redact import redact
-from services.common.servers import ServerProcess, free_port, start_nats, start_postgres
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
+from tooling.servers import ServerProcess, free_port, start_nats, start_postgres
 
 DEMO_CONFIG = """\
 # The demo federation `irisfed up` runs when no --config is given.

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from services.common import db as dbmod
-from services.common.invariants import assert_changelog_replays
 from services.common.nats_auth import NatsAuth
-from services.common.proxy import TcpProxy, proxy_for
 from services.common.store import Store
 from tests.infra.waiting import wait_for
+from tooling.invariants import assert_changelog_replays
+from tooling.proxy import TcpProxy, proxy_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"succeeded", "failed", "killed", "rejected", "unschedulable"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.servers import free_port
+from tooling.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pa55-do-not-print"

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from services.common.nats_auth import NatsAuth
-from services.common.servers import ServerProcess, start_nats, start_postgres
+from tooling.servers import ServerProcess, start_nats, start_postgres
 
 DATABASE_URL_ENV = "IRISFED_TEST_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_TEST_NATS_URL"

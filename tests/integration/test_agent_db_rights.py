@@ -17,13 +17,13 @@ import pytest
 from services.common import db as dbmod
 from services.common import metrics
 from services.common.db_roles import apply_roles, peer_role
-from services.common.invariants import assert_changelog_replays
 from services.common.store import Store
 from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent, _Run
 from shared.lifecycle import JobState
 from tests.infra.factories import insert_jobs, make_config, make_job
 from tests.infra.waiting import wait_for
 from tests.integration.test_db_roles import as_role
+from tooling.invariants import assert_changelog_replays
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from services.common import db as dbmod
-from services.common.proxy import proxy_for
+from tooling.proxy import proxy_for
 
 
 async def test_services_sessions_carry_the_server_side_limits(database_url):

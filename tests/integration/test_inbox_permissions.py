@@ -10,7 +10,7 @@ import nats
 import pytest
 
 from services.common.nats_auth import NatsAuth
-from services.common.servers import start_nats
+from tooling.servers import start_nats
 
 PEERS = ("home", "gpu-west")
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.common.proxy import TcpProxy
+from tooling.proxy import TcpProxy
 
 
 @pytest.fixture

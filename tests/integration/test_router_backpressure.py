@@ -15,10 +15,10 @@ import pytest
 from services.common import db as dbmod
 from services.common import metrics
 from services.common.bus import connect_client
-from services.common.proxy import proxy_for
 from services.router.service import Router, RouterSettings
 from tests.infra.factories import make_config
 from tests.integration.test_hostile_input import RouterThread
+from tooling.proxy import proxy_for
 
 
 class ProxiedRouter(RouterThread):

@@ -7,7 +7,7 @@ import pytest
 
 from services.cli import main
 from services.common.nats_auth import NatsAuth, role_permissions
-from services.common.servers import start_nats
+from tooling.servers import start_nats
 
 PEERS = ("gpu-west", "tpu-east")
 

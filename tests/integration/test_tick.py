@@ -3,12 +3,12 @@
 import asyncio
 import time
 
-from services.common.invariants import assert_changelog_replays
 from services.common.store import Store
 from services.tick.service import Tick
 from shared.lifecycle import JobState
 from shared.records import Move
 from tests.infra.factories import advertise, insert_jobs, make_config, make_job
+from tooling.invariants import assert_changelog_replays
 
 
 async def test_places_by_constraint_and_capacity(pool):

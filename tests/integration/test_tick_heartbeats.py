@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 import nats
 from prometheus_client.registry import REGISTRY
 
-from services.common.invariants import assert_changelog_replays
 from services.common.store import Store
 from services.tick.service import Tick
 from shared.messages import BackendAd, Capacity, Heartbeat, encoder
 from tests.infra.factories import advertise, insert_jobs, make_config, make_job
 from tests.infra.waiting import wait_for
+from tooling.invariants import assert_changelog_replays
 
 TPU = {"constraints": [{"key": "device_type", "op": "eq", "value": "tpu"}]}
 

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import threading
 
-from services.common.servers import free_port
+from tooling.servers import free_port
 
 
 class TcpProxy:
