@@ -2,30 +2,36 @@
 
 Each test gets its own database and subject prefix, short heartbeats so fault
 tests are quick, and, when it ends, every process stopped by PID and the
-changelog-replay invariant checked.
+changelog-replay invariant checked. Processes start through the one harness
+(``tooling.federation``) that ``irisfed up``, chaos and bench use too.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from services.common import db as dbmod
-from services.common.nats_auth import NatsAuth
 from services.common.store import Store
+from shared.lifecycle import TERMINAL_STATES
 from tests.infra.waiting import wait_for
+from tooling.federation import (
+    ROOT,  # noqa: F401 - the e2e tests take it from here
+    LocalFederation,
+    Peer,
+    Supervisor,
+    harness_env,
+    login_role_urls,
+    render_config,
+)
 from tooling.invariants import assert_changelog_replays
-from tooling.proxy import TcpProxy, proxy_for
+from tooling.proxy import TcpProxy
 
-ROOT = Path(__file__).resolve().parents[2]
-TERMINAL = {"succeeded", "failed", "killed", "rejected", "unschedulable"}
+TERMINAL = TERMINAL_STATES
 
 PEERS = {
     "home": {"device_type": "cpu"},
@@ -36,42 +42,27 @@ PEERS = {
 
 
 def config_text(prefix: str) -> str:
-    lines = [
-        'local_cluster = "home"',
-        f'subject_prefix = "{prefix}"',
-        "heartbeat_interval_s = 0.25",
-        "heartbeat_ttl_s = 1.5",
-        "tick_interval_s = 0.25",
-        "assign_grace_s = 1.0",
-    ]
-    for peer_id, attrs in PEERS.items():
-        inline = ", ".join(f'{k} = "{v}"' for k, v in attrs.items())
-        lines += ["", "[[peers]]", f'id = "{peer_id}"', f"attributes = {{ {inline} }}", "slots = 2"]
-    return "\n".join(lines) + "\n"
+    return render_config([Peer(peer_id, attrs, slots=2) for peer_id, attrs in PEERS.items()],
+                         local_cluster="home", subject_prefix=prefix, heartbeat_interval_s=0.25,
+                         heartbeat_ttl_s=1.5, tick_interval_s=0.25, assign_grace_s=1.0)
 
 
-@dataclass
-class Federation:
+class Federation(LocalFederation):
     """Start, stop and crash services; submit and wait like a user would."""
 
-    tmp: Path
-    database_url: str
-    nats_url: str  # without credentials
-    prefix: str
-    nats: object
-    store: Store
-    auth: NatsAuth | None = None
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    proxies: list[TcpProxy] = field(default_factory=list)
-    # Service name → the Postgres URL of its own login role (after use_db_roles()).
-    db_urls: dict[str, str] = field(default_factory=dict)
+    def __init__(self, tmp: Path, database_url: str, nats_url: str, prefix: str, nats, store: Store,
+                 auth=None) -> None:
+        super().__init__(Supervisor(tmp), tmp / "federation.toml", database_url, nats_url, auth=auth,
+                         env=harness_env(IRISFED_CONFIG=str(tmp / "federation.toml")), work_dir=tmp / "work",
+                         args=["--log-level", "debug"], cwd=tmp)
+        self.tmp = tmp
+        self.prefix = prefix
+        self.nats = nats
+        self.store = store
 
-    def nats_url_for(self, role: str) -> str:
-        return self.auth.url(self.nats_url, role) if self.auth else self.nats_url
-
-    def database_url_for(self, name: str) -> str:
-        """The Postgres URL service ``name`` connects with (the admin's unless roles are on)."""
-        return self.db_urls.get(name, self.database_url)
+    @property
+    def proxies(self) -> list[TcpProxy]:
+        return self.supervisor.proxies
 
     async def use_db_roles(self) -> None:
         """Run services started from now on as their least-privilege login roles.
@@ -79,11 +70,9 @@ class Federation:
         What `irisfed db-roles` sets up: ``irisfed_svc_router``, ``irisfed_svc_tick`` and
         one ``irisfed_peer_<id>`` per peer, each with its own password in its URL.
         """
-        from urllib.parse import quote, urlsplit, urlunsplit
-
         import asyncpg
 
-        from services.common.db_roles import apply_roles, peer_role
+        from services.common.db_roles import apply_roles
         from shared.config import load_config
 
         config = load_config(self.config_path)
@@ -92,68 +81,27 @@ class Federation:
             passwords = await apply_roles(conn, config)
         finally:
             await conn.close()
-        parts = urlsplit(self.database_url)
-        host = parts.netloc.rsplit("@", 1)[-1]
-
-        def url(role: str) -> str:
-            return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}:{quote(passwords[role], safe='')}@{host}"))
-        self.db_urls = {"router": url("irisfed_svc_router"), "tick": url("irisfed_svc_tick")}
-        self.db_urls.update({peer: url(peer_role(peer)) for peer in config.peer_ids})
-
-    @property
-    def config_path(self) -> Path:
-        return self.tmp / "federation.toml"
+        self.db_urls = login_role_urls(self.database_url, config.peer_ids, passwords)
 
     @property
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
-        env.update({
-            "IRISFED_DATABASE_URL": self.database_url,
-            "IRISFED_NATS_URL": self.nats_url_for("operator"),  # what the CLI uses
-            "IRISFED_CONFIG": str(self.config_path),
-            "PYTHONPATH": str(ROOT),
-        })
-        return env
-
-    def start(self, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        module = {"router": "services.router", "tick": "services.tick"}.get(name, "services.peer_agent")
-        role = name if module != "services.peer_agent" else f"agent-{name}"
-        env = {"IRISFED_NATS_URL": self.nats_url_for(role), "IRISFED_DATABASE_URL": self.database_url_for(name),
-               **(env or {})}
-        args = [sys.executable, "-m", module, "--log-level", "debug", *extra]
-        if module == "services.peer_agent":
-            args += ["--peer-id", name, "--work-dir", str(self.tmp / "work")]
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
-        process = subprocess.Popen(args, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=self.tmp, start_new_session=True)
-        log.close()
-        self.processes[name] = process
-        return process
+        """What the CLI runs with: the admin's Postgres URL and the operator's NATS user."""
+        return harness_env(IRISFED_DATABASE_URL=self.database_url, IRISFED_NATS_URL=self.nats_url_for("operator"),
+                           IRISFED_CONFIG=str(self.config_path))
 
     def stop(self, name: str) -> int:
-        process = self.processes.pop(name)
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
+        return self.supervisor.stop(name, timeout=20)
 
     def start_behind_proxies(self, name: str, *extra: str) -> tuple[TcpProxy, TcpProxy]:
         """Start an agent whose NATS and Postgres connections go through proxies."""
-        nats_proxy, db_proxy = proxy_for(self.nats_url), proxy_for(self.database_url)
-        self.proxies += [nats_proxy, db_proxy]
+        nats_proxy, db_proxy = self.supervisor.proxy(self.nats_url), self.supervisor.proxy(self.database_url)
         self.start(name, *extra, env={"IRISFED_NATS_URL": nats_proxy.url_for(self.nats_url_for(f"agent-{name}")),
                                       "IRISFED_DATABASE_URL": db_proxy.url_for(self.database_url_for(name))})
         return nats_proxy, db_proxy
 
     def kill(self, name: str) -> None:
         """Crash a service (SIGKILL): no clean-up of any kind."""
-        process = self.processes.pop(name)
-        process.kill()
-        process.wait()
+        self.supervisor.kill(name)
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -224,13 +172,7 @@ class Federation:
         )
 
     def close(self) -> None:
-        for proxy in self.proxies:
-            proxy.restore()  # let stopping agents say goodbye
-        for name in list(self.processes):
-            self.stop(name)
-        for proxy in self.proxies:
-            proxy.close()
-        self.proxies.clear()
+        self.supervisor.close()
 
 
 @pytest.fixture

@@ -1,0 +1,298 @@
+"""One harness for local federations: their TOML from data, and a supervisor.
+
+``irisfed up``, the chaos suite, the benchmarks and the end-to-end tests all run
+a federation on this machine the same way:
+
+- :func:`render_config` / :func:`write_config` turn a federation described as
+  data (:class:`Peer` entries and top-level settings) into its TOML file, checked
+  by the same parser the services use, so no caller builds TOML from strings;
+- :class:`Supervisor` starts processes by name and stops them by their own PID
+  (SIGTERM, then SIGKILL), restarts one the same way it was started, and closes
+  the proxies and servers it was handed;
+- :class:`LocalFederation` starts router, tick and peer agents as
+  ``python -m services.<name>`` under a supervisor, each with the NATS user of
+  its role and its own Postgres URL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.common.db_roles import peer_role
+from services.common.nats_auth import NatsAuth, with_credentials
+from shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
+from tooling.proxy import TcpProxy, proxy_for
+from tooling.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[1]
+STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL after this long
+
+# ---------------------------------------------------------------- the TOML file
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One ``[[peers]]`` entry; ``None`` leaves a key out (the parser's default)."""
+
+    id: str
+    attributes: Mapping[str, str | Sequence[str]] = field(default_factory=dict)
+    slots: int | None = None
+    backend: str | None = None
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else "nan" if math.isnan(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _toml_value(key)
+
+
+def render_config(peers: Iterable[Peer], comment: str = "", **settings: Any) -> str:
+    """The federation's TOML: ``settings`` (``local_cluster``, ``heartbeat_ttl_s`` ...) then
+    one ``[[peers]]`` table per peer; ``comment`` lines go on top. Raises ConfigError
+    when the parser the services use would refuse the result."""
+    lines = [f"# {line}".rstrip() for line in comment.splitlines()]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in settings.items() if value is not None]
+    for peer in peers:
+        lines += ["", "[[peers]]", f"id = {_toml_value(peer.id)}"]
+        if peer.attributes:
+            lines.append(f"attributes = {_toml_value(peer.attributes)}")
+        if peer.slots is not None:
+            lines.append(f"slots = {peer.slots}")
+        if peer.backend is not None:
+            lines.append(f"backend = {_toml_value(peer.backend)}")
+    text = "\n".join(lines) + "\n"
+    parse_config(tomllib.loads(text))  # what the services will say about it, said now
+    return text
+
+
+def write_config(path: Path, peers: Iterable[Peer], comment: str = "", **settings: Any) -> FederationConfig:
+    """Render (see :func:`render_config`) to ``path``; return it as the services will read it."""
+    text = render_config(peers, comment, **settings)
+    path.write_text(text)
+    return parse_config(tomllib.loads(text))
+
+
+def login_role_urls(database_url: str, peer_ids: Iterable[str], passwords: Mapping[str, str]) -> dict[str, str]:
+    """Service name (router, tick, a peer id) → ``database_url`` as its own login role
+    (``irisfed db-roles``: ``passwords`` maps each login role to its password)."""
+    roles = {"router": "irisfed_svc_router", "tick": "irisfed_svc_tick",
+             **{peer: peer_role(peer) for peer in peer_ids}}
+    return {name: with_credentials(database_url, role, passwords[role]) for name, role in roles.items()}
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Launch:
+    """How a child was started, so it can be started again the same way."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    cwd: Path | None = None
+    started_at: float = 0.0  # time.monotonic() of the latest start
+    restarts: int = 0
+
+
+class Supervisor:
+    """Child processes by name, stopped by their own PID; the proxies and servers handed to it.
+
+    ``processes`` holds the children started and not yet stopped or killed (one
+    that exited by itself stays until :meth:`restart`, :meth:`stop` or a caller
+    takes it out). Children run in sessions of their own, so a Ctrl-C reaches the
+    caller only; each appends its output to its log file.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.launches: dict[str, Launch] = {}
+        self.proxies: list[TcpProxy] = []
+        self.servers: list[ServerProcess] = []
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None,
+              log_path: Path | None = None) -> subprocess.Popen:
+        launch = Launch(list(argv), dict(env), log_path or self.log_dir / f"{name}.log", cwd)
+        self.launches[name] = launch
+        return self._launch(name, launch)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start ``name`` again with its last command line and environment."""
+        launch = self.launches[name]
+        launch.restarts += 1
+        return self._launch(name, launch)
+
+    def _launch(self, name: str, launch: Launch) -> subprocess.Popen:
+        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(launch.log_path, "ab") as log:
+            process = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        launch.started_at = time.monotonic()
+        self.processes[name] = process
+        return process
+
+    def running(self, name: str) -> bool:
+        process = self.processes.get(name)
+        return process is not None and process.poll() is None
+
+    def exited(self) -> list[str]:
+        """Children that ended by themselves (never by :meth:`stop` or :meth:`kill`)."""
+        return [name for name, process in self.processes.items() if process.poll() is not None]
+
+    def stop(self, name: str, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, and SIGKILL if it is not gone within ``timeout``; its exit code."""
+        process = self.processes.pop(name)
+        _terminate([process], timeout)
+        return process.returncode
+
+    def kill(self, name: str) -> None:
+        """Crash it (SIGKILL to its own PID): no clean-up of any kind."""
+        process = self.processes.pop(name, None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def stop_all(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Every child at once: SIGTERM to all, then wait for each (SIGKILL after ``timeout``)."""
+        _terminate(list(self.processes.values()), timeout)
+        self.processes.clear()
+
+    def proxy(self, url: str) -> TcpProxy:
+        """A proxy in front of the server ``url`` names, closed with the supervisor."""
+        made = proxy_for(url)
+        self.proxies.append(made)
+        return made
+
+    def add_server(self, server: ServerProcess) -> ServerProcess:
+        """A server to stop (by its PID) after every child, in reverse order of adding."""
+        self.servers.append(server)
+        return server
+
+    def pids(self) -> dict[str, Any]:
+        return {"servers": [s.pid for s in self.servers],
+                "children": {name: p.pid for name, p in self.processes.items()}}
+
+    def close(self) -> None:
+        """Children first (with every proxy let through, so they can say goodbye), then
+        the proxies, then the servers."""
+        for proxy in self.proxies:
+            proxy.restore()
+        self.stop_all()
+        for proxy in self.proxies:
+            proxy.close()
+        self.proxies.clear()
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
+
+
+def _terminate(processes: list[subprocess.Popen], timeout: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ---------------------------------------------------------------- services
+
+SERVICE_MODULES = {"router": "services.router", "tick": "services.tick"}  # any other name: a peer's agent
+
+
+def nats_role(name: str) -> str:
+    """The NATS user service ``name`` (router, tick or a peer id) connects as."""
+    return name if name in SERVICE_MODULES else f"agent-{name}"
+
+
+def harness_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any IRISFED_ setting, running this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+class LocalFederation:
+    """Router, tick and peer agents as local processes, started by name under a supervisor.
+
+    ``start("router")``, ``start("tick")``, ``start(peer_id)``: ``python -m
+    services.<...> --config CONFIG`` with ``args`` and the call's own flags, the
+    NATS URL of its role (its own user when ``auth`` is given) and its Postgres
+    URL (``db_urls[name]`` when set, e.g. its own login role, else
+    ``database_url``). ``child_name`` maps a service to its supervisor name and
+    log file (``irisfed up`` calls its agents ``agent-<peer>``).
+    """
+
+    def __init__(self, supervisor: Supervisor, config_path: Path, database_url: str, nats_url: str, *,
+                 env: Mapping[str, str], work_dir: Path, auth: NatsAuth | None = None, args: Sequence[str] = (),
+                 cwd: Path | None = None, child_name: Callable[[str], str] = str, log_prefix: str = "") -> None:
+        self.supervisor = supervisor
+        self.config_path = config_path
+        self.database_url = database_url
+        self.nats_url = nats_url  # without credentials
+        self.auth = auth
+        self.db_urls: dict[str, str] = {}
+        self.base_env = dict(env)
+        self.work_dir = work_dir
+        self.args = list(args)
+        self.cwd = cwd
+        self.child_name = child_name
+        self.log_prefix = log_prefix
+
+    @property
+    def processes(self) -> dict[str, subprocess.Popen]:
+        return self.supervisor.processes
+
+    def nats_url_for(self, role: str) -> str:
+        return self.auth.url(self.nats_url, role) if self.auth else self.nats_url
+
+    def database_url_for(self, name: str) -> str:
+        """The Postgres URL service ``name`` connects with."""
+        return self.db_urls.get(name, self.database_url)
+
+    def argv(self, name: str, *extra: str) -> list[str]:
+        args = [sys.executable, "-m", SERVICE_MODULES.get(name, "services.peer_agent"),
+                "--config", str(self.config_path), *self.args, *extra]
+        if name not in SERVICE_MODULES:
+            args += ["--peer-id", name, "--work-dir", str(self.work_dir)]
+        return args
+
+    def start(self, name: str, *extra: str, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+        """Start service ``name`` (router, tick or a peer id); ``env`` overrides (e.g. a proxy's URL)."""
+        env = {**self.base_env, NATS_URL_ENV: self.nats_url_for(nats_role(name)),
+               DATABASE_URL_ENV: self.database_url_for(name), **(env or {})}
+        child = self.child_name(name)
+        return self.supervisor.start(child, self.argv(name, *extra), env, cwd=self.cwd,
+                                     log_path=self.supervisor.log_dir / f"{self.log_prefix}{child}.log")
