@@ -499,7 +499,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Seeded random faults against a real federation; exit 1 on any violation."""
-    from services.chaos.runner import ChaosSettings, run_chaos
+    from tooling.chaos import ChaosSettings, run_chaos
 
     settings = ChaosSettings(schedules=args.schedules, seed=args.seed, steps=args.steps,
                              first=args.first, keep=args.keep, restricted_roles=args.restricted_roles)

@@ -3,7 +3,7 @@
 12 schedules run the services on the database owner and 8 on their own restricted
 login roles (`irisfed db-roles`: row-level security), all on durable Postgres with
 crash restarts, stalls, SIGKILLed agents whose real runs live on, and a rogue agent
-user forging heartbeats (services/chaos/runner.py says what each checks).
+user forging heartbeats (tooling/chaos/ says what each checks).
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from services.chaos.runner import ChaosSettings, run_chaos
+from tooling.chaos import ChaosSettings, run_chaos
 
 pytestmark = pytest.mark.e2e
 

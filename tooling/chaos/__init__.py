@@ -1,0 +1,43 @@
+"""The chaos suite (``irisfed chaos``): seeded random faults against a real federation,
+then the invariants.
+
+Each schedule gets a fresh database and subject prefix, a router, a tick and four
+peer agents: two run real short processes (``subprocess`` backend, ``sh -c``
+jobs in their own sessions, which outlive a SIGKILLed agent), two are
+``simulated``. Every service's Postgres connections, and the agents' NATS ones,
+go through proxies. Postgres runs durable (fsync and synchronous_commit on), so
+a crash that loses an acknowledged submit is a finding, not an artefact.
+
+A seeded schedule mixes submits, cancels and faults: agent kills (also while its
+real runs go on), partitions (NATS, Postgres or both), Postgres stalls (a
+server that hangs: the proxy holds every byte, nothing is reset) for one
+service or all, a rogue agent user publishing forged heartbeats (naming other
+peers, huge TTLs) and replaying old ones while their peer's agent is down,
+router/tick kills, NATS restarts, and Postgres restarts: clean (fast shutdown)
+or crashes (``SIGQUIT`` as ``pg_ctl stop -m immediate``, or SIGKILL of the
+postmaster and every backend). After the faults stop and everything is
+restored, it waits for every acknowledged job to end and checks DESIGN.md §6:
+nothing lost, the changelog replays to ``jobs``, epochs never go back, pinned
+jobs only on their pin, no double success, never-started cancels never started;
+no unpinned job placed on a peer whose agent had been down for over a TTL; no
+two live processes of one job under different epochs (see ``RunWatcher``); and no
+service exiting by itself or logging a dead background task (``task_died``).
+
+``ChaosSettings.restricted_roles`` runs the services on their own Postgres login
+roles (``irisfed db-roles``: row-level security) instead of the owner.
+
+Schedule ``i`` of seed ``S`` always draws the same faults, so a failing seed
+reproduces: ``irisfed chaos --seed S --schedules 1 --first i`` (what a fault hits,
+e.g. which jobs are running, still depends on timing).
+
+Modules: ``world`` (the federation under test: its peers, timings, servers and
+services), ``workload`` (the jobs producers submit), ``faults`` (what a step may
+break, and how it is mended), ``watcher`` (live job processes, for the
+double-run check), ``checks`` (the invariants after convergence), ``schedule``
+(one seeded schedule), ``result`` and ``runner`` (many schedules, the summary).
+"""
+
+from tooling.chaos.result import ChaosSummary, ScheduleResult
+from tooling.chaos.runner import ChaosSettings, run_chaos
+
+__all__ = ["ChaosSettings", "ChaosSummary", "ScheduleResult", "run_chaos"]

@@ -1,0 +1,132 @@
+"""The double-run check: which real job processes are alive, sampled in a thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tooling.chaos.world import FENCING_WINDOW_S, SAMPLE_PERIOD_S, live_state
+
+
+@dataclass
+class _Run:
+    """One real job process (the ``sh`` of JOB_SCRIPT), as its own log lines tell."""
+
+    job_id: str
+    epoch: int
+    peer_id: str
+    pid: int
+    first_seen: float
+    last_seen: float
+    gone_at: float | None = None
+    ended: bool = False  # it wrote its "end" line: it ran to its end, it was not killed
+
+
+class RunWatcher:
+    """Samples which real job processes are alive, every SAMPLE_PERIOD_S, in a thread.
+
+    Each job's script appends ``start JOB EPOCH PID CWD`` to a log as it begins and
+    ``end JOB EPOCH PID`` when its sleep is over (never when killed); the watcher
+    reads new lines and checks each known pid in /proc (zombies count as dead).
+    Whenever one job has live processes under two epochs it records the overlap.
+
+    The rule (DESIGN.md §6.3, fencing), checked by :meth:`violations`: a job never
+    has live processes under two epochs at once, except that an older copy may
+    still be alive for at most FENCING_WINDOW_S after a newer one starts, and only
+    if it is then killed (it never writes its "end" line). Jobs last at most
+    MAX_JOB_S, less than TTL + grace, so a copy left by a dead or cut-off agent
+    has ended on its own before the tick may hand its job out again; any overlap
+    at all means a stale copy outlived the moment its job moved on (e.g. a
+    restarted agent that failed to kill what its previous run left behind).
+    """
+
+    def __init__(self, log_path: Path, work_dir: Path) -> None:
+        self.log_path = log_path
+        self.work_dir = work_dir
+        self.offset = 0
+        self.runs: dict[int, _Run] = {}
+        self.overlaps: dict[tuple[str, int, int], list[float]] = {}  # (job, old, new) → [first, last]
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="chaos-run-watcher", daemon=True)
+
+    def start(self) -> None:
+        self.log_path.touch()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sweep()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_PERIOD_S):
+            self.sweep()
+
+    def _read_log(self) -> None:
+        with open(self.log_path, "rb") as log:
+            log.seek(self.offset)
+            data = log.read()
+        complete = data.rfind(b"\n") + 1
+        self.offset += complete
+        now = time.time()
+        for line in data[:complete].decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) >= 5 and parts[0] == "start":
+                try:
+                    peer = Path(parts[4]).relative_to(self.work_dir).parts[0]
+                except (ValueError, IndexError):
+                    peer = "?"
+                self.runs[int(parts[3])] = _Run(parts[1], int(parts[2]), peer, int(parts[3]), now, now)
+            elif len(parts) >= 4 and parts[0] == "end" and int(parts[3]) in self.runs:
+                self.runs[int(parts[3])].ended = True
+
+    def sweep(self) -> None:
+        with self._lock:
+            self._read_log()
+            now = time.time()
+            live: dict[str, set[int]] = defaultdict(set)
+            for run in self.runs.values():
+                if run.gone_at is not None:
+                    continue
+                found = live_state(run.pid)
+                if found is None or found[0] in "ZX":
+                    run.gone_at = now
+                    continue
+                run.last_seen = now
+                live[run.job_id].add(run.epoch)
+            for job_id, epochs in live.items():
+                newest = max(epochs)
+                for old in epochs - {newest}:
+                    seen = self.overlaps.setdefault((job_id, old, newest), [now, now])
+                    seen[1] = now
+
+    def live_on(self, peer_id: str) -> bool:
+        with self._lock:
+            return any(r.gone_at is None and r.peer_id == peer_id for r in self.runs.values())
+
+    def live_pids(self) -> list[int]:
+        with self._lock:
+            return [r.pid for r in self.runs.values() if r.gone_at is None]
+
+    def violations(self) -> tuple[list[str], int]:
+        """Overlaps that break the rule above, and how many overlaps kept it."""
+        problems, fenced = [], 0
+        for (job_id, old, new), (first, last) in sorted(self.overlaps.items()):
+            stale = [r for r in self.runs.values() if r.job_id == job_id and r.epoch == old]
+            where = ",".join(sorted({r.peer_id for r in stale}))
+            newer = ",".join(sorted({r.peer_id for r in self.runs.values()
+                                     if r.job_id == job_id and r.epoch == new}))
+            lasted = last - first + SAMPLE_PERIOD_S
+            if any(r.ended for r in stale):
+                problems.append(f"{job_id}: epoch {old} ran to its end on {where} while epoch {new} "
+                                f"was running on {newer} (both alive for ~{lasted:.2f}s)")
+            elif lasted > FENCING_WINDOW_S:
+                problems.append(f"{job_id}: epoch {old} on {where} stayed alive ~{lasted:.2f}s while "
+                                f"epoch {new} ran on {newer} (fencing window {FENCING_WINDOW_S:.1f}s)")
+            else:
+                fenced += 1
+        return problems, fenced

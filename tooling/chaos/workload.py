@@ -1,0 +1,47 @@
+"""What the chaos producers submit: short real jobs that log when they start and end."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tooling.chaos.world import MAX_JOB_S, PEERS
+
+# What every job runs on the subprocess peers ($1 seconds, exit $2, log to $3).
+# The simulated peers read the same duration and exit code from the labels.
+JOB_SCRIPT = ('echo "start $IRISFED_JOB_ID $IRISFED_EPOCH $$ $PWD" >> "$3"; sleep "$1"; '
+              'echo "end $IRISFED_JOB_ID $IRISFED_EPOCH $$" >> "$3"; exit "$2"')
+
+# Constraints only that peer satisfies (home has none: its work is LOCAL, placed by the router).
+ONLY_ON = {
+    "gpu-a": [{"key": "device_variant", "op": "eq", "value": "h100"}],
+    "gpu-b": [{"key": "device_variant", "op": "eq", "value": "a100"}],
+    "tpu": [{"key": "device_type", "op": "eq", "value": "tpu"}],
+}
+
+
+def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = None,
+             pin: str | None = None, min_s: float = 0.0) -> dict:
+    """A random job; ``kind`` forces its kind (``only:PEER``: constrained to that peer alone)."""
+    kind = kind or rng.choice(["local", "gpu", "gpu", "tpu", "pinned", "impossible", "variant"])
+    duration = f"{rng.uniform(min_s, MAX_JOB_S):.2f}"
+    exit_code = "1" if rng.random() < 0.1 else "0"
+    body: dict = {
+        "job_id": job_id,
+        # Real on the subprocess peers; the simulated ones read the labels instead.
+        "command": ["sh", "-c", JOB_SCRIPT, "chaos-job", duration, exit_code, str(run_log)],
+        "max_retries": rng.randint(0, 2),
+        "labels": {"sim.duration_s": duration, "sim.exit_code": exit_code},
+        "priority": rng.randint(0, 3),
+    }
+    if kind in ("gpu", "tpu"):
+        body["constraints"] = [{"key": "device_type", "op": "eq", "value": kind}]
+    elif kind == "variant":
+        body["constraints"] = [{"key": "device_variant", "op": "in", "value": ["h100", "a100"]}]
+    elif kind == "pinned":
+        body["cluster_pin"] = pin or rng.choice(sorted(PEERS))
+    elif kind == "impossible":
+        body["constraints"] = [{"key": "device_type", "op": "eq", "value": "fpga"}]
+    elif kind.startswith("only:"):
+        body["constraints"] = ONLY_ON[kind.split(":", 1)[1]]
+    return body

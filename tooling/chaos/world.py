@@ -1,0 +1,219 @@
+"""The federation under chaos: its peers and timings, the servers it restarts, and
+its services, each behind proxies of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import asyncpg
+
+from services.common.db_roles import apply_roles
+from services.common.nats_auth import NatsAuth
+from shared.config import DATABASE_URL_ENV, NATS_URL_ENV, parse_config
+from tooling.federation import (
+    LocalFederation,
+    Peer,
+    Supervisor,
+    harness_env,
+    nats_role,
+    render_config,
+)
+from tooling.proxy import TcpProxy
+from tooling.servers import start_nats, start_postgres
+
+PEERS = {
+    "home": {"device_type": "cpu"},
+    "gpu-a": {"device_type": "gpu", "device_variant": "h100"},
+    "gpu-b": {"device_type": "gpu", "device_variant": "a100"},
+    "tpu": {"device_type": "tpu"},
+}
+# These agents run real processes; the others are simulated. Both are gpu peers, so
+# unpinned gpu work can move between two real backends.
+SUBPROCESS_PEERS = ("gpu-a", "gpu-b")
+SERVICES = ("router", "tick", *PEERS)
+CONVERGE_TIMEOUT_S = 90.0
+REQUEST_TIMEOUT_S = 2.0
+HEARTBEAT_INTERVAL_S = 0.2  # also the agents' reconcile interval
+HEARTBEAT_TTL_S = 1.0
+ASSIGN_GRACE_S = 0.5
+# Services' own limits, small so that stalls exercise them: one statement or a free
+# connection (--db-timeout), and a submit's wait at each step (--submit-timeout;
+# answered within twice that, under the producer's REQUEST_TIMEOUT_S).
+SERVICE_DB_TIMEOUT_S = 2.0
+SUBMIT_TIMEOUT_S = 0.8
+# Jobs last at most this: shorter than TTL + grace, so a copy started before its
+# agent went silent has ended before the tick may requeue the job elsewhere.
+MAX_JOB_S = 0.9
+SAMPLE_PERIOD_S = 0.05
+# An older epoch's process may be alive together with a newer epoch's only if it
+# was killed (it did not run to its end), and for at most this long.
+FENCING_WINDOW_S = 2 * HEARTBEAT_INTERVAL_S + 0.4
+# A placement on a peer whose agent died more than its TTL + this ago is a violation.
+DOWN_SLACK_S = 0.5
+
+
+def config_text(prefix: str) -> str:
+    peers = [Peer(peer_id, attrs, slots=3, backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated")
+             for peer_id, attrs in PEERS.items()]
+    return render_config(peers, local_cluster="home", subject_prefix=prefix,
+                         heartbeat_interval_s=HEARTBEAT_INTERVAL_S, heartbeat_ttl_s=HEARTBEAT_TTL_S,
+                         tick_interval_s=HEARTBEAT_INTERVAL_S, assign_grace_s=ASSIGN_GRACE_S)
+
+
+class ChaosFederation(LocalFederation):
+    """The services of one schedule, restartable one by one.
+
+    ``db_urls`` maps each service (router, tick, peer ids) to the Postgres URL it
+    connects with (its own login role in restricted mode). Every service's Postgres
+    connections pass through a proxy of its own (``db_proxies``), the agents' NATS
+    connections too (``nats_proxies``).
+    """
+
+    def __init__(self, folder: Path, db_urls: dict[str, str], nats_url: str, auth: NatsAuth) -> None:
+        config_path = folder / "federation.toml"
+        super().__init__(Supervisor(folder), config_path, db_urls["router"], nats_url, auth=auth,
+                         env=harness_env(IRISFED_CONFIG=str(config_path)), work_dir=folder / "work",
+                         args=["--db-timeout", str(SERVICE_DB_TIMEOUT_S)])
+        self.db_urls = db_urls
+        self.db_proxies: dict[str, TcpProxy] = {}
+        self.nats_proxies: dict[str, TcpProxy] = {}
+        # When each agent was killed and restarted (time.time()): [killed, restarted or None].
+        self.down: dict[str, list[list[float | None]]] = defaultdict(list)
+
+    def start(self, name: str) -> None:  # type: ignore[override]
+        if self.running(name):
+            return  # a peer killed twice is restarted once
+        if name not in self.db_proxies:
+            self.db_proxies[name] = self.supervisor.proxy(self.db_urls[name])
+        env = {DATABASE_URL_ENV: self.db_proxies[name].url_for(self.db_urls[name])}
+        extra = []
+        if name in PEERS:
+            if name not in self.nats_proxies:
+                self.nats_proxies[name] = self.supervisor.proxy(self.nats_url)
+            env[NATS_URL_ENV] = self.nats_proxies[name].url_for(self.nats_url_for(nats_role(name)))
+            if self.down[name] and self.down[name][-1][1] is None:
+                self.down[name][-1][1] = time.time()
+        elif name == "router":
+            extra = ["--submit-timeout", str(SUBMIT_TIMEOUT_S)]
+        super().start(name, *extra, env=env)
+
+    def running(self, name: str) -> bool:
+        return self.supervisor.running(name)
+
+    def reap(self) -> list[str]:
+        """Services that exited by themselves (never by our hand): each is a finding."""
+        exited = []
+        for name in self.supervisor.exited():
+            process = self.supervisor.processes.pop(name)
+            if name in PEERS:
+                self.down[name].append([time.time(), None])
+            exited.append(f"{name} exited by itself with code {process.returncode} (see {name}.log)")
+        return exited
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the service's process alone: runs it started live on in their own sessions."""
+        alive = self.running(name)
+        self.supervisor.kill(name)
+        if alive and name in PEERS:
+            self.down[name].append([time.time(), None])
+
+    def close(self) -> None:
+        self.supervisor.close()
+
+
+class Servers:
+    """NATS and Postgres this chaos run owns (it restarts them)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        # Subject prefixes differ per schedule (one token each): permissions for "*".
+        self.auth = NatsAuth.create("*", PEERS)
+        self.auth_conf, _ = self.auth.write(folder / "nats-auth")
+        self.nats = start_nats(folder / "nats", config_file=self.auth_conf)
+        # Durable (fsync, synchronous_commit): an acknowledged submit must survive a crash.
+        self.postgres = start_postgres(folder / "pg", durable=True)
+
+    def database_url(self, name: str) -> str:
+        return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
+
+    async def admin(self, sql: str) -> None:
+        conn = await asyncpg.connect(self.postgres.url)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    def restart_nats(self) -> None:
+        port = self.nats.port
+        self.nats.stop()
+        self.nats = start_nats(self.folder / "nats", port=port, config_file=self.auth_conf)
+
+    def restart_postgres(self, how: str = "fast") -> None:
+        """Stop Postgres and start it again on the same port and data.
+
+        ``fast``: SIGINT, a clean shutdown (sessions rolled back, checkpoint).
+        ``immediate``: SIGQUIT, what ``pg_ctl stop -m immediate`` sends: every
+        process quits at once, no checkpoint, crash recovery at the next start.
+        ``kill``: SIGKILL to the postmaster and all its backends (its process
+        group), like a machine losing power bar the disk cache.
+        """
+        port, process = self.postgres.port, self.postgres.process
+        if how == "fast":
+            self.postgres.stop()
+        elif how == "immediate":
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGQUIT)
+            process.wait(timeout=30)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own session: the group is its pid
+            process.wait(timeout=30)
+        wait_group_gone(process.pid)  # no backend may still hold the old shared memory
+        self.postgres = start_postgres(self.folder / "pg", port=port, durable=True)
+
+    def close(self) -> None:
+        for server in (self.nats, self.postgres):
+            server.stop()
+
+
+def live_state(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of ``pid`` from /proc, or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parens
+    return fields[0], int(fields[2])
+
+
+def wait_group_gone(pgid: int, timeout: float = 15.0) -> None:
+    """Wait until no live (non-zombie) process remains in process group ``pgid``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                found = live_state(int(entry))
+                if found is not None and found[1] == pgid and found[0] not in "ZX":
+                    alive = True
+                    break
+        if not alive:
+            return
+        time.sleep(0.05)
+
+
+async def create_roles(database_url: str) -> dict[str, str]:
+    """``irisfed db-roles`` for the chaos federation (roles are cluster-wide; their
+    peer mapping is copied with the template to every schedule's database)."""
+    config = parse_config(tomllib.loads(config_text("chaos")))
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await apply_roles(conn, config)
+    finally:
+        await conn.close()
