@@ -21,6 +21,7 @@ from msgspec import Meta, Struct
 
 from shared.constraints import Constraint, ConstraintError, ConstraintOp
 from shared.errors import InvalidRequest
+from shared.resources import MAX_RESOURCES, Resources, as_resources
 
 WIRE_VERSION = 1
 # Generous for any real job spec, small enough that a hostile producer cannot
@@ -74,17 +75,38 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     max_retries: Annotated[int, Meta(ge=0, le=100)] = 2
     deadline_s: Annotated[float, Meta(gt=0, le=31_536_000)] | None = None
     labels: Annotated[dict[MapKey, Name], Meta(max_length=64)] = {}
+    # Added to v1 (DESIGN §3.1). Resource name → amount; validated in __post_init__
+    # (shared.resources: names, units, limits). Absent = {"cpu": 1}.
+    resources: Annotated[dict[Annotated[str, Meta(max_length=64)], int | float],
+                         Meta(max_length=MAX_RESOURCES)] = {}
+    # Soft constraints: they rank the peers that can take the job, never reject it.
+    preferences: Annotated[list[ConstraintSpec], Meta(max_length=64)] = []
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
             raise ValueError("command[0] (the program) must not be empty")
+        if self.resources:
+            as_resources(self.resources)  # raises ResourceError (a ValueError) naming the problem
 
     def constraint_list(self) -> list[Constraint]:
         return [spec.to_constraint() for spec in self.constraints]
 
+    def preference_list(self) -> list[Constraint]:
+        return [spec.to_constraint() for spec in self.preferences]
+
+    def resource_request(self) -> Resources:
+        """The job's resources, validated and normalised (``cpu`` defaults to 1)."""
+        return as_resources(self.resources or None)
+
     def canonical_spec(self) -> bytes:
-        """Everything but ``job_id`` as canonical JSON (sorted keys): what a job *is*."""
-        return _canonical.encode(msgspec.structs.replace(self, job_id=None))
+        """Everything but ``job_id`` as canonical JSON (sorted keys): what a job *is*.
+
+        Resources are normalised first, so ``{}``, ``{"cpu": 1}`` and ``{"cpu": 1.0}``
+        are the same job (and the same as a v1 submit without them).
+        """
+        request = self.resource_request()
+        resources = {} if request.is_default() else request.as_dict()
+        return _canonical.encode(msgspec.structs.replace(self, job_id=None, resources=resources))
 
     def spec_hash(self) -> str:
         """A stable hash of everything but ``job_id``: same hash, same job."""
@@ -157,12 +179,25 @@ class Capacity(Struct, frozen=True):
     free: int
 
 
+class ResourceAmount(Struct, frozen=True):
+    """One advertised resource of a backend (units: shared.resources)."""
+
+    total: float
+    free: float
+
+
 class BackendAd(Struct, frozen=True):
-    """One backend in a heartbeat."""
+    """One backend in a heartbeat.
+
+    ``capacity`` counts slots (one per job). ``resources`` (added to v1) advertises
+    every resource the backend has, ``{name: {total, free}}``; a backend without it is
+    placed by slots only (docs/scheduling.md).
+    """
 
     name: str
     attributes: dict[str, list[str]]
     capacity: Capacity
+    resources: dict[str, ResourceAmount] = {}
 
 
 class Heartbeat(Struct, frozen=True):

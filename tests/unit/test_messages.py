@@ -199,3 +199,100 @@ def test_internal_messages_with_nul_are_refused():
     with pytest.raises(msgspec.ValidationError, match="NUL"):
         decode_internal(Heartbeat, body)
     assert decode_internal(Heartbeat, body.replace(b"\\u0000", b"")).backends[0].attributes == {"zone": ["a"]}
+
+
+# ---------------------------------------------------------------- additions to v1 (DESIGN §3.1)
+
+
+def test_v1_submit_canonical_spec_is_unchanged_by_the_additions():
+    # Stored spec hashes of jobs submitted before resources existed must still match.
+    req = decode_request(SubmitRequest, submit(priority=3))
+    assert req.canonical_spec() == b'{"command":["echo","hi"],"priority":3}'
+
+
+def test_equivalent_resource_requests_are_the_same_job():
+    hashes = {decode_request(SubmitRequest, submit(job_id="a", resources=r)).spec_hash()
+              for r in ({}, {"cpu": 1}, {"cpu": 1.0}, {"cpu": 1, "gpu": 0})}
+    assert hashes == {decode_request(SubmitRequest, submit(job_id="b")).spec_hash()}
+    other = decode_request(SubmitRequest, submit(resources={"cpu": 2})).spec_hash()
+    assert other not in hashes
+    assert decode_request(SubmitRequest, submit(resources={"gpu": 1, "cpu": 1})).spec_hash() == \
+        decode_request(SubmitRequest, submit(resources={"gpu": 1})).spec_hash()
+
+
+def test_resources_and_preferences_roundtrip():
+    body = submit(resources={"cpu": 0.25, "memory_mb": 512, "gpu": 1},
+                  preferences=[{"key": "zone", "op": "eq", "value": "a"}, {"key": "spot", "op": "not_exists"}])
+    req = decode_request(SubmitRequest, body)
+    assert decode_request(SubmitRequest, encoder.encode(req)) == req
+    assert req.resource_request().as_dict() == {"cpu": 0.25, "gpu": 1, "memory_mb": 512}
+    assert [c.describe() for c in req.preference_list()] == ["zone == a", "not_exists(spot)"]
+
+
+@pytest.mark.parametrize(
+    ("preferences", "fragment"),
+    [
+        ([{"key": "k", "op": "like", "value": "x"}], "Invalid enum value 'like'"),
+        ([{"key": "k", "op": "gt", "value": "big"}], "numeric"),
+        ([{"key": "k", "op": "exists", "value": "a"}], "takes no value"),
+        ([{"key": "k", "op": "eq", "value": "a", "extra": 1}], "unknown field `extra`"),
+        ({"key": "k"}, "Expected `array`"),
+        ([{"key": "k", "op": "eq", "value": "x"}] * 65, "length <= 64"),
+    ],
+)
+def test_bad_preferences_are_invalid_like_constraints(preferences, fragment):
+    with pytest.raises(InvalidRequest) as info:
+        decode_request(SubmitRequest, submit(preferences=preferences))
+    assert fragment in info.value.message
+
+
+def test_schema_documents_resources_and_preferences():
+    target = json_schemas()["SubmitRequest"]["$defs"]["SubmitRequest"]
+    assert {"resources", "preferences"} <= set(target["properties"])
+    assert target["required"] == ["command"]
+    backend = json_schemas()["Heartbeat"]["$defs"]["BackendAd"]
+    assert "resources" in backend["properties"] and "resources" not in backend["required"]
+
+
+def test_heartbeat_resources_are_optional_both_ways():
+    from shared.messages import ResourceAmount
+
+    legacy = json.dumps({"peer_id": "p", "seq": 1, "sent_at": "2026-11-30T00:00:00Z", "ttl_s": 6.0,
+                         "backends": [{"name": "main", "attributes": {}, "capacity": {"total": 2, "free": 2}}]})
+    hb = decode_internal(Heartbeat, legacy.encode())
+    assert hb.backends[0].resources == {}
+    rich = Heartbeat(peer_id="p", seq=2, sent_at=datetime.now(UTC), ttl_s=6.0, backends=[
+        BackendAd("slurm", {"device_type": ["gpu"]}, Capacity(8, 8),
+                  {"cpu": ResourceAmount(64, 60.5), "gpu": ResourceAmount(8, 4)})])
+    again = decode_internal(Heartbeat, encoder.encode(rich))
+    assert again == rich and again.backends[0].resources["gpu"].free == 4
+    # An older decoder (a BackendAd without the field) ignores it: internal messages tolerate unknown fields.
+
+    class OldBackendAd(msgspec.Struct, frozen=True):
+        name: str
+        attributes: dict[str, list[str]]
+        capacity: Capacity
+
+    class OldHeartbeat(msgspec.Struct, frozen=True):
+        peer_id: str
+        seq: int
+        sent_at: datetime
+        ttl_s: float
+        backends: list[OldBackendAd]
+
+    assert msgspec.json.decode(encoder.encode(rich), type=OldHeartbeat).backends[0].capacity.total == 8
+
+
+@given(st.dictionaries(st.text(max_size=8) | st.sampled_from(["cpu", "gpu", "memory_mb", "tpu", "slots"]),
+                       json_values | st.floats() | st.integers(min_value=-(10**20), max_value=10**20),
+                       max_size=5))
+@settings(max_examples=300)
+def test_arbitrary_resources_decode_or_raise_invalid_request(resources):
+    try:
+        body = json.dumps({"command": ["true"], "resources": resources}).encode()
+        req = decode_request(SubmitRequest, body)
+    except InvalidRequest:
+        return
+    request = req.resource_request()
+    assert all(units > 0 for _, units in request.units)
+    assert decode_request(SubmitRequest, req.canonical_spec()).resource_request() == request
