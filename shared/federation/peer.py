@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.resources import Amount, ResourceError, parse_offer
 
 # Peer ids become NATS subject tokens (``irisfed.assign.<peer_id>``): no dots,
 # no wildcards, no whitespace.
@@ -29,12 +30,19 @@ def validate_peer_id(peer_id: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """One place a peer can run jobs, with the attributes and capacity it advertises."""
+    """One place a peer can run jobs, with the attributes and capacity it advertises.
+
+    ``total``/``free`` count slots (one per job). ``resources`` maps a resource name to
+    its advertised amounts (anything with ``total`` and ``free``: an Amount, the wire's
+    ResourceAmount); empty for an agent that advertises none, which is then placed by
+    slots only (see shared.resources and docs/scheduling.md).
+    """
 
     name: str
     attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     total: int = 0
     free: int = 0
+    resources: Mapping[str, Amount] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +78,11 @@ def _build_backend(entry: Mapping[str, Any], peer_id: str) -> Backend:
     capacity = entry.get("capacity", {})
     total = int(capacity.get("total", entry.get("slots", 0)))
     free = int(capacity.get("free", total))
-    return Backend(name=str(name), attributes=attributes, total=total, free=free)
+    try:
+        resources = parse_offer(entry.get("resources", {}), f"peer {peer_id} backend {name}")
+    except ResourceError as exc:
+        raise ConfigError(str(exc)) from None
+    return Backend(name=str(name), attributes=attributes, total=total, free=free, resources=resources)
 
 
 def _attributes(raw: object, peer_id: str) -> dict[str, tuple[str, ...]]:
@@ -87,7 +99,8 @@ def build_peers(config: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list
     """Build the federation's peers from config entries (or a config with ``peers``).
 
     Each entry needs ``id``; it may carry ``backends`` (``[{name, attributes,
-    capacity: {total, free}}]``), or ``attributes`` as a one-backend shorthand,
+    capacity: {total, free}, resources: {name: total | {total, free}}}]``), or
+    ``attributes`` as a one-backend shorthand,
     plus ``last_heartbeat_at`` (epoch seconds) and ``ttl_s``.
     """
     entries = config.get("peers", []) if isinstance(config, Mapping) else config

@@ -7,8 +7,17 @@
    configuration raises :class:`shared.errors.UnknownPeer`.
 2. ``local_feasible`` → LOCAL.
 3. Some reachable peer (fresh heartbeat) has a backend that satisfies every
-   constraint → QUEUE (unpinned).
-4. Otherwise → REJECT, with a verdict per peer saying why it was turned down.
+   constraint and could hold the job's resources when empty → QUEUE (unpinned).
+4. Otherwise → REJECT, with a verdict per peer saying why it was turned down; a peer
+   whose matching backends are all too small says so (``insufficient_resources``,
+   naming the resource, the amount asked and the most that backend has).
+
+"Could hold when empty" compares the request with the backend's advertised
+*totals*, never with what is free now: a busy peer queues work, a small one rejects
+it. A backend that advertises no resources (an older agent) is judged by its
+attributes only. ``local_feasible`` is the caller's: it must mean that a local
+backend matches the constraints *and* could hold the resources
+(:func:`backend_can_hold`), judged on the local cluster's newest advertised shape.
 
 Inputs and outputs are frozen values; the clock is injected; nothing here does I/O.
 """
@@ -16,14 +25,23 @@ Inputs and outputs are frozen values; the clock is injected; nothing here does I
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from shared.constraints import Constraint, first_mismatch
 from shared.errors import UnknownPeer
-from shared.federation.peer import FederationPeer
+from shared.federation.peer import Backend, FederationPeer
+from shared.resources import (
+    DEFAULT_RESOURCES,
+    Resources,
+    Shortfall,
+    as_resources,
+    describe_shortfalls,
+    offer_units,
+    shortfalls,
+)
 
 
 class SubmitDisposition(StrEnum):
@@ -41,19 +59,25 @@ class RoutingRequest:
     constraints: Sequence[Constraint] = ()
     local_feasible: bool = False
     cluster_pin: str = ""
+    # What the job asks for (a Resources or the wire's mapping); None = the default, one cpu.
+    resources: Resources | Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PeerVerdict:
-    """One peer's answer to a job's constraints.
+    """One peer's answer to a job's constraints and resources.
 
     ``code`` is one of ``match``, ``unreachable``, ``no_backends``,
-    ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``.
+    ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
+    ``insufficient_resources`` (placement adds ``no_free_capacity``, ``held``,
+    ``not_pinned_peer``, ``avoided``: shared.explain lists them all).
+    ``shortfalls`` names the resources a backend lacks, for the resource codes.
     """
 
     peer_id: str
     code: str
     detail: str = ""
+    shortfalls: tuple[Shortfall, ...] = ()
 
     def describe(self) -> str:
         return f"{self.peer_id}: {self.detail or self.code}"
@@ -69,8 +93,31 @@ class SubmitPlan:
     verdicts: tuple[PeerVerdict, ...] = field(default=())
 
 
-def judge_peer(peer: FederationPeer, constraints: Sequence[Constraint], now: float) -> PeerVerdict:
-    """Whether ``peer`` can take a job with ``constraints`` right now, and if not, why."""
+def backend_can_hold(backend: Backend, resources: Resources) -> bool:
+    """Whether ``backend`` could hold a job asking ``resources`` when empty (by its totals).
+
+    A backend that advertises no resources is not judged (always True).
+    """
+    return not backend.resources or not too_small(backend, resources)
+
+
+def too_small(backend: Backend, resources: Resources) -> list[Shortfall]:
+    """The resources ``backend``'s totals cannot cover (empty: it could hold the job).
+
+    Empty for a backend that advertises no resources: its shape is unknown.
+    """
+    if not backend.resources:
+        return []
+    totals = {name: total for name, (total, _free) in offer_units(backend.resources).items()}
+    return shortfalls(resources.units, totals, backend.name)
+
+
+def judge_peer(
+    peer: FederationPeer, constraints: Sequence[Constraint], now: float,
+    resources: Resources | None = None,
+) -> PeerVerdict:
+    """Whether ``peer`` can take a job with ``constraints`` (and ``resources``, when given:
+    None judges attributes only) right now, and if not, why."""
     if not peer.is_reachable(now):
         if peer.last_heartbeat_at is None:
             detail = "unreachable (no heartbeat received)"
@@ -84,11 +131,22 @@ def judge_peer(peer: FederationPeer, constraints: Sequence[Constraint], now: flo
     if not peer.backends:
         return PeerVerdict(peer.peer_id, "no_backends", "advertises no backends")
     mismatches = []
+    small: list[list[Shortfall]] = []
     for backend in peer.backends:
         mismatch = first_mismatch(constraints, backend.attributes)
         if mismatch is None:
-            return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} matches")
+            short = too_small(backend, resources) if resources is not None else []
+            if not short:
+                return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} matches")
+            small.append(short)
+            continue
         mismatches.append((backend.name, mismatch))
+    if small:
+        # Some backend has what the job needs but not enough of it: the closest reason.
+        detail = "; ".join(f"{describe_shortfalls(short, 'at most')} (backend {short[0].backend})"
+                           for short in small)
+        return PeerVerdict(peer.peer_id, "insufficient_resources", detail,
+                           tuple(s for short in small for s in short))
     if len(mismatches) == 1:
         return PeerVerdict(peer.peer_id, mismatches[0][1].code, mismatches[0][1].detail)
     detail = "; ".join(f"backend {name}: {m.detail}" for name, m in mismatches)
@@ -134,8 +192,9 @@ class PeerRouter:
         if request.local_feasible:
             return SubmitPlan(SubmitDisposition.LOCAL, reason="rule 2: the local cluster can run it")
         now = self._clock()
+        resources = as_resources(request.resources) if request.resources is not None else DEFAULT_RESOURCES
         verdicts = tuple(
-            judge_peer(peer, request.constraints, now) for peer in self._peers.values()
+            judge_peer(peer, request.constraints, now, resources) for peer in self._peers.values()
         )
         matching = [v.peer_id for v in verdicts if v.code == "match"]
         if matching:

@@ -176,3 +176,109 @@ def test_small_explanations_are_complete():
         RoutingRequest(GPU, local_feasible=False))
     doc = explanation("router", plan.reason, plan.verdicts)
     assert [p["peer_id"] for p in doc["peers"]] == ["home", "gpu-west"] and "more" not in doc
+
+
+# ---------------------------------------------------------------- resources (DESIGN §3.1)
+
+
+def sized(peer_id, age=0.0, name="main", resources=None, **attributes):
+    backend = {"name": name, "attributes": attributes, "capacity": {"total": 4, "free": 0}}
+    if resources is not None:
+        backend["resources"] = resources
+    return {"id": peer_id, "last_heartbeat_at": NOW - age, "backends": [backend]}
+
+
+def test_reject_names_the_resource_the_asked_amount_and_the_most_on_offer():
+    router = make_router(sized("gpu-west", name="slurm", resources={"cpu": 64, "gpu": 4}, device_type="gpu"))
+    plan = router.classify(RoutingRequest(GPU, resources={"gpu": 8, "cpu": 2}))
+    assert plan.disposition is SubmitDisposition.REJECT
+    verdict = plan.verdicts[0]
+    assert verdict.code == "insufficient_resources"
+    assert verdict.detail == "gpu: asked 8, at most 4 (backend slurm)"
+    assert [tuple(s) for s in verdict.shortfalls] == [("gpu", 8, 4, "slurm")]
+    assert "gpu-west: gpu: asked 8, at most 4 (backend slurm)" in plan.reason
+
+
+def test_a_busy_peer_big_enough_queues_the_job():
+    # Totals decide at submit, not what is free now: busy peers queue work.
+    router = make_router(sized("gpu-west", resources={"cpu": {"total": 64, "free": 0}, "gpu": {"total": 8, "free": 0}}))
+    plan = router.classify(RoutingRequest((), resources={"gpu": 8, "cpu": 64}))
+    assert plan.disposition is SubmitDisposition.QUEUE
+    assert plan.verdicts[0].code == "match"
+
+
+def test_every_short_resource_and_backend_is_named():
+    peers = build_peers([{"id": "mixed", "last_heartbeat_at": NOW, "backends": [
+        {"name": "small", "attributes": {}, "resources": {"cpu": 2, "memory_mb": 1024}},
+        {"name": "gpu", "attributes": {"device_type": "gpu"}, "resources": {"cpu": 4, "memory_mb": 4096}},
+        {"name": "other", "attributes": {"device_type": "tpu"}, "resources": {"cpu": 64, "memory_mb": 65536}},
+    ]}])
+    plan = PeerRouter(peers, clock=clock).classify(RoutingRequest((), resources={"cpu": 8, "memory_mb": 2048}))
+    assert plan.disposition is SubmitDisposition.QUEUE  # "other" could hold it
+    plan = PeerRouter(peers, clock=clock).classify(RoutingRequest(GPU, resources={"cpu": 8, "memory_mb": 8192}))
+    assert plan.disposition is SubmitDisposition.REJECT
+    # Only backends matching the constraints are measured against the request.
+    assert plan.verdicts[0].detail == "cpu: asked 8, at most 4; memory_mb: asked 8192, at most 4096 (backend gpu)"
+
+
+def test_a_backend_lists_everything_it_has():
+    # Advertising resources without cpu means no cpu: even the default job (one cpu) cannot go there.
+    router = make_router(sized("gpu-only", resources={"gpu": 8}))
+    plan = router.classify(RoutingRequest(()))
+    assert plan.disposition is SubmitDisposition.REJECT
+    assert plan.verdicts[0].detail == "cpu: asked 1, at most 0 (backend main)"
+    assert router.classify(RoutingRequest((), resources={"cpu": 0, "gpu": 2})).disposition is SubmitDisposition.QUEUE
+
+
+def test_legacy_peers_without_resources_are_judged_by_attributes_only():
+    router = make_router(peer("old", device_type="gpu"))
+    plan = router.classify(RoutingRequest(GPU, resources={"gpu": 64, "memory_mb": 10**6}))
+    assert plan.disposition is SubmitDisposition.QUEUE
+
+
+def test_attribute_mismatch_still_explains_before_size():
+    router = make_router(sized("cpu-farm", resources={"cpu": 1}, device_type="cpu"))
+    plan = router.classify(RoutingRequest(GPU, resources={"cpu": 8}))
+    assert plan.verdicts[0].code == "value_mismatch"
+
+
+def test_pin_and_local_rules_are_unchanged_by_resources():
+    router = make_router(sized("tiny", resources={"cpu": 1}))
+    pinned = router.classify(RoutingRequest((), cluster_pin="tiny", resources={"cpu": 99}))
+    assert (pinned.disposition, pinned.pinned_peer_id) == (SubmitDisposition.QUEUE, "tiny")
+    local = router.classify(RoutingRequest((), local_feasible=True, resources={"cpu": 99}))
+    assert local.disposition is SubmitDisposition.LOCAL
+
+
+def test_local_feasibility_helper_judges_the_local_shape():
+    from shared.federation.router import backend_can_hold
+    from shared.resources import Resources
+
+    local = build_peers([sized("home", resources={"cpu": {"total": 8, "free": 0}, "memory_mb": 16384})])[0]
+    backend = local.backends[0]
+    assert backend_can_hold(backend, Resources({"cpu": 8, "memory_mb": 16384}))  # busy, but big enough
+    assert not backend_can_hold(backend, Resources({"cpu": 9}))
+    legacy = build_peers([peer("old", device_type="cpu")])[0].backends[0]
+    assert backend_can_hold(legacy, Resources({"cpu": 1000}))
+
+
+def test_routing_request_takes_a_resources_value_or_a_mapping():
+    from shared.resources import ResourceError, Resources
+
+    router = make_router(sized("a", resources={"cpu": 4}))
+    assert router.classify(RoutingRequest((), False, "", Resources({"cpu": 4}))).disposition is SubmitDisposition.QUEUE
+    assert router.classify(RoutingRequest((), resources={"cpu": 5})).disposition is SubmitDisposition.REJECT
+    with pytest.raises(ResourceError):
+        router.classify(RoutingRequest((), resources={"cpu": -1}))
+
+
+def test_build_peers_reads_backend_resources():
+    from shared.resources import Amount
+
+    peers = build_peers([{"id": "a", "backends": [
+        {"name": "main", "capacity": {"total": 8, "free": 8}, "resources": {"cpu": 8, "gpu": {"total": 2, "free": 1}}}]}])
+    assert peers[0].backends[0].resources == {"cpu": Amount(8.0, 8.0), "gpu": Amount(2.0, 1.0)}
+    assert build_peers([{"id": "b", "attributes": {"x": "y"}}])[0].backends[0].resources == {}
+    for bad in ({"GPU": 1}, {"gpu": -2}, {"slots": 3}):
+        with pytest.raises(ConfigError):
+            build_peers([{"id": "a", "backends": [{"name": "main", "resources": bad}]}])
