@@ -1,63 +1,92 @@
 """The error hierarchy: one root, one class per wire error code.
 
 Errors that will repeat forever for the same input (``InvalidRequest``,
-``Conflict``, ``UnknownPeer``, ``NotFound``) are the caller's to fix; only
-``Unavailable`` is worth retrying.
+``Conflict``, ``UnknownPeer``, ``NotFound``, ``PermanentStoreError``) are the
+caller's to fix; only ``Unavailable`` is worth retrying.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Wire error codes (``{"error": {"code", ...}}``). Clients match on them: append only."""
+
+    INVALID_REQUEST = "invalid_request"
+    CONFLICT = "conflict"
+    UNKNOWN_PEER = "unknown_peer"
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+    CONFIG_ERROR = "config_error"
+    SCHEMA_MISMATCH = "schema_mismatch"
 
 
 class IrisfedError(Exception):
     """Root of every error irisfed raises on purpose; ``code`` is its wire code."""
 
-    code = "internal"
+    code: ErrorCode = ErrorCode.INTERNAL
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
+    def __init_subclass__(cls, code: ErrorCode | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
 
-class InvalidRequest(IrisfedError):
+
+class InvalidRequest(IrisfedError, code=ErrorCode.INVALID_REQUEST):
     """The request is malformed: bad JSON, wrong types, bad constraints, too large."""
 
-    code = "invalid_request"
 
-
-class UnknownPeer(IrisfedError):
+class UnknownPeer(IrisfedError, code=ErrorCode.UNKNOWN_PEER):
     """A pin names a peer that is not in the federation's configuration."""
 
-    code = "unknown_peer"
 
-
-class Conflict(IrisfedError):
+class Conflict(IrisfedError, code=ErrorCode.CONFLICT):
     """The job_id is already used by a job with a different spec."""
 
-    code = "conflict"
 
-
-class NotFound(IrisfedError):
+class NotFound(IrisfedError, code=ErrorCode.NOT_FOUND):
     """No job has that job_id."""
 
-    code = "not_found"
+
+class Unavailable(IrisfedError, code=ErrorCode.UNAVAILABLE):
+    """A dependency (Postgres) is down, hung or dropped the connection. Retry later.
+
+    Raised by the store for every failure that may go away by itself; when it
+    happened during a commit, the write may or may not have happened.
+    """
 
 
-class Unavailable(IrisfedError):
-    """A dependency (Postgres) is down; nothing was written. Retry later."""
+class PermanentStoreError(IrisfedError, code=ErrorCode.INTERNAL):
+    """Postgres refused a statement in a way that repeats on every retry.
 
-    code = "unavailable"
+    Permission denied, a violated constraint, a bad argument, a missing function:
+    retrying cannot help. ``message`` is the database's; ``error_class`` names its
+    kind (e.g. ``InsufficientPrivilegeError``) and ``sqlstate`` its SQLSTATE code.
+    """
+
+    def __init__(self, message: str, error_class: str = "", sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.sqlstate = sqlstate
+
+    @property
+    def detail(self) -> str:
+        """``<error class>: <message>``, as logs show it."""
+        return f"{self.error_class}: {self.message}" if self.error_class else self.message
 
 
-class ConfigError(IrisfedError):
-    """The TOML configuration or a command-line flag is invalid."""
-
-    code = "config_error"
+class ConfigError(IrisfedError, code=ErrorCode.CONFIG_ERROR):
+    """The TOML configuration, a service setting or a command-line flag is invalid."""
 
 
-class SchemaMismatch(IrisfedError):
+class SchemaMismatch(IrisfedError, code=ErrorCode.SCHEMA_MISMATCH):
     """The database is not at the schema revision this code was built for."""
-
-    code = "schema_mismatch"
 
 
 RETRYABLE_CODES = frozenset({Unavailable.code})

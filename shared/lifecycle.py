@@ -80,3 +80,29 @@ def check_transition(old: JobState | None, new: JobState) -> None:
 def sources_of(new: JobState) -> frozenset[JobState]:
     """Every state from which a job may move to ``new``."""
     return frozenset(old for old, targets in TRANSITIONS.items() if new in targets)
+
+
+class CancelOutcome(StrEnum):
+    """What a cancel request did: the ``outcome`` of a cancel reply. Wire values: append only."""
+
+    NEVER_STARTED = "never_started"
+    NOT_RESTARTED = "not_restarted"
+    KILL_SENT = "kill_sent"
+    PENDING_OWNER_OFFLINE = "pending_owner_offline"
+    ALREADY_FINISHED = "already_finished"
+    ALREADY_REQUESTED = "already_requested"
+
+    @property
+    def meaning(self) -> str:
+        """One sentence for people (CLI output, the changelog's detail of a kill)."""
+        return _CANCEL_MEANINGS[self]
+
+
+_CANCEL_MEANINGS = {
+    CancelOutcome.NEVER_STARTED: "the job had not started; it is killed and will never run",
+    CancelOutcome.NOT_RESTARTED: "the job was waiting to run again after losing its peer; it will not run again",
+    CancelOutcome.KILL_SENT: "the owner peer is online; it was told to kill the job",
+    CancelOutcome.PENDING_OWNER_OFFLINE: "the owner peer is offline; the cancel is stored and applied when it returns",
+    CancelOutcome.ALREADY_FINISHED: "the job had already finished; nothing changed",
+    CancelOutcome.ALREADY_REQUESTED: "a cancel was already requested for this job",
+}

@@ -21,6 +21,7 @@ from msgspec import Meta, Struct
 
 from shared.constraints import Constraint, ConstraintError, ConstraintOp
 from shared.errors import InvalidRequest
+from shared.lifecycle import CancelOutcome
 from shared.resources import MAX_RESOURCES, Resources, as_resources
 
 WIRE_VERSION = 1
@@ -161,14 +162,8 @@ class CancelReply(Struct, frozen=True):
     outcome: str
 
 
-CANCEL_OUTCOMES = {
-    "never_started": "the job had not started; it is killed and will never run",
-    "not_restarted": "the job was waiting to run again after losing its peer; it will not run again",
-    "kill_sent": "the owner peer is online; it was told to kill the job",
-    "pending_owner_offline": "the owner peer is offline; the cancel is stored and applied when it returns",
-    "already_finished": "the job had already finished; nothing changed",
-    "already_requested": "a cancel was already requested for this job",
-}
+# outcome → its meaning (the outcomes are shared.lifecycle.CancelOutcome; wire values).
+CANCEL_OUTCOMES = {outcome.value: outcome.meaning for outcome in CancelOutcome}
 
 
 # ---------------------------------------------------------------- service ↔ service

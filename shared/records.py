@@ -1,10 +1,27 @@
-"""Job rows as the services hand them to the store: plain frozen values."""
+"""Rows: what services hand to the store, and the frozen typed rows it returns.
+
+The store (``services.common.store``) is the only code that talks to Postgres; it
+returns these values, never a driver's records. Each row type lists exactly the
+columns of the named query that returns it, in order (the store checks the order
+once per query). Job states are ``JobState`` values.
+
+Rows also answer ``row["field"]`` and ``dict(row)``: callers written against the
+driver's records (the CLI, chaos and bench tooling) keep working while they move
+to attributes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
 
 from shared.lifecycle import JobState
+
+# ---------------------------------------------------------------- rows handed to the store
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +60,258 @@ class Move:
     exit_code: int | None = None
     log_dir: str | None = None
     avoid_peer: str | None = None
+
+
+# ---------------------------------------------------------------- rows the store returns
+
+
+class Row(msgspec.Struct, frozen=True, array_like=True):
+    """Base of every row the store returns: frozen, typed, built from a query's columns."""
+
+    @classmethod
+    def from_record(cls, values: Sequence[Any]):
+        """Build from a result row's values (in column order), checking and converting types."""
+        return msgspec.convert(tuple(values), cls)
+
+    # Mapping access, for callers that still read rows by key.
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__struct_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self) -> tuple[str, ...]:
+        return self.__struct_fields__
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.__struct_fields__ else default
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return ((name, getattr(self, name)) for name in self.__struct_fields__)
+
+
+class JobRow(Row, frozen=True, array_like=True):
+    """A whole ``jobs`` row (``job_get``)."""
+
+    job_id: str
+    spec: dict[str, Any]
+    spec_hash: str
+    state: JobState
+    disposition: str
+    pinned_peer_id: str | None
+    owner_peer_id: str | None
+    backend: str | None
+    epoch: int
+    attempts: int
+    max_retries: int
+    priority: int
+    avoid_peers: list[str]
+    submitted_at: datetime
+    updated_at: datetime
+    assigned_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    deadline_at: datetime | None
+    exit_code: int | None
+    log_dir: str | None
+    reason: str
+    explanation: dict[str, Any] | None
+    submit_reply: dict[str, Any]
+    cancel_requested: bool
+    cancel_requested_at: datetime | None
+
+
+class JobSummary(Row, frozen=True, array_like=True):
+    """A job in the unified view (``job_list``)."""
+
+    job_id: str
+    state: JobState
+    disposition: str
+    pinned_peer_id: str | None
+    owner_peer_id: str | None
+    epoch: int
+    attempts: int
+    priority: int
+    submitted_at: datetime
+    updated_at: datetime
+    exit_code: int | None
+    reason: str
+    command: list[str] | None
+
+
+class SubmittedJob(Row, frozen=True, array_like=True):
+    """What answers a resubmission (``job_get_submitted``)."""
+
+    job_id: str
+    spec_hash: str
+    submit_reply: dict[str, Any]
+
+
+class JobToCancel(Row, frozen=True, array_like=True):
+    """A job locked while a cancel decides what to do (``job_get_for_update``)."""
+
+    job_id: str
+    state: JobState
+    owner_peer_id: str | None
+    epoch: int
+    cancel_requested: bool
+    attempts: int
+
+
+class AcceptedJob(Row, frozen=True, array_like=True):
+    """A job an agent accepted (``job_start_batch``): what to run, and where."""
+
+    job_id: str
+    spec: dict[str, Any]
+    backend: str | None
+
+
+class FinishedJob(Row, frozen=True, array_like=True):
+    """A reported ending that moved its job (``job_finish_batch``)."""
+
+    job_id: str
+    state: JobState
+    reason: str
+
+
+class ClaimedJob(Row, frozen=True, array_like=True):
+    """A queued job the tick claimed (``job_claim_queued``)."""
+
+    job_id: str
+    epoch: int
+    pinned_peer_id: str | None
+    avoid_peers: list[str] | None
+    priority: int
+    submitted_at: datetime
+    constraints_json: str | None
+
+    @classmethod
+    def from_record(cls, values: Sequence[Any]) -> ClaimedJob:
+        # Thousands per tick batch and no field to convert: built as they come.
+        return cls(*values)
+
+
+class AssignedJob(Row, frozen=True, array_like=True):
+    """A placement that committed (``job_assign_batch``): the job, its owner, its new epoch."""
+
+    job_id: str
+    owner_peer_id: str
+    epoch: int
+
+    @classmethod
+    def from_record(cls, values: Sequence[Any]) -> AssignedJob:
+        return cls(*values)  # thousands per tick batch: as they come
+
+
+class ExpiredJob(Row, frozen=True, array_like=True):
+    """A queued job that passed its deadline (``job_expire_deadlines``)."""
+
+    job_id: str
+    epoch: int
+
+
+class OwnedJob(Row, frozen=True, array_like=True):
+    """A live job a peer owns (``job_list_live_for_owner``): what its agent should be doing."""
+
+    job_id: str
+    state: JobState
+    epoch: int
+    backend: str | None
+    cancel_requested: bool
+    priority: int
+
+
+class LostPeerJob(Row, frozen=True, array_like=True):
+    """A live job of a lost peer, locked for recovery (``job_claim_on_lost_peers``)."""
+
+    job_id: str
+    state: JobState
+    epoch: int
+    owner_peer_id: str
+    attempts: int
+    max_retries: int
+    pinned_peer_id: str | None
+
+
+class JobStateRow(Row, frozen=True, array_like=True):
+    """A job's current state and epoch (``job_list_states``), for invariant checks."""
+
+    job_id: str
+    state: JobState
+    epoch: int
+    owner_peer_id: str | None
+    pinned_peer_id: str | None
+    exit_code: int | None
+
+
+class QueueClass(Row, frozen=True, array_like=True):
+    """Queued jobs of one (pin, constraint set) class (``job_count_queued_by_class``)."""
+
+    pinned_peer: str
+    constraints: str
+    jobs: int
+
+
+class ChangelogEntry(Row, frozen=True, array_like=True):
+    """One hand-off or state change of a job (``changelog_list_for_job``)."""
+
+    seq: int
+    from_state: JobState | None
+    to_state: JobState
+    peer_id: str | None
+    epoch: int
+    at: datetime
+    actor: str
+    detail: str
+
+
+class ChangelogTip(Row, frozen=True, array_like=True):
+    """A job's newest changelog row (``changelog_get_last_for_job``)."""
+
+    seq: int
+    to_state: JobState
+    epoch: int
+    peer_id: str | None
+
+
+class ChangelogRow(Row, frozen=True, array_like=True):
+    """A changelog row of any job (``changelog_list_all``), in replay order."""
+
+    seq: int
+    job_id: str
+    from_state: JobState | None
+    to_state: JobState
+    peer_id: str | None
+    epoch: int
+    actor: str
+    detail: str
+
+
+class SyncState(Row, frozen=True, array_like=True):
+    """How far a peer synchronized a job (``sync_state_get``)."""
+
+    job_id: str
+    peer_id: str
+    synced_at: datetime
+    changelog_seq: int
+    epoch: int
+    note: str
+
+
+class PeerHeartbeatRow(Row, frozen=True, array_like=True):
+    """A peer's newest advertisement (``peer_heartbeat_list``), aged by Postgres's clock."""
+
+    peer_id: str
+    run_id: str
+    seq: int
+    backends: list[dict[str, Any]]
+    ttl_s: float
+    sent_at: datetime
+    received_at: datetime
+    expires_at: datetime
+    received_epoch: float
+    age_s: float
+    reachable: bool
+
+    @classmethod
+    def from_record(cls, values: Sequence[Any]) -> PeerHeartbeatRow:
+        return cls(*values)  # every peer, every heartbeat interval, in every router and tick

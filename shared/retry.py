@@ -1,14 +1,56 @@
-"""Retry policy, as a pure function.
+"""Retry policy, as pure functions: the one rule for infrastructure failures.
 
-Infrastructure failures (peer lost, agent restarted under a running job, backend
-launch error) are retried while the job's ``max_retries`` allows. User failures
-(the command exited non-zero) are final.
+Infrastructure failures (peer lost while running a job, agent restarted under a
+running job, backend launch error) are retried while the job's ``max_retries``
+allows: the job goes back to the queue under the next epoch (its old runner is
+fenced) with no owner. Out of retries, it fails. User failures (the command
+exited non-zero) are final and never come here.
+
+Who applies it: the tick (``services.tick.plan.recover_from_lost_peer``) and the
+peer agent (``services.peer_agent.plan``: orphans and launch errors).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.lifecycle import JobState
 
 
 def may_retry_infra_failure(attempts: int, max_retries: int) -> bool:
     """Whether a job that has been started ``attempts`` times may be started again."""
     retries_used = max(0, attempts - 1)
     return retries_used < max_retries
+
+
+@dataclass(frozen=True, slots=True)
+class InfraFailure:
+    """What an infrastructure failure does to a started job: requeue it or fail it."""
+
+    to_state: JobState  # QUEUED (retrying) or FAILED (no retries left)
+
+    @property
+    def retrying(self) -> bool:
+        return self.to_state is JobState.QUEUED
+
+    def epoch_after(self, epoch: int) -> int:
+        """Requeued: the next epoch (fences the old runner); failed: unchanged."""
+        return epoch + 1 if self.retrying else epoch
+
+    def owner_after(self, owner: str | None) -> str | None:
+        """Requeued: no owner (the tick places it again); failed: the owner stays on record."""
+        return None if self.retrying else owner
+
+    @property
+    def suffix(self) -> str:
+        """How reasons end: ``retrying`` or ``no retries left``."""
+        return "retrying" if self.retrying else "no retries left"
+
+
+RETRY = InfraFailure(JobState.QUEUED)
+GIVE_UP = InfraFailure(JobState.FAILED)
+
+
+def after_infra_failure(attempts: int, max_retries: int) -> InfraFailure:
+    """Requeue (epoch + 1) while retries remain, else fail."""
+    return RETRY if may_retry_infra_failure(attempts, max_retries) else GIVE_UP
