@@ -1,14 +1,8 @@
-"""Where a peer agent runs jobs, behind one small interface.
+"""The ``subprocess`` backend: each job a real process group under the peer's work folder.
 
-- ``subprocess``: really runs the command in a per-job working directory,
-  stdout/stderr to files, in its own process group (cancel kills the group).
-- ``simulated``: no process; finishes after ``sim.duration_s`` (a job label,
-  default 0) with ``sim.exit_code`` (default 0). For demos and benchmarks.
-
-Every backend can list the runs it launched that are still alive, including
-those of an earlier agent run on this peer (``list_runs``), and kill one of them
-(``kill_run``): runs may outlive a crashed agent, and a restarted agent must stop
-any that the federation has since taken away from it (fencing, invariant 3).
+It records every run it launches so that any later agent run on this peer finds it
+again (see ``SubprocessBackend``); a recorded pid that now names another process is
+never listed and never killed.
 """
 
 from __future__ import annotations
@@ -18,62 +12,14 @@ import contextlib
 import json
 import os
 import signal
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol
+
+from services.peer_agent.backends import LaunchError, LiveRun, RunSpec
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.
 PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
-KILLED_EXIT_CODE = -int(signal.SIGTERM)
-
-
-class LaunchError(Exception):
-    """The backend could not start the job (an infrastructure failure, retried)."""
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    job_id: str
-    epoch: int
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-
-
-class RunHandle(Protocol):
-    log_dir: str | None
-
-    async def wait(self) -> int: ...
-
-    async def kill(self, grace_s: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class LiveRun:
-    """A run this backend launched that is still alive (perhaps from an earlier agent run)."""
-
-    job_id: str
-    epoch: int
-    handle: str  # the backend's own reference: a process group id here; a Slurm/Ray job id there
-
-
-class Backend(Protocol):
-    kind: str
-
-    async def launch(self, spec: RunSpec) -> RunHandle: ...
-
-    async def list_runs(self) -> list[LiveRun]:
-        """Every run this backend launched on this peer that is still alive, whoever launched it."""
-        ...
-
-    async def kill_run(self, run: LiveRun) -> bool:
-        """Kill a run ``list_runs`` returned; False when it is gone (or no longer ours)."""
-        ...
-
-    def kill_leftover(self, job_id: str, epoch: int) -> bool:
-        """Kill the run of (job, epoch) an earlier agent run left behind, if there is one."""
-        ...
 
 
 def _process_group_alive(pgid: int) -> bool:
@@ -202,6 +148,9 @@ class SubprocessBackend:
 
     def run_dir(self, job_id: str, epoch: int) -> Path:
         return self.work_root / job_id / f"epoch-{epoch}"
+
+    def log_dir(self, job_id: str, epoch: int) -> str:
+        return str(self.run_dir(job_id, epoch).resolve())
 
     def _marker(self, job_id: str, epoch: int) -> Path:
         return self.index / f"{job_id}.epoch-{epoch}.json"
@@ -389,48 +338,3 @@ class SubprocessBackend:
             with contextlib.suppress(OSError):
                 self._mark_live(_RunRecord(job_id, epoch, pid, stat[1], self.boot_id))
         done.write_text("")
-
-
-class _SimulatedRun:
-    log_dir = None
-
-    def __init__(self, duration_s: float, exit_code: int) -> None:
-        self.exit_code = exit_code
-        self.done = asyncio.Event()
-        self.duration_s = duration_s
-
-    async def wait(self) -> int:
-        if self.duration_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.done.wait(), timeout=self.duration_s)
-        return self.exit_code
-
-    async def kill(self, grace_s: float) -> None:
-        self.exit_code = KILLED_EXIT_CODE
-        self.done.set()
-
-
-class SimulatedBackend:
-    """Pretends to run jobs: duration and exit code come from the job's labels."""
-
-    kind = "simulated"
-
-    def __init__(self, default_duration_s: float = 0.0) -> None:
-        self.default_duration_s = default_duration_s
-
-    async def launch(self, spec: RunSpec) -> _SimulatedRun:
-        try:
-            duration = float(spec.labels.get("sim.duration_s", self.default_duration_s))
-            exit_code = int(spec.labels.get("sim.exit_code", 0))
-        except ValueError as exc:
-            raise LaunchError(f"bad simulation label: {exc}") from exc
-        return _SimulatedRun(duration, exit_code)
-
-    async def list_runs(self) -> list[LiveRun]:
-        return []  # its runs live in the agent's memory and die with it
-
-    async def kill_run(self, run: LiveRun) -> bool:
-        return False
-
-    def kill_leftover(self, job_id: str, epoch: int) -> bool:
-        return False
