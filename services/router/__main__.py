@@ -1,5 +1,5 @@
 import sys
 
-from services.cli import main
+from services.common.startup import main
 
-sys.exit(main(["router", *sys.argv[1:]]))
+sys.exit(main("router"))

@@ -1,0 +1,67 @@
+"""``irisfed peer-agent`` (``python -m services.peer_agent``): its own flags, and how
+they become ``AgentSettings``.
+
+A peer's advertisement comes from its flags, else from its ``[[peers]]`` entry in
+the federation's file; its intervals from its flags, else from the file; every
+other default lives in ``AgentSettings`` (a flag left out keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from services.common.startup import given
+from shared.config import FederationConfig, parse_attributes
+from shared.errors import ConfigError
+
+COMMAND = "peer-agent"
+HELP = "run the agent of one peer cluster"
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--peer-id", required=True)
+    p.add_argument("--attr", action="append", metavar="KEY=VALUE", help="advertised attribute (repeatable)")
+    p.add_argument("--slots", type=int, help="jobs this peer runs at once")
+    p.add_argument("--backend", choices=["subprocess", "simulated"])
+    p.add_argument("--work-dir", type=Path, help="per-job working directories")
+    p.add_argument("--heartbeat-interval", type=float)
+    p.add_argument("--heartbeat-ttl", type=float)
+    p.add_argument("--reconcile-interval", type=float)
+    p.add_argument("--sim-duration", type=float, help="simulated backend: default job length (s)")
+
+
+def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
+    """Repeatable ``--attr key=value`` flags; a key given twice advertises both values."""
+    merged: dict[str, list[str]] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--attr {item!r} must look like KEY=VALUE")
+        merged.setdefault(key.strip(), []).append(value.strip())
+    return {k: list(v) for k, v in parse_attributes(merged, "--attr").items()}
+
+
+def settings(args: argparse.Namespace, config: FederationConfig):
+    from services.peer_agent.service import AgentSettings, BackendSpec
+
+    peer = config.peer(args.peer_id)  # a clear error when the peer is not configured
+    attributes = parse_attr_flags(args.attr) if args.attr else {k: list(v) for k, v in peer.attributes.items()}
+    slots = args.slots if args.slots is not None else peer.slots
+    kind = args.backend or peer.backend
+    if slots < 0:
+        raise ConfigError("--slots must be >= 0")
+    return AgentSettings(
+        peer_id=args.peer_id,
+        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots),),
+        heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
+        heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
+        reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,
+        **given(args, work_root="work_dir", simulated_duration_s="sim_duration"),
+    )
+
+
+def build(config, pool, nc, settings):
+    from services.peer_agent.service import PeerAgent
+
+    return PeerAgent(config, pool, nc, settings)
