@@ -1,10 +1,9 @@
-"""Parsing command-line shorthands into wire values. Pure."""
+"""Command-line shorthands for constraints and KEY=VALUE pairs, into wire values. Pure."""
 
 from __future__ import annotations
 
 import re
 
-from shared.config import parse_attributes
 from shared.constraints import Constraint, ConstraintError, ConstraintOp, as_number
 from shared.errors import ConfigError, InvalidRequest
 
@@ -51,14 +50,3 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
             raise ConfigError(f"{what} {item!r} must look like KEY=VALUE")
         result[key.strip()] = value
     return result
-
-
-def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
-    """Repeatable ``--attr key=value`` flags; a key given twice advertises both values."""
-    merged: dict[str, list[str]] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ConfigError(f"--attr {item!r} must look like KEY=VALUE")
-        merged.setdefault(key.strip(), []).append(value.strip())
-    return {k: list(v) for k, v in parse_attributes(merged, "--attr").items()}

@@ -1,0 +1,130 @@
+"""Operating a federation: ``migrate``, ``nats-auth``, ``db-roles``, ``schema``, ``health``,
+and the tooling it ships: ``chaos`` and ``bench`` (``up`` is in ``up.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from services.cli.connect import nats_client, subjects, with_store
+from services.common.startup import database_url, federation_config, given
+from shared.errors import ConfigError
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from services.common import db
+
+    url = database_url(args)
+    if args.downgrade:
+        db.downgrade(url, args.downgrade)
+        print(f"downgraded to {args.downgrade}")
+    else:
+        db.migrate(url, args.revision)
+        print(f"database at schema revision {db.schema_head() if args.revision == 'head' else args.revision}")
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the named service answers (for container health checks)."""
+
+    async def probe() -> bool:
+        if args.service == "peer-agent":
+            if not args.peer_id:
+                raise ConfigError("health peer-agent needs --peer-id")
+            rows = await with_store(args, lambda s: s.peer_heartbeat_list())
+            return any(r["peer_id"] == args.peer_id and r["reachable"] for r in rows)
+        names = subjects(args)
+        subject = names.cancel if args.service == "router" else names.tick_ping
+        body = json.dumps({"job_id": "health-probe"}).encode() if args.service == "router" else b""
+        import nats
+
+        nc = await nats_client(args)
+        try:
+            await nc.request(subject, body, timeout=args.timeout)
+            return True
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return False
+        finally:
+            await nc.close()
+
+    healthy = asyncio.run(probe())
+    print(f"{args.service}: {'healthy' if healthy else 'not answering'}")
+    return 0 if healthy else 1
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Seeded random faults against a real federation; exit 1 on any violation."""
+    from tooling.chaos import ChaosSettings, run_chaos
+
+    settings = ChaosSettings(keep=args.keep, restricted_roles=args.restricted_roles,
+                             **given(args, schedules="schedules", seed="seed", steps="steps", first="first"))
+    roles = "restricted login roles" if settings.restricted_roles else "the owner role"
+    print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}, "
+          f"services on {roles}", flush=True)
+    summary = run_chaos(settings, say=lambda line: print(line, flush=True))
+    print(summary.line(), flush=True)
+    return 1 if summary.violations else 0
+
+
+def cmd_nats_auth(args: argparse.Namespace) -> int:
+    """Generate NATS users per role for a federation: a server config and a credentials file."""
+    from services.common.nats_auth import NatsAuth
+
+    config = federation_config(args)
+    auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
+    conf, creds = auth.write(Path(args.out))
+    print(f"wrote {conf} (nats-server -c {conf}) and {creds} (0600: one password per role)")
+    print("roles: " + ", ".join(auth.permissions))
+    return 0
+
+
+def cmd_db_roles(args: argparse.Namespace) -> int:
+    """Create login roles per service and peer (row-level security does the rest)."""
+    import asyncpg
+
+    from services.common.db_roles import apply_roles, write_passwords
+
+    config = federation_config(args)
+
+    async def run() -> dict[str, str]:
+        conn = await asyncpg.connect(database_url(args))
+        try:
+            return await apply_roles(conn, config)
+        finally:
+            await conn.close()
+
+    passwords = asyncio.run(run())
+    write_passwords(Path(args.out), passwords)
+    print(f"created {len(passwords)} login roles; passwords in {args.out} (0600)")
+    for role in passwords:
+        print(f"  {role}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmarks against baselines measured in the same run; prints a table, writes JSON."""
+    from bench.run import SECTIONS, run_bench
+
+    known = set(SECTIONS)
+    sections = {s.strip() for s in args.sections.split(",")} if args.sections else known
+    if sections - known:
+        print(f"irisfed: unknown bench section(s): {', '.join(sorted(sections - known))} "
+              f"(known: {', '.join(sorted(known))})", file=sys.stderr)
+        return 2
+    run_bench(args.quick, Path(args.out) if args.out else None, sections)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Write the JSON Schema of every wire message, one file each."""
+    from shared.messages import json_schemas
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in json_schemas().items():
+        (out / f"{name}.json").write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {len(json_schemas())} schemas to {out}")
+    return 0

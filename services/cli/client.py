@@ -1,0 +1,145 @@
+"""What a user asks of the federation over NATS: ``submit``, ``cancel``, ``watch``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import msgspec
+
+from services.cli.connect import nats_client, open_store, print_json, subjects
+from services.cli.shorthands import parse_constraint, parse_pairs
+from shared.errors import ConfigError, IrisfedError, Unavailable
+from shared.lifecycle import TERMINAL_STATES
+
+
+class ReplyError(IrisfedError):
+    """The router answered with an error (exit 1, where our own errors exit 2)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+async def _request(args: argparse.Namespace, subject: str, body: bytes) -> dict:
+    import nats
+
+    nc = await nats_client(args)
+    try:
+        reply = await nc.request(subject, body, timeout=args.timeout)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        raise Unavailable(f"no router answered on {subject} within {args.timeout}s") from None
+    finally:
+        await nc.close()
+    return msgspec.json.decode(reply.data)
+
+
+def _reply_or_fail(reply: dict) -> dict:
+    if "error" in reply:
+        err = reply["error"]
+        raise ReplyError(err["code"], err["message"])
+    return reply
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
+    if not command:
+        raise ConfigError("give the command to run after --, e.g. irisfed submit -- echo hi")
+    body: dict[str, Any] = {"command": command}
+    if args.id:
+        body["job_id"] = args.id
+    if args.name:
+        body["name"] = args.name
+    if args.constraint:
+        body["constraints"] = [parse_constraint(c).to_wire() for c in args.constraint]
+    if args.pin:
+        body["cluster_pin"] = args.pin
+    if args.priority is not None:
+        body["priority"] = args.priority
+    if args.max_retries is not None:
+        body["max_retries"] = args.max_retries
+    if args.deadline is not None:
+        body["deadline_s"] = args.deadline
+    if args.env:
+        body["env"] = parse_pairs(args.env, "--env")
+    if args.label:
+        body["labels"] = parse_pairs(args.label, "--label")
+    reply = asyncio.run(_request(args, subjects(args).submit, json.dumps(body).encode()))
+    if args.json:
+        print_json(reply)
+        return 1 if "error" in reply else 0
+    reply = _reply_or_fail(reply)
+    from services.cli.views import printable
+
+    where = f" on {reply['peer_id']}" if reply["peer_id"] else ""
+    dup = " (duplicate: original answer)" if reply["duplicate"] else ""
+    print(printable(f"{reply['job_id']}: {reply['disposition']} → {reply['state']}{where}{dup}"))
+    if reply["disposition"] == "reject":
+        print(printable(f"  {reply['reason']}"))
+        return 3
+    if args.wait:
+        return _watch(args, reply["job_id"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_request(args, subjects(args).cancel, json.dumps({"job_id": args.job_id}).encode()))
+    if args.json:
+        print_json(reply)
+        return 1 if "error" in reply else 0
+    reply = _reply_or_fail(reply)
+    from shared.messages import CANCEL_OUTCOMES
+
+    print(f"{reply['job_id']}: {reply['state']} ({reply['outcome']}: {CANCEL_OUTCOMES.get(reply['outcome'], '')})")
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    return _watch(args, args.job_id)
+
+
+def _watch(args: argparse.Namespace, job_id: str) -> int:
+    """Follow one job to a terminal state: NATS events, with Postgres as the fallback."""
+    from services.cli.views import printable
+
+    async def follow() -> str:
+        pool, store = await open_store(args)
+        nc = await nats_client(args, max_reconnect_attempts=60)  # nats-py's default, as before
+        changed = asyncio.Event()
+
+        async def on_event(msg) -> None:
+            changed.set()
+
+        await nc.subscribe(subjects(args).events(job_id), cb=on_event)
+        last = None
+        try:
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            while True:
+                job = await store.job_get(job_id)
+                if job is None:
+                    raise IrisfedError(f"no job {job_id!r}")
+                line = (job["state"], job["owner_peer_id"], job["epoch"])
+                if line != last:
+                    owner = f" on {job['owner_peer_id']}" if job["owner_peer_id"] else ""
+                    code = f" exit={job['exit_code']}" if job["exit_code"] is not None else ""
+                    print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {job['state']}{owner} "
+                                    f"epoch={job['epoch']}{code} {job['reason']}"), flush=True)
+                    last = line
+                if job["state"] in TERMINAL_STATES:
+                    return job["state"]
+                if deadline and time.monotonic() > deadline:
+                    raise IrisfedError(f"timed out waiting for {job_id}")
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            await nc.close()
+            await pool.close()
+
+    state = asyncio.run(follow())
+    return 0 if state == "succeeded" else 1

@@ -1,0 +1,61 @@
+"""How CLI commands reach the servers: the URLs (flags, environment, ``.irisfed/
+connect.json``, as services find them), a NATS client as the URL's user, and a store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from services.common.redact import redact
+from services.common.startup import database_url, federation_config, nats_url
+from shared.errors import Unavailable
+from shared.subjects import Subjects
+
+
+def subjects(args: argparse.Namespace) -> Subjects:
+    if getattr(args, "prefix", None):
+        return Subjects(args.prefix)
+    config = federation_config(args, required=False)
+    return config.subjects if config else Subjects()
+
+
+async def nats_client(args: argparse.Namespace, **options):
+    """A NATS connection as the URL's user, with that user's own inbox prefix.
+
+    Failures become a clear ``Unavailable`` that names the server but never its password.
+    """
+    from services.common.bus import connect_client
+
+    url = nats_url(args)
+
+    async def quiet(exc: Exception) -> None:  # nats-py would print a traceback per attempt
+        pass
+
+    options.setdefault("max_reconnect_attempts", 1)
+    try:
+        return await connect_client(url, connect_timeout=3, error_cb=quiet, **options)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is "unreachable" to a user
+        raise Unavailable(f"cannot reach NATS at {redact(url)}: {redact(exc)}") from None
+
+
+async def open_store(args: argparse.Namespace):
+    """A small pool of its own and a Store on it; the caller closes the pool."""
+    from services.common import db
+    from services.common.store import Store
+
+    pool = await db.connect(database_url(args), max_size=2)
+    return pool, Store(pool)
+
+
+async def with_store(args: argparse.Namespace, action):
+    """``await action(store)`` on a store of its own, closed afterwards."""
+    pool, store = await open_store(args)
+    try:
+        return await action(store)
+    finally:
+        await pool.close()
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))

@@ -1,0 +1,125 @@
+"""The ``irisfed`` command line: every command and its flags (what each does is in
+``client``, ``reads``, ``admin``, ``up``; the services' own flags are theirs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.cli.shorthands import CONSTRAINT_HELP
+from services.common.startup import SERVICES, add_server_flags, add_service_parser
+from shared.config import CONFIG_ENV
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    add_server_flags(p, db=False)
+    p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="irisfed", description="Federate batch jobs across clusters.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start a whole federation on this machine (the embedded default)")
+    add_server_flags(p)
+    p.add_argument("--state-dir", default=".irisfed", help="where data, logs and job output live")
+    p.add_argument("--no-live", action="store_true", help="print plain progress lines instead of a live table")
+
+    for command in SERVICES:  # router, tick, peer-agent: flags of their own (services/*/flags.py)
+        add_service_parser(sub, command)
+
+    p = sub.add_parser("migrate", help="upgrade (or downgrade) the database schema")
+    p.add_argument("--database-url")
+    p.add_argument("--revision", default="head")
+    p.add_argument("--downgrade", metavar="REVISION")
+
+    p = sub.add_parser("submit", help="submit a job: irisfed submit [flags] -- COMMAND...")
+    _client_flags(p)
+    p.add_argument("--database-url", help="for --wait")
+    p.add_argument("--id", help="job_id (idempotency key)")
+    p.add_argument("--name")
+    p.add_argument("--constraint", action="append", metavar="EXPR", help=CONSTRAINT_HELP)
+    p.add_argument("--pin", help="run only on this peer")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--max-retries", type=int)
+    p.add_argument("--deadline", type=float, metavar="SECONDS", help="max time queued")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    _client_flags(p)
+    p.add_argument("job_id")
+
+    p = sub.add_parser("watch", help="follow one job until it ends")
+    _client_flags(p)
+    p.add_argument("--database-url")
+    p.add_argument("job_id")
+    p.set_defaults(timeout=0.0)
+
+    p = sub.add_parser("health", help="exit 0 when a service answers (container health checks)")
+    _client_flags(p)
+    p.add_argument("--database-url", help="for peer-agent")
+    p.add_argument("service", choices=list(SERVICES))
+    p.add_argument("--peer-id")
+    p.set_defaults(timeout=3.0)
+
+    p = sub.add_parser("jobs", help="list jobs (the unified view)")
+    add_server_flags(p, nats=False)
+    p.add_argument("--state")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("job", help="one job and its history")
+    add_server_flags(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("top", help="live view of peers and jobs")
+    add_server_flags(p)
+    p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+    p.add_argument("--interval", type=float, default=2.0, help="redraw at least this often (s)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+
+    # Defaults of chaos runs live in ChaosSettings (a flag left out keeps its default).
+    p = sub.add_parser("chaos", help="run the chaos suite (seeded faults, then the invariants)")
+    p.add_argument("--schedules", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=int, help="fault/submit steps per schedule")
+    p.add_argument("--first", type=int, help="first schedule index (to replay one)")
+    p.add_argument("--keep", action="store_true", help="keep logs even when nothing failed")
+    p.add_argument("--restricted-roles", action="store_true",
+                   help="services and agents connect as their own login roles (irisfed db-roles)")
+
+    p = sub.add_parser("nats-auth", help="generate NATS users and subject permissions per role")
+    p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
+    p.add_argument("--out", default="nats-auth", help="folder for nats-auth.conf and nats-credentials.json")
+
+    p = sub.add_parser("db-roles", help="create Postgres login roles per service and peer")
+    add_server_flags(p, nats=False)
+    p.add_argument("--out", default="db-credentials.json", help="where the passwords go (0600)")
+
+    p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
+    p.add_argument("--out", help="write the figures as JSON here")
+    p.add_argument("--sections", help="comma-separated: submit,dispatch,tick,heartbeat,scale (default: all)")
+
+    p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
+    p.add_argument("--out", default="docs/schema")
+
+    p = sub.add_parser("explain", help="why a job was rejected, is queued, or went where it went")
+    add_server_flags(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("peers", help="peers and their newest advertisement")
+    add_server_flags(p, nats=False)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("logs", help="a job's stdout (or --stderr)")
+    add_server_flags(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--stderr", action="store_true")
+    return parser

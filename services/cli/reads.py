@@ -1,0 +1,133 @@
+"""Reads of the unified view in Postgres: ``jobs``, ``job``, ``explain``, ``peers``,
+``logs`` and the live ``top``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from services.cli.connect import nats_client, open_store, print_json, subjects, with_store
+from services.common.startup import federation_config
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit)))
+    if args.json:
+        print_json([dict(r) for r in rows])
+    else:
+        views.console().print(views.jobs_table(rows))
+    return 0
+
+
+def _job_and_history(args: argparse.Namespace):
+    """The job row and its changelog, or (None, []) after saying it does not exist."""
+
+    async def fetch(store):
+        return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
+
+    job, history = asyncio.run(with_store(args, fetch))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+    return job, history
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    job, history = _job_and_history(args)
+    if job is None:
+        return 1
+    if args.json:
+        print_json({"job": dict(job), "changelog": [dict(r) for r in history]})
+    else:
+        views.print_job(job, history)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    job, history = _job_and_history(args)
+    if job is None:
+        return 1
+    if args.json:
+        print_json({"job_id": job["job_id"], "state": job["state"], "disposition": job["disposition"],
+                    "reason": job["reason"], "explanation": job["explanation"]})
+    else:
+        views.print_explain(job, history)
+    return 0
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    from services.cli import views
+
+    rows = asyncio.run(with_store(args, lambda s: s.peer_heartbeat_list()))
+    config = federation_config(args, required=False)
+    if args.json:
+        print_json([dict(r) for r in rows])
+    else:
+        views.console().print(views.peers_table(rows, config))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    job = asyncio.run(with_store(args, lambda s: s.job_get(args.job_id)))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+        return 1
+    if not job["log_dir"]:
+        print(f"irisfed: job {args.job_id} has no logs yet (state {job['state']})", file=sys.stderr)
+        return 1
+    path = Path(job["log_dir"]) / ("stderr" if args.stderr else "stdout")
+    try:
+        sys.stdout.write(path.read_text(errors="replace"))
+    except OSError:
+        print(f"irisfed: logs are on peer {job['owner_peer_id']} at {path}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """Live view of peers and jobs: redraws on NATS events, polls Postgres as the fallback."""
+    from services.cli import views
+
+    config = federation_config(args, required=False)
+
+    async def run() -> None:
+        pool, store = await open_store(args)
+        try:
+            if args.once:
+                views.console().print(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
+                return
+            from rich.live import Live
+
+            changed = asyncio.Event()
+
+            async def on_message(msg) -> None:
+                changed.set()
+
+            nc = await nats_client(args, max_reconnect_attempts=-1)
+            names = subjects(args)
+            await nc.subscribe(names.events(), cb=on_message)
+            await nc.subscribe(names.heartbeat(), cb=on_message)
+            try:
+                with Live(refresh_per_second=4, screen=False) as live:
+                    while True:
+                        changed.clear()
+                        live.update(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
+                        try:  # redraw on the next event, but at most 4 times a second
+                            await asyncio.wait_for(changed.wait(), timeout=args.interval)
+                        except TimeoutError:
+                            pass
+                        await asyncio.sleep(0.25)
+            finally:
+                await nc.close()
+        finally:
+            await pool.close()
+
+    asyncio.run(run())
+    return 0
