@@ -1,13 +1,17 @@
-"""Postgres at the edge: pools, migrations, and the start-up schema check.
+"""Postgres at the edge: pools, migrations, the start-up schema check, driver errors.
 
 Every service calls :func:`connect` at start; it refuses to run on a database
-that is not at the schema head this code was built for.
+that is not at the schema head this code was built for. This module and
+``store.py`` are the only ones that know the driver: :func:`translated_errors`
+turns its errors into ``Unavailable`` (may go away by itself: retry) or
+``PermanentStoreError`` (will fail the same way again).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +22,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from migrations import MIGRATIONS_DIR
-from shared.errors import SchemaMismatch, Unavailable
+from shared.errors import IrisfedError, PermanentStoreError, SchemaMismatch, Unavailable
 
 # Errors that mean "Postgres is not there right now", as opposed to a bug or bad data.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -180,8 +184,9 @@ async def connect(
         raise Unavailable(f"cannot reach Postgres: {exc}") from exc
     if check:
         try:
-            async with pool.acquire() as conn:
-                await check_schema(conn)
+            with translated_errors():
+                async with pool.acquire() as conn:
+                    await check_schema(conn)
         except BaseException:
             await pool.close()
             raise
@@ -231,3 +236,38 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (Unavailable, *CONNECTION_ERRORS)):
         return True
     return isinstance(exc, asyncpg.PostgresError) and (exc.sqlstate or "").startswith(TRANSIENT_SQLSTATES)
+
+
+def unavailable_message(exc: BaseException) -> str:
+    """How a transient failure is told to whoever waits on it (a producer, a log line)."""
+    if isinstance(exc, TimeoutError):
+        return "the database did not answer in time"
+    return f"database unavailable: {exc}"
+
+
+def translate(exc: Exception) -> Exception:
+    """The irisfed error for a driver (or network) error; anything else is returned as it is.
+
+    Transient (``is_transient``) → ``Unavailable``; a statement Postgres refused for
+    good → ``PermanentStoreError`` naming the database's error class and SQLSTATE.
+    """
+    if isinstance(exc, IrisfedError):
+        return exc
+    if is_transient(exc):
+        return Unavailable(unavailable_message(exc))
+    if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return PermanentStoreError(str(exc), error_class=type(exc).__name__,
+                                   sqlstate=getattr(exc, "sqlstate", None))
+    return exc
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Raise driver errors inside the block as ``Unavailable`` / ``PermanentStoreError``."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - translated, or raised again as it was
+        translated = translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc

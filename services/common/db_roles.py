@@ -2,7 +2,8 @@
 
 Migration 0003 creates the group roles and row-level security; this creates one
 login role per service and per peer, maps each peer role to its peer id, and sets
-random passwords that go to a 0600 file (never to logs).
+random passwords that go to a 0600 file (never to logs). The statements are the
+store's (``Store.login_roles_apply``); this module decides which roles there are.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
+from typing import Any
 
-import asyncpg
-
+from services.common.store import Store
 from shared.config import FederationConfig
 
 
@@ -27,28 +28,14 @@ def login_roles(config: FederationConfig) -> dict[str, str]:
     return roles
 
 
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+async def apply_roles(conn: Any, config: FederationConfig) -> dict[str, str]:
+    """Create (or update) every login role with a fresh password; return the passwords.
 
-
-async def apply_roles(conn: asyncpg.Connection, config: FederationConfig) -> dict[str, str]:
-    """Create (or update) every login role with a fresh password; return the passwords."""
-    passwords = {}
-    async with conn.transaction():
-        for role, group in login_roles(config).items():
-            password = secrets.token_urlsafe(24)
-            exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
-            verb = "ALTER" if exists else "CREATE"
-            # Utility statements take no parameters; the password is a generated token.
-            await conn.execute(f"{verb} ROLE {_quote(role)} LOGIN PASSWORD '{password}'")
-            await conn.execute(f"GRANT {group} TO {_quote(role)}")
-            passwords[role] = password
-        for peer_id in config.peer_ids:
-            await conn.execute(
-                "INSERT INTO peer_roles (role_name, peer_id) VALUES ($1, $2) "
-                "ON CONFLICT (role_name) DO UPDATE SET peer_id = EXCLUDED.peer_id",
-                peer_role(peer_id), peer_id,
-            )
+    ``conn``: a connection (or pool) of ``services.common.db`` with the right to create roles.
+    """
+    roles = login_roles(config)
+    passwords = {role: secrets.token_urlsafe(24) for role in roles}
+    await Store(conn).login_roles_apply(roles, passwords, {peer_role(p): p for p in config.peer_ids})
     return passwords
 
 

@@ -24,6 +24,7 @@ from services.common.log import EventLogger
 from shared.config import FederationConfig
 from shared.federation.peer import Backend, FederationPeer
 from shared.messages import Heartbeat, decode_internal
+from shared.records import PeerHeartbeatRow
 
 # Why a heartbeat was dropped (the label of irisfed_heartbeats_dropped_total).
 DROP_MALFORMED = "malformed"
@@ -189,7 +190,7 @@ class PeerView:
         log.warning("heartbeat_dropped", reason=reason, subject=subject[:200], **fields)
         return None, UNCHANGED
 
-    def apply_rows(self, rows: Iterable[Mapping]) -> bool:
+    def apply_rows(self, rows: Iterable[PeerHeartbeatRow]) -> bool:
         """Merge ``peer_heartbeat`` rows (what other services' peers told Postgres).
 
         Each row's ``age_s`` (Postgres ``now() - received_at``) places it on our clock.
@@ -198,9 +199,9 @@ class PeerView:
         now = self.clock()
         placeable = False
         for row in rows:
-            advert = _Advert(row["run_id"], row["seq"], backends_from_wire(row["backends"]),
-                             self.cap_ttl(row["ttl_s"]), now - max(0.0, row["age_s"]))
-            placeable = self._accept(row["peer_id"], advert).placeable or placeable
+            advert = _Advert(row.run_id, row.seq, backends_from_wire(row.backends),
+                             self.cap_ttl(row.ttl_s), now - max(0.0, row.age_s))
+            placeable = self._accept(row.peer_id, advert).placeable or placeable
         return placeable
 
     def peers(self, since_healthy: bool = False) -> list[FederationPeer]:

@@ -9,12 +9,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from services.common import metrics
-from services.common.db import CONNECTION_ERRORS
 from services.common.log import EventLogger
 from services.common.redact import redact
-from shared.errors import IrisfedError
+from shared.errors import IrisfedError, Unavailable
 
 log = EventLogger("runtime")
+
+# What a loop waits out rather than reports as a bug: Postgres away (the store says
+# Unavailable) or a connection (NATS, Postgres while connecting) refused or timing out.
+WAIT_OUT = (Unavailable, OSError, TimeoutError)
 
 
 class TaskOwner:
@@ -79,7 +82,7 @@ async def when_woken(
             await step()
         except asyncio.CancelledError:
             raise
-        except CONNECTION_ERRORS as exc:
+        except WAIT_OUT as exc:
             metrics.DB_UNAVAILABLE.inc()
             log.warning("db_unavailable", loop=name, error=str(exc))
             db_down = True
@@ -102,13 +105,11 @@ async def start_with_retry(attempt: Callable[[], Awaitable[Any]], stop: asyncio.
     reconcile) must not exit because Postgres restarted or hung at that moment.
     ``attempt`` undoes what it did before it raises; any other error is raised.
     """
-    from shared.errors import Unavailable
-
     delay = 0.2
     while True:
         try:
             return await attempt()
-        except (Unavailable, *CONNECTION_ERRORS) as exc:
+        except WAIT_OUT as exc:
             if stop.is_set():
                 return None  # shutting down anyway
             metrics.DB_UNAVAILABLE.inc()

@@ -1,21 +1,53 @@
-"""The Postgres adapter: domain actions over named queries (``sql/*.sql``).
+"""The Postgres adapter, and the one door to it: domain actions over named queries.
 
-Each method is named like the SQL block it runs (``job_move`` runs ``-- job_move --``).
-Services call these actions and never see SQL; this module never decides policy.
+Each method is named like the SQL block it runs (``job_move`` runs ``-- job_move --``
+in ``sql/*.sql``). Services call these actions and never see SQL or the driver:
+- results are frozen typed rows (``shared.records``), never driver records;
+- failures are ``Unavailable`` (Postgres away, hung, or the connection lost: retry)
+  or ``PermanentStoreError`` (refused for good), never driver errors;
+- a ``Store`` runs on a pool; ``transaction()``, ``connection()``, ``hold()`` and
+  ``begin()`` give a ``Store`` bound to one connection, for work that must share it.
+This module never decides policy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
 
+from services.common.db import translated_errors
 from shared.lifecycle import JobState, check_transition
-from shared.records import Move, NewJob
+from shared.messages import Heartbeat
+from shared.records import (
+    AcceptedJob,
+    AssignedJob,
+    ChangelogEntry,
+    ChangelogRow,
+    ChangelogTip,
+    ClaimedJob,
+    ExpiredJob,
+    FinishedJob,
+    JobRow,
+    JobStateRow,
+    JobSummary,
+    JobToCancel,
+    LostPeerJob,
+    Move,
+    NewJob,
+    OwnedJob,
+    PeerHeartbeatRow,
+    QueueClass,
+    Row,
+    SubmittedJob,
+    SyncState,
+)
 
 SQL_DIR = Path(__file__).resolve().parent / "sql"
 _BLOCK = re.compile(r"^-- ([a-z_]+) --\s*$", re.MULTILINE)
@@ -35,168 +67,353 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
 
 Q = load_queries()
 _encoder = msgspec.json.Encoder()
+_R = TypeVar("_R", bound=Row)
+_checked: set[str] = set()  # queries whose columns were checked against their row type
 
 
 def _json(value: object) -> str:
     return _encoder.encode(value).decode()
 
 
-class Store:
-    """Domain actions on the four tables, over one asyncpg pool (or connection)."""
+def _rows(name: str, kind: type[_R], records: Sequence[asyncpg.Record]) -> list[_R]:
+    """``records`` of query ``name`` as ``kind`` rows (columns checked once per query)."""
+    if records and name not in _checked:
+        columns = tuple(records[0].keys())
+        if columns != kind.__struct_fields__:
+            raise TypeError(f"query {name} returns {columns}, but {kind.__name__} has {kind.__struct_fields__}")
+        _checked.add(name)
+    return [kind.from_record(r) for r in records]
 
-    def __init__(self, db: asyncpg.Pool | asyncpg.Connection) -> None:
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+class Transaction:
+    """An open transaction on a held connection: ``commit()`` or ``rollback()`` it once.
+
+    For work that keeps a transaction open across awaits of its own (the tick holds a
+    claim while it places the batch and the previous batch commits); otherwise use
+    ``Store.transaction()``.
+    """
+
+    def __init__(self, transaction: Any) -> None:
+        self._transaction = transaction
+        self.finished = False  # committed or rolled back
+
+    async def commit(self) -> None:
+        """Commit; a failure raises (and leaves ``finished`` false: roll back, or drop the connection)."""
+        with translated_errors():
+            await self._transaction.commit()
+        self.finished = True
+
+    async def rollback(self) -> None:
+        with translated_errors():
+            await self._transaction.rollback()
+        self.finished = True
+
+    async def rollback_quietly(self) -> None:
+        """Roll back on the way out of an error; a failure here must not hide that error."""
+        self.finished = True
+        with contextlib.suppress(Exception):
+            await self._transaction.rollback()
+
+
+class Store:
+    """Domain actions on the tables, over a pool (or one connection).
+
+    ``db`` is the pool from ``services.common.db.connect`` (or one of its
+    connections; None for a service built without a database, in unit tests).
+    """
+
+    def __init__(self, db: Any) -> None:
         self.db = db
 
-    # ------------------------------------------------------------ jobs
+    # ------------------------------------------------------------ connections and transactions
 
-    async def job_insert_batch(self, conn: asyncpg.Connection, jobs: Sequence[NewJob],
+    @property
+    def max_connections(self) -> int:
+        """How many connections this store may use at once (1 when bound to one)."""
+        return self.db.get_max_size() if isinstance(self.db, asyncpg.Pool) else 1
+
+    async def hold(self, wait_s: float | None = None) -> HeldStore:
+        """A store on one pooled connection (waiting ``wait_s`` at most for one: the pool's
+        default when None), held until ``release()`` or ``discard()``."""
+        with translated_errors():
+            conn = await self.db.acquire(timeout=wait_s)
+        return HeldStore(conn, self.db)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Store]:
+        """A store on one connection for the duration of the block (this one, if bound)."""
+        if not isinstance(self.db, asyncpg.Pool):
+            yield self
+            return
+        held = await self.hold()
+        try:
+            yield held
+        finally:
+            await held.release()
+
+    async def begin(self) -> Transaction:
+        """Open a transaction on this store's connection (a bound store: ``connection()``/``hold()``)."""
+        transaction = self.db.transaction()
+        with translated_errors():
+            await transaction.start()
+        return Transaction(transaction)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Store]:
+        """``async with store.transaction() as tx:`` — ``tx``'s actions commit together, or none does."""
+        async with self.connection() as bound:
+            transaction = await bound.begin()
+            try:
+                yield bound
+            except BaseException:
+                await transaction.rollback_quietly()
+                raise
+            await transaction.commit()
+
+    # ------------------------------------------------------------ running named queries
+
+    async def _fetch(self, name: str, *args: Any, limit_s: float | None = None) -> list[asyncpg.Record]:
+        """Run query ``name``; ``limit_s``: its client-side timeout (None: the pool's)."""
+        with translated_errors():
+            return await self.db.fetch(Q[name], *args, timeout=limit_s)
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        with translated_errors():
+            return await self.db.fetchrow(Q[name], *args)
+
+    async def _fetchval(self, name: str, *args: Any) -> Any:
+        with translated_errors():
+            return await self.db.fetchval(Q[name], *args)
+
+    async def _execute(self, name: str, *args: Any) -> None:
+        with translated_errors():
+            await self.db.execute(Q[name], *args)
+
+    async def _one(self, name: str, kind: type[_R], *args: Any) -> _R | None:
+        record = await self._fetchrow(name, *args)
+        return None if record is None else _rows(name, kind, [record])[0]
+
+    async def _all(self, name: str, kind: type[_R], *args: Any, limit_s: float | None = None) -> list[_R]:
+        return _rows(name, kind, await self._fetch(name, *args, limit_s=limit_s))
+
+    # ------------------------------------------------------------ jobs: router
+
+    async def job_insert_batch(self, jobs: Sequence[NewJob], *legacy: Sequence[NewJob],
                                statement_timeout_s: float | None = None) -> set[str]:
         """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
-        rows = await conn.fetch(Q["job_insert_batch"], _encoder.encode(jobs).decode(),
-                                timeout=statement_timeout_s)
+        if legacy:  # the old form job_insert_batch(conn, jobs), still used by bench/run.py
+            return await Store(jobs).job_insert_batch(legacy[0], statement_timeout_s=statement_timeout_s)
+        rows = await self._fetch("job_insert_batch", _json(jobs), limit_s=statement_timeout_s)
         return {r["job_id"] for r in rows}
 
-    async def job_get_submitted(self, conn: asyncpg.Connection, job_ids: Sequence[str],
-                                statement_timeout_s: float | None = None) -> dict[str, asyncpg.Record]:
-        rows = await conn.fetch(Q["job_get_submitted"], list(job_ids), timeout=statement_timeout_s)
-        return {r["job_id"]: r for r in rows}
+    async def job_get_submitted(self, job_ids: Sequence[str],
+                                statement_timeout_s: float | None = None) -> dict[str, SubmittedJob]:
+        rows = await self._all("job_get_submitted", SubmittedJob, list(job_ids), limit_s=statement_timeout_s)
+        return {r.job_id: r for r in rows}
 
-    async def job_get(self, job_id: str) -> asyncpg.Record | None:
-        return await self.db.fetchrow(Q["job_get"], job_id)
+    async def job_get_for_update(self, job_id: str) -> JobToCancel | None:
+        """Lock ``job_id`` for the rest of this store's transaction."""
+        return await self._one("job_get_for_update", JobToCancel, job_id)
 
-    async def job_get_for_update(self, conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
-        return await conn.fetchrow(Q["job_get_for_update"], job_id)
+    async def job_request_cancel(self, job_id: str) -> None:
+        await self._execute("job_request_cancel", job_id)
 
-    async def job_list(self, state: str | None = None, limit: int = 100) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["job_list"], state, limit)
+    # ------------------------------------------------------------ jobs: reading
+
+    async def job_get(self, job_id: str) -> JobRow | None:
+        return await self._one("job_get", JobRow, job_id)
+
+    async def job_list(self, state: str | None = None, limit: int = 100) -> list[JobSummary]:
+        return await self._all("job_list", JobSummary, state, limit)
 
     async def job_count_by_state(self) -> dict[str, int]:
-        return {r["state"]: r["jobs"] for r in await self.db.fetch(Q["job_count_by_state"])}
+        return {r["state"]: r["jobs"] for r in await self._fetch("job_count_by_state")}
 
-    async def job_move(self, move: Move, conn: asyncpg.Connection | None = None) -> int | None:
+    async def job_list_states(self) -> list[JobStateRow]:
+        return await self._all("job_list_states", JobStateRow)
+
+    # ------------------------------------------------------------ jobs: any service's CAS
+
+    async def job_move(self, move: Move) -> int | None:
         """Apply ``move`` if the job is still in (from_state, epoch); return its changelog seq."""
         check_transition(move.from_state, move.to_state)
-        return await (conn or self.db).fetchval(
-            Q["job_move"], move.job_id, move.from_state.value, move.epoch, move.to_state.value,
+        return await self._fetchval(
+            "job_move", move.job_id, move.from_state.value, move.epoch, move.to_state.value,
             move.epoch if move.new_epoch is None else move.new_epoch, move.owner_peer_id,
             move.reason, move.exit_code, move.actor, move.log_dir, move.avoid_peer,
         )
 
+    # ------------------------------------------------------------ jobs: peer agents
+
     async def job_start_batch(
-        self, conn: asyncpg.Connection, peer_id: str, starts: Sequence[tuple[str, int, str | None, str]]
-    ) -> dict[str, asyncpg.Record]:
+        self, peer_id: str, starts: Sequence[tuple[str, int, str | None, str]]
+    ) -> dict[str, AcceptedJob]:
         """Accept (job_id, epoch, log_dir, reason) for ``peer_id``; return what moved (spec, backend)."""
         job_ids, epochs, log_dirs, reasons = (list(c) for c in zip(*starts, strict=True))
-        rows = await conn.fetch(Q["job_start_batch"], peer_id, job_ids, epochs, log_dirs, reasons)
-        return {r["job_id"]: r for r in rows}
+        rows = await self._all("job_start_batch", AcceptedJob, peer_id, job_ids, epochs, log_dirs, reasons)
+        return {r.job_id: r for r in rows}
 
     async def job_finish_batch(
-        self, conn: asyncpg.Connection, peer_id: str, endings: Sequence[tuple[str, int, int, bool]]
-    ) -> dict[str, asyncpg.Record]:
+        self, peer_id: str, endings: Sequence[tuple[str, int, int, bool]]
+    ) -> dict[str, FinishedJob]:
         """Report (job_id, epoch, exit_code, cancelled) for ``peer_id``; return what moved."""
         job_ids, epochs, codes, cancelled = (list(c) for c in zip(*endings, strict=True))
-        rows = await conn.fetch(Q["job_finish_batch"], peer_id, job_ids, epochs, codes, cancelled)
-        return {r["job_id"]: r for r in rows}
+        rows = await self._all("job_finish_batch", FinishedJob, peer_id, job_ids, epochs, codes, cancelled)
+        return {r.job_id: r for r in rows}
 
     async def job_end_run(
         self, peer_id: str, job_id: str, epoch: int, to_state: JobState, reason: str,
-        exit_code: int | None = None, conn: asyncpg.Connection | None = None,
+        exit_code: int | None = None,
     ) -> int | None:
         """``peer_id`` ends its running job other than by its exit: queued (handed back,
         epoch + 1, no owner), failed or killed. Returns the changelog seq; None: CAS lost."""
         check_transition(JobState.RUNNING, to_state)
-        return await (conn or self.db).fetchval(
-            Q["job_end_run"], peer_id, job_id, epoch, to_state.value, reason, exit_code)
+        return await self._fetchval("job_end_run", peer_id, job_id, epoch, to_state.value, reason, exit_code)
 
-    async def job_request_cancel(self, conn: asyncpg.Connection, job_id: str) -> None:
-        await conn.execute(Q["job_request_cancel"], job_id)
+    async def job_list_live_for_owner(self, peer_id: str) -> list[OwnedJob]:
+        return await self._all("job_list_live_for_owner", OwnedJob, peer_id)
 
-    async def job_claim_queued(
-        self, conn: asyncpg.Connection, limit: int,
-        after: tuple[int, datetime, str] | None = None,
-    ) -> list[asyncpg.Record]:
+    # ------------------------------------------------------------ jobs: the tick
+
+    async def job_claim_queued(self, limit: int, after: tuple[int, datetime, str] | None = None) -> list[ClaimedJob]:
+        """Lock the next ``limit`` queued jobs after the cursor ``after`` (in a transaction)."""
         neg_priority, submitted_at, job_id = after if after else (None, None, None)
-        return await conn.fetch(Q["job_claim_queued"], limit, neg_priority, submitted_at, job_id)
+        return await self._all("job_claim_queued", ClaimedJob, limit, neg_priority, submitted_at, job_id)
 
-    async def job_live_counts(self, conn: asyncpg.Connection | None = None) -> dict[tuple[str, str | None], int]:
-        rows = await (conn or self.db).fetch(Q["job_live_counts"])
+    async def job_count_live(self) -> dict[tuple[str, str | None], int]:
+        """Slots in use: live jobs per (owner peer, backend)."""
+        rows = await self._fetch("job_count_live")
         return {(r["owner_peer_id"], r["backend"]): r["live"] for r in rows}
 
-    async def job_assign_batch(
-        self, conn: asyncpg.Connection, assignments: Sequence[tuple[str, int, str, str]]
-    ) -> list[asyncpg.Record]:
+    async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]]) -> list[AssignedJob]:
         """Commit (job_id, epoch, peer_id, backend) placements; return what actually moved."""
         if not assignments:
             return []
         job_ids, epochs, peers, backends = (list(c) for c in zip(*assignments, strict=True))
-        return await conn.fetch(Q["job_assign_batch"], job_ids, epochs, peers, backends)
+        return await self._all("job_assign_batch", AssignedJob, job_ids, epochs, peers, backends)
 
-    async def job_explain_batch(
-        self, conn: asyncpg.Connection, explained: Sequence[tuple[str, dict, str]]
-    ) -> None:
+    async def job_explain_batch(self, explained: Sequence[tuple[str, dict, str]]) -> None:
         """Store (job_id, explanation, reason) for jobs left queued."""
         if not explained:
             return
         job_ids, docs, reasons = zip(*explained, strict=True)
-        await conn.execute(Q["job_explain_batch"], list(job_ids), [_json(d) for d in docs], list(reasons))
+        await self._execute("job_explain_batch", list(job_ids), [_json(d) for d in docs], list(reasons))
 
-    async def job_expire_deadlines(self, limit: int = 1000) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["job_expire_deadlines"], limit)
+    async def job_expire_deadlines(self, limit: int = 1000) -> list[ExpiredJob]:
+        return await self._all("job_expire_deadlines", ExpiredJob, limit)
 
-    async def job_queue_depth(self, classes: int) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["job_queue_depth"], classes)
+    async def job_count_queued_by_class(self, classes: int) -> list[QueueClass]:
+        return await self._all("job_count_queued_by_class", QueueClass, classes)
 
-    async def job_live_for_owner(self, peer_id: str) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["job_live_for_owner"], peer_id)
-
-    async def job_stale_on_peers(
-        self, conn: asyncpg.Connection, lost: Sequence[str], limit: int = 1000
-    ) -> list[asyncpg.Record]:
+    async def job_claim_on_lost_peers(self, lost: Sequence[str], limit: int = 1000) -> list[LostPeerJob]:
         """Up to ``limit`` unpinned live jobs owned by the ``lost`` peers, locked (SKIP LOCKED)."""
-        return await conn.fetch(Q["job_stale_on_peers"], list(lost), limit)
-
-    async def job_states_all(self) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["job_states_all"])
+        return await self._all("job_claim_on_lost_peers", LostPeerJob, list(lost), limit)
 
     # ------------------------------------------------------------ changelog
 
-    async def changelog_for_job(self, job_id: str) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["changelog_for_job"], job_id)
+    async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
+        return await self._all("changelog_list_for_job", ChangelogEntry, job_id)
 
-    async def changelog_all(self) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["changelog_all"])
+    async def changelog_list_all(self) -> list[ChangelogRow]:
+        return await self._all("changelog_list_all", ChangelogRow)
 
-    async def changelog_last_for_job(self, job_id: str) -> asyncpg.Record | None:
-        return await self.db.fetchrow(Q["changelog_last_for_job"], job_id)
+    async def changelog_get_last_for_job(self, job_id: str) -> ChangelogTip | None:
+        return await self._one("changelog_get_last_for_job", ChangelogTip, job_id)
 
     # ------------------------------------------------------------ sync state
 
-    async def sync_state_upsert(
-        self, job_id: str, peer_id: str, changelog_seq: int, epoch: int,
-        conn: asyncpg.Connection | None = None, note: str = "",
-    ) -> None:
-        await (conn or self.db).execute(Q["sync_state_upsert"], job_id, peer_id, changelog_seq, epoch, note)
+    async def sync_state_upsert(self, job_id: str, peer_id: str, changelog_seq: int, epoch: int,
+                                note: str = "") -> None:
+        await self._execute("sync_state_upsert", job_id, peer_id, changelog_seq, epoch, note)
 
-    async def sync_state_get(self, job_id: str) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["sync_state_get"], job_id)
+    async def sync_state_get(self, job_id: str) -> list[SyncState]:
+        return await self._all("sync_state_get", SyncState, job_id)
 
     # ------------------------------------------------------------ peer heartbeats
 
     async def peer_heartbeat_upsert(
         self, peer_id: str, run_id: str, seq: int, backends: list, ttl_s: float, sent_at: datetime
     ) -> None:
-        await self.db.execute(Q["peer_heartbeat_upsert"], peer_id, run_id, seq, backends, ttl_s, sent_at)
+        await self._execute("peer_heartbeat_upsert", peer_id, run_id, seq, backends, ttl_s, sent_at)
 
-    async def peer_heartbeat_upsert_batch(self, heartbeats: Sequence) -> None:
-        """Write many heartbeats (``shared.messages.Heartbeat``) in one statement."""
+    async def peer_heartbeat_upsert_batch(self, heartbeats: Sequence[Heartbeat]) -> None:
+        """Write many heartbeats in one statement."""
         if not heartbeats:
             return
-        await self.db.execute(
-            Q["peer_heartbeat_upsert_batch"],
+        await self._execute(
+            "peer_heartbeat_upsert_batch",
             [h.peer_id for h in heartbeats], [h.run_id for h in heartbeats], [h.seq for h in heartbeats],
             [_json(h.backends) for h in heartbeats], [h.ttl_s for h in heartbeats],
             [h.sent_at for h in heartbeats],
         )
 
-    async def peer_heartbeat_list(self) -> list[asyncpg.Record]:
-        return await self.db.fetch(Q["peer_heartbeat_list"])
+    async def peer_heartbeat_list(self) -> list[PeerHeartbeatRow]:
+        return await self._all("peer_heartbeat_list", PeerHeartbeatRow)
+
+    # ------------------------------------------------------------ login roles
+
+    async def login_roles_apply(self, roles: Mapping[str, str], passwords: Mapping[str, str],
+                                peers: Mapping[str, str]) -> None:
+        """Create or update each login role (→ its group role) with its password, and map
+        peer login roles to their peers (``peers``: role → peer id); all or nothing."""
+        async with self.transaction() as tx:
+            for role, group in roles.items():
+                verb = "ALTER" if await tx._fetchval("login_role_exists", role) else "CREATE"
+                # Utility statements take no parameters; the password is a generated token.
+                with translated_errors():
+                    await tx.db.execute(f"{verb} ROLE {_quote(role)} LOGIN PASSWORD '{passwords[role]}'")
+                    await tx.db.execute(f"GRANT {group} TO {_quote(role)}")
+            for role, peer_id in peers.items():
+                await tx._execute("peer_role_upsert", role, peer_id)
+
+    # ------------------------------------------------------------ former names
+    # Callers outside services/ (CLI, chaos, tooling, end-to-end tests) still use these;
+    # they go once those moved to the Noun+Verb names above.
+
+    changelog_for_job = changelog_list_for_job
+    changelog_last_for_job = changelog_get_last_for_job
+    changelog_all = changelog_list_all
+    job_states_all = job_list_states
+
+
+class HeldStore(Store):
+    """A store on one pooled connection, held across many statements (a router writer's).
+
+    Give it back with ``release()``, or throw it away with ``discard()`` when it may be
+    hung or mid-statement.
+    """
+
+    def __init__(self, conn: Any, pool: Any) -> None:
+        super().__init__(conn)
+        self._pool = pool
+
+    def usable(self) -> bool:
+        """Whether the connection can take the next statement.
+
+        The driver may close a pooled connection behind its holder's back (after a
+        statement timeout whose cancel request failed), which gives it back to the
+        pool: every call on it then fails.
+        """
+        try:
+            return not self.db.is_closed()
+        except asyncpg.InterfaceError:
+            return False
+
+    async def release(self) -> None:
+        """Give the connection back to the pool (a dead one is simply discarded)."""
+        try:
+            await self._pool.release(self.db)
+        except Exception:  # noqa: BLE001 - a dead connection is simply discarded
+            with contextlib.suppress(asyncpg.InterfaceError):
+                self.db.terminate()
+
+    async def discard(self) -> None:
+        """Throw the connection away whatever state it is in (hung, mid-statement, broken)."""
+        # Already given back (closed after a failed cancel): nothing to terminate.
+        with contextlib.suppress(asyncpg.InterfaceError):
+            self.db.terminate()
+        await self.release()

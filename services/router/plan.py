@@ -1,16 +1,17 @@
-"""Pure decisions of the router: the job row and reply for a submit, and cancel outcomes."""
+"""Pure decisions of the router: the job row and reply for a submit, and what a cancel does."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from shared.constraints import Constraint, matches_all
 from shared.explain import explanation
 from shared.federation.peer import Backend
 from shared.federation.router import SubmitDisposition, SubmitPlan
-from shared.lifecycle import JobState
+from shared.lifecycle import CancelOutcome, JobState
 from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from shared.records import NewJob
 
@@ -93,12 +94,46 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
     return job, reply
 
 
-def cancel_action(state: JobState, cancel_requested: bool) -> str:
-    """What a cancel does to a job in ``state``: kill_now | ask_owner | repeat | nothing."""
+class CancelAction(StrEnum):
+    """What a cancel does to a job in the database."""
+
+    KILL_NOW = "kill_now"  # not started: killed in the database (fences the owner's start)
+    ASK_OWNER = "ask_owner"  # running: the request is stored and the owner told
+    REPEAT = "repeat"  # running, cancel already requested: stored and told again
+    NOTHING = "nothing"  # already finished
+
+
+def cancel_action(state: JobState, cancel_requested: bool) -> CancelAction:
+    """What a cancel does to a job in ``state``."""
     if state.is_terminal:
-        return "nothing"
+        return CancelAction.NOTHING
     if state in (JobState.QUEUED, JobState.ASSIGNED):
         # Not started: killing it in the database fences the owner's start (its CAS
         # assigned → running can no longer succeed).
-        return "kill_now"
-    return "repeat" if cancel_requested else "ask_owner"
+        return CancelAction.KILL_NOW
+    return CancelAction.REPEAT if cancel_requested else CancelAction.ASK_OWNER
+
+
+@dataclass(frozen=True, slots=True)
+class CancelDecision:
+    """A cancel's action, the outcome its requester is told, and the job's state after it."""
+
+    action: CancelAction
+    outcome: CancelOutcome
+    new_state: JobState
+
+
+def cancel_decision(state: JobState, cancel_requested: bool, attempts: int,
+                    owner_reachable: bool) -> CancelDecision:
+    """Decide a cancel of a job in ``state`` (started ``attempts`` times; its owner reachable or not)."""
+    action = cancel_action(state, cancel_requested)
+    if action is CancelAction.NOTHING:
+        return CancelDecision(action, CancelOutcome.ALREADY_FINISHED, state)
+    if action is CancelAction.KILL_NOW:
+        # A job requeued after a lost peer did run before: it is not restarted.
+        outcome = CancelOutcome.NEVER_STARTED if attempts == 0 else CancelOutcome.NOT_RESTARTED
+        return CancelDecision(action, outcome, JobState.KILLED)
+    if not owner_reachable:
+        return CancelDecision(action, CancelOutcome.PENDING_OWNER_OFFLINE, state)
+    outcome = CancelOutcome.ALREADY_REQUESTED if action is CancelAction.REPEAT else CancelOutcome.KILL_SENT
+    return CancelDecision(action, outcome, state)

@@ -11,32 +11,42 @@ jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import Any
 
-import asyncpg
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.common import metrics
 from services.common.bus import publish
-from services.common.db import CONNECTION_ERRORS
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import TaskOwner, forever
-from services.common.store import Store
-from services.router.plan import Routed, cancel_action, local_backend_for, plan_new_job, route
+from services.common.store import HeldStore, Store
+from services.router.plan import (
+    CancelAction,
+    Routed,
+    cancel_decision,
+    local_backend_for,
+    plan_new_job,
+    route,
+)
+from shared.clock import Clock, as_clock
 from shared.config import FederationConfig
-from shared.errors import Conflict, IrisfedError, NotFound
+from shared.errors import (
+    Conflict,
+    ErrorCode,
+    IrisfedError,
+    NotFound,
+    PermanentStoreError,
+    Unavailable,
+)
 from shared.federation.router import PeerRouter, RoutingRequest
 from shared.lifecycle import JobState
 from shared.messages import (
-    CANCEL_OUTCOMES,
     AssignmentNotice,
     CancelNotice,
     CancelReply,
@@ -49,6 +59,7 @@ from shared.messages import (
     error_reply,
 )
 from shared.records import Move, NewJob
+from shared.settings import require_count, require_seconds
 from shared.subjects import SUBMIT_QUEUE_GROUP
 
 log = EventLogger("router")
@@ -62,7 +73,11 @@ PLAN_CACHE_ENTRIES = 10_000
 
 @dataclass(frozen=True)
 class RouterSettings:
-    """Tuning knobs with defaults that suit one router on a small machine."""
+    """Tuning knobs with defaults that suit one router on a small machine.
+
+    The defaults live here (and nowhere else); values are checked when built
+    (``ConfigError`` naming the setting and its flag).
+    """
 
     writers: int = 4  # concurrent group-commit transactions
     max_batch: int = 1000  # jobs per transaction at most
@@ -78,25 +93,13 @@ class RouterSettings:
     # a cancel within twice this too. Pick a producer request timeout above it.
     submit_timeout_s: float = 2.0
 
-
-def _usable(conn: asyncpg.Connection | None) -> bool:
-    """Whether a writer's connection can take the next batch.
-
-    asyncpg may close a pooled connection behind its holder's back (after a
-    statement timeout whose cancel request failed), which gives it back to the pool:
-    every call on it then raises InterfaceError.
-    """
-    if conn is None:
-        return False
-    try:
-        return not conn.is_closed()
-    except asyncpg.InterfaceError:
-        return False
-
-
-def _left(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (perf_counter), for a statement's timeout."""
-    return None if deadline is None else max(0.001, deadline - time.perf_counter())
+    def __post_init__(self) -> None:
+        require_count("router", "writers", self.writers, flag="--writers")
+        require_count("router", "max_batch", self.max_batch)
+        require_count("router", "max_queue", self.max_queue, flag="--max-queue")
+        require_seconds("router", "submit_timeout_s", self.submit_timeout_s, flag="--submit-timeout")
+        if self.view_refresh_s is not None:
+            require_seconds("router", "view_refresh_s", self.view_refresh_s)
 
 
 @dataclass
@@ -104,7 +107,7 @@ class _Pending:
     job: NewJob
     reply: bytes  # the SubmitReply JSON, sent once the job is committed
     msg: Msg
-    received: float  # perf_counter at receipt, for the ack latency histogram
+    received: float  # the clock's monotonic reading at receipt (expiry, the ack latency histogram)
     answered: bool = False
 
 
@@ -114,21 +117,20 @@ class Router:
     def __init__(
         self,
         config: FederationConfig,
-        pool: asyncpg.Pool,
+        pool: Any,
         nc: Client,
         settings: RouterSettings = RouterSettings(),
-        clock: Callable[[], float] = time.monotonic,  # ages only: immune to wall-clock jumps
+        clock: Clock | Callable[[], float] | None = None,  # default: the system's (a bare callable: monotonic)
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         self.config = config
         self.subjects = config.subjects
-        self.pool = pool
-        self.store = Store(pool)
+        self.store = pool if isinstance(pool, Store) else Store(pool)  # a pool of services.common.db, or a Store
         self.nc = nc
         self.settings = settings
-        self.clock = clock
+        self.clock = as_clock(clock)
         self.new_job_id = new_job_id
-        self.view = PeerView(config, clock)
+        self.view = PeerView(config, self.clock.monotonic)
         metrics.watch_peer_view(self.view)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=settings.max_queue)
         metrics.ROUTER_QUEUE.set_function(self.queue.qsize)
@@ -175,7 +177,7 @@ class Router:
     # ------------------------------------------------------------ submit
 
     async def on_submit(self, msg: Msg) -> None:
-        received = time.perf_counter()
+        received = self.clock.monotonic()
         try:
             request = decode_request(SubmitRequest, msg.data)
             job, reply = plan_new_job(request, self._route(request), request.job_id or self.new_job_id())
@@ -189,9 +191,9 @@ class Router:
             # Postgres is slower than submits arrive (or hangs): say so now rather than
             # hold memory and the producer for a commit that may come after it gave up.
             metrics.SUBMIT_SHED.labels("queue_full").inc()
-            metrics.SUBMIT_ERRORS.labels("unavailable").inc()
+            metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
             await self._respond(msg, error_reply(
-                "unavailable", f"router overloaded: {self.queue.qsize()} submits waiting for the "
+                ErrorCode.UNAVAILABLE, f"router overloaded: {self.queue.qsize()} submits waiting for the "
                                "database; retry with the same job_id"))
 
     def _route(self, request: SubmitRequest) -> Routed:
@@ -205,14 +207,14 @@ class Router:
         """
         constraints = request.constraint_list()
         key = (tuple(constraints), request.cluster_pin)
-        now = self.clock()
+        now = self.clock.monotonic()
         cached = self._plans.get(key)
         if cached is not None and cached[0] == self.view.version and now < cached[1]:
             return cached[2]
         local_backend = local_backend_for(constraints, self.view.local_backends())
         # A peer we have not heard from since we (re)started gets one TTL's benefit
         # of the doubt: at worst its job waits queued instead of being rejected.
-        plan = PeerRouter(self.view.peers(since_healthy=True), self.clock).classify(
+        plan = PeerRouter(self.view.peers(since_healthy=True), self.clock.monotonic).classify(
             RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
         )
         routed = route(plan, self.config.local_cluster, local_backend)
@@ -224,7 +226,7 @@ class Router:
 
     async def _writer(self) -> None:
         # Each writer keeps its own connection: no pool round trip or reset per batch.
-        conn = None
+        held: HeldStore | None = None
         try:
             while True:
                 batch = [await self.queue.get()]
@@ -236,76 +238,69 @@ class Router:
                     if not batch:
                         continue
                     # One budget for the whole commit step (connection, insert, repeats).
-                    deadline = time.perf_counter() + self.settings.submit_timeout_s
-                    if not _usable(conn):
-                        conn = await self._drop(conn)
-                        conn = await self.pool.acquire(timeout=self.settings.submit_timeout_s)
-                    await self._commit(conn, batch, deadline)
+                    deadline = self.clock.monotonic() + self.settings.submit_timeout_s
+                    if held is None or not held.usable():
+                        held = await self._release(held)
+                        held = await self.store.hold(wait_s=self.settings.submit_timeout_s)
+                    await self._commit(held, batch, deadline)
                 except asyncio.CancelledError:
-                    await self._fail_all(batch, "unavailable", "router shutting down; retry with the same job_id")
+                    await self._fail_all(batch, ErrorCode.UNAVAILABLE,
+                                         "router shutting down; retry with the same job_id")
                     raise
-                except CONNECTION_ERRORS as exc:
+                except Unavailable as exc:
                     metrics.DB_UNAVAILABLE.inc()
-                    log.warning("submit_batch_unavailable", jobs=len(batch), error=self._db_error(exc))
+                    log.warning("submit_batch_unavailable", jobs=len(batch), error=exc.message)
                     # A connection lost (or silent) during the commit leaves the outcome
                     # unknown; a retry under the same job_id is safe either way. Answer
                     # first: a hung connection is then thrown away, never reused.
-                    await self._fail_all(batch, "unavailable",
-                                         f"{self._db_error(exc)}; retry with the same job_id")
-                    conn = await self._discard(conn)
+                    await self._fail_all(batch, ErrorCode.UNAVAILABLE, f"{exc.message}; retry with the same job_id")
+                    held = await self._discard(held)
                 except Exception as exc:  # noqa: BLE001 - answer every waiting producer
                     log.error("submit_batch_failed", exc_info=True, jobs=len(batch))
-                    await self._fail_all(batch, "internal", f"internal error: {exc}")
-                    conn = await self._discard(conn)
+                    await self._fail_all(batch, ErrorCode.INTERNAL, f"internal error: {exc}")
+                    held = await self._discard(held)
                 finally:
                     self.writer_busy -= 1
         finally:
-            await self._drop(conn)
+            await self._release(held)
 
-    def _db_error(self, exc: BaseException) -> str:
-        if isinstance(exc, TimeoutError):
-            return "the database did not answer in time"
-        return f"database unavailable: {exc}"
+    def _left(self, deadline: float) -> float:
+        """Seconds left until ``deadline`` (the clock's monotonic reading), for a statement's timeout."""
+        return max(0.001, deadline - self.clock.monotonic())
 
     async def _expire(self, batch: list[_Pending]) -> list[_Pending]:
         """Answer `unavailable` to submits that waited too long for a writer; the rest go on."""
-        oldest_allowed = time.perf_counter() - self.settings.submit_timeout_s
+        oldest_allowed = self.clock.monotonic() - self.settings.submit_timeout_s
         if batch[0].received >= oldest_allowed:  # the queue is FIFO: the first is the oldest
             return batch
         expired = [item for item in batch if item.received < oldest_allowed]
         metrics.SUBMIT_SHED.labels("expired").inc(len(expired))
         log.warning("submits_expired_in_queue", jobs=len(expired))
-        await self._fail_all(expired, "unavailable", (
+        await self._fail_all(expired, ErrorCode.UNAVAILABLE, (
             f"waited over {self.settings.submit_timeout_s:g}s for the database; this submit was not "
             "written; retry with the same job_id"))
         return [item for item in batch if item.received >= oldest_allowed]
 
-    async def _discard(self, conn: asyncpg.Connection | None) -> None:
-        """Throw a connection away whatever state it is in (hung, mid-statement, broken)."""
-        if conn is not None:
-            # Already given back (asyncpg closes a connection whose cancel failed): nothing to do.
-            with contextlib.suppress(asyncpg.InterfaceError):
-                conn.terminate()
-        return await self._drop(conn)
+    @staticmethod
+    async def _discard(held: HeldStore | None) -> None:
+        """Throw a writer's connection away whatever state it is in (hung, mid-statement, broken)."""
+        if held is not None:
+            await held.discard()
 
-    async def _drop(self, conn: asyncpg.Connection | None) -> None:
-        if conn is not None:
-            try:
-                await self.pool.release(conn)
-            except Exception:  # noqa: BLE001 - a dead connection is simply discarded
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
-        return None
+    @staticmethod
+    async def _release(held: HeldStore | None) -> None:
+        if held is not None:
+            await held.release()
 
-    async def _commit(self, conn: asyncpg.Connection, batch: list[_Pending], deadline: float | None = None) -> None:
+    async def _commit(self, held: Store, batch: list[_Pending], deadline: float) -> None:
         # The first submit of a job_id in a batch is the one inserted; later ones in
         # the same batch are answered like resubmissions.
         first: dict[str, _Pending] = {}
         for item in batch:
             first.setdefault(item.job.job_id, item)
         # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
-        created = await self.store.job_insert_batch(conn, [i.job for i in first.values()],
-                                                    statement_timeout_s=_left(deadline))
+        created = await held.job_insert_batch([i.job for i in first.values()],
+                                              statement_timeout_s=self._left(deadline))
         crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
@@ -323,26 +318,26 @@ class Router:
             return
         # Rows that already existed are committed (ON CONFLICT waited for them) and
         # their spec and first reply never change, so reading them afterwards is exact.
-        existing = await self.store.job_get_submitted(conn, [i.job.job_id for i in repeats],
-                                                      statement_timeout_s=_left(deadline))
+        existing = await held.job_get_submitted([i.job.job_id for i in repeats],
+                                                statement_timeout_s=self._left(deadline))
         for item in repeats:
             row = existing[item.job.job_id]
-            if row["spec_hash"] != item.job.spec_hash:
+            if row.spec_hash != item.job.spec_hash:
                 exc = Conflict(f"job_id {item.job.job_id!r} already names a job with a different spec")
                 metrics.SUBMIT_ERRORS.labels(exc.code).inc()
                 await self._answer(item, error_reply(exc.code, exc.message))
             else:
                 metrics.SUBMIT_DUPLICATES.inc()
-                await self._answer(item, encoder.encode({**row["submit_reply"], "duplicate": True}))
+                await self._answer(item, encoder.encode({**row.submit_reply, "duplicate": True}))
 
     async def _answer(self, item: _Pending, body: bytes) -> None:
         item.answered = True
         await self._respond(item.msg, body)
-        metrics.SUBMIT_ACK.observe(time.perf_counter() - item.received)
+        metrics.SUBMIT_ACK.observe(self.clock.monotonic() - item.received)
 
     async def _announce(self, jobs: list[NewJob]) -> None:
         """After commit: wake agents and the tick, and tell watchers."""
-        now = datetime.now(UTC)
+        now = self.clock.now()
         queued = False
         for job in jobs:
             if job.state == JobState.ASSIGNED.value:
@@ -375,18 +370,25 @@ class Router:
         try:
             request = decode_request(CancelRequest, msg.data)
             reply = await self._bounded(self.cancel(request.job_id))
-        except IrisfedError as exc:
-            await self._respond(msg, error_reply(exc.code, exc.message))
-            return
-        except CONNECTION_ERRORS as exc:
+        except (Unavailable, TimeoutError) as exc:
             metrics.DB_UNAVAILABLE.inc()
-            await self._respond(msg, error_reply("unavailable", f"{self._db_error(exc)}; retry"))
+            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
+            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry"))
+            return
+        except IrisfedError as exc:
+            if not isinstance(exc, PermanentStoreError):
+                await self._respond(msg, error_reply(exc.code, exc.message))
+                return
+            await self._cancel_failed(msg, exc)
             return
         except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            log.error("cancel_failed", exc_info=True)
-            await self._respond(msg, error_reply("internal", f"internal error: {exc}"))
+            await self._cancel_failed(msg, exc)
             return
         await self._respond(msg, encoder.encode(reply))
+
+    async def _cancel_failed(self, msg: Msg, exc: Exception) -> None:
+        log.error("cancel_failed", exc_info=True)
+        await self._respond(msg, error_reply(ErrorCode.INTERNAL, f"internal error: {exc}"))
 
     async def _bounded(self, work):
         """``work``'s result, or TimeoutError after twice the submit timeout.
@@ -408,37 +410,26 @@ class Router:
 
     async def cancel(self, job_id: str) -> CancelReply:
         """Cancel ``job_id`` durably; the reply's outcome says what happened."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await self.store.job_get_for_update(conn, job_id)
+        async with self.store.transaction() as tx:
+            row = await tx.job_get_for_update(job_id)
             if row is None:
                 raise NotFound(f"no job {job_id!r}")
-            state = JobState(row["state"])
-            owner, epoch = row["owner_peer_id"], row["epoch"]
-            action = cancel_action(state, row["cancel_requested"])
-            if action == "nothing":
-                return CancelReply(job_id, state.value, "already_finished")
-            await self.store.job_request_cancel(conn, job_id)
-            if action == "kill_now":
-                # A job requeued after a lost peer did run before: it is not restarted.
-                outcome = "never_started" if row["attempts"] == 0 else "not_restarted"
-                await self.store.job_move(Move(
-                    job_id, state, JobState.KILLED, epoch, actor="router", owner_peer_id=owner,
-                    reason=CANCEL_OUTCOMES[outcome],
-                ), conn)
-                new_state = JobState.KILLED
-            else:
-                reachable = owner in self.view.reachable_ids()
-                outcome = "kill_sent" if reachable else "pending_owner_offline"
-                if action == "repeat":
-                    outcome = "already_requested" if reachable else outcome
-                new_state = state
+            owner, epoch = row.owner_peer_id, row.epoch
+            decision = cancel_decision(row.state, row.cancel_requested, row.attempts,
+                                       owner_reachable=owner in self.view.reachable_ids())
+            if decision.action is CancelAction.NOTHING:
+                return CancelReply(job_id, row.state, decision.outcome)
+            await tx.job_request_cancel(job_id)
+            if decision.action is CancelAction.KILL_NOW:
+                await tx.job_move(Move(job_id, row.state, JobState.KILLED, epoch, actor="router",
+                                       owner_peer_id=owner, reason=decision.outcome.meaning))
         # Committed: now tell the owner (it also finds the flag on its next reconcile).
         if owner:
             await publish(self.nc, self.subjects.cancel_notice(owner), CancelNotice(job_id, owner, epoch))
-        if new_state is JobState.KILLED:
+        if decision.new_state is JobState.KILLED:
             await publish(self.nc, self.subjects.events(job_id),
-                          JobEvent(job_id, new_state.value, owner or "", epoch, datetime.now(UTC),
-                                   reason=CANCEL_OUTCOMES[outcome]))
-        metrics.CANCELS.labels(outcome).inc()
-        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=outcome)
-        return CancelReply(job_id, new_state.value, outcome)
+                          JobEvent(job_id, JobState.KILLED, owner or "", epoch, self.clock.now(),
+                                   reason=decision.outcome.meaning))
+        metrics.CANCELS.labels(decision.outcome).inc()
+        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=decision.outcome)
+        return CancelReply(job_id, decision.new_state, decision.outcome)

@@ -10,7 +10,8 @@ import msgspec
 from shared.constraints import Constraint
 from shared.lifecycle import JobState
 from shared.placement import QueuedJob
-from shared.retry import may_retry_infra_failure
+from shared.records import ClaimedJob, LostPeerJob, Move
+from shared.retry import after_infra_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +29,28 @@ def recover_from_lost_peer(
     """Never-started work goes back to the queue; running work retries while allowed.
 
     Losing a peer is an infrastructure failure, so it is retried (unlike a non-zero
-    exit).
+    exit) under the one rule of ``shared.retry``.
     """
     if state is JobState.ASSIGNED:
         return Recovery(JobState.QUEUED, f"owner {owner} unreachable before starting it", False)
-    if may_retry_infra_failure(attempts, max_retries):
-        return Recovery(JobState.QUEUED, f"peer lost: {owner} unreachable while running it; retrying elsewhere", True)
-    return Recovery(JobState.FAILED, f"peer lost: {owner} unreachable while running it; no retries left", False)
+    failure = after_infra_failure(attempts, max_retries)
+    elsewhere = "; retrying elsewhere" if failure.retrying else f"; {failure.suffix}"
+    return Recovery(failure.to_state, f"peer lost: {owner} unreachable while running it{elsewhere}",
+                    failure.retrying)
+
+
+def recovery_move(job: LostPeerJob) -> tuple[Move, Recovery]:
+    """The compare-and-set that recovers ``job`` from its lost owner, and why.
+
+    Every recovery moves the epoch on (epoch + 1), requeued or failed: the lost
+    owner's copy, should it come back, is fenced.
+    """
+    decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries)
+    requeued = decision.to_state is JobState.QUEUED
+    move = Move(job.job_id, job.state, decision.to_state, job.epoch, actor="tick",
+                owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=job.epoch + 1,
+                reason=decision.reason, avoid_peer=job.owner_peer_id if decision.avoid_owner else None)
+    return move, decision
 
 
 @lru_cache(maxsize=4096)
@@ -43,12 +59,12 @@ def constraints_from_json(text: str | None) -> tuple[Constraint, ...]:
     return tuple(Constraint(c["key"], c["op"], c.get("value")) for c in msgspec.json.decode(text or "[]"))
 
 
-def queued_job_from_row(row) -> QueuedJob:
+def queued_job_from_row(row: ClaimedJob) -> QueuedJob:
     """A claimed ``jobs`` row → QueuedJob."""
     return QueuedJob(
-        job_id=row["job_id"],
-        epoch=row["epoch"],
-        constraints=constraints_from_json(row["constraints_json"]),
-        pinned_peer_id=row["pinned_peer_id"],
-        avoid_peers=frozenset(row["avoid_peers"]) if row["avoid_peers"] else frozenset(),
+        job_id=row.job_id,
+        epoch=row.epoch,
+        constraints=constraints_from_json(row.constraints_json),
+        pinned_peer_id=row.pinned_peer_id,
+        avoid_peers=frozenset(row.avoid_peers) if row.avoid_peers else frozenset(),
     )

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Any
 
-import asyncpg
-from asyncpg.transaction import Transaction
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -29,14 +27,16 @@ from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import TaskOwner, forever, when_woken
-from services.common.store import Store
-from services.tick.plan import queued_job_from_row, recover_from_lost_peer
+from services.common.store import Store, Transaction
+from services.tick.plan import Recovery, queued_job_from_row, recovery_move
+from shared.clock import Clock, as_clock
 from shared.config import FederationConfig
 from shared.explain import explanation
 from shared.lifecycle import JobState
 from shared.messages import AssignmentNotice, Heartbeat, JobEvent
 from shared.placement import Placement, Waiting, assign_queued, free_slots
-from shared.records import Move
+from shared.records import AssignedJob, ClaimedJob
+from shared.settings import require_count
 from shared.subjects import TICK_QUEUE_GROUP
 
 log = EventLogger("tick")
@@ -49,8 +49,14 @@ QUEUE_DEPTH_CLASSES = 20  # label sets exported at most; the rest are summed as 
 
 @dataclass(frozen=True)
 class TickSettings:
+    """Tuning knobs of a tick. The defaults live here; values are checked when built."""
+
     batch_size: int = 1000  # queued jobs claimed per transaction
     recover_batch_size: int = 1000  # live jobs of lost peers recovered per transaction
+
+    def __post_init__(self) -> None:
+        require_count("tick", "batch_size", self.batch_size, flag="--batch-size")
+        require_count("tick", "recover_batch_size", self.recover_batch_size)
 
 
 @dataclass
@@ -67,23 +73,16 @@ class TickResult:
 class _Batch:
     """Claimed jobs, placed, holding their row locks in an open transaction."""
 
-    conn: asyncpg.Connection
-    transaction: Transaction
-    rows: list[asyncpg.Record]
+    store: Store  # bound to the connection that holds the claim
+    claim: Transaction
+    rows: list[ClaimedJob]
     placements: list[Placement]
     waiting: list[Waiting]
-    finished: bool = False  # committed or rolled back
 
     @property
     def cursor(self) -> tuple[int, datetime, str]:
         last = self.rows[-1]
-        return (-last["priority"], last["submitted_at"], last["job_id"])
-
-
-async def _rollback_quietly(transaction: Transaction) -> None:
-    """Roll back on the way out of an error; a failure here must not hide that error."""
-    with contextlib.suppress(Exception):
-        await transaction.rollback()
+        return (-last.priority, last.submitted_at, last.job_id)
 
 
 class Tick:
@@ -92,26 +91,25 @@ class Tick:
     def __init__(
         self,
         config: FederationConfig,
-        pool: asyncpg.Pool,
+        pool: Any,
         nc: Client | None,
         settings: TickSettings = TickSettings(),
-        clock: Callable[[], float] = time.monotonic,  # ages only: immune to wall-clock jumps
+        clock: Clock | Callable[[], float] | None = None,  # default: the system's (a bare callable: monotonic)
     ) -> None:
         self.config = config
         self.subjects = config.subjects
-        self.pool = pool
-        self.store = Store(pool)
+        self.store = pool if isinstance(pool, Store) else Store(pool)  # a pool of services.common.db, or a Store
         self.nc = nc
         self.settings = settings
-        self.clock = clock
-        self.view = PeerView(config, clock)
+        self.clock = as_clock(clock)
+        self.view = PeerView(config, self.clock.monotonic)
         metrics.watch_peer_view(self.view)
         self.wake = asyncio.Event()
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
         self.tasks = TaskOwner()
         self.runs = 0  # full passes
         self.passes = 0  # placement passes (full or not): what wake-ups cost
-        self.last_full_pass = float("-inf")  # time.monotonic() when the last full pass started
+        self.last_full_pass = float("-inf")  # the clock's monotonic reading when the last full pass started
 
     async def start(self) -> None:
         await self.refresh_view()
@@ -136,10 +134,10 @@ class Tick:
 
     async def export_queue_depth(self) -> None:
         """Refresh irisfed_queue_depth (one grouped scan of the queued partial index)."""
-        rows = await self.store.job_queue_depth(QUEUE_DEPTH_CLASSES)
+        rows = await self.store.job_count_queued_by_class(QUEUE_DEPTH_CLASSES)
         metrics.QUEUE_DEPTH.clear()
         for row in rows:
-            metrics.QUEUE_DEPTH.labels(row["pinned_peer"], row["constraints"]).set(row["jobs"])
+            metrics.QUEUE_DEPTH.labels(row.pinned_peer, row.constraints).set(row.jobs)
 
     async def refresh_view(self) -> None:
         if self.view.apply_rows(await self.store.peer_heartbeat_list()):
@@ -183,7 +181,7 @@ class Tick:
         placeable. Deadlines and lost peers are matters of time, so they keep the
         interval and a burst of submits does not repeat them per wake-up.
         """
-        return await self.run_once(full=time.monotonic() - self.last_full_pass >= self.config.tick_interval_s)
+        return await self.run_once(full=self.clock.monotonic() - self.last_full_pass >= self.config.tick_interval_s)
 
     async def run_once(self, full: bool = True) -> TickResult:
         """One pass: deadlines and lost peers (when ``full``), then placement."""
@@ -194,15 +192,14 @@ class Tick:
         result = TickResult()
         elapsed = metrics.timer()
         if full:
-            self.last_full_pass = time.monotonic()  # scheduling: immune to wall-clock jumps
+            self.last_full_pass = self.clock.monotonic()  # scheduling: immune to wall-clock jumps
             expired = await self.store.job_expire_deadlines()
             result.expired = len(expired)
             metrics.UNSCHEDULABLE.inc(len(expired))
-            now_dt = datetime.now(UTC)
+            now_dt = self.clock.now()
             for row in expired:
-                log.info("job_unschedulable", job_id=row["job_id"], epoch=row["epoch"])
-                await self._event(row["job_id"], JobState.UNSCHEDULABLE, "", row["epoch"], now_dt,
-                                  "deadline passed")
+                log.info("job_unschedulable", job_id=row.job_id, epoch=row.epoch)
+                await self._event(row.job_id, JobState.UNSCHEDULABLE, "", row.epoch, now_dt, "deadline passed")
             result.recovered = await self.recover_lost_peers()
             self.runs += 1
         await self._place(result)
@@ -223,7 +220,7 @@ class Tick:
         lost = self.view.lost_ids(grace_s)
         if self.view.unheard_lost(grace_s):
             configured = set(self.config.peer_ids)
-            lost += sorted({owner for owner, _ in await self.store.job_live_counts()
+            lost += sorted({owner for owner, _ in await self.store.job_count_live()
                             if owner and owner not in configured})
         if not lost:
             return 0
@@ -231,7 +228,7 @@ class Tick:
         while True:
             fetched, recovered = await self._recover_batch(lost, limit)
             total += len(recovered)
-            now_dt = datetime.now(UTC)
+            now_dt = self.clock.now()
             for job_id, decision, owner, epoch in recovered:
                 metrics.FAILOVERS.labels(decision.to_state.value).inc()
                 log.warning("job_recovered_from_lost_peer", job_id=job_id, peer_id=owner, epoch=epoch,
@@ -245,25 +242,18 @@ class Tick:
             self.wake.set()
         return total
 
-    async def _recover_batch(self, lost: list[str], limit: int) -> tuple[int, list]:
+    async def _recover_batch(self, lost: list[str], limit: int
+                             ) -> tuple[int, list[tuple[str, Recovery, str, int]]]:
         """One transaction: lock up to ``limit`` unpinned live jobs of ``lost`` peers and move them."""
         recovered = []
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await self.store.job_stale_on_peers(conn, lost, limit)
+        async with self.store.transaction() as tx:
+            rows = await tx.job_claim_on_lost_peers(lost, limit)
             for row in rows:
-                if row["pinned_peer_id"]:
+                if row.pinned_peer_id:
                     continue  # the query leaves them out; pinned jobs never move
-                state, owner = JobState(row["state"]), row["owner_peer_id"]
-                decision = recover_from_lost_peer(state, owner, row["attempts"], row["max_retries"])
-                new_epoch = row["epoch"] + 1
-                seq = await self.store.job_move(Move(
-                    row["job_id"], state, decision.to_state, row["epoch"], actor="tick",
-                    owner_peer_id=None if decision.to_state is JobState.QUEUED else owner,
-                    new_epoch=new_epoch, reason=decision.reason,
-                    avoid_peer=owner if decision.avoid_owner else None,
-                ), conn)
-                if seq is not None:
-                    recovered.append((row["job_id"], decision, owner, new_epoch))
+                move, decision = recovery_move(row)
+                if await tx.job_move(move) is not None:
+                    recovered.append((row.job_id, decision, row.owner_peer_id, move.new_epoch))
         return len(rows), recovered
 
     async def _place(self, result: TickResult) -> None:
@@ -275,26 +265,26 @@ class Tick:
         compare-and-set give their slot back when batch k commits.
         """
         peers = self.view.peers()
-        now = self.clock()
+        now = self.clock.monotonic()
         if not any(p.is_reachable(now) for p in peers):
             return
         # Slots in use are counted once per run; placements this run makes are added
         # as they go, so each batch costs its own rows, not a scan of every live job.
-        live = dict(await self.store.job_live_counts())
+        live = dict(await self.store.job_count_live())
         matched: dict = {}  # constraint set → matching backends, for every batch of this run
         # The second batch in flight needs a second connection; a pool of one cannot.
-        pipelined = self.pool.get_max_size() > 1
+        pipelined = self.store.max_connections > 1
         batch = following = None
         async with contextlib.AsyncExitStack() as connections:
             try:
-                batch = await self._claim_batch(await connections.enter_async_context(self.pool.acquire()), None,
-                                                peers, live, now, matched)
+                batch = await self._claim_batch(await connections.enter_async_context(self.store.connection()),
+                                                None, peers, live, now, matched)
                 spare = None  # the second connection, taken only when a second batch is needed
                 while batch is not None:
                     following = None
                     more = len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now)
                     if more and pipelined:
-                        spare = spare or await connections.enter_async_context(self.pool.acquire())
+                        spare = spare or await connections.enter_async_context(self.store.connection())
                         committed, claimed = await asyncio.gather(
                             self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
                             return_exceptions=True)
@@ -305,69 +295,67 @@ class Tick:
                         await self._announce_batch(batch, committed, live, result)
                         if isinstance(claimed, BaseException):
                             raise claimed
-                        spare, batch = batch.conn, following
+                        spare, batch = batch.store, following
                     else:
                         committed = await self._commit_batch(batch)
                         await self._announce_batch(batch, committed, live, result)
-                        batch = (await self._claim_batch(batch.conn, batch.cursor, peers, live, now, matched)
+                        batch = (await self._claim_batch(batch.store, batch.cursor, peers, live, now, matched)
                                  if more else None)
             finally:
                 # Whatever stopped us (an error, shutdown), no claim stays open.
                 for left in (batch, following):
-                    if left is not None and not left.finished:
-                        await _rollback_quietly(left.transaction)
+                    if left is not None and not left.claim.finished:
+                        await left.claim.rollback_quietly()
 
     @staticmethod
     def _slots_left(peers, live, now: float) -> bool:
         return sum(free_slots([p for p in peers if p.is_reachable(now)], live).values()) > 0
 
-    async def _claim_batch(self, conn, cursor, peers, live, now: float, matched: dict) -> _Batch | None:
-        """Open a transaction, claim the next batch after ``cursor`` and place it (None: queue drained)."""
-        transaction = conn.transaction()
-        await transaction.start()
+    async def _claim_batch(self, bound: Store, cursor, peers, live, now: float, matched: dict) -> _Batch | None:
+        """Open a transaction on ``bound``'s connection, claim the next batch after ``cursor``
+        and place it (None: queue drained)."""
+        claim = await bound.begin()
         try:
-            rows = await self.store.job_claim_queued(conn, self.settings.batch_size, cursor)
+            rows = await bound.job_claim_queued(self.settings.batch_size, cursor)
             if not rows:
-                await transaction.rollback()
+                await claim.rollback()
                 return None
             placements, waiting = assign_queued([queued_job_from_row(r) for r in rows], peers, live, now, matched)
         except BaseException:
-            await _rollback_quietly(transaction)
+            await claim.rollback_quietly()
             raise
         for p in placements:
             live[(p.peer_id, p.backend)] = live.get((p.peer_id, p.backend), 0) + 1
-        return _Batch(conn, transaction, rows, placements, waiting)
+        return _Batch(bound, claim, rows, placements, waiting)
 
-    async def _commit_batch(self, batch: _Batch) -> list[asyncpg.Record]:
+    async def _commit_batch(self, batch: _Batch) -> list[AssignedJob]:
         """Assign (CAS on epoch, changelog in the same statement), explain the rest, commit."""
         try:
-            moved = await self.store.job_assign_batch(
-                batch.conn, [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
-            await self.store.job_explain_batch(batch.conn, [
+            moved = await batch.store.job_assign_batch(
+                [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
+            await batch.store.job_explain_batch([
                 (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in batch.waiting])
         except BaseException:
-            await _rollback_quietly(batch.transaction)
-            batch.finished = True
+            await batch.claim.rollback_quietly()
             raise
         # A failed commit raises its own error (never a rollback's): the caller's
         # cleanup and the pool deal with the connection.
-        await batch.transaction.commit()
-        batch.finished = True
+        await batch.claim.commit()
         return moved
 
-    async def _announce_batch(self, batch: _Batch, moved: list[asyncpg.Record], live: dict,
+    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], live: dict,
                               result: TickResult) -> None:
         """After commit: give back slots of lost CASes, then tell agents and watchers."""
         crash_point("tick_after_commit")
         result.waiting += len(batch.waiting)
         placed = {p.job_id: p for p in batch.placements}
-        for job_id in placed.keys() - {row["job_id"] for row in moved}:
+        for job_id in placed.keys() - {row.job_id for row in moved}:
             p = placed[job_id]
             live[(p.peer_id, p.backend)] -= 1
-        priority_of = {r["job_id"]: r["priority"] for r in batch.rows}
-        now_dt = datetime.now(UTC)
+        priority_of = {r.job_id: r.priority for r in batch.rows}
+        now_dt = self.clock.now()
         for row in moved:
-            job_id, peer_id, epoch = row["job_id"], row["owner_peer_id"], row["epoch"]
+            job_id, peer_id, epoch = row.job_id, row.owner_peer_id, row.epoch
             result.assigned.append((job_id, peer_id, epoch))
             await self._notify_assigned(job_id, peer_id, epoch, placed[job_id].backend, priority_of[job_id], now_dt)
 

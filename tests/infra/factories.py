@@ -39,8 +39,19 @@ def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> New
 
 
 async def insert_jobs(store: Store, jobs: list[NewJob]) -> None:
-    async with store.db.acquire() as conn, conn.transaction():
-        await store.job_insert_batch(conn, jobs)
+    async with store.transaction() as tx:
+        await tx.job_insert_batch(jobs)
+
+
+async def assign_jobs(store: Store, jobs: list[NewJob], peer: str, epoch: int = 0, backend: str = "main") -> list:
+    """Place queued ``jobs`` (claimed at ``epoch``) on ``peer``, as the tick's commit does."""
+    async with store.transaction() as tx:
+        return await tx.job_assign_batch([(j.job_id, epoch, peer, backend) for j in jobs])
+
+
+async def start_jobs(store: Store, jobs: list[NewJob], peer: str, epoch: int = 1) -> dict:
+    """Accept assigned ``jobs`` on ``peer`` (as its agent, through ``store``'s role)."""
+    return await store.job_start_batch(peer, [(j.job_id, epoch, None, "started") for j in jobs])
 
 
 async def advertise(store: Store, peer_id: str, slots: int = 2, run_id: str = "run-1", seq: int = 1,

@@ -18,9 +18,11 @@ from services.common import db as dbmod
 from services.common import metrics
 from services.common.db_roles import apply_roles, peer_role
 from services.common.store import Store
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent, _Run
+from services.peer_agent.report import Run
+from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from shared.errors import PermanentStoreError
 from shared.lifecycle import JobState
-from tests.infra.factories import insert_jobs, make_config, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, start_jobs
 from tests.infra.waiting import wait_for
 from tests.integration.test_db_roles import as_role
 from tooling.invariants import assert_changelog_replays
@@ -46,11 +48,8 @@ async def _running(admin: Store, peer: str, agent: Store | None = None, **fields
     """A job assigned to ``peer`` (epoch 1) and accepted by it (through ``agent``'s role)."""
     job = make_job(**fields)
     await insert_jobs(admin, [job])
-    async with admin.db.acquire() as conn, conn.transaction():
-        await admin.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
-    async with (agent or admin).db.acquire() as conn:
-        accepted = await (agent or admin).job_start_batch(conn, peer, [(job.job_id, 1, None, "running")])
-    assert job.job_id in accepted
+    await assign_jobs(admin, [job], peer)
+    assert job.job_id in await start_jobs(agent or admin, [job], peer)
     return job.job_id
 
 
@@ -82,17 +81,16 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     out_of_retries = await _running(admin, "gpu-west", gpu, max_retries=0)
     cancelled = await _running(admin, "gpu-west", gpu, max_retries=3)
     launch_failed = await _running(admin, "gpu-west", gpu, max_retries=2)
-    async with pool.acquire() as conn:
-        await admin.job_request_cancel(conn, cancelled)
+    await admin.job_request_cancel(cancelled)
     agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
     # A restarted agent finds three running jobs it has no process for.
-    rows = {r["job_id"]: r for r in await gpu.job_live_for_owner("gpu-west")}
+    rows = {r.job_id: r for r in await gpu.job_list_live_for_owner("gpu-west")}
     for job_id in (retried, out_of_retries, cancelled):
         await agent._recover_orphan(rows[job_id])
     # A launch error on a job with retries left hands it back to the queue.
-    run = _Run(launch_failed, 1, "main", exit_code=-1, launch_error="no such program")
+    run = Run(launch_failed, 1, "main", exit_code=-1, launch_error="no such program")
     agent.runs[launch_failed] = run
-    await agent._report([run])
+    await agent.reports.report([run])
 
     expected = {
         retried: ("queued", 2, None),
@@ -114,7 +112,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     # may leave a note in its own sync state (what a fenced stale copy does).
     assert await gpu.job_get(retried) is None
     assert (await gpu.changelog_last_for_job(retried))["to_state"] == "queued"
-    await agent._record_fenced(_Run(retried, 1, "main", fenced=True))
+    await agent.reports.record_fenced(retried, 1)
     [sync] = await admin.sync_state_get(retried)
     assert sync["note"] == "stale copy killed: epoch 1 superseded by 2"
     await assert_changelog_replays(admin)
@@ -125,21 +123,18 @@ async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_
     theirs = await _running(admin, "tpu-east")
     assigned = make_job()
     await insert_jobs(admin, [assigned])
-    async with pool.acquire() as conn, conn.transaction():
-        await admin.job_assign_batch(conn, [(assigned.job_id, 0, "tpu-east", "main")])
+    await assign_jobs(admin, [assigned], "tpu-east")
     # Claiming to be another peer is refused outright.
-    async with gpu_pool.acquire() as conn:
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await gpu.job_start_batch(conn, "tpu-east", [(assigned.job_id, 1, None, "stolen")])
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await gpu.job_finish_batch(conn, "tpu-east", [(theirs, 1, 0, False)])
-    with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        await gpu.job_end_run("tpu-east", theirs, 1, JobState.QUEUED, "stolen")
+    for refused in (gpu.job_start_batch("tpu-east", [(assigned.job_id, 1, None, "stolen")]),
+                    gpu.job_finish_batch("tpu-east", [(theirs, 1, 0, False)]),
+                    gpu.job_end_run("tpu-east", theirs, 1, JobState.QUEUED, "stolen")):
+        with pytest.raises(PermanentStoreError) as caught:
+            await refused
+        assert caught.value.error_class == "InsufficientPrivilegeError"
     # In its own name, another peer's job is simply not there: the CAS finds nothing.
     assert await gpu.job_end_run("gpu-west", theirs, 1, JobState.FAILED, "stolen") is None
-    async with gpu_pool.acquire() as conn:
-        assert await gpu.job_start_batch(conn, "gpu-west", [(assigned.job_id, 1, None, "x")]) == {}
-        assert await gpu.job_finish_batch(conn, "gpu-west", [(theirs, 1, 0, False)]) == {}
+    assert await gpu.job_start_batch("gpu-west", [(assigned.job_id, 1, None, "x")]) == {}
+    assert await gpu.job_finish_batch("gpu-west", [(theirs, 1, 0, False)]) == {}
     # Only the moves an agent makes this way: not back to assigned, not succeeded (only
     # a finish with exit code 0 is), and nothing but a state name.
     mine = await _running(admin, "gpu-west", gpu)
@@ -159,9 +154,8 @@ async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
     admin = Store(pool)
     mine = await _running(admin, "gpu-west", Store(gpu_pool))
     theirs = await _running(admin, "tpu-east")
-    async with pool.acquire() as conn:
-        await admin.job_request_cancel(conn, mine)
-    before = await admin.changelog_all()
+    await admin.job_request_cancel(mine)
+    before = await admin.changelog_list_all()
     forgeries = [
         # History for another peer's job, in the tick's name.
         ("INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor) "
@@ -184,12 +178,11 @@ async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
     job = await admin.job_get(mine)
     assert (job["state"], job["epoch"], job["cancel_requested"], job["spec"]["command"]) == \
         ("running", 1, True, ["true"])
-    assert len(await admin.changelog_all()) == len(before)
+    assert len(await admin.changelog_list_all()) == len(before)
     # What it does need still works: its own job, its heartbeat, a finish that honours the cancel.
     assert (await Store(gpu_pool).job_get(mine))["state"] == "running"
-    async with gpu_pool.acquire() as conn:
-        moved = await Store(gpu_pool).job_finish_batch(conn, "gpu-west", [(mine, 1, 0, False)])
-    assert moved[mine]["state"] == "killed"
+    moved = await Store(gpu_pool).job_finish_batch("gpu-west", [(mine, 1, 0, False)])
+    assert moved[mine].state is JobState.KILLED
 
 
 async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
@@ -202,17 +195,17 @@ async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
     agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
     errors = metrics.AGENT_REPORT_ERRORS.labels("finish")
     counted = errors._value.get()
-    loop = asyncio.create_task(agent._report_loop())
+    loop = asyncio.create_task(agent.reports.loop(0.0, 0.1, agent.start_wanted.set))
     try:
         for job_id in (poisoned, fine):  # one batch: the bad row must not sink the other
-            agent.runs[job_id] = run = _Run(job_id, 1, "main", exit_code=0)
-            agent.finished.put_nowait(run)
+            agent.runs[job_id] = run = Run(job_id, 1, "main", exit_code=0)
+            agent.reports.finished.put_nowait(run)
 
         async def landed(job_id):
             return (await admin.job_get(job_id))["state"] == "succeeded"
         await wait_for(lambda: landed(fine), "the good run's report", timeout=10)
-        agent.runs[later] = run = _Run(later, 1, "main", exit_code=3)
-        agent.finished.put_nowait(run)
+        agent.runs[later] = run = Run(later, 1, "main", exit_code=3)
+        agent.reports.finished.put_nowait(run)
         await wait_for(lambda: _state_is(admin, later, "failed"), "a later run's report", timeout=10)
     finally:
         loop.cancel()

@@ -19,7 +19,7 @@ from services.common.store import Store
 from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
 from shared.lifecycle import JobState
 from shared.records import Move
-from tests.infra.factories import insert_jobs, make_config, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -48,8 +48,7 @@ def _agent(pool, nc, tmp_path: Path, kind: str, slots: int = 4) -> PeerAgent:
 
 async def _assigned(store: Store, pool, *jobs) -> None:
     await insert_jobs(store, list(jobs))
-    async with pool.acquire() as conn, conn.transaction():
-        moved = await store.job_assign_batch(conn, [(j.job_id, 0, "gpu-west", "main") for j in jobs])
+    moved = await assign_jobs(store, list(jobs), "gpu-west")
     assert len(moved) == len(jobs)
 
 
@@ -99,8 +98,7 @@ async def test_a_restarted_agent_kills_leftovers_it_no_longer_owns_and_recovers_
         # The peer is lost meanwhile: one job is requeued and placed elsewhere (epoch 3).
         assert await store.job_move(Move(moved_away.job_id, JobState.RUNNING, JobState.QUEUED, 1, "tick", None,
                                          new_epoch=2, reason="peer lost"))
-        async with pool.acquire() as conn, conn.transaction():
-            assert await store.job_assign_batch(conn, [(moved_away.job_id, 2, "tpu-east", "main")])
+        assert await assign_jobs(store, [moved_away], "tpu-east", epoch=2)
 
         second = _agent(pool, FlakyNats(ok=10**6), tmp_path, "subprocess")
         try:

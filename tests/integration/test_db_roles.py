@@ -9,8 +9,9 @@ import pytest
 from services.common import db as dbmod
 from services.common.db_roles import apply_roles, peer_role
 from services.common.store import Store
+from shared.errors import PermanentStoreError
 from shared.lifecycle import JobState
-from tests.infra.factories import insert_jobs, make_config, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 
 
 def as_role(url: str, role: str) -> str:
@@ -33,8 +34,7 @@ async def roles(database_url, pool):
 async def _assigned(store, peer):
     job = make_job()
     await insert_jobs(store, [job])
-    async with store.db.acquire() as conn, conn.transaction():
-        await store.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
+    await assign_jobs(store, [job], peer)
     return job.job_id
 
 
@@ -46,12 +46,11 @@ async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
     gpu_pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")))
     try:
         gpu = Store(gpu_pool)
-        async with gpu_pool.acquire() as conn:
-            assert mine in await gpu.job_start_batch(conn, "gpu-west", [(mine, 1, None, "running")])
-            # invisible: the CAS finds no row
-            assert await gpu.job_start_batch(conn, "gpu-west", [(theirs, 1, None, "stolen")]) == {}
+        assert mine in await gpu.job_start_batch("gpu-west", [(mine, 1, None, "running")])
+        # invisible: the CAS finds no row
+        assert await gpu.job_start_batch("gpu-west", [(theirs, 1, None, "stolen")]) == {}
         assert await gpu.job_get(theirs) is None
-        assert [r["job_id"] for r in await gpu.job_live_for_owner("tpu-east")] == []
+        assert [r.job_id for r in await gpu.job_list_live_for_owner("tpu-east")] == []
         # Jobs change only through the agent functions (migration 0004), never directly.
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await gpu_pool.execute("UPDATE jobs SET reason = 'pwned' WHERE job_id = $1", theirs)
@@ -63,15 +62,17 @@ async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
             await gpu_pool.execute(
                 "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
                 "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        with pytest.raises(PermanentStoreError) as refused:  # the store's words for it
             await gpu.peer_heartbeat_upsert("tpu-east", "r", 1, [], 6.0, datetime.now(UTC))
+        assert (refused.value.sqlstate, refused.value.error_class) == ("42501", "InsufficientPrivilegeError")
         await gpu.peer_heartbeat_upsert("gpu-west", "r", 1, [], 6.0, datetime.now(UTC))
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        with pytest.raises(PermanentStoreError) as refused:
             await gpu.sync_state_upsert(theirs, "tpu-east", 1, 1)
+        assert refused.value.sqlstate == "42501"  # insufficient privilege
     finally:
         await gpu_pool.close()
     row = await admin.job_get(theirs)
-    assert (row["state"], row["reason"]) == ("assigned", "assigned to tpu-east")
+    assert (row.state, row.reason) == ("assigned", "assigned to tpu-east")
 
 
 async def test_router_and_tick_roles_have_only_what_they_use(database_url, pool, roles):

@@ -3,7 +3,7 @@
 from services.common.store import Store
 from shared.lifecycle import JobState
 from shared.records import Move
-from tests.infra.factories import insert_jobs, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_job
 from tooling.invariants import assert_changelog_replays, changelog_violations
 
 
@@ -11,9 +11,8 @@ async def test_stale_epoch_write_is_refused(pool):
     store = Store(pool)
     job = make_job()
     await insert_jobs(store, [job])
-    async with pool.acquire() as conn, conn.transaction():
-        moved = await store.job_assign_batch(conn, [(job.job_id, 0, "gpu-west", "main")])
-    assert moved[0]["epoch"] == 1
+    moved = await assign_jobs(store, [job], "gpu-west")
+    assert moved[0].epoch == 1
     assert await store.job_move(Move(job.job_id, JobState.ASSIGNED, JobState.RUNNING, 1, "gpu-west", "gpu-west"))
     # The job is requeued under a new epoch (as after a peer loss) ...
     assert await store.job_move(Move(job.job_id, JobState.RUNNING, JobState.QUEUED, 1, "tick", None, new_epoch=2))
@@ -21,10 +20,9 @@ async def test_stale_epoch_write_is_refused(pool):
     stale = Move(job.job_id, JobState.RUNNING, JobState.SUCCEEDED, 1, "gpu-west", "gpu-west", exit_code=0)
     assert await store.job_move(stale) is None
     row = await store.job_get(job.job_id)
-    assert (row["state"], row["epoch"], row["exit_code"]) == ("queued", 2, None)
+    assert (row.state, row.epoch, row.exit_code) == ("queued", 2, None)
     # A stale claim by a tick that read epoch 1 is refused too.
-    async with pool.acquire() as conn, conn.transaction():
-        assert await store.job_assign_batch(conn, [(job.job_id, 1, "tpu-east", "main")]) == []
+    assert await assign_jobs(store, [job], "tpu-east", epoch=1) == []
     await assert_changelog_replays(store)
 
 

@@ -2,29 +2,30 @@
 
 import asyncio
 import json
-import time
 import uuid
 
-from asyncpg.exceptions import ConnectionDoesNotExistError
 from nats.aio.msg import Msg
 
+from services.common.store import Store
 from services.router.plan import plan_new_job
 from services.router.service import _Pending
+from shared.errors import Unavailable
 from shared.messages import SubmitRequest, decode_request
 from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 
-def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(router):  # noqa: F811
+def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(router, monkeypatch):  # noqa: F811
     first = router.request("submit", json.dumps({"command": ["true"], "job_id": "old"}).encode())
     assert first["job_id"] == "old"
 
+    async def connection_lost(self, job_ids, statement_timeout_s=None):
+        # What the store raises when the connection breaks in the middle of the statement.
+        raise Unavailable("database unavailable: connection was closed in the middle of operation")
+
+    monkeypatch.setattr(Store, "job_get_submitted", connection_lost)  # the read after the insert fails
+
     async def batch_with_a_failing_repeat() -> dict[str, dict]:
         r = router.router
-
-        async def connection_lost(conn, job_ids, statement_timeout_s=None):
-            raise ConnectionDoesNotExistError("connection was closed in the middle of operation")
-
-        r.store.job_get_submitted = connection_lost  # the read after the insert fails
         inbox = f"_T.{uuid.uuid4().hex}"
         replies: dict[str, dict] = {}
         both = asyncio.Event()
@@ -41,7 +42,7 @@ def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(rout
             job, reply = plan_new_job(request, r._route(request), job_id)
             # Both queued before any writer runs: one batch.
             r.queue.put_nowait(_Pending(job, reply, Msg(router.service_nc, reply=f"{inbox}.{job_id}"),
-                                        time.perf_counter()))
+                                        r.clock.monotonic()))
         await asyncio.wait_for(both.wait(), 10)
         return replies
 

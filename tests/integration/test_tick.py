@@ -7,7 +7,7 @@ from services.common.store import Store
 from services.tick.service import Tick
 from shared.lifecycle import JobState
 from shared.records import Move
-from tests.infra.factories import advertise, insert_jobs, make_config, make_job
+from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config, make_job
 from tooling.invariants import assert_changelog_replays
 
 
@@ -108,8 +108,7 @@ async def test_deadline_makes_queued_jobs_unschedulable(pool):
 
 async def _assign_and_start(store, job, peer, start=False):
     await insert_jobs(store, [job])
-    async with store.db.acquire() as conn, conn.transaction():
-        await store.job_assign_batch(conn, [(job.job_id, 0, peer, "main")])
+    await assign_jobs(store, [job], peer)
     if start:
         await store.job_move(Move(job.job_id, JobState.ASSIGNED, JobState.RUNNING, 1, "test", peer))
 
@@ -185,30 +184,31 @@ async def test_a_pool_of_one_places_batch_by_batch(database_url):
         await single.close()
 
 
-async def test_a_failed_batch_leaves_no_claim_behind(pool):
+async def test_a_failed_batch_leaves_no_claim_behind(pool, monkeypatch):
     store = Store(pool)
     await advertise(store, "gpu-west", slots=500)
     await insert_jobs(store, [make_job() for _ in range(100)])
     tick = Tick(make_config(), pool, None)
     tick.settings = type(tick.settings)(batch_size=20)
     await tick.refresh_view()
-    real_assign, calls = store.job_assign_batch, []
+    real_assign, calls = Store.job_assign_batch, []
 
-    async def fail_third(conn, assignments):
+    async def fail_third(self, assignments):
         calls.append(len(assignments))
         if len(calls) == 3:
             raise RuntimeError("injected: assign failed")
-        return await real_assign(conn, assignments)
+        return await real_assign(self, assignments)
 
-    tick.store.job_assign_batch = fail_third
+    monkeypatch.setattr(Store, "job_assign_batch", fail_third)  # the tick's batches run on bound stores
     try:
         await tick.run_once()
         raise AssertionError("the injected failure should surface")
     except RuntimeError as exc:
         assert "injected" in str(exc)
+    monkeypatch.undo()
     assigned = await pool.fetchval("SELECT count(*) FROM jobs WHERE state = 'assigned'")
     assert assigned == 40  # the two batches committed before the failure, nothing of the third
-    async with pool.acquire() as conn, conn.transaction():  # every queued row is claimable again
-        claimable = await store.job_claim_queued(conn, 1000)
+    async with store.transaction() as tx:  # every queued row is claimable again
+        claimable = await tx.job_claim_queued(1000)
     assert len(claimable) == 60
     await assert_changelog_replays(store)

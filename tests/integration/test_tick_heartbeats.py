@@ -10,7 +10,14 @@ from prometheus_client.registry import REGISTRY
 from services.common.store import Store
 from services.tick.service import Tick
 from shared.messages import BackendAd, Capacity, Heartbeat, encoder
-from tests.infra.factories import advertise, insert_jobs, make_config, make_job
+from tests.infra.factories import (
+    advertise,
+    assign_jobs,
+    insert_jobs,
+    make_config,
+    make_job,
+    start_jobs,
+)
 from tests.infra.waiting import wait_for
 from tooling.invariants import assert_changelog_replays
 
@@ -25,9 +32,8 @@ def heartbeat(peer_id: str, seq: int, device: str = "gpu", free: int = 4, ttl_s:
 async def _running(store: Store, jobs: list, peer: str) -> None:
     """Insert ``jobs`` and take them to running on ``peer`` (batched, with their changelog)."""
     await insert_jobs(store, jobs)
-    async with store.db.acquire() as conn, conn.transaction():
-        await store.job_assign_batch(conn, [(j.job_id, 0, peer, "main") for j in jobs])
-        await store.job_start_batch(conn, peer, [(j.job_id, 1, None, "started") for j in jobs])
+    await assign_jobs(store, jobs, peer)
+    await start_jobs(store, jobs, peer)
 
 
 async def test_a_forged_heartbeat_does_not_make_another_peer_reachable(pool, servers, subject_prefix):

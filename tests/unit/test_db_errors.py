@@ -1,10 +1,11 @@
-"""Which database errors an agent waits out (transient) and which it sets aside (permanent)."""
+"""Which database errors are waited out (transient) and which are set aside (permanent),
+and how the store's boundary names them (``Unavailable`` / ``PermanentStoreError``)."""
 
 import asyncpg
 import pytest
 
-from services.common.db import is_transient
-from shared.errors import Unavailable
+from services.common.db import is_transient, translate, translated_errors
+from shared.errors import PermanentStoreError, Unavailable
 
 
 @pytest.mark.parametrize("exc", [
@@ -27,3 +28,35 @@ def test_transient(exc):
 ])
 def test_permanent(exc):
     assert not is_transient(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    ConnectionResetError("reset"), TimeoutError(), asyncpg.exceptions.ConnectionDoesNotExistError("gone"),
+    asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+    asyncpg.exceptions.InterfaceError("connection is closed"),
+])
+def test_transient_driver_errors_become_unavailable(exc):
+    translated = translate(exc)
+    assert isinstance(translated, Unavailable) and translated.code == "unavailable"
+    expected = "the database did not answer in time" if isinstance(exc, TimeoutError) else f"database unavailable: {exc}"
+    assert translated.message == expected
+
+
+def test_permanent_driver_errors_become_permanent_store_errors():
+    exc = asyncpg.InsufficientPrivilegeError("permission denied for table jobs")
+    translated = translate(exc)
+    assert isinstance(translated, PermanentStoreError)
+    assert (translated.message, translated.error_class, translated.sqlstate) == (
+        "permission denied for table jobs", "InsufficientPrivilegeError", "42501")
+    assert translated.detail == "InsufficientPrivilegeError: permission denied for table jobs"
+    assert isinstance(translate(asyncpg.exceptions.DataError("bad argument")), PermanentStoreError)
+
+
+def test_our_own_errors_and_bugs_pass_through_untouched():
+    for exc in (ValueError("bug"), KeyError("bug"), Unavailable("down")):
+        assert translate(exc) is exc
+    with pytest.raises(ValueError, match="bug"), translated_errors():
+        raise ValueError("bug")
+    with pytest.raises(Unavailable) as caught, translated_errors():
+        raise asyncpg.exceptions.AdminShutdownError("shutdown")
+    assert isinstance(caught.value.__cause__, asyncpg.exceptions.AdminShutdownError)

@@ -14,6 +14,7 @@ from services.common.peer_view import PeerView
 from services.router.service import Router
 from services.tick.service import Tick
 from shared.messages import BackendAd, Capacity, Heartbeat, encoder
+from shared.records import PeerHeartbeatRow
 from tests.infra.factories import make_config
 
 
@@ -31,11 +32,13 @@ def dropped(reason: str) -> float:
     return REGISTRY.get_sample_value("irisfed_heartbeats_dropped_total", {"reason": reason}) or 0.0
 
 
-def row(peer_id: str, seq: int, ttl_s: float, age_s: float, received_epoch: float) -> dict:
-    return {"peer_id": peer_id, "run_id": "r1", "seq": seq, "ttl_s": ttl_s, "age_s": age_s,
-            "received_epoch": received_epoch,
-            "backends": [{"name": "main", "attributes": {"device_type": ["gpu"]},
-                          "capacity": {"total": 4, "free": 4}}]}
+def row(peer_id: str, seq: int, ttl_s: float, age_s: float, received_epoch: float) -> PeerHeartbeatRow:
+    at = datetime.fromtimestamp(received_epoch, UTC)
+    return PeerHeartbeatRow(peer_id=peer_id, run_id="r1", seq=seq, ttl_s=ttl_s, age_s=age_s,
+                            received_epoch=received_epoch, sent_at=at, received_at=at, expires_at=at,
+                            reachable=True,
+                            backends=[{"name": "main", "attributes": {"device_type": ["gpu"]},
+                                       "capacity": {"total": 4, "free": 4}}])
 
 
 async def test_router_drops_a_heartbeat_naming_another_peer_than_its_subject():

@@ -2,16 +2,17 @@
 
 import asyncio
 
-import asyncpg
 import pytest
 
 from services.common.runtime import start_with_retry
-from shared.errors import Unavailable
+from shared.errors import PermanentStoreError, Unavailable
 
 
 async def test_start_is_retried_while_postgres_is_away_then_succeeds():
+    # Connecting fails (refused, timed out), or the store says Postgres is away
+    # (its translation of every transient driver error).
     failures = [ConnectionResetError("reset"), TimeoutError(), Unavailable("down"),
-                asyncpg.exceptions.ConnectionDoesNotExistError("closed in the middle of operation")]
+                Unavailable("database unavailable: connection was closed in the middle of operation")]
     attempts = []
 
     async def attempt():
@@ -26,9 +27,9 @@ async def test_start_is_retried_while_postgres_is_away_then_succeeds():
 
 async def test_other_errors_are_not_retried():
     async def attempt():
-        raise asyncpg.InsufficientPrivilegeError("permission denied")
+        raise PermanentStoreError("permission denied for table jobs", "InsufficientPrivilegeError", "42501")
 
-    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+    with pytest.raises(PermanentStoreError):
         await start_with_retry(attempt, asyncio.Event(), "test")
 
 

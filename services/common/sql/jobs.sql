@@ -37,7 +37,12 @@ SELECT job_id FROM inserted;
 SELECT job_id, spec_hash, submit_reply FROM jobs WHERE job_id = ANY($1::text[]);
 
 -- job_get --
-SELECT * FROM jobs WHERE job_id = $1;
+-- One whole job (every column, in table order), or no row.
+SELECT job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id, backend, epoch,
+       attempts, max_retries, priority, avoid_peers, submitted_at, updated_at, assigned_at, started_at,
+       finished_at, deadline_at, exit_code, log_dir, reason, explanation, submit_reply,
+       cancel_requested, cancel_requested_at
+FROM jobs WHERE job_id = $1;
 
 -- job_get_for_update --
 -- Lock one job while deciding what a cancel does to it.
@@ -53,6 +58,7 @@ ORDER BY submitted_at DESC, job_id
 LIMIT $2;
 
 -- job_count_by_state --
+-- How many jobs are in each state (states with none are absent).
 SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
 
 -- job_move --
@@ -121,7 +127,7 @@ ORDER BY -priority, submitted_at, job_id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
--- job_live_counts --
+-- job_count_live --
 -- Slots in use per peer and backend: assigned and running jobs.
 SELECT owner_peer_id, backend, count(*) AS live
 FROM jobs
@@ -170,14 +176,14 @@ WITH moved AS (
 )
 SELECT job_id, epoch FROM moved;
 
--- job_live_for_owner --
+-- job_list_live_for_owner --
 -- Everything a peer agent should be doing: its assigned and running jobs.
 SELECT job_id, state, epoch, backend, cancel_requested, priority
 FROM jobs
 WHERE owner_peer_id = $1 AND state IN ('assigned', 'running')
 ORDER BY priority DESC, submitted_at, job_id;
 
--- job_stale_on_peers --
+-- job_claim_on_lost_peers --
 -- Unpinned live jobs owned by lost peers ($1: their ids; the tick decides who is lost
 -- from heartbeats, TTL and grace), at most $2, locked. Pinned jobs never move, so they
 -- are filtered here, before the LIMIT: a lost peer full of pinned work cannot hide the
@@ -190,11 +196,11 @@ WHERE state IN ('assigned', 'running')
 LIMIT $2
 FOR UPDATE SKIP LOCKED;
 
--- job_states_all --
+-- job_list_states --
 -- Every job's current state and epoch, for invariant checks.
 SELECT job_id, state, epoch, owner_peer_id, pinned_peer_id, exit_code FROM jobs ORDER BY job_id;
 
--- job_queue_depth --
+-- job_count_queued_by_class --
 -- Queued jobs per (pin, constraint set): the $1 largest classes, the rest as "other".
 WITH classes AS (
     SELECT COALESCE(pinned_peer_id, '') AS pinned_peer,

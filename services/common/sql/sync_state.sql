@@ -11,5 +11,6 @@ SET synced_at = now(),
     note = EXCLUDED.note;
 
 -- sync_state_get --
+-- Every peer's synchronization of one job.
 SELECT job_id, peer_id, synced_at, changelog_seq, epoch, note
 FROM federation_sync_state WHERE job_id = $1 ORDER BY peer_id;

@@ -1,0 +1,185 @@
+"""Pure decisions of the peer agent: no I/O, no clock, nothing kept between calls.
+
+- ``plan_leftovers``: which runs the backends still have alive are no longer ours
+  (not a live row we own at that run's epoch) and must be killed.
+- ``plan_reconcile``: given the local runs, the pending acceptances and the live rows
+  Postgres says this peer owns — which runs to fence (no longer ours at their epoch),
+  which to kill for a stored cancel, which pending entries to drop (stale), which
+  assigned rows to add as pending, and which running rows to recover as orphans
+  (no local run: a previous agent run died under them).
+- ``merge_noticed`` / ``choose_starts``: assignment notices join the pending set; the
+  pending jobs start in priority order within each backend's free slots.
+- ``orphan_move`` / ``launch_error_move``: how a job ends when its run was lost or
+  never started — the infrastructure-failure rule of ``shared.retry``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.peer_agent.backends import LiveRun
+from shared.lifecycle import JobState
+from shared.records import JobRow, Move, OwnedJob
+from shared.retry import GIVE_UP, after_infra_failure
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Assigned to us, not yet accepted (what to run comes back with the acceptance)."""
+
+    job_id: str
+    epoch: int
+    backend: str
+    priority: int
+
+
+class RunState(Protocol):
+    """What the plan reads of a local run (the agent's own record of a launched run)."""
+
+    job_id: str
+    epoch: int
+    backend: str
+    exit_code: int | None  # set once it ended: its report is being written
+    cancel_requested: bool
+
+
+def backend_for(name: str | None, backends: Sequence[str]) -> str:
+    """The backend a job runs on: the one its row names when we have it, else our first."""
+    return name if name in backends else backends[0]
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover:
+    """A run a backend still has alive that is not ours to run any more: kill it."""
+
+    backend: str
+    run: LiveRun
+    owned_epoch: int | None  # the epoch our row has now (None: we own no such row)
+
+
+def plan_leftovers(runs: Mapping[str, RunState], owned: Mapping[str, OwnedJob],
+                   listed: Mapping[str, Sequence[LiveRun]]) -> list[Leftover]:
+    """The runs of ``listed`` (backend → its live runs) to kill.
+
+    Runs outlive a crashed agent (they have their own session). A run this agent
+    did not launch may stay only while its job's row is ours, running, at that run's
+    epoch — and that case is orphan recovery's (it kills and requeues). Runs this
+    agent launched are fenced by ``plan_reconcile`` when they go stale.
+    """
+    kill = []
+    for backend, leftovers in listed.items():
+        for leftover in leftovers:
+            mine = runs.get(leftover.job_id)
+            if mine is not None and mine.epoch == leftover.epoch:
+                continue  # launched by this agent: fenced by plan_reconcile when it goes stale
+            row = owned.get(leftover.job_id)
+            if (mine is None and row is not None and row.epoch == leftover.epoch
+                    and row.state is JobState.RUNNING):
+                continue  # still ours: an orphan, recovered (killed and requeued) by reconcile
+            kill.append(Leftover(backend, leftover, row.epoch if row is not None else None))
+    return kill
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePlan:
+    """What to change so that local work matches what Postgres says this peer owns."""
+
+    fence: tuple[str, ...] = ()  # local runs no longer ours under their epoch: kill, report nothing
+    cancel: tuple[str, ...] = ()  # local runs whose job has a stored cancel: kill, report killed
+    drop_pending: tuple[str, ...] = ()  # pending acceptances gone stale
+    add_pending: tuple[Pending, ...] = ()  # assigned rows not yet known here
+    orphans: tuple[OwnedJob, ...] = ()  # running rows with no local run
+
+
+def plan_reconcile(runs: Mapping[str, RunState], pending: Mapping[str, Pending],
+                   owned_rows: Sequence[OwnedJob], backends: Sequence[str]) -> ReconcilePlan:
+    """Compare local runs and pending work with ``owned_rows`` (in Postgres's order)."""
+    owned = {row.job_id: row for row in owned_rows}
+    fence, cancel = [], []
+    for run in runs.values():
+        if run.exit_code is not None:
+            continue  # finished; its report is being written
+        row = owned.get(run.job_id)
+        if row is None or row.epoch != run.epoch or row.state is not JobState.RUNNING:
+            fence.append(run.job_id)
+        elif row.cancel_requested and not run.cancel_requested:
+            cancel.append(run.job_id)
+    drop = [job_id for job_id, p in pending.items()
+            if (row := owned.get(job_id)) is None or row.epoch != p.epoch or row.state is not JobState.ASSIGNED]
+    kept = pending.keys() - set(drop)
+    add, orphans = [], []
+    for row in owned_rows:
+        if row.job_id in runs or row.job_id in kept:
+            continue
+        if row.state is JobState.ASSIGNED:
+            add.append(Pending(row.job_id, row.epoch, backend_for(row.backend, backends), row.priority))
+        else:
+            orphans.append(row)
+    return ReconcilePlan(tuple(fence), tuple(cancel), tuple(drop), tuple(add), tuple(orphans))
+
+
+# ---------------------------------------------------------------- starting
+
+
+def merge_noticed(pending: Mapping[str, Pending], noticed: Mapping[str, Pending],
+                  runs: Mapping[str, RunState]) -> dict[str, Pending]:
+    """``pending`` with what assignment notices told us: a job not running here, at a newer epoch."""
+    merged = dict(pending)
+    for job_id, notice in noticed.items():
+        known = merged.get(job_id)
+        if job_id not in runs and (known is None or known.epoch < notice.epoch):
+            merged[job_id] = notice
+    return merged
+
+
+def choose_starts(pending: Mapping[str, Pending], runs: Iterable[RunState],
+                  slots: Mapping[str, int]) -> list[Pending]:
+    """Pending jobs to accept now: highest priority first, within each backend's free slots."""
+    busy = Counter(run.backend for run in runs)
+    chosen = []
+    for p in sorted(pending.values(), key=lambda p: -p.priority):
+        if busy[p.backend] < slots[p.backend]:
+            busy[p.backend] += 1
+            chosen.append(p)
+    return chosen
+
+
+def free_slots(slots: Mapping[str, int], runs: Iterable[RunState], pending: Iterable[Pending]) -> dict[str, int]:
+    """What each backend advertises as free: its slots less its runs and its pending jobs."""
+    used = Counter(run.backend for run in runs) + Counter(p.backend for p in pending)
+    return {name: max(0, total - used[name]) for name, total in slots.items()}
+
+
+# ---------------------------------------------------------------- runs lost or never started
+
+
+def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
+    """End a running job of ours that has no run here (a previous agent run died under it).
+
+    A stored cancel makes it ``killed``; otherwise it is an infrastructure failure:
+    requeued (epoch + 1) while retries remain, else ``failed``.
+    """
+    if row.cancel_requested:
+        return Move(row.job_id, JobState.RUNNING, JobState.KILLED, row.epoch, actor=peer_id,
+                    owner_peer_id=peer_id, reason="cancelled while its agent was down")
+    failure = after_infra_failure(job.attempts, job.max_retries)
+    return Move(row.job_id, JobState.RUNNING, failure.to_state, row.epoch, actor=peer_id,
+                owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(row.epoch),
+                reason=f"agent on {peer_id} restarted while running it; {failure.suffix}")
+
+
+def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None) -> Move:
+    """End a job whose run could not start: requeued (epoch + 1) while retries remain, else failed.
+
+    ``job`` None: its row is no longer ours to read (the write's CAS will say so).
+    """
+    failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
+    return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
+                owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(epoch),
+                reason=f"launch failed: {error}" + ("; retrying" if failure.retrying else ""))

@@ -1,0 +1,63 @@
+"""A peer agent's settings: its backends and its intervals, checked when built.
+
+The defaults live here and nowhere else (the command line reads them from here);
+a value that cannot work raises ``ConfigError`` naming the setting and its flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.config import BACKEND_KINDS
+from shared.errors import ConfigError
+from shared.settings import require_count, require_seconds
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend this agent offers: its kind, advertised attributes and slots."""
+
+    name: str
+    kind: str = "subprocess"
+    attributes: dict[str, list[str]] = field(default_factory=dict)
+    slots: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("agent backend: name must not be empty")
+        if self.kind not in BACKEND_KINDS:
+            raise ConfigError(f"agent backend {self.name}: kind (--backend) must be one of "
+                              f"{', '.join(BACKEND_KINDS)}, got {self.kind!r}")
+        require_count(f"agent backend {self.name}", "slots", self.slots, least=0, flag="--slots")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How one peer agent runs (``irisfed peer-agent``)."""
+
+    peer_id: str
+    backends: tuple[BackendSpec, ...]
+    work_root: Path = Path(".irisfed/work")
+    heartbeat_interval_s: float = 2.0
+    heartbeat_ttl_s: float = 6.0
+    reconcile_interval_s: float = 2.0
+    kill_grace_s: float = 5.0
+    simulated_duration_s: float = 0.0
+    report_linger_s: float = 0.01  # gather finished runs this long before writing them
+
+    def __post_init__(self) -> None:
+        if not self.peer_id:
+            raise ConfigError("agent setting peer_id (--peer-id) must not be empty")
+        if not self.backends:
+            raise ConfigError("agent setting backends: an agent needs at least one backend")
+        names = [b.name for b in self.backends]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"agent setting backends: names must differ, got {', '.join(names)}")
+        require_seconds("agent", "heartbeat_interval_s", self.heartbeat_interval_s, flag="--heartbeat-interval")
+        require_seconds("agent", "heartbeat_ttl_s", self.heartbeat_ttl_s, flag="--heartbeat-ttl")
+        require_seconds("agent", "reconcile_interval_s", self.reconcile_interval_s, flag="--reconcile-interval")
+        require_seconds("agent", "kill_grace_s", self.kill_grace_s, positive=False)
+        require_seconds("agent", "simulated_duration_s", self.simulated_duration_s, positive=False,
+                        flag="--sim-duration")
+        require_seconds("agent", "report_linger_s", self.report_linger_s, positive=False)
