@@ -1,0 +1,173 @@
+"""The peer agent's decisions (services/peer_agent/plan.py), with no server at all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from services.peer_agent.backends import LiveRun
+from services.peer_agent.plan import (
+    Leftover,
+    Pending,
+    backend_for,
+    choose_starts,
+    free_slots,
+    launch_error_move,
+    merge_noticed,
+    orphan_move,
+    plan_leftovers,
+    plan_reconcile,
+)
+from shared.lifecycle import JobState
+from shared.records import JobRow, OwnedJob
+
+BACKENDS = ["main", "gpu"]
+
+
+@dataclass
+class FakeRun:
+    job_id: str
+    epoch: int
+    backend: str = "main"
+    exit_code: int | None = None
+    cancel_requested: bool = False
+
+
+def owned(job_id: str, state: JobState = JobState.RUNNING, epoch: int = 1, backend: str | None = "main",
+          cancel_requested: bool = False, priority: int = 0) -> OwnedJob:
+    return OwnedJob(job_id, state, epoch, backend, cancel_requested, priority)
+
+
+def job_row(job_id: str = "j", attempts: int = 1, max_retries: int = 2) -> JobRow:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    return JobRow(job_id=job_id, spec={"command": ["true"]}, spec_hash="h", state=JobState.RUNNING,
+                  disposition="queue", pinned_peer_id=None, owner_peer_id="p", backend="main", epoch=1,
+                  attempts=attempts, max_retries=max_retries, priority=0, avoid_peers=[], submitted_at=at,
+                  updated_at=at, assigned_at=at, started_at=at, finished_at=None, deadline_at=None,
+                  exit_code=None, log_dir=None, reason="", explanation=None, submit_reply={},
+                  cancel_requested=False, cancel_requested_at=None)
+
+
+def runs(*items: FakeRun) -> dict[str, FakeRun]:
+    return {r.job_id: r for r in items}
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+def test_runs_that_are_no_longer_ours_at_their_epoch_are_fenced():
+    local = runs(FakeRun("moved", 1), FakeRun("newer", 1), FakeRun("ended", 1), FakeRun("ours", 1),
+                 FakeRun("finished", 1, exit_code=0))
+    rows = [owned("newer", epoch=2), owned("ended", state=JobState.ASSIGNED), owned("ours")]
+    plan = plan_reconcile(local, {}, rows, BACKENDS)
+    assert plan.fence == ("moved", "newer", "ended")  # gone, later epoch, not running under us
+    assert plan.cancel == () and plan.orphans == ()  # "finished" is being reported: left alone
+
+
+def test_a_stored_cancel_kills_the_run_once():
+    local = runs(FakeRun("a", 1), FakeRun("b", 1, cancel_requested=True))
+    plan = plan_reconcile(local, {}, [owned("a", cancel_requested=True), owned("b", cancel_requested=True)],
+                          BACKENDS)
+    assert plan.cancel == ("a",) and plan.fence == ()
+
+
+def test_pending_entries_follow_the_rows():
+    pending = {"stale": Pending("stale", 1, "main", 0), "kept": Pending("kept", 2, "main", 0),
+               "started": Pending("started", 1, "main", 0), "gone": Pending("gone", 1, "main", 0)}
+    rows = [owned("stale", JobState.ASSIGNED, epoch=3), owned("kept", JobState.ASSIGNED, epoch=2),
+            owned("started", JobState.RUNNING)]
+    plan = plan_reconcile({}, pending, rows, BACKENDS)
+    assert plan.drop_pending == ("stale", "started", "gone")
+    # The stale entry comes back at the row's epoch; the running row has no run: an orphan.
+    assert plan.add_pending == (Pending("stale", 3, "main", 0),)
+    assert [o.job_id for o in plan.orphans] == ["started"]
+
+
+def test_new_assigned_rows_become_pending_on_their_backend_and_running_rows_without_a_run_are_orphans():
+    rows = [owned("a", JobState.ASSIGNED, backend="gpu", priority=5), owned("b", JobState.ASSIGNED, backend=None),
+            owned("c", JobState.ASSIGNED, backend="gone"), owned("lost"), owned("mine")]
+    plan = plan_reconcile(runs(FakeRun("mine", 1)), {}, rows, BACKENDS)
+    assert plan.add_pending == (Pending("a", 1, "gpu", 5), Pending("b", 1, "main", 0), Pending("c", 1, "main", 0))
+    assert [o.job_id for o in plan.orphans] == ["lost"]
+    assert plan.fence == plan.cancel == plan.drop_pending == ()
+
+
+def test_backend_for_falls_back_to_the_first():
+    assert backend_for("gpu", BACKENDS) == "gpu"
+    assert backend_for(None, BACKENDS) == "main"
+    assert backend_for("slurm", BACKENDS) == "main"
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+def test_leftovers_not_ours_any_more_are_killed_and_the_rest_left_to_their_owner():
+    local = runs(FakeRun("launched", 2))
+    rows = {r.job_id: r for r in [owned("orphan", epoch=1), owned("moved_on", epoch=3),
+                                  owned("launched", epoch=2), owned("requeued", JobState.ASSIGNED, epoch=2)]}
+    listed = {"main": [LiveRun("launched", 2, "10"), LiveRun("orphan", 1, "11"), LiveRun("moved_on", 1, "12"),
+                       LiveRun("gone", 1, "13"), LiveRun("launched", 1, "14"), LiveRun("requeued", 2, "15")]}
+    kill = plan_leftovers(local, rows, listed)
+    assert kill == [
+        Leftover("main", LiveRun("moved_on", 1, "12"), 3),  # the job moved on to a later epoch
+        Leftover("main", LiveRun("gone", 1, "13"), None),  # not ours at all any more
+        Leftover("main", LiveRun("launched", 1, "14"), 2),  # an older copy of a run we launched
+        Leftover("main", LiveRun("requeued", 2, "15"), 2),  # its row is not running (assigned again)
+    ]
+    # "launched" at epoch 2 is ours (fenced by reconcile if it goes stale); "orphan" is
+    # orphan recovery's, which kills it and requeues the job.
+
+
+# ---------------------------------------------------------------- starting
+
+
+def test_notices_join_pending_unless_running_here_or_older():
+    pending = {"a": Pending("a", 2, "main", 0)}
+    noticed = {"a": Pending("a", 1, "main", 9), "b": Pending("b", 1, "main", 0), "r": Pending("r", 5, "main", 0)}
+    merged = merge_noticed(pending, noticed, runs(FakeRun("r", 4)))
+    assert merged == {"a": Pending("a", 2, "main", 0), "b": Pending("b", 1, "main", 0)}
+    assert merge_noticed(pending, {"a": Pending("a", 3, "gpu", 1)}, {})["a"] == Pending("a", 3, "gpu", 1)
+    assert pending == {"a": Pending("a", 2, "main", 0)}  # the input is left as it was
+
+
+def test_starts_go_by_priority_within_each_backends_free_slots():
+    pending = {p.job_id: p for p in [Pending("low", 1, "main", 1), Pending("high", 1, "main", 9),
+                                     Pending("mid", 1, "main", 5), Pending("g1", 1, "gpu", 0),
+                                     Pending("g2", 1, "gpu", 0)]}
+    chosen = choose_starts(pending, [FakeRun("busy", 1, "main")], {"main": 3, "gpu": 1})
+    assert [p.job_id for p in chosen] == ["high", "mid", "g1"]  # ties keep arrival order
+
+
+def test_free_slots_count_runs_and_pending():
+    free = free_slots({"main": 3, "gpu": 1}, [FakeRun("r", 1, "main"), FakeRun("s", 1, "gpu")],
+                      [Pending("p", 1, "main", 0), Pending("q", 1, "gpu", 0)])
+    assert free == {"main": 1, "gpu": 0}
+
+
+# ---------------------------------------------------------------- lost runs
+
+
+def test_an_orphan_is_requeued_under_the_next_epoch_while_retries_remain():
+    move = orphan_move("gpu-west", owned("j", epoch=4), job_row(attempts=1, max_retries=1))
+    assert (move.from_state, move.to_state, move.epoch, move.new_epoch, move.owner_peer_id) == \
+        (JobState.RUNNING, JobState.QUEUED, 4, 5, None)
+    assert move.reason == "agent on gpu-west restarted while running it; retrying"
+    assert move.actor == "gpu-west"
+
+
+def test_an_orphan_out_of_retries_fails_and_a_cancelled_one_is_killed():
+    failed = orphan_move("gpu-west", owned("j"), job_row(attempts=2, max_retries=1))
+    assert (failed.to_state, failed.owner_peer_id, failed.reason) == (
+        JobState.FAILED, "gpu-west", "agent on gpu-west restarted while running it; no retries left")
+    killed = orphan_move("gpu-west", owned("j", cancel_requested=True), job_row(attempts=1, max_retries=5))
+    assert (killed.to_state, killed.reason) == (JobState.KILLED, "cancelled while its agent was down")
+
+
+def test_a_launch_error_is_retried_like_any_infrastructure_failure():
+    retried = launch_error_move("p", "j", 1, "cannot start 'nope'", job_row(attempts=1, max_retries=1))
+    assert (retried.to_state, retried.new_epoch, retried.owner_peer_id, retried.reason) == (
+        JobState.QUEUED, 2, None, "launch failed: cannot start 'nope'; retrying")
+    final = launch_error_move("p", "j", 1, "boom", job_row(attempts=2, max_retries=1))
+    assert (final.to_state, final.owner_peer_id, final.reason) == (JobState.FAILED, "p", "launch failed: boom")
+    unreadable = launch_error_move("p", "j", 1, "boom", None)  # the row is no longer ours to read
+    assert unreadable.to_state is JobState.FAILED

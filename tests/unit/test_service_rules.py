@@ -1,0 +1,124 @@
+"""Rules the services share or start with, with no server: settings checked when built,
+the one retry rule for infrastructure failures, what a cancel does, the injected clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from services.peer_agent.settings import AgentSettings, BackendSpec
+from services.router.plan import CancelAction, cancel_decision
+from services.router.service import Router, RouterSettings
+from services.tick.plan import recover_from_lost_peer
+from services.tick.service import Tick, TickSettings
+from shared.clock import SYSTEM_CLOCK, ManualClock, as_clock
+from shared.errors import ConfigError
+from shared.lifecycle import CancelOutcome, JobState
+from shared.retry import after_infra_failure
+from tests.infra.factories import make_config
+
+# ---------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(("build", "named"), [
+    (lambda: RouterSettings(writers=0), "writers (--writers)"),
+    (lambda: RouterSettings(max_queue=-1), "max_queue (--max-queue)"),
+    (lambda: RouterSettings(max_batch=0), "max_batch"),
+    (lambda: RouterSettings(submit_timeout_s=0), "submit_timeout_s (--submit-timeout)"),
+    (lambda: RouterSettings(view_refresh_s=-1.0), "view_refresh_s"),
+    (lambda: TickSettings(batch_size=0), "batch_size (--batch-size)"),
+    (lambda: TickSettings(recover_batch_size=0), "recover_batch_size"),
+    (lambda: AgentSettings("", (BackendSpec("main"),)), "peer_id (--peer-id)"),
+    (lambda: AgentSettings("p", ()), "at least one backend"),
+    (lambda: AgentSettings("p", (BackendSpec("a"), BackendSpec("a"))), "names must differ"),
+    (lambda: AgentSettings("p", (BackendSpec("a"),), heartbeat_interval_s=0), "heartbeat_interval_s"),
+    (lambda: AgentSettings("p", (BackendSpec("a"),), reconcile_interval_s=float("nan")), "reconcile_interval_s"),
+    (lambda: AgentSettings("p", (BackendSpec("a"),), kill_grace_s=-1), "kill_grace_s"),
+    (lambda: BackendSpec("a", slots=-1), "slots (--slots)"),
+    (lambda: BackendSpec("a", kind="teleport"), "kind (--backend)"),
+])
+def test_settings_that_cannot_work_are_refused_when_built(build, named):
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        build()
+
+
+def test_defaults_are_valid_and_field_names_stay():
+    assert RouterSettings() == RouterSettings(writers=4, max_batch=1000, view_refresh_s=None, max_queue=10_000,
+                                              submit_timeout_s=2.0)
+    assert TickSettings() == TickSettings(batch_size=1000, recover_batch_size=1000)
+    settings = AgentSettings("p", (BackendSpec("main"),))
+    assert (settings.work_root, settings.heartbeat_interval_s, settings.heartbeat_ttl_s,
+            settings.reconcile_interval_s, settings.kill_grace_s, settings.simulated_duration_s,
+            settings.report_linger_s) == (Path(".irisfed/work"), 2.0, 6.0, 2.0, 5.0, 0.0, 0.01)
+    assert BackendSpec("main") == BackendSpec("main", "subprocess", {}, 4)
+
+
+# ---------------------------------------------------------------- retries
+
+
+@pytest.mark.parametrize(("attempts", "max_retries", "retrying"), [
+    (0, 0, False), (1, 0, False), (1, 1, True), (2, 1, False), (3, 5, True),
+])
+def test_infrastructure_failures_are_retried_while_retries_remain(attempts, max_retries, retrying):
+    failure = after_infra_failure(attempts, max_retries)
+    assert failure.retrying is retrying
+    assert failure.to_state is (JobState.QUEUED if retrying else JobState.FAILED)
+    assert failure.epoch_after(7) == (8 if retrying else 7)
+    assert failure.owner_after("p") == (None if retrying else "p")
+
+
+def test_a_lost_peer_follows_the_same_rule():
+    assert recover_from_lost_peer(JobState.ASSIGNED, "p", 5, 0).to_state is JobState.QUEUED  # never started
+    retried = recover_from_lost_peer(JobState.RUNNING, "p", 1, 1)
+    assert (retried.to_state, retried.avoid_owner, retried.reason) == (
+        JobState.QUEUED, True, "peer lost: p unreachable while running it; retrying elsewhere")
+    failed = recover_from_lost_peer(JobState.RUNNING, "p", 2, 1)
+    assert (failed.to_state, failed.avoid_owner, failed.reason) == (
+        JobState.FAILED, False, "peer lost: p unreachable while running it; no retries left")
+
+
+# ---------------------------------------------------------------- cancel
+
+
+@pytest.mark.parametrize(("state", "requested", "attempts", "reachable", "action", "outcome", "after"), [
+    (JobState.SUCCEEDED, False, 1, True, CancelAction.NOTHING, CancelOutcome.ALREADY_FINISHED, JobState.SUCCEEDED),
+    (JobState.QUEUED, False, 0, False, CancelAction.KILL_NOW, CancelOutcome.NEVER_STARTED, JobState.KILLED),
+    (JobState.QUEUED, False, 1, False, CancelAction.KILL_NOW, CancelOutcome.NOT_RESTARTED, JobState.KILLED),
+    (JobState.ASSIGNED, True, 0, True, CancelAction.KILL_NOW, CancelOutcome.NEVER_STARTED, JobState.KILLED),
+    (JobState.RUNNING, False, 1, True, CancelAction.ASK_OWNER, CancelOutcome.KILL_SENT, JobState.RUNNING),
+    (JobState.RUNNING, False, 1, False, CancelAction.ASK_OWNER, CancelOutcome.PENDING_OWNER_OFFLINE,
+     JobState.RUNNING),
+    (JobState.RUNNING, True, 1, True, CancelAction.REPEAT, CancelOutcome.ALREADY_REQUESTED, JobState.RUNNING),
+    (JobState.RUNNING, True, 1, False, CancelAction.REPEAT, CancelOutcome.PENDING_OWNER_OFFLINE, JobState.RUNNING),
+])
+def test_what_a_cancel_does(state, requested, attempts, reachable, action, outcome, after):
+    decision = cancel_decision(state, requested, attempts, owner_reachable=reachable)
+    assert (decision.action, decision.outcome, decision.new_state) == (action, outcome, after)
+
+
+def test_cancel_outcomes_keep_their_wire_values():
+    assert [o.value for o in CancelOutcome] == ["never_started", "not_restarted", "kill_sent",
+                                                "pending_owner_offline", "already_finished", "already_requested"]
+    assert all(o.meaning for o in CancelOutcome)
+
+
+# ---------------------------------------------------------------- clock
+
+
+def test_services_read_the_injected_clock():
+    clock = ManualClock()
+    tick = Tick(make_config(), pool=None, nc=None, clock=clock)
+    router = Router(make_config(), pool=None, nc=None, clock=clock)
+    assert tick.clock is clock and router.clock is clock
+    assert tick.view.clock() == router.view.clock() == clock.monotonic()
+    clock.advance(5)
+    assert tick.view.clock() == 1005.0 and clock.now().isoformat() == "2026-01-01T00:00:05+00:00"
+
+
+def test_the_default_clock_is_the_systems_and_a_bare_callable_is_its_monotonic_reading():
+    assert as_clock(None) is SYSTEM_CLOCK and SYSTEM_CLOCK.monotonic is time.monotonic
+    assert SYSTEM_CLOCK.now().tzinfo is not None
+    legacy = as_clock(lambda: 42.0)
+    assert legacy.monotonic() == 42.0 and legacy.now().tzinfo is not None
