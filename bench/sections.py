@@ -21,6 +21,7 @@ from bench.deployment import GPU_PEERS, Deployment, cpu_seconds, is_ack, routed,
 from bench.load import Run, closed_loop, median, open_loop, spread
 from bench.report import Bench, Figure
 from services.common.bus import connect_client
+from shared.lifecycle import JobState
 
 
 async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
@@ -74,8 +75,8 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
         dep.start(peer_id)
     nc = await connect_client(nats_url)
     sent: dict[str, float] = {}
-    seen: dict[str, dict[str, float]] = {"queued": {}, "assigned": {}, "running": {}}
-    running = seen["running"]
+    seen: dict[str, dict[str, float]] = {JobState.QUEUED: {}, JobState.ASSIGNED: {}, JobState.RUNNING: {}}
+    running = seen[JobState.RUNNING]
     all_running = asyncio.Event()
     expected = [0]  # known once every submit is out
 
@@ -144,7 +145,7 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
 KINDS = ("cpu", "gpu", "tpu")
 
 
-def _bench_job(i: int, state: str = "queued"):
+def _bench_job(i: int, state: JobState = JobState.QUEUED):
     """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers."""
     from services.router.plan import plan_new_job, route
     from shared.federation.router import SubmitDisposition, SubmitPlan
@@ -155,10 +156,10 @@ def _bench_job(i: int, state: str = "queued"):
                               SubmitRequest)
     new, _ = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="bench"), "p0", None),
                           f"{state[0]}{i}")
-    return new if state == "queued" else dataclasses.replace(new, state=state)
+    return new if state == JobState.QUEUED else dataclasses.replace(new, state=state)
 
 
-async def _insert_jobs(dep: Deployment, start: int, stop: int, state: str = "queued") -> None:
+async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED) -> None:
     for first in range(start, stop, 5000):
         async with dep.pool.acquire() as conn:
             await dep.store.job_insert_batch(conn, [_bench_job(i, state) for i in range(first, min(stop, first + 5000))])
@@ -178,7 +179,7 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
     await dep.create()
     try:
         await dep.advertise(peers)
-        await _insert_jobs(dep, 0, filler, "succeeded")
+        await _insert_jobs(dep, 0, filler, JobState.SUCCEEDED)
         await _insert_jobs(dep, 0, jobs)
         tick = Tick(dep.config, dep.pool, None)
         await tick.refresh_view()
@@ -221,7 +222,7 @@ async def submit_scale(bench: Bench, admin_url: str, nats_url: str) -> None:
         await _submit_rate(bench, dep, nc, "warm")
         first, filled = None, 0
         for size in sizes:
-            await _insert_jobs(dep, filled, size, "succeeded")
+            await _insert_jobs(dep, filled, size, JobState.SUCCEEDED)
             filled = size
             rate = await _submit_rate(bench, dep, nc, f"s{size}")
             first = first or rate

@@ -13,7 +13,7 @@ import msgspec
 from services.cli.connect import nats_client, open_store, print_json, subjects
 from services.cli.shorthands import parse_constraint, parse_pairs
 from shared.errors import ConfigError, IrisfedError, Unavailable
-from shared.lifecycle import TERMINAL_STATES
+from shared.lifecycle import TERMINAL_STATES, JobState
 
 
 class ReplyError(IrisfedError):
@@ -142,4 +142,4 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
             await pool.close()
 
     state = asyncio.run(follow())
-    return 0 if state == "succeeded" else 1
+    return 0 if state == JobState.SUCCEEDED else 1

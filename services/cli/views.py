@@ -17,10 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.config import FederationConfig
+from shared.lifecycle import JobState
 
 STATE_STYLE = {
-    "queued": "yellow", "assigned": "cyan", "running": "blue", "succeeded": "green",
-    "failed": "red", "killed": "magenta", "rejected": "red", "unschedulable": "red",
+    JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
+    JobState.FAILED: "red", JobState.KILLED: "magenta", JobState.REJECTED: "red", JobState.UNSCHEDULABLE: "red",
 }
 
 
@@ -128,8 +129,7 @@ async def dashboard(store, config: FederationConfig | None, header: str | Text):
 
 
 def counts_line(counts: dict[str, int]) -> str:
-    order = ["queued", "assigned", "running", "succeeded", "failed", "killed", "rejected", "unschedulable"]
-    return "  ".join(f"{state}={counts.get(state, 0)}" for state in order)
+    return "  ".join(f"{state}={counts.get(state, 0)}" for state in JobState)
 
 
 def now_stamp() -> str:
@@ -150,12 +150,12 @@ def print_explain(job, history) -> None:
         out.print(Text.assemble("  rule        ", lit(explained["rule"])))
     elif job["reason"]:
         out.print(Text.assemble("  reason      ", lit(job["reason"])))
-    placed = [row for row in history if row["to_state"] == "assigned"]
+    placed = [row for row in history if row["to_state"] == JobState.ASSIGNED]
     if placed:
         last = placed[-1]
         out.print(Text.assemble("  placed      on ", lit(last["peer_id"]), f" at epoch {last['epoch']} (",
                                 lit(last["actor"]), ")"))
-    if state not in ("queued", "rejected"):
+    if state not in (JobState.QUEUED, JobState.REJECTED):
         out.print(Text.assemble("  now         ", lit(job["reason"] or state)))
     peers = explained.get("peers") or []
     if peers:

@@ -17,7 +17,7 @@ import pytest
 
 from services.common import db as dbmod
 from services.common.store import Store
-from shared.lifecycle import TERMINAL_STATES
+from shared.lifecycle import TERMINAL_STATES, JobState
 from tests.infra.waiting import wait_for
 from tooling.federation import (
     ROOT,  # noqa: F401 - the e2e tests take it from here
@@ -155,7 +155,7 @@ class Federation(LocalFederation):
 
     async def run_pid(self, job_id: str) -> int:
         """The pid of the job's running process (the agent writes it just after launch)."""
-        job = await self.wait_state(job_id, "running")
+        job = await self.wait_state(job_id, JobState.RUNNING)
         pid_file = Path(job["log_dir"]) / "pid"
 
         async def written():

@@ -16,6 +16,8 @@ import nats
 from services.common import db as dbmod
 from services.common.bus import connect_client
 from services.common.store import Store
+from shared.errors import ErrorCode
+from shared.lifecycle import CancelOutcome
 from tooling.chaos.checks import check_logs, check_runs, converge_and_check
 from tooling.chaos.faults import ACTIONS, Faults, quiet
 from tooling.chaos.result import ScheduleResult
@@ -151,7 +153,7 @@ class Schedule:
         job_id = body["job_id"]
         for _ in range(3):  # producers retry with the same job_id: idempotent
             reply = await self._request("submit", body)
-            if reply is None or reply.get("error", {}).get("code") == "unavailable":
+            if reply is None or reply.get("error", {}).get("code") == ErrorCode.UNAVAILABLE:
                 await asyncio.sleep(0.2)
                 continue
             if "error" in reply:
@@ -162,5 +164,5 @@ class Schedule:
 
     async def _cancel(self, job_id: str) -> None:
         reply = await self._request("cancel", {"job_id": job_id})
-        if reply and reply.get("outcome") == "never_started":
+        if reply and reply.get("outcome") == CancelOutcome.NEVER_STARTED:
             self.never_started.add(job_id)
