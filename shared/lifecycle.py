@@ -4,8 +4,9 @@ Who moves a job:
 - router: (new) → queued | assigned (LOCAL) | rejected; queued/assigned → killed on cancel
 - scheduler tick: queued → assigned; queued → unschedulable (deadline passed);
   assigned/running → queued | failed when the owner peer is lost
-- peer agent: assigned → running → succeeded | failed | killed; assigned → killed
-  (a stored cancel applied before start); assigned → failed (launch error)
+- peer agent: assigned → running → succeeded | failed | killed (its run's exit, or a
+  kill); running → queued | failed (a launch error, or a run lost when the agent
+  restarted: ``shared.retry``) | killed (a cancel stored while it was down)
 
 The database enforces the same moves with compare-and-set updates
 (``... WHERE state = $old AND epoch = $epoch``).

@@ -102,6 +102,13 @@ class PeerView:
         # reconnect, Postgres back after an outage.
         self.healthy_since = clock()
 
+    @classmethod
+    def exported(cls, config: FederationConfig, clock: Callable[[], float]) -> PeerView:
+        """A view whose peers' reachability and heartbeat ages are exported as metrics."""
+        view = cls(config, clock)
+        metrics.watch_peer_view(view)
+        return view
+
     def mark_healthy(self) -> None:
         """The control plane just came back: judge peers' TTLs from now on."""
         self.healthy_since = self.clock()

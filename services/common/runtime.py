@@ -11,6 +11,9 @@ from typing import Any
 from services.common import metrics
 from services.common.log import EventLogger
 from services.common.redact import redact
+from services.common.store import Store
+from shared.clock import Clock, as_clock
+from shared.config import FederationConfig
 from shared.errors import IrisfedError, Unavailable
 
 log = EventLogger("runtime")
@@ -43,6 +46,26 @@ class TaskOwner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Service:
+    """What every service holds: the federation's configuration and subjects, its door to
+    Postgres, its NATS client, its settings, its clock and its background tasks.
+
+    ``pool``: a pool from ``services.common.db.connect`` (or a ``Store`` over one; None
+    in unit tests that never reach Postgres). ``clock``: a ``Clock`` (default: the
+    system's); a bare ``() -> float`` is taken as its monotonic reading.
+    """
+
+    def __init__(self, config: FederationConfig, pool: Any, nc: Any, settings: Any,
+                 clock: Clock | Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.subjects = config.subjects
+        self.store = pool if isinstance(pool, Store) else Store(pool)
+        self.nc = nc
+        self.settings = settings
+        self.clock = as_clock(clock)
+        self.tasks = TaskOwner()
 
 
 async def forever(name: str, step: Callable[[], Awaitable[None]], interval_s: float) -> None:

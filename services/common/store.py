@@ -1,5 +1,7 @@
 """The Postgres adapter, and the one door to it: domain actions over named queries.
 
+(Over 400 lines on purpose: one short method per named query, all behind one door.)
+
 Each method is named like the SQL block it runs (``job_move`` runs ``-- job_move --``
 in ``sql/*.sql``). Services call these actions and never see SQL or the driver:
 - results are frozen typed rows (``shared.records``), never driver records;

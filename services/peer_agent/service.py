@@ -29,8 +29,7 @@ from services.common import metrics
 from services.common.bus import publish
 from services.common.faults import crash_point
 from services.common.log import EventLogger
-from services.common.runtime import TaskOwner, forever, when_woken
-from services.common.store import Store
+from services.common.runtime import Service, forever, when_woken
 from services.peer_agent.backends import Backend, LaunchError, RunSpec, make_backend
 from services.peer_agent.plan import (
     Pending,
@@ -43,7 +42,7 @@ from services.peer_agent.plan import (
 )
 from services.peer_agent.report import Reports, Run
 from services.peer_agent.settings import AgentSettings, BackendSpec
-from shared.clock import Clock, as_clock
+from shared.clock import Clock
 from shared.config import FederationConfig
 from shared.lifecycle import JobState
 from shared.messages import (
@@ -62,17 +61,12 @@ __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 log = EventLogger("peer-agent")
 
 
-class PeerAgent:
+class PeerAgent(Service):
     """Runs the jobs the federation assigns to one peer."""
 
     def __init__(self, config: FederationConfig, pool: Any, nc: Client, settings: AgentSettings,
                  clock: Clock | Callable[[], float] | None = None) -> None:
-        self.config = config
-        self.subjects = config.subjects
-        self.store = pool if isinstance(pool, Store) else Store(pool)  # a pool of services.common.db, or a Store
-        self.nc = nc
-        self.settings = settings
-        self.clock = as_clock(clock)
+        super().__init__(config, pool, nc, settings, clock)
         self.peer_id = settings.peer_id
         self.run_id = uuid.uuid4().hex
         self.seq = 0
@@ -93,7 +87,6 @@ class PeerAgent:
         self.reconcile_wanted = asyncio.Event()
         self.reports = Reports(self.store, self.peer_id, nc, self.subjects, self.clock, self.runs, self.lock)
         self.reconciled = 0
-        self.tasks = TaskOwner()
 
     # ------------------------------------------------------------ lifecycle
 

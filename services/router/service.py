@@ -1,5 +1,8 @@
 """The router: decode → classify → commit (grouped) → reply → notify.
 
+(Over 400 lines: submits, their group commit and cancels share the view, the store
+and the replies; every decision is plan.py's.)
+
 Submits are decoded strictly and classified at once in the NATS callback; valid
 ones join a queue that a few writer tasks drain in batches, each batch one
 ``job_insert_batch`` statement in one transaction (group commit). Replies go out
@@ -24,7 +27,7 @@ from services.common.bus import publish
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
-from services.common.runtime import TaskOwner, forever
+from services.common.runtime import Service, forever
 from services.common.store import HeldStore, Store
 from services.router.plan import (
     CancelAction,
@@ -34,7 +37,7 @@ from services.router.plan import (
     plan_new_job,
     route,
 )
-from shared.clock import Clock, as_clock
+from shared.clock import Clock
 from shared.config import FederationConfig
 from shared.errors import (
     Conflict,
@@ -111,7 +114,7 @@ class _Pending:
     answered: bool = False
 
 
-class Router:
+class Router(Service):
     """Answers ``<prefix>.submit`` and ``<prefix>.cancel`` (queue group: run many)."""
 
     def __init__(
@@ -123,21 +126,14 @@ class Router:
         clock: Clock | Callable[[], float] | None = None,  # default: the system's (a bare callable: monotonic)
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
-        self.config = config
-        self.subjects = config.subjects
-        self.store = pool if isinstance(pool, Store) else Store(pool)  # a pool of services.common.db, or a Store
-        self.nc = nc
-        self.settings = settings
-        self.clock = as_clock(clock)
+        super().__init__(config, pool, nc, settings, clock)
         self.new_job_id = new_job_id
-        self.view = PeerView(config, self.clock.monotonic)
-        metrics.watch_peer_view(self.view)
+        self.view = PeerView.exported(config, self.clock.monotonic)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=settings.max_queue)
         metrics.ROUTER_QUEUE.set_function(self.queue.qsize)
         self.writer_busy = 0  # writers holding a batch (waiting on Postgres or answering)
         self._cancels: set[asyncio.Task] = set()  # cancels outliving their timed-out request
         self._plans: dict[tuple, tuple] = {}
-        self.tasks = TaskOwner()
         self.batches_committed = 0
 
     # ------------------------------------------------------------ lifecycle

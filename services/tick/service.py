@@ -26,10 +26,10 @@ from services.common.bus import publish
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.peer_view import PeerView
-from services.common.runtime import TaskOwner, forever, when_woken
+from services.common.runtime import Service, forever, when_woken
 from services.common.store import Store, Transaction
 from services.tick.plan import Recovery, queued_job_from_row, recovery_move
-from shared.clock import Clock, as_clock
+from shared.clock import Clock
 from shared.config import FederationConfig
 from shared.explain import explanation
 from shared.lifecycle import JobState
@@ -85,7 +85,7 @@ class _Batch:
         return (-last.priority, last.submitted_at, last.job_id)
 
 
-class Tick:
+class Tick(Service):
     """Places queued work; many may run at once (claims never overlap)."""
 
     def __init__(
@@ -96,17 +96,10 @@ class Tick:
         settings: TickSettings = TickSettings(),
         clock: Clock | Callable[[], float] | None = None,  # default: the system's (a bare callable: monotonic)
     ) -> None:
-        self.config = config
-        self.subjects = config.subjects
-        self.store = pool if isinstance(pool, Store) else Store(pool)  # a pool of services.common.db, or a Store
-        self.nc = nc
-        self.settings = settings
-        self.clock = as_clock(clock)
-        self.view = PeerView(config, self.clock.monotonic)
-        metrics.watch_peer_view(self.view)
+        super().__init__(config, pool, nc, settings, clock)
+        self.view = PeerView.exported(config, self.clock.monotonic)
         self.wake = asyncio.Event()
         self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
-        self.tasks = TaskOwner()
         self.runs = 0  # full passes
         self.passes = 0  # placement passes (full or not): what wake-ups cost
         self.last_full_pass = float("-inf")  # the clock's monotonic reading when the last full pass started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -63,42 +64,48 @@ async def test_stall_holds_every_byte_without_a_reset_and_restore_delivers_them(
         proxy.close()
 
 
-async def test_restore_with_drop_resets_the_stalled_connections_and_lets_new_ones_in(echo_port):
+async def _reset_or_eof(reader) -> bytes:
+    """What a stalled connection reads once the proxy drops it: nothing (a reset or EOF)."""
+    try:
+        return await asyncio.wait_for(reader.read(16), 5)
+    except ConnectionResetError:
+        return b""
+
+
+async def _served_again(proxy: TcpProxy, data: bytes) -> bytes:
+    """A fresh connection through ``proxy`` echoes ``data``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    try:
+        return await _roundtrip(reader, writer, data)
+    finally:
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def _stalled(echo_port: int):
+    """A proxy to the echo server with one connection that worked, then stalled."""
     proxy = TcpProxy("127.0.0.1", echo_port)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         assert await _roundtrip(reader, writer, b"x") == b"x"
         proxy.stall()
+        yield proxy, reader, writer
+    finally:
+        proxy.close()
+
+
+async def test_restore_with_drop_resets_the_stalled_connections_and_lets_new_ones_in(echo_port):
+    async with _stalled(echo_port) as (proxy, reader, writer):
         writer.write(b"lost")
         await writer.drain()
         proxy.restore(drop=True)  # the hung server finally dies
-        try:
-            data = await asyncio.wait_for(reader.read(16), 5)
-        except ConnectionResetError:
-            data = b""
-        assert data == b""  # reset or EOF, and never the held bytes
-        fresh_reader, fresh_writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-        assert await _roundtrip(fresh_reader, fresh_writer, b"fresh") == b"fresh"
-        fresh_writer.close()
-    finally:
-        proxy.close()
+        assert await _reset_or_eof(reader) == b""  # and never the held bytes
+        assert await _served_again(proxy, b"fresh") == b"fresh"
 
 
 async def test_cut_during_a_stall_still_resets(echo_port):
-    proxy = TcpProxy("127.0.0.1", echo_port)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-        assert await _roundtrip(reader, writer, b"x") == b"x"
-        proxy.stall()
+    async with _stalled(echo_port) as (proxy, reader, _):
         proxy.cut()
-        try:
-            data = await asyncio.wait_for(reader.read(16), 5)
-        except ConnectionResetError:
-            data = b""
-        assert data == b""
+        assert await _reset_or_eof(reader) == b""
         proxy.restore()
-        fresh_reader, fresh_writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-        assert await _roundtrip(fresh_reader, fresh_writer, b"ok") == b"ok"
-        fresh_writer.close()
-    finally:
-        proxy.close()
+        assert await _served_again(proxy, b"ok") == b"ok"

@@ -4,11 +4,20 @@ import asyncio
 import time
 
 from services.common.store import Store
-from services.tick.service import Tick
+from services.tick.service import Tick, TickSettings
 from shared.lifecycle import JobState
 from shared.records import Move
 from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config, make_job
 from tooling.invariants import assert_changelog_replays
+
+
+async def _queue_and_tick(store: Store, jobs: list, slots: int, batch_size: int) -> Tick:
+    """``jobs`` queued, gpu-west advertising ``slots``, and a tick (with its view) claiming ``batch_size`` at a time."""
+    await advertise(store, "gpu-west", slots=slots)
+    await insert_jobs(store, jobs)
+    tick = Tick(make_config(), store, None, TickSettings(batch_size=batch_size))
+    await tick.refresh_view()
+    return tick
 
 
 async def test_places_by_constraint_and_capacity(pool):
@@ -52,9 +61,8 @@ async def test_concurrent_ticks_never_double_assign(pool, database_url):
     await insert_jobs(store, jobs)
     other_pool = await dbmod.connect(database_url)
     try:
-        ticks = [Tick(make_config(), p, None, ) for p in (pool, other_pool)]
+        ticks = [Tick(make_config(), p, None, TickSettings(batch_size=50)) for p in (pool, other_pool)]
         for tick in ticks:
-            tick.settings = type(tick.settings)(batch_size=50)
             await tick.refresh_view()
         results = await asyncio.gather(*(t.run_once() for t in ticks), *(t.run_once() for t in ticks))
     finally:
@@ -72,13 +80,9 @@ async def test_capacity_holds_across_batches_placed_while_the_previous_commits(p
     # Batch k+1 is claimed and placed while batch k commits: capacity taken by k must
     # already count, and the highest priorities must still win the slots.
     store = Store(pool)
-    await advertise(store, "gpu-west", slots=30)
     await advertise(store, "tpu-east", slots=30)
     jobs = [make_job(priority=i % 7) for i in range(200)]
-    await insert_jobs(store, jobs)
-    tick = Tick(make_config(), pool, None)
-    tick.settings = type(tick.settings)(batch_size=25)
-    await tick.refresh_view()
+    tick = await _queue_and_tick(store, jobs, slots=30, batch_size=25)
     result = await tick.run_once()
     assert len(result.assigned) == 60
     per_peer = {}
@@ -172,11 +176,7 @@ async def test_a_pool_of_one_places_batch_by_batch(database_url):
     single = await dbmod.connect(database_url, max_size=1)
     try:
         store = Store(single)
-        await advertise(store, "gpu-west", slots=30)
-        await insert_jobs(store, [make_job() for _ in range(100)])
-        tick = Tick(make_config(), single, None)
-        tick.settings = type(tick.settings)(batch_size=20)
-        await tick.refresh_view()
+        tick = await _queue_and_tick(store, [make_job() for _ in range(100)], slots=30, batch_size=20)
         result = await asyncio.wait_for(tick.run_once(), 30)  # no second connection to wait for
         assert len(result.assigned) == 30
         await assert_changelog_replays(store)
@@ -186,11 +186,7 @@ async def test_a_pool_of_one_places_batch_by_batch(database_url):
 
 async def test_a_failed_batch_leaves_no_claim_behind(pool, monkeypatch):
     store = Store(pool)
-    await advertise(store, "gpu-west", slots=500)
-    await insert_jobs(store, [make_job() for _ in range(100)])
-    tick = Tick(make_config(), pool, None)
-    tick.settings = type(tick.settings)(batch_size=20)
-    await tick.refresh_view()
+    tick = await _queue_and_tick(store, [make_job() for _ in range(100)], slots=500, batch_size=20)
     real_assign, calls = Store.job_assign_batch, []
 
     async def fail_third(self, assignments):
