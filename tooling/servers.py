@@ -13,9 +13,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common.nats_auth import NatsAuth
 from shared.errors import ConfigError
 
 STARTUP_TIMEOUT_S = 30.0
@@ -131,6 +133,19 @@ def start_nats(
     server = ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, process, log_path)
     _wait_for_port(server)
     return server
+
+
+def start_secured_nats(folder: Path, prefix: str, peer_ids: Iterable[str], *, auth_dir: Path | None = None,
+                       **options) -> tuple[ServerProcess, NatsAuth]:
+    """:func:`start_nats` with auth on: one user per role (``services.common.nats_auth``)
+    for subject prefix ``prefix``; the server config and the passwords (0600) go to
+    ``auth_dir`` (default ``folder``). The config file stays in ``server.extra["config_file"]``,
+    for starting the server again."""
+    auth = NatsAuth.create(prefix, peer_ids)
+    conf, _ = auth.write(auth_dir or folder)
+    server = start_nats(folder, config_file=conf, **options)
+    server.extra["config_file"] = conf
+    return server, auth
 
 
 # ---------------------------------------------------------------- Postgres

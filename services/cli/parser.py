@@ -17,6 +17,13 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def _about_one_job(sub, name: str, help: str) -> None:
+    p = sub.add_parser(name, help=help)
+    add_server_flags(p, nats=False)
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="irisfed", description="Federate batch jobs across clusters.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,10 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("job", help="one job and its history")
-    add_server_flags(p, nats=False)
-    p.add_argument("job_id")
-    p.add_argument("--json", action="store_true")
+    _about_one_job(sub, "job", "one job and its history")
 
     p = sub.add_parser("top", help="live view of peers and jobs")
     add_server_flags(p)
@@ -109,10 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
 
-    p = sub.add_parser("explain", help="why a job was rejected, is queued, or went where it went")
-    add_server_flags(p, nats=False)
-    p.add_argument("job_id")
-    p.add_argument("--json", action="store_true")
+    _about_one_job(sub, "explain", "why a job was rejected, is queued, or went where it went")
 
     p = sub.add_parser("peers", help="peers and their newest advertisement")
     add_server_flags(p, nats=False)

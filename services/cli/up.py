@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from services.common import db
-from services.common.nats_auth import NatsAuth
 from services.common.redact import redact
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 from tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
-from tooling.servers import free_port, start_nats, start_postgres
+from tooling.servers import free_port, start_postgres, start_secured_nats
 
 # The demo federation `irisfed up` writes to STATE/federation.toml when no --config is given.
 DEMO_COMMENT = "The demo federation `irisfed up` runs when no --config is given."
@@ -73,9 +72,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         auth = None
         if not nats_url:
             print("starting NATS (auth on: one user per service) ...", flush=True)
-            auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
-            conf, _ = auth.write(state / "nats")
-            nats_url = supervisor.add_server(start_nats(state / "nats", config_file=conf)).url
+            nats, auth = start_secured_nats(state / "nats", config.subject_prefix, config.peer_ids)
+            nats_url = supervisor.add_server(nats).url
         print("migrating ...", flush=True)
         db.migrate(db_url)
         env = dict(os.environ)

@@ -49,20 +49,20 @@ def _connect_defaults() -> dict[str, str]:
         return {}
 
 
-def database_url(args: argparse.Namespace) -> str:
-    url = getattr(args, "database_url", None) or os.environ.get(DATABASE_URL_ENV) \
-        or _connect_defaults().get("database_url")
+def _server_url(args: argparse.Namespace, key: str, env: str, what: str) -> str:
+    url = getattr(args, key, None) or os.environ.get(env) or _connect_defaults().get(key)
     if not url:
-        raise ConfigError(f"no database: pass --database-url or set {DATABASE_URL_ENV} (or run `irisfed up`)")
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(f"no {what}: pass {flag} or set {env} (or run `irisfed up`)")
     return url
+
+
+def database_url(args: argparse.Namespace) -> str:
+    return _server_url(args, "database_url", DATABASE_URL_ENV, "database")
 
 
 def nats_url(args: argparse.Namespace) -> str:
-    url = getattr(args, "nats_url", None) or os.environ.get(NATS_URL_ENV) \
-        or _connect_defaults().get("nats_url")
-    if not url:
-        raise ConfigError(f"no NATS server: pass --nats-url or set {NATS_URL_ENV} (or run `irisfed up`)")
-    return url
+    return _server_url(args, "nats_url", NATS_URL_ENV, "NATS server")
 
 
 def federation_config(args: argparse.Namespace, required: bool = True) -> FederationConfig | None:

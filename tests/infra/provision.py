@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from services.common.nats_auth import NatsAuth
-from tooling.servers import ServerProcess, start_nats, start_postgres
+from tooling.servers import ServerProcess, start_postgres, start_secured_nats
 
 DATABASE_URL_ENV = "IRISFED_TEST_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_TEST_NATS_URL"
@@ -94,9 +94,8 @@ def provision_servers() -> Servers:
             servers._cleanups.append(lambda: shutil.rmtree(folder, ignore_errors=True))
             if missing_nats:
                 # Local NATS runs with auth on: every service gets its own user.
-                servers.nats_auth = NatsAuth.create("*", TEST_PEERS)
-                conf, _ = servers.nats_auth.write(folder / "nats-auth")
-                servers.nats = start_nats(folder / "nats", config_file=conf)
+                servers.nats, servers.nats_auth = start_secured_nats(folder / "nats", "*", TEST_PEERS,
+                                                                     auth_dir=folder / "nats-auth")
                 servers._cleanups.append(servers.nats.stop)
                 servers.nats_plain_url = servers.nats.url
                 servers.nats_url = servers.nats_auth.url(servers.nats.url, "admin")

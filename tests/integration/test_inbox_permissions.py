@@ -9,17 +9,14 @@ import json
 import nats
 import pytest
 
-from services.common.nats_auth import NatsAuth
-from tooling.servers import start_nats
+from tooling.servers import start_secured_nats
 
 PEERS = ("home", "gpu-west")
 
 
 @pytest.fixture
 def secured_nats(tmp_path):
-    auth = NatsAuth.create("irisfed", PEERS)
-    conf, _ = auth.write(tmp_path / "auth")
-    server = start_nats(tmp_path / "nats", config_file=conf)
+    server, auth = start_secured_nats(tmp_path / "nats", "irisfed", PEERS, auth_dir=tmp_path / "auth")
     yield auth, server
     server.stop()
 

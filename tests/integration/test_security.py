@@ -6,17 +6,15 @@ import nats
 import pytest
 
 from services.cli import main
-from services.common.nats_auth import NatsAuth, role_permissions
-from tooling.servers import start_nats
+from services.common.nats_auth import role_permissions
+from tooling.servers import start_secured_nats
 
 PEERS = ("gpu-west", "tpu-east")
 
 
 @pytest.fixture
 def secured_nats(tmp_path):
-    auth = NatsAuth.create("irisfed", PEERS)
-    conf, _ = auth.write(tmp_path / "auth")
-    server = start_nats(tmp_path / "nats", config_file=conf)
+    server, auth = start_secured_nats(tmp_path / "nats", "irisfed", PEERS, auth_dir=tmp_path / "auth")
     yield auth, server
     server.stop()
 

@@ -25,7 +25,7 @@ from tooling.federation import (
     render_config,
 )
 from tooling.proxy import TcpProxy
-from tooling.servers import start_nats, start_postgres
+from tooling.servers import start_nats, start_postgres, start_secured_nats
 
 PEERS = {
     "home": {"device_type": "cpu"},
@@ -133,9 +133,8 @@ class Servers:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         # Subject prefixes differ per schedule (one token each): permissions for "*".
-        self.auth = NatsAuth.create("*", PEERS)
-        self.auth_conf, _ = self.auth.write(folder / "nats-auth")
-        self.nats = start_nats(folder / "nats", config_file=self.auth_conf)
+        self.nats, self.auth = start_secured_nats(folder / "nats", "*", PEERS, auth_dir=folder / "nats-auth")
+        self.auth_conf = self.nats.extra["config_file"]
         # Durable (fsync, synchronous_commit): an acknowledged submit must survive a crash.
         self.postgres = start_postgres(folder / "pg", durable=True)
 
