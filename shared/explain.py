@@ -5,7 +5,13 @@ The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
 ``MAX_EXPLAINED_PEERS`` peers: every job carries its explanation, so its size must
 not grow with the federation (the first peers are listed, the rest counted). Peer codes: ``match``, ``unreachable``, ``no_backends``,
 ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
-``no_free_capacity``, ``not_pinned_peer``, ``avoided``. Append only.
+``no_free_capacity``, ``not_pinned_peer``, ``avoided``, ``insufficient_resources``,
+``held``. Append only.
+
+A peer turned down for resources also carries ``"short": [{"resource", "asked",
+"available", "backend"}]`` (at most ``MAX_SHORTFALLS``): ``available`` is the most
+that backend has for ``insufficient_resources``, what it has free now for
+``no_free_capacity`` (docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -24,10 +30,22 @@ PEER_CODES = {
     "no_free_capacity": "matches but is full",
     "not_pinned_peer": "not the pinned peer",
     "avoided": "lost this job before",
+    "insufficient_resources": "too small for it, even when empty",
+    "held": "held for a job that has waited longer",
 }
 
 
 MAX_EXPLAINED_PEERS = 10
+MAX_SHORTFALLS = 8  # per peer: a few backends × a few resources; the detail says the rest
+
+
+def _peer(v: PeerVerdict) -> dict:
+    doc = {"peer_id": v.peer_id, "code": v.code, "detail": v.detail}
+    short = getattr(v, "shortfalls", ())
+    if short:
+        doc["short"] = [{"resource": s.resource, "asked": s.asked, "available": s.available, "backend": s.backend}
+                        for s in short[:MAX_SHORTFALLS]]
+    return doc
 
 
 def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = ()) -> dict:
@@ -36,8 +54,7 @@ def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = ()) -> dic
     doc: dict = {
         "by": by,
         "rule": rule,
-        "peers": [{"peer_id": v.peer_id, "code": v.code, "detail": v.detail}
-                  for v in verdicts[:MAX_EXPLAINED_PEERS]],
+        "peers": [_peer(v) for v in verdicts[:MAX_EXPLAINED_PEERS]],
     }
     if len(verdicts) > MAX_EXPLAINED_PEERS:
         more: dict[str, int] = {}

@@ -1,41 +1,91 @@
 """Placement: which reachable peer and backend takes each queued job. Pure, no I/O.
 
-Rules, applied to jobs in the order given (the tick passes priority order):
-- A pinned job goes only to its pinned peer, and only while that peer is
-  reachable and one of its backends has a free slot (capability checks are
-  skipped for pins; a matching backend is preferred when there is one).
+Rules, applied to jobs in the order given (the tick passes priority order, oldest
+first within a priority):
+
+- Room. A backend has room for a job when it has a free slot (every job takes one)
+  and, when it advertises resources, at least the job's request free in every
+  resource (one it does not list counts as none). A backend that advertises no
+  resources (an older agent) is judged by slots only. Free slots are the advertised
+  total minus the jobs live there (``live``); free resources are the advertised
+  totals minus what live jobs use (``used``; without it, the advertised free). Each
+  placement made here takes its share, so a run never over-commits.
+- A pinned job goes only to its pinned peer, and only while that peer is reachable
+  and one of its backends has room (capability checks are skipped for pins; a
+  backend matching the constraints is preferred when there is one).
 - An unpinned job goes to a reachable peer with a backend that satisfies every
-  constraint and has a free slot; among those, the backend with the most free
-  slots wins (ties: peer id, then backend name), which spreads load. Peers in the
-  job's ``avoid_peers`` (they lost it before) are used only when no other
-  reachable peer matches.
-- Free slots are the backend's advertised total minus the jobs already live on
-  it, and each placement made here takes one, so a tick never over-commits.
-Jobs left waiting carry the rule that held them and a verdict per peer.
+  constraint and has room. Peers in the job's ``avoid_peers`` (they lost it before)
+  are used only when no other reachable peer could ever hold it.
+- Among the backends with room, the best is, in this order: the one satisfying the
+  most of the job's preferences; one that advertises resources over one that does
+  not; the best *fit* for the policy; the most free slots; then peer id and backend
+  name. Fit: the sum, over the resources the backend advertises, of the fraction of
+  each left free after placing the job. ``pack`` (the default) takes the least left
+  (best fit: big holes stay whole for big jobs), ``spread`` the most. Where fits tie
+  (backends advertising no resources) the most free slots wins, which spreads
+  slot-only work as before resources existed.
+- Anti-starvation. A job that has waited ``reserve_after_s`` or longer and finds no
+  room *holds* the backend where it would fit soonest: of the backends it could ever
+  fit on (by their totals) and not already held, the one with the smallest
+  shortfall (the sum of what it lacks as fractions of each total, a missing slot
+  counting 1/slots). For the rest of the run (``reservations`` carries it across a
+  run's batches) no later job may be placed there unless it leaves at least the
+  held job's request free, in a slot and in every resource the held job asks for.
+  The backend drains of whatever the held job lacks, and the held job, first in
+  order, takes it as soon as it fits.
+
+Jobs left waiting carry the rule that held them and a verdict per peer, naming the
+resources a backend lacks.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from shared.constraints import Constraint, matches_all
-from shared.federation.peer import FederationPeer
+from shared.federation.peer import Backend, FederationPeer
 from shared.federation.router import PeerVerdict, judge_peer
+from shared.resources import (
+    DEFAULT_RESOURCES,
+    Resources,
+    Shortfall,
+    as_resources,
+    describe_shortfalls,
+    offer_units,
+    shortfalls,
+    to_units,
+)
+
+PACK = "pack"
+SPREAD = "spread"
+POLICIES = (PACK, SPREAD)
+# Long enough that ordinary churn (jobs waiting a tick or two for a slot) never holds
+# a backend back; short enough that a big job starts within minutes of a backend
+# draining instead of never.
+RESERVE_AFTER_S = 300.0
 
 
 # QueuedJob and Placement are made 100k at a time in one tick run: named tuples are
 # as immutable as frozen dataclasses and several times cheaper to build.
 class QueuedJob(NamedTuple):
-    """A queued job as the tick claimed it."""
+    """A queued job as the tick claimed it.
+
+    ``resources``: a Resources (or a mapping, validated here); default one cpu.
+    ``preferences``: soft constraints ranking peers. ``waited_s``: how long it has
+    waited since submit (anti-starvation).
+    """
 
     job_id: str
     epoch: int
     constraints: tuple[Constraint, ...] = ()
     pinned_peer_id: str | None = None
     avoid_peers: frozenset[str] = frozenset()
+    resources: Resources = DEFAULT_RESOURCES
+    preferences: tuple[Constraint, ...] = ()
+    waited_s: float = 0.0
 
 
 class Placement(NamedTuple):
@@ -47,16 +97,29 @@ class Placement(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """A job left queued, with the rule that held it back and each peer's verdict."""
+    """A job left queued, with the rule that held it back and each peer's verdict.
+
+    ``holding`` is the (peer, backend) held for this job (anti-starvation), if any.
+    """
 
     job_id: str
     rule: str
     verdicts: tuple[PeerVerdict, ...] = ()
+    holding: tuple[str, str] | None = None
 
     @property
     def reason(self) -> str:
         details = "; ".join(v.describe() for v in self.verdicts)
         return f"{self.rule}: {details}" if details else self.rule
+
+
+@dataclass(slots=True)
+class Hold:
+    """A backend held for a job that waited too long: what later jobs must leave free."""
+
+    job_id: str
+    units: dict[str, int] = field(default_factory=dict)  # the held job's request, in units
+    slots: int = 1
 
 
 def free_slots(
@@ -70,146 +133,446 @@ def free_slots(
     }
 
 
+def add_usage(
+    used: dict[tuple[str, str], dict[str, float]], key: tuple[str, str], resources: Resources, sign: int = 1
+) -> None:
+    """Add (``sign=-1``: take back) one job's resources to ``used`` at ``key`` = (peer, backend).
+
+    For a caller keeping ``used`` across a run's batches, as it keeps ``live``.
+    """
+    into = used.setdefault(key, {})
+    for name, amount in resources.as_dict().items():
+        into[name] = into.get(name, 0) + sign * amount
+
+
+class _Room:
+    """One reachable backend during a run: what it has free, kept up to date."""
+
+    __slots__ = ("backend", "free", "improves", "inv", "key", "left", "legacy", "name", "peer_id", "slot_total",
+                 "slots", "total", "version")
+
+    def __init__(self, peer_id: str, backend: Backend, slots: int,
+                 used: Mapping[str, float] | None, sign: float = 1.0) -> None:
+        self.peer_id = peer_id
+        self.name = backend.name
+        self.key = (peer_id, backend.name)
+        self.backend = backend
+        self.slots = slots
+        self.slot_total = backend.total
+        self.version = 0
+        offered = offer_units(backend.resources) if backend.resources else {}
+        self.legacy = not offered
+        self.total = {name: total for name, (total, _free) in offered.items()}
+        if used is None:
+            self.free = {name: free for name, (_total, free) in offered.items()}
+        else:
+            self.free = {name: max(0, total - to_units(name, used.get(name, 0)))
+                         for name, total in self.total.items()}
+        # 1/total per resource with any: the fit's normalisation.
+        self.inv = tuple((name, 1.0 / total) for name, total in self.total.items() if total > 0)
+        self.left = 0.0
+        self._update_left()
+        # Does a placement here improve its rank (pack on a room with resources)?
+        self.improves = not self.legacy and sign > 0
+
+    def _update_left(self) -> None:
+        free = self.free
+        left = 0.0
+        for name, inv in self.inv:
+            left += free[name] * inv
+        self.left = left
+
+    def ask(self, units: tuple[tuple[str, int], ...]) -> float:
+        """The job's request as a sum of fractions of this backend's totals."""
+        inv = dict(self.inv)
+        return sum(amount * inv.get(name, 0.0) for name, amount in units)
+
+    def can_ever_hold(self, units: tuple[tuple[str, int], ...]) -> bool:
+        total = self.total
+        return self.legacy or all(total.get(name, 0) >= amount for name, amount in units)
+
+    def fits(self, units: tuple[tuple[str, int], ...]) -> bool:
+        if self.slots <= 0:
+            return False
+        if self.legacy:
+            return True
+        free = self.free
+        for name, amount in units:
+            if free.get(name, 0) < amount:
+                return False
+        return True
+
+    def blocked(self, units: tuple[tuple[str, int], ...], hold: Hold) -> bool:
+        """Would placing a job asking ``units`` here eat into what ``hold`` keeps free?"""
+        if self.slots - 1 < hold.slots:
+            return True
+        held, free = hold.units, self.free
+        for name, amount in units:
+            need = held.get(name)
+            if need and free.get(name, 0) - amount < need:
+                return True
+        return False
+
+    def take(self, units: tuple[tuple[str, int], ...]) -> None:
+        self.slots -= 1
+        if not self.legacy:
+            free = self.free
+            for name, amount in units:
+                free[name] -= amount
+            self._update_left()
+        self.version += 1
+
+    def shortfall(self, units: tuple[tuple[str, int], ...]) -> float:
+        """How far from fitting, as fractions of the totals (0: it fits now)."""
+        short = max(0, 1 - self.slots) / max(1, self.slot_total)
+        if not self.legacy:
+            free, total = self.free, self.total
+            for name, amount in units:
+                lack = amount - free.get(name, 0)
+                if lack > 0:
+                    short += lack / total[name]
+        return short
+
+
+class _Kind:
+    """The backends one kind of job (constraints, resources, preferences) could use.
+
+    The heap holds them best first; entries carry the room's version. A placement
+    only ever makes a room's rank *worse* (fewer free slots; under spread, less left),
+    except under pack on a room that advertises resources, where it gets better
+    (less left). Worse ranks are fixed lazily: a stale entry reaching the top is
+    re-pushed with its current rank. Better ranks cannot wait (the room would sink
+    below where it belongs), so such rooms are logged in ``changes`` and each kind
+    pushes their fresh entries when it next looks (from ``seen`` on), dropping the
+    stale ones as they surface. Rooms without room for this kind any more are dropped
+    for the rest of the run: free amounts only shrink during a run, holds only grow.
+    """
+
+    __slots__ = ("ask", "heap", "holdable", "members", "prefs", "seen", "sign", "units")
+
+    def __init__(self, rooms: list[_Room], units: tuple[tuple[str, int], ...],
+                 preferences: tuple[Constraint, ...], sign: float, seen: int) -> None:
+        self.units = units
+        self.sign = sign
+        self.seen = seen
+        # Rooms it could ever fit on (by totals); the others never enter the heap.
+        self.holdable = [room for room in rooms if room.can_ever_hold(units)]
+        self.members = set(self.holdable)
+        self.prefs = {room: -sum(1 for p in preferences if p.holds_for(room.backend.attributes))
+                      for room in self.holdable} if preferences else None
+        self.ask = {room: room.ask(units) for room in self.holdable if not room.legacy}
+        self.heap = [self.entry(room) for room in self.holdable if room.fits(units)]
+        heapq.heapify(self.heap)
+
+    def entry(self, room: _Room) -> tuple:
+        fit = self.sign * (room.left - self.ask[room]) if not room.legacy else 0.0
+        prefs = self.prefs[room] if self.prefs is not None else 0
+        return (prefs, room.legacy, fit, -room.slots, room.peer_id, room.name, room.version, room)
+
+    def rank(self, room: _Room) -> tuple:
+        return self.entry(room)[:6]
+
+    def replay(self, changes: list[_Room]) -> None:
+        members, units, heap = self.members, self.units, self.heap
+        for room in set(changes[self.seen:]):
+            if room in members and room.fits(units):
+                heapq.heappush(heap, self.entry(room))
+        self.seen = len(changes)
+
+    def best(self, holds: Mapping[tuple[str, str], Hold]) -> _Room | None:
+        heap, units = self.heap, self.units
+        while heap:
+            top = heap[0]
+            room = top[7]
+            if top[6] != room.version:
+                # Changed since pushed. An entry is pushed only while its room fits, and
+                # fitting changes only with the version: current entries need no check.
+                if room.improves or not room.fits(units):
+                    heapq.heappop(heap)  # (an improving room's fresh entry was replayed)
+                else:
+                    heapq.heapreplace(heap, self.entry(room))
+                continue
+            if holds:
+                hold = holds.get(room.key)
+                if hold is not None and room.blocked(units, hold):
+                    heapq.heappop(heap)
+                    continue
+            return room
+        return None
+
+
 def assign_queued(
     jobs: Sequence[QueuedJob],
     peers: Sequence[FederationPeer],
     live: Mapping[tuple[str, str | None], int],
     now: float,
     matched: dict[tuple[Constraint, ...], list[tuple[str, str]]] | None = None,
+    *,
+    used: Mapping[tuple[str, str | None], Mapping[str, float]] | None = None,
+    policy: str = PACK,
+    reserve_after_s: float | None = RESERVE_AFTER_S,
+    reservations: dict[tuple[str, str], Hold] | None = None,
 ) -> tuple[list[Placement], list[Waiting]]:
     """Place ``jobs`` in order on ``peers``; return placements and jobs left waiting.
 
-    ``matched`` remembers which (peer, backend) pairs each constraint set matches;
-    a caller placing several batches against the same peers passes one dict to all.
+    ``live``: jobs live per (peer, backend) (slots in use). ``used``: resources live
+    jobs use per (peer, backend), in each resource's own unit; None takes each
+    backend's advertised free amounts instead. ``policy``: ``pack`` or ``spread``.
+    ``reserve_after_s``: wait after which a job holds a backend (None: never).
+
+    A caller placing several batches in one run passes the same ``matched`` (which
+    backends each constraint set matches) and ``reservations`` (backends held for
+    starving jobs) to all, and adds each batch's placements to ``live`` and ``used``.
     """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
+    sign = 1.0 if policy == PACK else -1.0
     if matched is None:
         matched = {}
-    by_id = {peer.peer_id: peer for peer in peers}
+    holds = reservations if reservations is not None else {}
     reachable = [peer for peer in peers if peer.is_reachable(now)]
     slots = free_slots(reachable, live)
-    # Jobs mostly share a few constraint sets: match each set against the peers once,
-    # and keep its candidates in a heap so each placement costs log(peers).
-    matching_by_constraints: dict[tuple[Constraint, ...], _Candidates] = {}
-    # Slots only shrink during a run, so a job kind that had to wait once would wait
-    # again for the same reasons: explain it once.
+    rooms: dict[tuple[str, str], _Room] = {}
+    rooms_of_peer: dict[str, list[_Room]] = {}
+    for peer in reachable:
+        for backend in peer.backends:
+            key = (peer.peer_id, backend.name)
+            room = rooms[key] = _Room(peer.peer_id, backend, slots[key],
+                                      None if used is None else used.get(key, {}), sign)
+            rooms_of_peer.setdefault(peer.peer_id, []).append(room)
+    # Jobs mostly share a few kinds: match each against the peers once, and keep its
+    # candidates in a heap so each placement costs log(backends).
+    kinds: dict[tuple, _Kind] = {}
+    changes: list[_Room] = []  # improving rooms that changed, in order; kinds replay what they missed
+    # Room only shrinks during a run, so a kind of job that had to wait once would wait
+    # again for the same reasons: explain it once (again when holds change).
     explained: dict[tuple, Waiting] = {}
+    no_hold: set[tuple] = set()  # kinds that found every backend they could hold taken
     placements: list[Placement] = []
     waiting: list[Waiting] = []
+    last = (None, None, None)
+    kind: _Kind | None = None
     for job in jobs:
+        resources = job.resources
+        if resources.__class__ is not Resources:
+            resources = as_resources(resources)
+        units = resources.units
         if job.pinned_peer_id:
-            choice = _place_pinned(job, by_id.get(job.pinned_peer_id), slots, now)
+            choice = _place_pinned(job, units, rooms_of_peer.get(job.pinned_peer_id), holds, sign)
         else:
-            candidates = matching_by_constraints.get(job.constraints)
-            if candidates is None:
-                matching = matched.get(job.constraints)
-                if matching is None:
-                    matching = matched[job.constraints] = [
-                        (peer.peer_id, backend.name)
-                        for peer in reachable
-                        for backend in peer.backends
-                        if matches_all(job.constraints, backend.attributes)
-                    ]
-                candidates = matching_by_constraints[job.constraints] = _Candidates(matching, slots)
+            # Consecutive jobs are mostly of one kind: identity checks skip the lookup.
+            if last[0] is not job.constraints or last[1] is not resources or last[2] is not job.preferences:
+                kind_key = (job.constraints, resources, job.preferences)
+                kind = kinds.get(kind_key)
+                if kind is None:
+                    matching = matched.get(job.constraints)
+                    if matching is None:
+                        matching = matched[job.constraints] = [
+                            (peer.peer_id, backend.name)
+                            for peer in reachable
+                            for backend in peer.backends
+                            if matches_all(job.constraints, backend.attributes)
+                        ]
+                    kind = kinds[kind_key] = _Kind([rooms[m] for m in matching if m in rooms], units,
+                                                   job.preferences, sign, len(changes))
+                last = (job.constraints, resources, job.preferences)
+            if kind.seen != len(changes):
+                kind.replay(changes)
             if job.avoid_peers:
-                choice = _place_unpinned(job, candidates.matching, slots)
+                choice = _place_avoiding(job, kind, holds)
             else:
-                choice = candidates.best(slots)
+                choice = kind.best(holds)
         if choice is None:
-            key = (job.constraints, job.pinned_peer_id, job.avoid_peers)
+            holding = None
+            if reserve_after_s is not None and job.waited_s >= reserve_after_s:
+                holding = _reserve(job, units, kind, rooms_of_peer, holds, no_hold)
+            if job.pinned_peer_id or job.avoid_peers:
+                key = (job.constraints, resources, job.pinned_peer_id, job.avoid_peers, len(holds))
+            else:
+                key = (kind, len(holds))  # (kinds are per run, hashed by identity: cheap)
             why = explained.get(key)
             if why is None:
-                why = explained[key] = explain_waiting(job, peers, slots, now)
-            waiting.append(Waiting(job.job_id, why.rule, why.verdicts))
+                why = explained[key] = _explain(job, units, peers, rooms, now, holds)
+            rule = why.rule
+            if holding is not None:
+                rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
+                        f"(waiting {reserve_after_s:g}s or more)")
+            waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
             continue
-        slots[choice] -= 1
-        placements.append(Placement(job.job_id, job.epoch, choice[0], choice[1]))
+        choice.take(units)
+        if choice.improves:
+            changes.append(choice)
+        if not job.pinned_peer_id and not job.avoid_peers and kind.seen >= len(changes) - choice.improves:
+            # The usual case: this kind chose its heap's top; re-rank it in place.
+            if choice.fits(units):
+                heapq.heapreplace(kind.heap, kind.entry(choice))
+            else:
+                heapq.heappop(kind.heap)
+            kind.seen = len(changes)
+        placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
     return placements, waiting
 
 
-class _Candidates:
-    """The backends matching one constraint set, best first (most free slots, then ids).
+def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold]) -> bool:
+    if not room.fits(units):
+        return False
+    hold = holds.get(room.key) if holds else None
+    return hold is None or not room.blocked(units, hold)
 
-    Free slots only shrink during a run, so an entry whose count went stale is
-    simply re-pushed with its current count when it surfaces (lazy heap).
-    """
 
-    def __init__(self, matching: list[tuple[str, str]], slots: Mapping[tuple[str, str], int]) -> None:
-        self.matching = matching
-        self.heap = [(-slots[m], m[0], m[1]) for m in matching if slots[m] > 0]
-        heapq.heapify(self.heap)
-
-    def best(self, slots: Mapping[tuple[str, str], int]) -> tuple[str, str] | None:
-        heap = self.heap
-        while heap:
-            neg_free, peer_id, backend = heap[0]
-            free = slots[(peer_id, backend)]
-            if free <= 0:
-                heapq.heappop(heap)
-            elif -neg_free != free:
-                heapq.heapreplace(heap, (-free, peer_id, backend))
-            else:
-                return peer_id, backend
+def _place_pinned(job: QueuedJob, units: tuple[tuple[str, int], ...], rooms: list[_Room] | None,
+                  holds: Mapping[tuple[str, str], Hold], sign: float) -> _Room | None:
+    if not rooms:  # unknown, unreachable, or advertising no backends
+        return None
+    usable = [room for room in rooms if _usable(room, units, holds)]
+    if not usable:
         return None
 
+    def rank(room: _Room) -> tuple:
+        return (not matches_all(job.constraints, room.backend.attributes),
+                *_rank(room, units, job.preferences, sign))
 
-def _place_pinned(
-    job: QueuedJob, peer: FederationPeer | None, slots: dict[tuple[str, str], int], now: float
-) -> tuple[str, str] | None:
-    if peer is None or not peer.is_reachable(now):
-        return None
-    open_backends = [b for b in peer.backends if slots.get((peer.peer_id, b.name), 0) > 0]
-    if not open_backends:
-        return None
-    matching = [b for b in open_backends if matches_all(job.constraints, b.attributes)]
-    best = max(matching or open_backends, key=lambda b: (slots[(peer.peer_id, b.name)], b.name))
-    return peer.peer_id, best.name
+    return min(usable, key=rank)
 
 
-def _place_unpinned(
-    job: QueuedJob, matching: Sequence[tuple[str, str]], slots: dict[tuple[str, str], int]
-) -> tuple[str, str] | None:
+def _rank(room: _Room, units: tuple[tuple[str, int], ...], preferences: tuple[Constraint, ...],
+          sign: float) -> tuple:
+    """The rank of ``room`` for a job (smaller is better): what _Kind.entry computes, uncached."""
+    prefs = -sum(1 for p in preferences if p.holds_for(room.backend.attributes))
+    fit = sign * (room.left - room.ask(units)) if not room.legacy else 0.0
+    return (prefs, room.legacy, fit, -room.slots, room.peer_id, room.name)
+
+
+def _place_avoiding(job: QueuedJob, kind: _Kind, holds: Mapping[tuple[str, str], Hold]) -> _Room | None:
     # Peers that lost this job before are a last resort: used only when no other
-    # reachable peer matches at all, so a job whose only capable peer blinked is
+    # reachable peer could hold it at all, so a job whose only capable peer blinked is
     # not stranded forever.
-    preferred = [m for m in matching if m[0] not in job.avoid_peers]
-    best: tuple[int, str, str] | None = None
-    for peer_id, backend_name in preferred or matching:
-        free = slots[(peer_id, backend_name)]
-        if free <= 0:
+    preferred = [room for room in kind.holdable if room.peer_id not in job.avoid_peers]
+    best: tuple | None = None
+    choice = None
+    for room in preferred or kind.holdable:
+        if not _usable(room, kind.units, holds):
             continue
-        # Most free slots first; ties go to the smaller peer id, then backend name.
-        candidate = (-free, peer_id, backend_name)
-        if best is None or candidate < best:
-            best = candidate
-    return None if best is None else (best[1], best[2])
+        rank = kind.rank(room)
+        if best is None or rank < best:
+            best, choice = rank, room
+    return choice
 
 
-def explain_waiting(
-    job: QueuedJob, peers: Sequence[FederationPeer], slots: Mapping[tuple[str, str], int], now: float
-) -> Waiting:
+def _reserve(job: QueuedJob, units: tuple[tuple[str, int], ...], kind: _Kind | None,
+             rooms_of_peer: Mapping[str, list[_Room]], holds: dict[tuple[str, str], Hold],
+             no_hold: set[tuple]) -> tuple[str, str] | None:
+    """Hold the backend where ``job`` would fit soonest; None when none is left to hold."""
+    key = (job.constraints, job.resources, job.pinned_peer_id, job.avoid_peers)
+    if key in no_hold:
+        return None
+    if job.pinned_peer_id:
+        candidates = [room for room in rooms_of_peer.get(job.pinned_peer_id, ()) if room.can_ever_hold(units)]
+    else:
+        candidates = [room for room in kind.holdable if room.peer_id not in job.avoid_peers] or kind.holdable
+    best = None
+    for room in candidates:
+        if room.slot_total <= 0 or room.key in holds:
+            continue  # one hold per backend: the job that has waited longest keeps it
+        rank = (room.shortfall(units), room.peer_id, room.name)
+        if best is None or rank < best[0]:
+            best = (rank, room)
+    if best is None:
+        no_hold.add(key)  # holds only grow during a run: it stays so
+        return None
+    room = best[1]
+    holds[room.key] = Hold(job.job_id, {} if room.legacy else dict(units))
+    return room.key
+
+
+def _explain(job: QueuedJob, units: tuple[tuple[str, int], ...], peers: Sequence[FederationPeer],
+             rooms: Mapping[tuple[str, str], _Room], now: float, holds: Mapping[tuple[str, str], Hold]) -> Waiting:
     """Why ``job`` could not be placed: the rule, and a verdict for every peer."""
+    pin = job.pinned_peer_id
     verdicts = []
     for peer in peers:
-        if job.pinned_peer_id and peer.peer_id != job.pinned_peer_id:
-            verdicts.append(PeerVerdict(peer.peer_id, "not_pinned_peer", f"not the pinned peer {job.pinned_peer_id}"))
+        if pin and peer.peer_id != pin:
+            verdicts.append(PeerVerdict(peer.peer_id, "not_pinned_peer", f"not the pinned peer {pin}"))
             continue
         if peer.peer_id in job.avoid_peers:
             verdicts.append(PeerVerdict(peer.peer_id, "avoided", "lost this job before; avoided"))
             continue
-        verdict = judge_peer(peer, () if job.pinned_peer_id else job.constraints, now)
+        verdict = judge_peer(peer, () if pin else job.constraints, now)
         if verdict.code == "match":
-            free = sum(slots.get((peer.peer_id, b.name), 0) for b in peer.backends
-                       if job.pinned_peer_id or matches_all(job.constraints, b.attributes))
-            if free <= 0:
-                verdict = PeerVerdict(peer.peer_id, "no_free_capacity", "matches but has no free slot")
+            verdict = _room_verdict(peer, job, units, rooms, holds)
         verdicts.append(verdict)
-    if job.pinned_peer_id:
-        if job.pinned_peer_id not in {p.peer_id for p in peers}:
-            rule = f"pinned to {job.pinned_peer_id}, which is not in the configuration"
+    codes = {v.code for v in verdicts}
+    short_dims = sorted({s.resource for v in verdicts if v.code == "no_free_capacity" for s in v.shortfalls})
+    room_for = f"free {', '.join(short_dims)}" if short_dims else "a free slot"
+    if pin:
+        if pin not in {p.peer_id for p in peers}:
+            rule = f"pinned to {pin}, which is not in the configuration"
+        elif codes == {"not_pinned_peer", "insufficient_resources"} or codes == {"insufficient_resources"}:
+            rule = f"pinned to {pin}, whose backends can never hold it as advertised; waiting for more"
         else:
-            rule = f"pinned to {job.pinned_peer_id}; waiting for it to be reachable with a free slot"
-    elif any(v.code == "no_free_capacity" for v in verdicts):
-        rule = "matching peers are full; waiting for a free slot"
+            rule = f"pinned to {pin}; waiting for it to be reachable with {room_for}"
+    elif "no_free_capacity" in codes:
+        rule = f"matching peers are full; waiting for {room_for}"
+    elif "held" in codes:
+        rule = "matching peers are held for jobs that have waited longer; waiting"
+    elif "insufficient_resources" in codes:
+        rule = "no reachable matching backend can ever hold it as advertised; waiting for one"
     else:
         rule = "no reachable peer matches; waiting for one"
     return Waiting(job.job_id, rule, tuple(verdicts))
+
+
+def _room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, int], ...],
+                  rooms: Mapping[tuple[str, str], _Room], holds: Mapping[tuple[str, str], Hold]) -> PeerVerdict:
+    """A reachable peer whose attributes match: is it too small, full, or held?"""
+    small: list[list[Shortfall]] = []
+    full: list[tuple[str, list[Shortfall]]] = []
+    held: list[tuple[str, str]] = []
+    for backend in peer.backends:
+        if not job.pinned_peer_id and not matches_all(job.constraints, backend.attributes):
+            continue
+        room = rooms.get((peer.peer_id, backend.name))
+        if room is None:
+            continue
+        if not room.can_ever_hold(units):
+            small.append(shortfalls(units, room.total, backend.name))
+        elif not room.fits(units):
+            full.append((backend.name, [] if room.legacy else shortfalls(units, room.free, backend.name)))
+        elif (hold := holds.get(room.key)) is not None and room.blocked(units, hold):
+            held.append((backend.name, hold.job_id))
+        else:
+            return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} has room")
+    if full:
+        if all(not short for _, short in full):
+            return PeerVerdict(peer.peer_id, "no_free_capacity", "matches but has no free slot")
+        parts = [f"{describe_shortfalls(short, 'free')} (backend {name})" if short else f"no free slot (backend {name})"
+                 for name, short in full]
+        return PeerVerdict(peer.peer_id, "no_free_capacity", "matches but is short now: " + "; ".join(parts),
+                           tuple(s for _, short in full for s in short))
+    if held:
+        detail = "; ".join(f"backend {name} held for {job_id}, waiting longer" for name, job_id in held)
+        return PeerVerdict(peer.peer_id, "held", detail)
+    if small:
+        detail = "; ".join(f"{describe_shortfalls(short, 'at most')} (backend {short[0].backend})"
+                           for short in small)
+        return PeerVerdict(peer.peer_id, "insufficient_resources", detail, tuple(s for short in small for s in short))
+    return PeerVerdict(peer.peer_id, "no_free_capacity", "matches but has no free slot")
+
+
+def explain_waiting(
+    job: QueuedJob, peers: Sequence[FederationPeer], slots: Mapping[tuple[str, str], int], now: float,
+    used: Mapping[tuple[str, str | None], Mapping[str, float]] | None = None,
+) -> Waiting:
+    """Why ``job`` could not be placed: the rule, and a verdict for every peer.
+
+    ``slots``: free slots per (peer, backend); ``used`` as for :func:`assign_queued`.
+    """
+    rooms = {}
+    for peer in peers:
+        if peer.is_reachable(now):
+            for backend in peer.backends:
+                key = (peer.peer_id, backend.name)
+                rooms[key] = _Room(peer.peer_id, backend, slots.get(key, 0),
+                                   None if used is None else used.get(key, {}))
+    return _explain(job, as_resources(job.resources).units, peers, rooms, now, {})
+
