@@ -35,7 +35,7 @@ def cmd_health(args: argparse.Namespace) -> int:
             if not args.peer_id:
                 raise ConfigError("health peer-agent needs --peer-id")
             rows = await with_store(args, lambda s: s.peer_heartbeat_list())
-            return any(r["peer_id"] == args.peer_id and r["reachable"] for r in rows)
+            return any(r.peer_id == args.peer_id and r.reachable for r in rows)
         names = subjects(args)
         subject = names.cancel if args.service == "router" else names.tick_ping
         body = json.dumps({"job_id": "health-probe"}).encode() if args.service == "router" else b""

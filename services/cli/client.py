@@ -121,15 +121,15 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
                 job = await store.job_get(job_id)
                 if job is None:
                     raise IrisfedError(f"no job {job_id!r}")
-                line = (job["state"], job["owner_peer_id"], job["epoch"])
+                line = (job.state, job.owner_peer_id, job.epoch)
                 if line != last:
-                    owner = f" on {job['owner_peer_id']}" if job["owner_peer_id"] else ""
-                    code = f" exit={job['exit_code']}" if job["exit_code"] is not None else ""
-                    print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {job['state']}{owner} "
-                                    f"epoch={job['epoch']}{code} {job['reason']}"), flush=True)
+                    owner = f" on {job.owner_peer_id}" if job.owner_peer_id else ""
+                    code = f" exit={job.exit_code}" if job.exit_code is not None else ""
+                    print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {job.state}{owner} "
+                                    f"epoch={job.epoch}{code} {job.reason}"), flush=True)
                     last = line
-                if job["state"] in TERMINAL_STATES:
-                    return job["state"]
+                if job.state in TERMINAL_STATES:
+                    return job.state
                 if deadline and time.monotonic() > deadline:
                     raise IrisfedError(f"timed out waiting for {job_id}")
                 changed.clear()

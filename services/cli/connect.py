@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import Any
 
+import msgspec
+
 from services.common.redact import redact
 from services.common.startup import database_url, federation_config, nats_url
 from shared.errors import Unavailable
@@ -57,5 +59,10 @@ async def with_store(args: argparse.Namespace, action):
         await pool.close()
 
 
+def _plain(value: Any) -> Any:
+    """Rows (msgspec structs) as their fields; anything else JSON does not know as a string."""
+    return msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else str(value)
+
+
 def print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+    print(json.dumps(value, indent=2, default=_plain))

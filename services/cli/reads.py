@@ -17,7 +17,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
     rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit)))
     if args.json:
-        print_json([dict(r) for r in rows])
+        print_json(rows)
     else:
         views.console().print(views.jobs_table(rows))
     return 0
@@ -27,7 +27,7 @@ def _job_and_history(args: argparse.Namespace):
     """The job row and its changelog, or (None, []) after saying it does not exist."""
 
     async def fetch(store):
-        return await store.job_get(args.job_id), await store.changelog_for_job(args.job_id)
+        return await store.job_get(args.job_id), await store.changelog_list_for_job(args.job_id)
 
     job, history = asyncio.run(with_store(args, fetch))
     if job is None:
@@ -42,7 +42,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     if job is None:
         return 1
     if args.json:
-        print_json({"job": dict(job), "changelog": [dict(r) for r in history]})
+        print_json({"job": job, "changelog": history})
     else:
         views.print_job(job, history)
     return 0
@@ -55,8 +55,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if job is None:
         return 1
     if args.json:
-        print_json({"job_id": job["job_id"], "state": job["state"], "disposition": job["disposition"],
-                    "reason": job["reason"], "explanation": job["explanation"]})
+        print_json({"job_id": job.job_id, "state": job.state, "disposition": job.disposition,
+                    "reason": job.reason, "explanation": job.explanation})
     else:
         views.print_explain(job, history)
     return 0
@@ -68,7 +68,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
     rows = asyncio.run(with_store(args, lambda s: s.peer_heartbeat_list()))
     config = federation_config(args, required=False)
     if args.json:
-        print_json([dict(r) for r in rows])
+        print_json(rows)
     else:
         views.console().print(views.peers_table(rows, config))
     return 0
@@ -79,14 +79,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
         return 1
-    if not job["log_dir"]:
-        print(f"irisfed: job {args.job_id} has no logs yet (state {job['state']})", file=sys.stderr)
+    if not job.log_dir:
+        print(f"irisfed: job {args.job_id} has no logs yet (state {job.state})", file=sys.stderr)
         return 1
-    path = Path(job["log_dir"]) / ("stderr" if args.stderr else "stdout")
+    path = Path(job.log_dir) / ("stderr" if args.stderr else "stdout")
     try:
         sys.stdout.write(path.read_text(errors="replace"))
     except OSError:
-        print(f"irisfed: logs are on peer {job['owner_peer_id']} at {path}", file=sys.stderr)
+        print(f"irisfed: logs are on peer {job.owner_peer_id} at {path}", file=sys.stderr)
         return 1
     return 0
 

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from shared.config import FederationConfig
 from shared.lifecycle import JobState
+from shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
@@ -54,64 +55,64 @@ def _ago(when: datetime | None) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
-def jobs_table(rows: Sequence, title: str = "jobs") -> Table:
+def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
     table = Table(title=title)
     for column in ("job", "state", "peer", "epoch", "exit", "submitted", "command", "reason"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        command = " ".join(row["command"] or [])
+        command = " ".join(row.command or [])
         table.add_row(
-            lit(row["job_id"]), _state(row["state"]), lit(row["owner_peer_id"] or row["pinned_peer_id"] or "-"),
-            str(row["epoch"]), "-" if row["exit_code"] is None else str(row["exit_code"]),
-            _ago(row["submitted_at"]), lit(command[:40]), lit((row["reason"] or "")[:60]),
+            lit(row.job_id), _state(row.state), lit(row.owner_peer_id or row.pinned_peer_id or "-"),
+            str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
+            _ago(row.submitted_at), lit(command[:40]), lit((row.reason or "")[:60]),
         )
     return table
 
 
-def peers_table(rows: Sequence, config: FederationConfig | None = None) -> Table:
+def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
     table = Table(title="peers")
     for column in ("peer", "reachable", "heartbeat", "free/total", "attributes"):
         table.add_column(column, overflow="fold")
     seen = set()
     for row in rows:
-        seen.add(row["peer_id"])
-        free = sum(b["capacity"]["free"] for b in row["backends"])
-        total = sum(b["capacity"]["total"] for b in row["backends"])
+        seen.add(row.peer_id)
+        free = sum(b["capacity"]["free"] for b in row.backends)
+        total = sum(b["capacity"]["total"] for b in row.backends)
         attrs = "; ".join(
-            ", ".join(f"{k}={'|'.join(v)}" for k, v in b["attributes"].items()) for b in row["backends"]
+            ", ".join(f"{k}={'|'.join(v)}" for k, v in b["attributes"].items()) for b in row.backends
         )
-        reachable = "[green]yes[/]" if row["reachable"] else "[red]no[/]"
-        table.add_row(lit(row["peer_id"]), reachable, _ago(row["received_at"]), f"{free}/{total}", lit(attrs or "-"))
+        reachable = "[green]yes[/]" if row.reachable else "[red]no[/]"
+        table.add_row(lit(row.peer_id), reachable, _ago(row.received_at), f"{free}/{total}", lit(attrs or "-"))
     for peer_id in (config.peer_ids if config else ()):
         if peer_id not in seen:
             table.add_row(lit(peer_id), "[red]no[/]", "never", "-", "-")
     return table
 
 
-def print_job(job, history) -> None:
+def print_job(job: JobRow, history: Sequence[ChangelogEntry]) -> None:
     out = console()
-    spec = job["spec"]
-    out.print(Text.assemble(lit(job["job_id"], "bold"), "  ", lit(job["state"]), "  (",
-                            lit(job["disposition"]), ")"))
+    spec = job.spec
+    out.print(Text.assemble(lit(job.job_id, "bold"), "  ", lit(job.state), "  (",
+                            lit(job.disposition), ")"))
     out.print(Text.assemble("  command     ", lit(" ".join(spec["command"]))))
     if spec.get("name"):
         out.print(Text.assemble("  name        ", lit(spec["name"])))
     if spec.get("labels"):
         out.print(Text.assemble("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items()))))
-    out.print(Text.assemble("  owner       ", lit(job["owner_peer_id"] or "-"), "   pinned ",
-                            lit(job["pinned_peer_id"] or "-"),
-                            f"   epoch {job['epoch']}   attempts {job['attempts']}/{job['max_retries'] + 1}"))
-    out.print(Text.assemble("  exit code   ", "-" if job["exit_code"] is None else str(job["exit_code"])))
-    out.print(Text.assemble("  reason      ", lit(job["reason"] or "-")))
-    if job["cancel_requested"]:
+    out.print(Text.assemble("  owner       ", lit(job.owner_peer_id or "-"), "   pinned ",
+                            lit(job.pinned_peer_id or "-"),
+                            f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}"))
+    out.print(Text.assemble("  exit code   ", "-" if job.exit_code is None else str(job.exit_code)))
+    out.print(Text.assemble("  reason      ", lit(job.reason or "-")))
+    if job.cancel_requested:
         out.print("  cancel      requested", markup=False)
     table = Table(title="history")
     for column in ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"):
         table.add_column(column, overflow="fold")
     for row in history:
-        table.add_row(str(row["seq"]), row["at"].strftime("%H:%M:%S.%f")[:-3], lit(row["from_state"] or "(new)"),
-                      lit(row["to_state"]), lit(row["peer_id"] or "-"), str(row["epoch"]), lit(row["actor"]),
-                      lit(row["detail"]))
+        table.add_row(str(row.seq), row.at.strftime("%H:%M:%S.%f")[:-3], lit(row.from_state or "(new)"),
+                      lit(row.to_state), lit(row.peer_id or "-"), str(row.epoch), lit(row.actor),
+                      lit(row.detail))
     out.print(table)
 
 
@@ -136,27 +137,27 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def print_explain(job, history) -> None:
+def print_explain(job: JobRow, history: Sequence[ChangelogEntry]) -> None:
     """A person's answer to "why is this job where it is?"."""
     from shared.explain import PEER_CODES
 
     out = console()
-    state = job["state"]
-    out.print(Text.assemble(lit(job["job_id"], "bold"), " is ", _state(state), " (", lit(job["disposition"]),
+    state = job.state
+    out.print(Text.assemble(lit(job.job_id, "bold"), " is ", _state(state), " (", lit(job.disposition),
                             " at submit)"))
-    explained = job["explanation"] or {}
+    explained = job.explanation or {}
     if explained:
         out.print(Text.assemble("  decided by  ", lit(explained["by"])))
         out.print(Text.assemble("  rule        ", lit(explained["rule"])))
-    elif job["reason"]:
-        out.print(Text.assemble("  reason      ", lit(job["reason"])))
-    placed = [row for row in history if row["to_state"] == JobState.ASSIGNED]
+    elif job.reason:
+        out.print(Text.assemble("  reason      ", lit(job.reason)))
+    placed = [row for row in history if row.to_state == JobState.ASSIGNED]
     if placed:
         last = placed[-1]
-        out.print(Text.assemble("  placed      on ", lit(last["peer_id"]), f" at epoch {last['epoch']} (",
-                                lit(last["actor"]), ")"))
+        out.print(Text.assemble("  placed      on ", lit(last.peer_id), f" at epoch {last.epoch} (",
+                                lit(last.actor), ")"))
     if state not in (JobState.QUEUED, JobState.REJECTED):
-        out.print(Text.assemble("  now         ", lit(job["reason"] or state)))
+        out.print(Text.assemble("  now         ", lit(job.reason or state)))
     peers = explained.get("peers") or []
     if peers:
         table = Table(title="peers")

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-from datetime import UTC, datetime
 
 import pytest
 from rich.console import Console
 
 from services.cli import views
+from shared.lifecycle import JobState
+from tests.infra import rows
 
 HOSTILE = ["[cpu]", "[bold]x[/]", "[link=http://x]y[/link]", "oops [/] done", ":smile:"]
 ESC = "\x1b[31mred"  # a terminal escape hidden in a string
@@ -36,30 +37,29 @@ def assert_literal(text: str) -> None:
     assert "😄" not in text
 
 
-def job_row(**overrides) -> dict:
-    row = {
-        "job_id": "j-[cpu]", "state": "queued", "disposition": "queue", "owner_peer_id": None,
-        "pinned_peer_id": "[bold]x[/]", "epoch": 1, "exit_code": None, "submitted_at": datetime.now(UTC),
-        "command": ["echo", "[link=http://x]y[/link]", ":smile:"], "reason": f"oops [/] done {ESC}",
-        "attempts": 0, "max_retries": 2, "cancel_requested": False, "explanation": None,
-    }
-    row["spec"] = {"command": row["command"], "name": "[bold]x[/]", "labels": {"team": "[cpu]"}}
-    row.update(overrides)
-    return row
+HOSTILE_JOB = {"job_id": "j-[cpu]", "pinned_peer_id": "[bold]x[/]", "epoch": 1, "reason": f"oops [/] done {ESC}"}
 
 
-def peer_row() -> dict:
-    return {
-        "peer_id": "p-[cpu]", "reachable": True, "received_at": datetime.now(UTC),
-        "backends": [{"name": "main", "capacity": {"total": 2, "free": 1},
-                      "attributes": {"device_type": ["[cpu]", "[bold]x[/]"],
-                                     "zone": ["[link=http://x]y[/link]", "oops [/] done", ":smile:", ESC]}}],
-    }
+def job_row(command=("echo", "[link=http://x]y[/link]", ":smile:"), **overrides):
+    spec = {"command": list(command), "name": "[bold]x[/]", "labels": {"team": "[cpu]"}}
+    return rows.job_row(spec=spec, **{**HOSTILE_JOB, **overrides})
+
+
+def job_summary(command=("echo", "[link=http://x]y[/link]", ":smile:"), **overrides):
+    return rows.job_summary(list(command), **{**HOSTILE_JOB, **overrides})
+
+
+def peer_row():
+    return rows.peer_heartbeat_row(
+        peer_id="p-[cpu]",
+        backends=[{"name": "main", "capacity": {"total": 2, "free": 1},
+                   "attributes": {"device_type": ["[cpu]", "[bold]x[/]"],
+                                  "zone": ["[link=http://x]y[/link]", "oops [/] done", ":smile:", ESC]}}])
 
 
 def test_jobs_table_shows_strings_literally():
-    text = render(views.jobs_table([job_row(job_id="[cpu]", owner_peer_id="[bold]x[/]",
-                                            command=["[link=http://x]y[/link]", ":smile:"])]))
+    text = render(views.jobs_table([job_summary(job_id="[cpu]", owner_peer_id="[bold]x[/]",
+                                                command=["[link=http://x]y[/link]", ":smile:"])]))
     assert_literal(text)
 
 
@@ -68,8 +68,7 @@ def test_peers_table_shows_attributes_literally():
 
 
 def test_job_view_shows_strings_literally(capsys):
-    history = [{"seq": 1, "at": datetime.now(UTC), "from_state": None, "to_state": "queued",
-                "peer_id": "[cpu]", "epoch": 0, "actor": "router", "detail": "[bold]x[/] :smile:"}]
+    history = [rows.changelog_entry(peer_id="[cpu]", detail="[bold]x[/] :smile:")]
     views.print_job(job_row(command=["[link=http://x]y[/link]", "oops [/] done"]), history)
     out = capsys.readouterr().out
     assert_literal(out)
@@ -82,10 +81,9 @@ def test_explain_shows_peer_attributes_literally(capsys):
 
     verdicts = [PeerVerdict("[cpu]", "value_mismatch", "device_type=[cpu] does not satisfy device_type eq gpu"),
                 PeerVerdict("gpu-west", "missing_attribute", "[bold]x[/] [link=http://x]y[/link] :smile:")]
-    job = job_row(state="rejected", disposition="reject",
+    job = job_row(state=JobState.REJECTED, disposition="reject",
                   explanation=explanation("router", "rule 4: oops [/] done", verdicts))
-    history = [{"seq": 1, "at": datetime.now(UTC), "from_state": None, "to_state": "assigned",
-                "peer_id": "[bold]x[/]", "epoch": 1, "actor": ESC, "detail": ""}]
+    history = [rows.changelog_entry(to_state=JobState.ASSIGNED, peer_id="[bold]x[/]", epoch=1, actor=ESC)]
     views.print_explain(job, history)
     out = capsys.readouterr().out
     assert "device_type=[cpu] does not satisfy" in out
@@ -93,7 +91,7 @@ def test_explain_shows_peer_attributes_literally(capsys):
 
 
 def test_explain_with_only_a_reason(capsys):
-    views.print_explain(job_row(state="failed", reason="[bold]x[/] [link=http://x]y[/link] oops [/] done"), [])
+    views.print_explain(job_row(state=JobState.FAILED, reason="[bold]x[/] [link=http://x]y[/link] oops [/] done"), [])
     out = capsys.readouterr().out
     assert "[bold]x[/] [link=http://x]y[/link] oops [/] done" in out
 
@@ -108,7 +106,7 @@ class _Store:
         return {"queued": 1}
 
     async def job_list(self, state, limit):
-        return [job_row(job_id="[cpu]", owner_peer_id="[bold]x[/]", command=["[link=http://x]y[/link]", ":smile:"])]
+        return [job_summary(job_id="[cpu]", owner_peer_id="[bold]x[/]", command=["[link=http://x]y[/link]", ":smile:"])]
 
 
 def test_top_dashboard_shows_strings_literally():

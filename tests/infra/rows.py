@@ -1,0 +1,46 @@
+"""Typed rows as the store returns them (``shared.records``), for tests of what reads
+them (CLI views) with no database: every field defaulted, any overridden."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.lifecycle import JobState
+from shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
+
+
+def job_row(command: list[str] | None = None, **overrides: Any) -> JobRow:
+    """A ``job_get`` row; ``command`` (and the name and labels) live in its spec."""
+    now = datetime.now(UTC)
+    fields: dict[str, Any] = dict(
+        job_id="j1", spec={"command": command or ["true"]}, spec_hash="h", state=JobState.QUEUED,
+        disposition="queue", pinned_peer_id=None, owner_peer_id=None, backend=None, epoch=0, attempts=0,
+        max_retries=2, priority=0, avoid_peers=[], submitted_at=now, updated_at=now, assigned_at=None,
+        started_at=None, finished_at=None, deadline_at=None, exit_code=None, log_dir=None, reason="",
+        explanation=None, submit_reply={}, cancel_requested=False, cancel_requested_at=None)
+    fields.update(overrides)
+    return JobRow(**fields)
+
+
+def job_summary(command: list[str] | None = None, **overrides: Any) -> JobSummary:
+    """A ``job_list`` row: the same job as :func:`job_row` with the same overrides."""
+    job = job_row(command, **{k: v for k, v in overrides.items() if k in JobRow.__struct_fields__})
+    return JobSummary(**{name: job.spec["command"] if name == "command" else getattr(job, name)
+                         for name in JobSummary.__struct_fields__})
+
+
+def changelog_entry(**overrides: Any) -> ChangelogEntry:
+    fields: dict[str, Any] = dict(seq=1, from_state=None, to_state=JobState.QUEUED, peer_id=None, epoch=0,
+                                  at=datetime.now(UTC), actor="router", detail="")
+    fields.update(overrides)
+    return ChangelogEntry(**fields)
+
+
+def peer_heartbeat_row(**overrides: Any) -> PeerHeartbeatRow:
+    now = datetime.now(UTC)
+    fields: dict[str, Any] = dict(peer_id="home", run_id="r1", seq=1, backends=[], ttl_s=6.0, sent_at=now,
+                                  received_at=now, expires_at=now, received_epoch=now.timestamp(), age_s=0.0,
+                                  reachable=True)
+    fields.update(overrides)
+    return PeerHeartbeatRow(**fields)
