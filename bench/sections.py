@@ -93,7 +93,7 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
         await dep.wait_router(nc)
         for _ in range(200):  # every agent advertising
             rows = await dep.store.peer_heartbeat_list()
-            if len([r for r in rows if r["reachable"]]) == len(peers):
+            if len([r for r in rows if r.reachable]) == len(peers):
                 break
             await asyncio.sleep(0.05)
         # Warm up (connections, prepared statements, first placements), then measure.
@@ -161,8 +161,7 @@ def _bench_job(i: int, state: JobState = JobState.QUEUED):
 
 async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED) -> None:
     for first in range(start, stop, 5000):
-        async with dep.pool.acquire() as conn:
-            await dep.store.job_insert_batch(conn, [_bench_job(i, state) for i in range(first, min(stop, first + 5000))])
+        await dep.store.job_insert_batch([_bench_job(i, state) for i in range(first, min(stop, first + 5000))])
     # Set-up is not measured: statistics fresh, and the fill's dirty pages written now
     # rather than by a checkpoint in the middle of the figure that follows.
     await dep.pool.execute("ANALYZE jobs")

@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 
 from services.common.startup import given
-from shared.config import FederationConfig, parse_attributes
+from services.peer_agent.settings import AgentSettings, BackendSpec
+from shared.config import BACKEND_KINDS, FederationConfig, parse_attributes
 from shared.errors import ConfigError
 
 COMMAND = "peer-agent"
@@ -23,7 +24,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-id", required=True)
     p.add_argument("--attr", action="append", metavar="KEY=VALUE", help="advertised attribute (repeatable)")
     p.add_argument("--slots", type=int, help="jobs this peer runs at once")
-    p.add_argument("--backend", choices=["subprocess", "simulated"])
+    p.add_argument("--backend", choices=BACKEND_KINDS)
     p.add_argument("--work-dir", type=Path, help="per-job working directories")
     p.add_argument("--heartbeat-interval", type=float)
     p.add_argument("--heartbeat-ttl", type=float)
@@ -42,15 +43,11 @@ def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
     return {k: list(v) for k, v in parse_attributes(merged, "--attr").items()}
 
 
-def settings(args: argparse.Namespace, config: FederationConfig):
-    from services.peer_agent.service import AgentSettings, BackendSpec
-
+def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSettings:
     peer = config.peer(args.peer_id)  # a clear error when the peer is not configured
     attributes = parse_attr_flags(args.attr) if args.attr else {k: list(v) for k, v in peer.attributes.items()}
     slots = args.slots if args.slots is not None else peer.slots
     kind = args.backend or peer.backend
-    if slots < 0:
-        raise ConfigError("--slots must be >= 0")
     return AgentSettings(
         peer_id=args.peer_id,
         backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots),),

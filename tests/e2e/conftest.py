@@ -124,7 +124,7 @@ class Federation(LocalFederation):
     async def wait_agent(self, peer_id: str) -> None:
         async def advertised():
             rows = await self.store.peer_heartbeat_list()
-            return any(r["peer_id"] == peer_id and r["reachable"] for r in rows)
+            return any(r.peer_id == peer_id and r.reachable for r in rows)
         await wait_for(advertised, f"{peer_id} to advertise")
 
     async def request(self, verb: str, body: dict | bytes, timeout: float = 2.0) -> dict | None:
@@ -150,13 +150,13 @@ class Federation(LocalFederation):
     async def wait_state(self, job_id: str, *states: str, timeout: float = 60.0):
         async def reached():
             job = await self.store.job_get(job_id)
-            return job if job is not None and job["state"] in states else None
+            return job if job is not None and job.state in states else None
         return await wait_for(reached, f"{job_id} to reach {states}", timeout=timeout)
 
     async def run_pid(self, job_id: str) -> int:
         """The pid of the job's running process (the agent writes it just after launch)."""
         job = await self.wait_state(job_id, JobState.RUNNING)
-        pid_file = Path(job["log_dir"]) / "pid"
+        pid_file = Path(job.log_dir) / "pid"
 
         async def written():
             try:

@@ -17,7 +17,7 @@ from tests.infra.waiting import wait_for
 
 async def _changes(federation, job_id: str) -> list[tuple]:
     return [(r["from_state"], r["to_state"], r["actor"], r["epoch"])
-            for r in await federation.store.changelog_for_job(job_id)]
+            for r in await federation.store.changelog_list_for_job(job_id)]
 
 
 async def test_federation_on_db_roles_retries_recovers_orphans_and_cancels(federation, tmp_path):
@@ -63,7 +63,7 @@ async def test_federation_on_db_roles_retries_recovers_orphans_and_cancels(feder
     assert job["state"] == "killed"
 
     async def all_terminal():
-        return all(r["state"] in TERMINAL for r in await federation.store.job_states_all())
+        return all(r["state"] in TERMINAL for r in await federation.store.job_list_states())
     await wait_for(all_terminal, "every job to end")
     for name in ("router", "tick", "home"):
         text = federation.log(name)

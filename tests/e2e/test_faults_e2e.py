@@ -58,8 +58,8 @@ async def test_peer_loss_requeues_elsewhere_and_the_stale_copy_is_fenced(federat
     # epoch. No other a100 peer exists, so it waits queued (avoiding gpu-east).
     requeued = await federation.wait_state(reply["job_id"], "queued")
     assert requeued["epoch"] == 2 and requeued["avoid_peers"] == ["gpu-east"]
-    last = await federation.store.changelog_last_for_job(reply["job_id"])
-    history = await federation.store.changelog_for_job(reply["job_id"])
+    last = await federation.store.changelog_get_last_for_job(reply["job_id"])
+    history = await federation.store.changelog_list_for_job(reply["job_id"])
     assert last["to_state"] == "queued" and "peer lost" in history[-1]["detail"]
     assert alive(first_pid)  # the partitioned peer keeps running what it has
 
@@ -75,7 +75,7 @@ async def test_peer_loss_requeues_elsewhere_and_the_stale_copy_is_fenced(federat
     assert not alive(first_pid)
     job = await federation.job(reply["job_id"])
     assert job["state"] == "queued"  # never started twice, never reported by the stale copy
-    history = await federation.store.changelog_for_job(reply["job_id"])
+    history = await federation.store.changelog_list_for_job(reply["job_id"])
     assert [r["to_state"] for r in history] == ["queued", "assigned", "running", "queued"]
 
 
@@ -139,7 +139,7 @@ async def test_full_partition_keeps_running_and_syncs_on_return(federation):
     killed = await federation.wait_state(long["job_id"], "killed")
     assert killed["cancel_requested"]
     await wait_for(lambda: _async(not alive(long_pid)), "the cancelled process to die")
-    last_seq = (await federation.store.changelog_last_for_job(short["job_id"]))["seq"]
+    last_seq = (await federation.store.changelog_get_last_for_job(short["job_id"]))["seq"]
     sync = await federation.store.sync_state_get(short["job_id"])
     assert [(r["peer_id"], r["changelog_seq"]) for r in sync] == [("gpu-west", last_seq)]
 

@@ -59,7 +59,7 @@ async def test_no_peer_can_host_is_rejected_with_reasons(federation):
     assert reasons == {"home": "value_mismatch", "gpu-west": "value_mismatch", "tpu-east": "unreachable",
                        "gpu-east": "unreachable"}
     assert "fpga" in reply["reason"]
-    history = await federation.store.changelog_for_job(reply["job_id"])
+    history = await federation.store.changelog_list_for_job(reply["job_id"])
     assert [r["to_state"] for r in history] == ["rejected"]
 
 

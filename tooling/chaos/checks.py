@@ -36,8 +36,8 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
         began = time.monotonic()
         deadline = began + CONVERGE_TIMEOUT_S
         while True:
-            rows = {r["job_id"]: r for r in await store.job_states_all()}
-            open_jobs = [j for j in acked if j not in rows or rows[j]["state"] not in TERMINAL_STATES]
+            rows = {r.job_id: r for r in await store.job_list_states()}
+            open_jobs = [j for j in acked if j not in rows or rows[j].state not in TERMINAL_STATES]
             if not open_jobs or time.monotonic() > deadline:
                 result.converge_s = time.monotonic() - began
                 break
@@ -48,12 +48,12 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
             row = rows.get(job_id)
             if row is None:
                 violations.append(f"{job_id}: acknowledged ({reply['disposition']}) but not in Postgres")
-            elif row["state"] not in TERMINAL_STATES:
+            elif row.state not in TERMINAL_STATES:
                 job = await store.job_get(job_id)
-                violations.append(f"{job_id}: still {row['state']} after convergence ({job['reason']})")
+                violations.append(f"{job_id}: still {row.state} after convergence ({job.reason})")
         for job_id in never_started:
             job = await store.job_get(job_id)
-            if job["started_at"] is not None:
+            if job.started_at is not None:
                 violations.append(f"{job_id}: cancel said never_started but it started")
         violations.extend(await changelog_violations(store))
         violations.extend(await placed_on_dead_agents(pool, outages))

@@ -123,7 +123,7 @@ class Schedule:
         try:
             while time.monotonic() < deadline:
                 rows = await Store(pool).peer_heartbeat_list()
-                if len([r for r in rows if r["reachable"]]) == len(PEERS):
+                if len([r for r in rows if r.reachable]) == len(PEERS):
                     if await self._request("cancel", {"job_id": "ready-probe"}) is not None:
                         return
                 await asyncio.sleep(0.1)
