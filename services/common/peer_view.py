@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 import msgspec
 
@@ -26,10 +27,13 @@ from shared.federation.peer import Backend, FederationPeer
 from shared.messages import Heartbeat, decode_internal
 from shared.records import PeerHeartbeatRow
 
-# Why a heartbeat was dropped (the label of irisfed_heartbeats_dropped_total).
-DROP_MALFORMED = "malformed"
-DROP_SUBJECT_MISMATCH = "subject_mismatch"
-DROP_UNKNOWN_PEER = "unknown_peer"
+
+class HeartbeatDrop(StrEnum):
+    """Why a heartbeat was dropped (the label of irisfed_heartbeats_dropped_total): append only."""
+
+    MALFORMED = "malformed"
+    SUBJECT_MISMATCH = "subject_mismatch"  # the body names another peer than its subject
+    UNKNOWN_PEER = "unknown_peer"  # not in the configuration
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +184,11 @@ class PeerView:
         try:
             heartbeat = decode_internal(Heartbeat, data)
         except Exception as exc:  # noqa: BLE001 - one bad heartbeat must not stop the view
-            return self._drop(DROP_MALFORMED, log, subject, error=str(exc)[:200])
+            return self._drop(HeartbeatDrop.MALFORMED, log, subject, error=str(exc)[:200])
         if heartbeat.peer_id != sender:
-            return self._drop(DROP_SUBJECT_MISMATCH, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
+            return self._drop(HeartbeatDrop.SUBJECT_MISMATCH, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
         if sender not in self._known:
-            return self._drop(DROP_UNKNOWN_PEER, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
+            return self._drop(HeartbeatDrop.UNKNOWN_PEER, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
         ttl_s = self.cap_ttl(heartbeat.ttl_s)
         if ttl_s != heartbeat.ttl_s:
             heartbeat = msgspec.structs.replace(heartbeat, ttl_s=ttl_s)
@@ -192,7 +196,7 @@ class PeerView:
         return (heartbeat if change.recorded else None), change
 
     @staticmethod
-    def _drop(reason: str, log: EventLogger, subject: str, **fields) -> tuple[None, Change]:
+    def _drop(reason: HeartbeatDrop, log: EventLogger, subject: str, **fields) -> tuple[None, Change]:
         metrics.HEARTBEATS_DROPPED.labels(reason).inc()
         log.warning("heartbeat_dropped", reason=reason, subject=subject[:200], **fields)
         return None, UNCHANGED

@@ -10,8 +10,8 @@ writes the terminal state with the exit code under the same epoch, records
 because the epoch moved on means the job was fenced away: the local copy is
 killed and nothing is reported for it.
 
-The decisions are ``plan.py``'s (pure); the writes and events ``report.py``'s;
-the runs ``backends/``'. This module is the loop that ties them together.
+Decisions are ``plan.py``'s (pure), status writes and events ``report.py``'s,
+runs are the backends' (``backends/``); this module is the loop that ties them.
 """
 
 from __future__ import annotations

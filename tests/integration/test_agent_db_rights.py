@@ -101,7 +101,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     for job_id, (state, epoch, owner) in expected.items():
         job = await admin.job_get(job_id)
         assert (job["state"], job["epoch"], job["owner_peer_id"]) == (state, epoch, owner), job_id
-        last = (await admin.changelog_for_job(job_id))[-1]
+        last = (await admin.changelog_list_for_job(job_id))[-1]
         assert (last["from_state"], last["to_state"], last["actor"], last["epoch"]) == \
             ("running", state, "gpu-west", epoch)
         [sync] = await admin.sync_state_get(job_id)
@@ -111,7 +111,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     # Handed back: the agent no longer sees the row, but still reads its history and
     # may leave a note in its own sync state (what a fenced stale copy does).
     assert await gpu.job_get(retried) is None
-    assert (await gpu.changelog_last_for_job(retried))["to_state"] == "queued"
+    assert (await gpu.changelog_get_last_for_job(retried)).to_state == "queued"
     await agent.reports.record_fenced(retried, 1)
     [sync] = await admin.sync_state_get(retried)
     assert sync["note"] == "stale copy killed: epoch 1 superseded by 2"
