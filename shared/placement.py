@@ -40,9 +40,9 @@ resources a backend lacks.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import NamedTuple
 
 from shared.constraints import Constraint, matches_all
@@ -175,6 +175,10 @@ class _Room:
         # Does a placement here improve its rank (pack on a room with resources)?
         self.improves = not self.legacy and sign > 0
 
+    def __lt__(self, other: _Room) -> bool:
+        # Heap entries differ before reaching the room; this only keeps a tie from raising.
+        return self.key < other.key
+
     def _update_left(self) -> None:
         free = self.free
         left = 0.0
@@ -202,8 +206,10 @@ class _Room:
                 return False
         return True
 
-    def blocked(self, units: tuple[tuple[str, int], ...], hold: Hold) -> bool:
-        """Would placing a job asking ``units`` here eat into what ``hold`` keeps free?"""
+    def blocked(self, units: tuple[tuple[str, int], ...], hold: Hold, job_id: str) -> bool:
+        """Would placing job ``job_id`` asking ``units`` here eat into what ``hold`` keeps free?"""
+        if hold.job_id == job_id:
+            return False  # a job's own hold never stands in its way
         if self.slots - 1 < hold.slots:
             return True
         held, free = hold.units, self.free
@@ -262,7 +268,7 @@ class _Kind:
                       for room in self.holdable} if preferences else None
         self.ask = {room: room.ask(units) for room in self.holdable if not room.legacy}
         self.heap = [self.entry(room) for room in self.holdable if room.fits(units)]
-        heapq.heapify(self.heap)
+        heapify(self.heap)
 
     def entry(self, room: _Room) -> tuple:
         fit = self.sign * (room.left - self.ask[room]) if not room.legacy else 0.0
@@ -276,10 +282,10 @@ class _Kind:
         members, units, heap = self.members, self.units, self.heap
         for room in set(changes[self.seen:]):
             if room in members and room.fits(units):
-                heapq.heappush(heap, self.entry(room))
+                heappush(heap, self.entry(room))
         self.seen = len(changes)
 
-    def best(self, holds: Mapping[tuple[str, str], Hold]) -> _Room | None:
+    def best(self, holds: Mapping[tuple[str, str], Hold], job_id: str) -> _Room | None:
         heap, units = self.heap, self.units
         while heap:
             top = heap[0]
@@ -287,15 +293,15 @@ class _Kind:
             if top[6] != room.version:
                 # Changed since pushed. An entry is pushed only while its room fits, and
                 # fitting changes only with the version: current entries need no check.
-                if room.improves or not room.fits(units):
-                    heapq.heappop(heap)  # (an improving room's fresh entry was replayed)
+                if room.improves or room.slots <= 0 or not (room.legacy or room.fits(units)):
+                    heappop(heap)  # (an improving room's fresh entry was replayed)
                 else:
-                    heapq.heapreplace(heap, self.entry(room))
+                    heapreplace(heap, self.entry(room))
                 continue
             if holds:
                 hold = holds.get(room.key)
-                if hold is not None and room.blocked(units, hold):
-                    heapq.heappop(heap)
+                if hold is not None and room.blocked(units, hold, job_id):
+                    heappop(heap)
                     continue
             return room
         return None
@@ -330,6 +336,7 @@ def assign_queued(
     if matched is None:
         matched = {}
     holds = reservations if reservations is not None else {}
+    holder = {hold.job_id: key for key, hold in holds.items()}  # job → the backend held for it
     reachable = [peer for peer in peers if peer.is_reachable(now)]
     slots = free_slots(reachable, live)
     rooms: dict[tuple[str, str], _Room] = {}
@@ -381,11 +388,13 @@ def assign_queued(
             if job.avoid_peers:
                 choice = _place_avoiding(job, kind, holds)
             else:
-                choice = kind.best(holds)
+                choice = kind.best(holds, job.job_id)
         if choice is None:
             holding = None
             if reserve_after_s is not None and job.waited_s >= reserve_after_s:
-                holding = _reserve(job, units, kind, rooms_of_peer, holds, no_hold)
+                holding = holder.get(job.job_id) or _reserve(job, units, kind, rooms_of_peer, holds, no_hold)
+                if holding is not None:
+                    holder[job.job_id] = holding
             if job.pinned_peer_id or job.avoid_peers:
                 key = (job.constraints, resources, job.pinned_peer_id, job.avoid_peers, len(holds))
             else:
@@ -404,27 +413,28 @@ def assign_queued(
             changes.append(choice)
         if not job.pinned_peer_id and not job.avoid_peers and kind.seen >= len(changes) - choice.improves:
             # The usual case: this kind chose its heap's top; re-rank it in place.
-            if choice.fits(units):
-                heapq.heapreplace(kind.heap, kind.entry(choice))
+            if choice.slots > 0 and (choice.legacy or choice.fits(units)):
+                heapreplace(kind.heap, kind.entry(choice))
             else:
-                heapq.heappop(kind.heap)
+                heappop(kind.heap)
             kind.seen = len(changes)
         placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
     return placements, waiting
 
 
-def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold]) -> bool:
+def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold],
+            job_id: str) -> bool:
     if not room.fits(units):
         return False
     hold = holds.get(room.key) if holds else None
-    return hold is None or not room.blocked(units, hold)
+    return hold is None or not room.blocked(units, hold, job_id)
 
 
 def _place_pinned(job: QueuedJob, units: tuple[tuple[str, int], ...], rooms: list[_Room] | None,
                   holds: Mapping[tuple[str, str], Hold], sign: float) -> _Room | None:
     if not rooms:  # unknown, unreachable, or advertising no backends
         return None
-    usable = [room for room in rooms if _usable(room, units, holds)]
+    usable = [room for room in rooms if _usable(room, units, holds, job.job_id)]
     if not usable:
         return None
 
@@ -451,7 +461,7 @@ def _place_avoiding(job: QueuedJob, kind: _Kind, holds: Mapping[tuple[str, str],
     best: tuple | None = None
     choice = None
     for room in preferred or kind.holdable:
-        if not _usable(room, kind.units, holds):
+        if not _usable(room, kind.units, holds, job.job_id):
             continue
         rank = kind.rank(room)
         if best is None or rank < best:
@@ -538,7 +548,7 @@ def _room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, 
             small.append(shortfalls(units, room.total, backend.name))
         elif not room.fits(units):
             full.append((backend.name, [] if room.legacy else shortfalls(units, room.free, backend.name)))
-        elif (hold := holds.get(room.key)) is not None and room.blocked(units, hold):
+        elif (hold := holds.get(room.key)) is not None and room.blocked(units, hold, job.job_id):
             held.append((backend.name, hold.job_id))
         else:
             return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} has room")

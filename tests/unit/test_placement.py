@@ -610,3 +610,14 @@ def test_explanations_carry_the_shortfalls_for_explain():
     assert {"insufficient_resources", "held"} <= set(PEER_CODES)
     plain = explanation("tick", "r", [waiting[0].verdicts[0].__class__("p", "unreachable", "gone")])
     assert "short" not in plain["peers"][0]
+
+
+def test_a_job_is_never_blocked_by_its_own_hold():
+    # A caller reusing reservations beyond one run must not lock the held job out.
+    peers = [sized_peer("a", cpu=8)]
+    held = {("a", "main"): Hold("big", {"cpu": 8000})}
+    placed, _ = assign_queued([job("big", {"cpu": 8}, waited_s=1000), job("s")], peers, {}, NOW, reservations=held)
+    assert [p.job_id for p in placed] == ["big"]
+    _, waiting = assign_queued([job("big", {"cpu": 8}, waited_s=1000)], peers, {}, NOW, reservations=held,
+                               used={("a", "main"): {"cpu": 1}})
+    assert waiting[0].holding == ("a", "main") and len(held) == 1
