@@ -44,12 +44,9 @@ SLOTS = "slots"  # reserved: every job takes exactly one slot of its backend
 RESOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 _NAME_RE = re.compile(RESOURCE_NAME_PATTERN)
 
-WELL_KNOWN: dict[str, str] = {
-    CPU: "cores (fractional, to 0.001)",
-    MEMORY_MB: "MiB (integer)",
-    GPU: "count (integer)",
-}
-EXTENDED_UNIT = "count (integer)"
+# name → unit (cpu may be fractional, to 0.001; every other resource is whole).
+WELL_KNOWN: dict[str, str] = {CPU: "cores", MEMORY_MB: "MiB", GPU: "devices"}
+EXTENDED_UNIT = "units"
 
 # A billion of anything (1 PiB in MiB, a billion cores) is no real request, and it
 # keeps every sum of units (≤ 1e12 millicores per job) far inside exact float range.
@@ -103,7 +100,7 @@ def check_amount(name: str, value: object, where: str = "resources") -> int | fl
         units = round(millis)
         return units // CPU_SCALE if units % CPU_SCALE == 0 else units / CPU_SCALE
     if value != int(value):
-        raise ResourceError(f"{field} must be a whole number ({unit_of(name)}), got {value!r}")
+        raise ResourceError(f"{field} must be a whole number of {unit_of(name)}, got {value!r}")
     return int(value)
 
 
