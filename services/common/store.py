@@ -204,11 +204,8 @@ class Store:
 
     # ------------------------------------------------------------ jobs: router
 
-    async def job_insert_batch(self, jobs: Sequence[NewJob], *legacy: Sequence[NewJob],
-                               statement_timeout_s: float | None = None) -> set[str]:
+    async def job_insert_batch(self, jobs: Sequence[NewJob], statement_timeout_s: float | None = None) -> set[str]:
         """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
-        if legacy:  # the old form job_insert_batch(conn, jobs), still used by bench/run.py
-            return await Store(jobs).job_insert_batch(legacy[0], statement_timeout_s=statement_timeout_s)
         rows = await self._fetch("job_insert_batch", _json(jobs), limit_s=statement_timeout_s)
         return {r["job_id"] for r in rows}
 
@@ -371,15 +368,6 @@ class Store:
                     await tx.db.execute(f"GRANT {group} TO {_quote(role)}")
             for role, peer_id in peers.items():
                 await tx._execute("peer_role_upsert", role, peer_id)
-
-    # ------------------------------------------------------------ former names
-    # Callers outside services/ (CLI, chaos, tooling, end-to-end tests) still use these;
-    # they go once those moved to the Noun+Verb names above.
-
-    changelog_for_job = changelog_list_for_job
-    changelog_last_for_job = changelog_get_last_for_job
-    changelog_all = changelog_list_all
-    job_states_all = job_list_states
 
 
 class HeldStore(Store):

@@ -100,13 +100,13 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     }
     for job_id, (state, epoch, owner) in expected.items():
         job = await admin.job_get(job_id)
-        assert (job["state"], job["epoch"], job["owner_peer_id"]) == (state, epoch, owner), job_id
+        assert (job.state, job.epoch, job.owner_peer_id) == (state, epoch, owner), job_id
         last = (await admin.changelog_list_for_job(job_id))[-1]
-        assert (last["from_state"], last["to_state"], last["actor"], last["epoch"]) == \
+        assert (last.from_state, last.to_state, last.actor, last.epoch) == \
             ("running", state, "gpu-west", epoch)
         [sync] = await admin.sync_state_get(job_id)
-        assert (sync["peer_id"], sync["changelog_seq"], sync["epoch"]) == ("gpu-west", last["seq"], epoch)
-    assert (await admin.job_get(retried))["cancel_requested"] is False
+        assert (sync.peer_id, sync.changelog_seq, sync.epoch) == ("gpu-west", last.seq, epoch)
+    assert (await admin.job_get(retried)).cancel_requested is False
     assert agent.runs == {}
     # Handed back: the agent no longer sees the row, but still reads its history and
     # may leave a note in its own sync state (what a fenced stale copy does).
@@ -114,7 +114,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
     assert (await gpu.changelog_get_last_for_job(retried)).to_state == "queued"
     await agent.reports.record_fenced(retried, 1)
     [sync] = await admin.sync_state_get(retried)
-    assert sync["note"] == "stale copy killed: epoch 1 superseded by 2"
+    assert sync.note == "stale copy killed: epoch 1 superseded by 2"
     await assert_changelog_replays(admin)
 
 
@@ -144,9 +144,9 @@ async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_
     # The admin (migration owner: no roles set up) may act for any peer.
     assert await admin.job_end_run("tpu-east", theirs, 1, JobState.QUEUED, "handed back") is not None
     job = await admin.job_get(theirs)
-    assert (job["state"], job["epoch"], job["owner_peer_id"], job["backend"]) == ("queued", 2, None, None)
-    assert (await admin.job_get(assigned.job_id))["state"] == "assigned"
-    assert (await admin.job_get(mine))["state"] == "running"
+    assert (job.state, job.epoch, job.owner_peer_id, job.backend) == ("queued", 2, None, None)
+    assert (await admin.job_get(assigned.job_id)).state == "assigned"
+    assert (await admin.job_get(mine)).state == "running"
     await assert_changelog_replays(admin)
 
 
@@ -176,11 +176,11 @@ async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await gpu_pool.execute("SELECT irisfed_check_caller('tpu-east')")
     job = await admin.job_get(mine)
-    assert (job["state"], job["epoch"], job["cancel_requested"], job["spec"]["command"]) == \
+    assert (job.state, job.epoch, job.cancel_requested, job.spec["command"]) == \
         ("running", 1, True, ["true"])
     assert len(await admin.changelog_list_all()) == len(before)
     # What it does need still works: its own job, its heartbeat, a finish that honours the cancel.
-    assert (await Store(gpu_pool).job_get(mine))["state"] == "running"
+    assert (await Store(gpu_pool).job_get(mine)).state == "running"
     moved = await Store(gpu_pool).job_finish_batch("gpu-west", [(mine, 1, 0, False)])
     assert moved[mine].state is JobState.KILLED
 
@@ -202,7 +202,7 @@ async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
             agent.reports.finished.put_nowait(run)
 
         async def landed(job_id):
-            return (await admin.job_get(job_id))["state"] == "succeeded"
+            return (await admin.job_get(job_id)).state == "succeeded"
         await wait_for(lambda: landed(fine), "the good run's report", timeout=10)
         agent.runs[later] = run = Run(later, 1, "main", exit_code=3)
         agent.reports.finished.put_nowait(run)
@@ -211,13 +211,13 @@ async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop
-    assert (await admin.job_get(poisoned))["state"] == "running"  # set aside, not retried forever
+    assert (await admin.job_get(poisoned)).state == "running"  # set aside, not retried forever
     assert agent.runs == {}
     assert errors._value.get() == counted + 1
 
 
 async def _state_is(store: Store, job_id: str, state: str) -> bool:
-    return (await store.job_get(job_id))["state"] == state
+    return (await store.job_get(job_id)).state == state
 
 
 async def test_a_permanent_error_recovering_an_orphan_does_not_stop_the_agent(
@@ -230,8 +230,8 @@ async def test_a_permanent_error_recovering_an_orphan_does_not_stop_the_agent(
     errors = metrics.AGENT_REPORT_ERRORS.labels("orphan")
     counted = errors._value.get()
     await agent.reconcile()  # what start() does first
-    assert (await admin.job_get(fine))["state"] == "queued"
-    assert (await admin.job_get(poisoned))["state"] == "running"
+    assert (await admin.job_get(fine)).state == "queued"
+    assert (await admin.job_get(poisoned)).state == "running"
     await agent.reconcile()  # set aside once, not retried (and logged) every interval
     assert agent.reconciled == 2
     assert errors._value.get() == counted + 1
@@ -283,7 +283,7 @@ async def test_a_migration_owner_without_superuser_may_act_for_any_peer(servers,
             store = Store(pool)
             job_id = await _running(store, "tpu-east")
             assert await store.job_end_run("tpu-east", job_id, 1, JobState.QUEUED, "handed back") is not None
-            assert (await store.job_get(job_id))["epoch"] == 2
+            assert (await store.job_get(job_id)).epoch == 2
             async with pool.acquire() as conn:
                 await apply_roles(conn, make_config())
             peer = await asyncpg.connect(as_role(empty_database_url, peer_role("gpu-west")))

@@ -62,7 +62,7 @@ async def test_a_publish_failing_mid_batch_still_launches_every_accepted_job(poo
         await agent.reconcile()  # accepts all three in one batch; the second publish fails
         for job in jobs:
             row = await store.job_get(job.job_id)
-            assert (row["state"], row["owner_peer_id"]) == ("running", "gpu-west")
+            assert (row.state, row.owner_peer_id) == ("running", "gpu-west")
             run = agent.runs.get(job.job_id)
             assert run is not None and run.handle is not None and not run.launch_error, job.job_id
         assert len(nc.published) == 1
@@ -91,8 +91,8 @@ async def test_a_restarted_agent_kills_leftovers_it_no_longer_owns_and_recovers_
     pids = {}
     for job in (moved_away, still_ours):
         row = await store.job_get(job.job_id)
-        assert row["state"] == "running"
-        pids[job.job_id] = int((Path(row["log_dir"]) / "pid").read_text())
+        assert row.state == "running"
+        pids[job.job_id] = int((Path(row.log_dir) / "pid").read_text())
     try:
         await _crash(first)
         # The peer is lost meanwhile: one job is requeued and placed elsewhere (epoch 3).
@@ -105,12 +105,12 @@ async def test_a_restarted_agent_kills_leftovers_it_no_longer_owns_and_recovers_
             await second.reconcile()
             # Not ours any more: killed and recorded as a stale copy.
             await wait_for(lambda: _async(not _alive(pids[moved_away.job_id])), "the moved job's copy to die")
-            sync = {r["peer_id"]: r for r in await store.sync_state_get(moved_away.job_id)}
-            assert sync["gpu-west"]["note"] == "stale copy killed: epoch 1 superseded by 3"
+            sync = {r.peer_id: r for r in await store.sync_state_get(moved_away.job_id)}
+            assert sync["gpu-west"].note == "stale copy killed: epoch 1 superseded by 3"
             # Still ours at the same epoch: orphan recovery, as before (killed, requeued).
             await wait_for(lambda: _async(not _alive(pids[still_ours.job_id])), "the orphan's copy to die")
             row = await store.job_get(still_ours.job_id)
-            assert (row["state"], row["epoch"]) == ("queued", 2)
+            assert (row.state, row.epoch) == ("queued", 2)
             assert await second.backends["main"].list_runs() == []
         finally:
             await second.close()

@@ -35,7 +35,7 @@ async def test_places_by_constraint_and_capacity(pool):
     assert owners[jobs[3].job_id] == "tpu-east"
     assert result.waiting == 1  # the third GPU job: no slot left
     waiting = await store.job_get(jobs[2].job_id)
-    assert waiting["state"] == "queued"
+    assert waiting.state == "queued"
     assert all(epoch == 1 for _, _, epoch in result.assigned)
     await assert_changelog_replays(store)
 
@@ -106,7 +106,7 @@ async def test_deadline_makes_queued_jobs_unschedulable(pool):
     result = await Tick(make_config(), pool, None).run_once()
     assert result.expired == 1
     row = await store.job_get(job.job_id)
-    assert row["state"] == "unschedulable" and "deadline" in row["reason"]
+    assert row.state == "unschedulable" and "deadline" in row.reason
     await assert_changelog_replays(store)
 
 
@@ -139,13 +139,13 @@ async def test_lost_peer_work_is_requeued_or_failed_and_pins_stay(pool):
     assert await tick.recover_lost_peers() == 3
 
     row = await store.job_get(never_started.job_id)
-    assert (row["state"], row["epoch"], row["owner_peer_id"]) == ("queued", 2, None)
+    assert (row.state, row.epoch, row.owner_peer_id) == ("queued", 2, None)
     row = await store.job_get(running_retry.job_id)
-    assert (row["state"], row["epoch"], row["avoid_peers"]) == ("queued", 2, ["gpu-west"])
+    assert (row.state, row.epoch, row.avoid_peers) == ("queued", 2, ["gpu-west"])
     row = await store.job_get(running_final.job_id)
-    assert row["state"] == "failed" and "peer lost" in row["reason"]
+    assert row.state == "failed" and "peer lost" in row.reason
     row = await store.job_get(pinned.job_id)
-    assert (row["state"], row["epoch"]) == ("running", 1)
+    assert (row.state, row.epoch) == ("running", 1)
     await assert_changelog_replays(store)
 
 
@@ -162,12 +162,12 @@ async def test_restarted_control_plane_gives_peers_a_ttl_before_judging_them(poo
     tick = Tick(make_config(assign_grace_s=0.001), pool, None, clock=lambda: now[0])
     await tick.refresh_view()
     assert await tick.recover_lost_peers() == 0
-    assert (await store.job_get(job.job_id))["state"] == "running"
+    assert (await store.job_get(job.job_id)).state == "running"
     now[0] += 1.0  # still within one TTL of the restart
     assert await tick.recover_lost_peers() == 0
     now[0] += 1.0  # a full TTL after the restart and still silent: now it is lost
     assert await tick.recover_lost_peers() == 1
-    assert (await store.job_get(job.job_id))["state"] == "failed"
+    assert (await store.job_get(job.job_id)).state == "failed"
 
 
 async def test_a_pool_of_one_places_batch_by_batch(database_url):

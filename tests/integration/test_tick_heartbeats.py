@@ -58,8 +58,8 @@ async def test_a_forged_heartbeat_does_not_make_another_peer_reachable(pool, ser
         await tick.persist_heartbeats()
         assert "tpu-east" not in tick.view.reachable_ids()
         row = await store.job_get(job.job_id)
-        assert (row["state"], row["owner_peer_id"]) == ("queued", None)
-        assert {r["peer_id"] for r in await store.peer_heartbeat_list()} == {"gpu-west"}
+        assert (row.state, row.owner_peer_id) == ("queued", None)
+        assert {r.peer_id for r in await store.peer_heartbeat_list()} == {"gpu-west"}
         after = REGISTRY.get_sample_value("irisfed_heartbeats_dropped_total", {"reason": "subject_mismatch"})
         assert after - before == 1
     finally:
@@ -87,11 +87,11 @@ async def test_grace_counts_from_the_last_heartbeat_not_from_the_jobs_last_updat
     assert await tick.recover_lost_peers() == 0
     now[0] += 20  # still within assign_grace_s of the TTL
     assert await tick.recover_lost_peers() == 0
-    assert (await store.job_get(job.job_id))["state"] == "running"
+    assert (await store.job_get(job.job_id)).state == "running"
     now[0] += 10.1  # TTL + grace passed since its last heartbeat
     assert await tick.recover_lost_peers() == 1
     row = await store.job_get(job.job_id)
-    assert (row["state"], row["epoch"], row["avoid_peers"]) == ("queued", 2, ["gpu-west"])
+    assert (row.state, row.epoch, row.avoid_peers) == ("queued", 2, ["gpu-west"])
     await assert_changelog_replays(store)
 
 
@@ -113,7 +113,7 @@ async def test_owners_never_heard_are_judged_from_the_ticks_start_with_the_confi
     now[0] += 0.2
     assert await tick.recover_lost_peers() == 2
     for job in (silent, orphan):
-        assert (await store.job_get(job.job_id))["state"] == "queued"
+        assert (await store.job_get(job.job_id)).state == "queued"
     await assert_changelog_replays(store)
 
 
@@ -130,7 +130,7 @@ async def test_a_wall_clock_jump_on_the_tick_host_does_not_requeue(pool):
     await advertise(store, "gpu-west", slots=4, ttl_s=1.5, seq=2)  # gpu-west keeps heartbeating
     await tick.refresh_view()
     assert await tick.recover_lost_peers() == 0
-    assert (await store.job_get(job.job_id))["state"] == "running"
+    assert (await store.job_get(job.job_id)).state == "running"
     assert "gpu-west" in tick.view.reachable_ids()
 
 
