@@ -339,15 +339,16 @@ class Store:
     ) -> None:
         await self._execute("peer_heartbeat_upsert", peer_id, run_id, seq, backends, ttl_s, sent_at)
 
-    async def peer_heartbeat_upsert_batch(self, heartbeats: Sequence[Heartbeat]) -> None:
-        """Write many heartbeats in one statement."""
-        if not heartbeats:
+    async def peer_heartbeat_upsert_batch(self, heard: Sequence[tuple[Heartbeat, float]]) -> None:
+        """Write many (heartbeat, seconds since it was heard) in one statement."""
+        if not heard:
             return
+        heartbeats = [h for h, _ in heard]
         await self._execute(
             "peer_heartbeat_upsert_batch",
             [h.peer_id for h in heartbeats], [h.run_id for h in heartbeats], [h.seq for h in heartbeats],
             [_json(h.backends) for h in heartbeats], [h.ttl_s for h in heartbeats],
-            [h.sent_at for h in heartbeats],
+            [h.sent_at for h in heartbeats], [age for _, age in heard],
         )
 
     async def peer_heartbeat_list(self) -> list[PeerHeartbeatRow]:

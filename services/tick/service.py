@@ -99,7 +99,10 @@ class Tick(Service):
         super().__init__(config, pool, nc, settings, clock)
         self.view = PeerView.exported(config, self.clock.monotonic)
         self.wake = asyncio.Event()
-        self.heard: dict[str, Heartbeat] = {}  # newest heartbeat per peer since the last write
+        # Newest heartbeat per peer since the last write, with when we heard it (monotonic):
+        # it is persisted as old as it is, so one held back through a Postgres outage is
+        # never stored as fresh (a dead peer would look alive to a restarting service).
+        self.heard: dict[str, tuple[Heartbeat, float]] = {}
         self.runs = 0  # full passes
         self.passes = 0  # placement passes (full or not): what wake-ups cost
         self.last_full_pass = float("-inf")  # the clock's monotonic reading when the last full pass started
@@ -140,7 +143,7 @@ class Tick(Service):
         # Checked against its subject and the configuration; its TTL capped.
         heartbeat, change = self.view.receive(msg.subject, msg.data, log)
         if heartbeat is not None:
-            self.heard[heartbeat.peer_id] = heartbeat  # persisted with the capped TTL
+            self.heard[heartbeat.peer_id] = (heartbeat, self.clock.monotonic())  # capped TTL
         # Only a peer appearing or coming back, a new shape or freed slots may make
         # queued work placeable; a heartbeat that merely says "still here" costs no pass.
         if change.placeable:
@@ -150,8 +153,10 @@ class Tick(Service):
     async def persist_heartbeats(self) -> None:
         """Write what we heard on NATS to ``peer_heartbeat``: one statement per interval."""
         heard, self.heard = self.heard, {}
+        now = self.clock.monotonic()
         try:
-            await self.store.peer_heartbeat_upsert_batch(list(heard.values()))
+            await self.store.peer_heartbeat_upsert_batch(
+                [(heartbeat, max(0.0, now - heard_at)) for heartbeat, heard_at in heard.values()])
         except BaseException:
             self.heard = {**heard, **self.heard}  # retry them next time
             raise

@@ -189,3 +189,31 @@ async def test_a_heartbeat_that_changes_nothing_does_not_trigger_a_placement_pas
 def _seq(tick: Tick) -> int:
     advert = tick.view._adverts.get("gpu-west")
     return advert.seq if advert else 0
+
+
+class _Msg:
+    """A NATS message as the tick's heartbeat callback sees it."""
+
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data = subject, data
+
+
+async def test_a_heartbeat_held_back_through_an_outage_is_persisted_as_old_as_it_is(pool):
+    # Chaos (seed 88124, restricted, schedule 13) caught it: the tick heard gpu-a, Postgres
+    # went down, the tick wrote the held heartbeat on its return stamped `now()`, was
+    # restarted, and the new tick took the dead agent for alive and placed work there.
+    from shared.clock import ManualClock
+
+    store = Store(pool)
+    clock = ManualClock()
+    config = make_config(tick_interval_s=3600)
+    tick = Tick(config, pool, None, clock=clock)
+    beat = heartbeat("gpu-west", 1, ttl_s=1.5)
+    await tick.on_heartbeat(_Msg(config.subjects.heartbeat("gpu-west"), encoder.encode(beat)))
+    clock.advance(5.0)  # Postgres away this long: the write waits
+    await tick.persist_heartbeats()
+    [row] = await store.peer_heartbeat_list()
+    assert row.age_s >= 5.0
+    restarted = Tick(config, pool, None, clock=ManualClock())
+    await restarted.refresh_view()
+    assert "gpu-west" not in restarted.view.reachable_ids()

@@ -12,10 +12,14 @@ WHERE peer_heartbeat.run_id <> EXCLUDED.run_id OR peer_heartbeat.seq < EXCLUDED.
 
 -- peer_heartbeat_upsert_batch --
 -- Many heartbeats heard on NATS in one statement (the tick's batch, once per interval).
+-- $7 is how long ago each was heard: one held back through an outage is stored as old
+-- as it is, never as fresh, so a restarting service does not take a dead peer for alive.
 INSERT INTO peer_heartbeat (peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, expires_at)
-SELECT peer_id, run_id, seq, backends::jsonb, ttl_s, sent_at, now(), now() + make_interval(secs => ttl_s)
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::double precision[], $6::timestamptz[])
-    AS t(peer_id, run_id, seq, backends, ttl_s, sent_at)
+SELECT peer_id, run_id, seq, backends::jsonb, ttl_s, sent_at,
+       now() - make_interval(secs => age_s), now() - make_interval(secs => age_s) + make_interval(secs => ttl_s)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::double precision[], $6::timestamptz[],
+            $7::double precision[])
+    AS t(peer_id, run_id, seq, backends, ttl_s, sent_at, age_s)
 ON CONFLICT (peer_id) DO UPDATE
 SET run_id = EXCLUDED.run_id, seq = EXCLUDED.seq, backends = EXCLUDED.backends,
     ttl_s = EXCLUDED.ttl_s, sent_at = EXCLUDED.sent_at,
