@@ -205,6 +205,7 @@ def _relocated_for(user: str, folder: Path) -> Path:
 
 def start_postgres(
     folder: Path, *, port: int | None = None, durable: bool = True,
+    ready_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> ServerProcess:
     """Start (initialising on first use) a Postgres cluster in ``folder/pgdata``.
 
@@ -260,12 +261,12 @@ def start_postgres(
         stop_signal=signal.SIGINT,
     )
     _wait_for_port(server)
-    _wait_for_postgres_ready(server, bin_dir)
+    _wait_for_postgres_ready(server, bin_dir, ready_timeout_s)
     return server
 
 
-def _wait_for_postgres_ready(server: ServerProcess, bin_dir: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+def _wait_for_postgres_ready(server: ServerProcess, bin_dir: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ready = subprocess.run(
             [str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(server.port), "-q"],

@@ -83,18 +83,17 @@ def cmd_nats_auth(args: argparse.Namespace) -> int:
 
 def cmd_db_roles(args: argparse.Namespace) -> int:
     """Create login roles per service and peer (row-level security does the rest)."""
-    import asyncpg
-
+    from services.common import db
     from services.common.db_roles import apply_roles, write_passwords
 
     config = federation_config(args)
 
     async def run() -> dict[str, str]:
-        conn = await asyncpg.connect(database_url(args))
+        pool = await db.connect(database_url(args), max_size=1)
         try:
-            return await apply_roles(conn, config)
+            return await apply_roles(pool, config)
         finally:
-            await conn.close()
+            await pool.close()
 
     passwords = asyncio.run(run())
     write_passwords(Path(args.out), passwords)

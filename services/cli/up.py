@@ -39,17 +39,6 @@ DEMO_PEERS = (
 RESTART_BACKOFF_S = 2.0
 
 
-async def _ensure_database(admin_url: str, name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url)
-    try:
-        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
-            await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
@@ -59,7 +48,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not db_url:
             print("starting Postgres ...", flush=True)
             postgres = supervisor.add_server(start_postgres(state / "postgres", durable=True))
-            asyncio.run(_ensure_database(postgres.url, "irisfed"))
+            asyncio.run(db.ensure_database(postgres.url, "irisfed"))
             db_url = postgres.url.rsplit("/", 1)[0] + "/irisfed"
         config_path = args.config or os.environ.get(CONFIG_ENV)
         if not config_path:

@@ -193,6 +193,17 @@ async def connect(
     return pool
 
 
+async def ensure_database(admin_url: str, name: str) -> None:
+    """Create database ``name`` on the server of ``admin_url`` unless it exists."""
+    with translated_errors():
+        conn = await asyncpg.connect(admin_url)
+        try:
+            if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+                await conn.execute(f'CREATE DATABASE "{name.replace(chr(34), chr(34) * 2)}"')
+        finally:
+            await conn.close()
+
+
 async def with_retry(
     action: Callable[[], Awaitable[Any]],
     *,

@@ -79,7 +79,7 @@ async def test_ttl_is_capped_at_the_configured_heartbeat_ttl_and_persisted_cappe
     tick = Tick(make_config(), pool=None, nc=None, clock=lambda: now[0])  # heartbeat_ttl_s = 1.5
     await tick.on_heartbeat(msg("gpu-west", heartbeat("gpu-west", ttl_s=3600)))
     assert tick.view.reachable_ids() == ["gpu-west"]
-    assert tick.heard["gpu-west"].ttl_s == 1.5  # what the tick writes to peer_heartbeat
+    assert tick.heard["gpu-west"][0].ttl_s == 1.5  # what the tick writes to peer_heartbeat
     now[0] = 1001.6
     assert tick.view.reachable_ids() == []
 
@@ -125,7 +125,7 @@ async def test_only_heartbeats_that_could_place_work_wake_the_tick():
     now[0] += 0.25
     assert not await hear(heartbeat("gpu-west", 2, free=2))  # nothing changed
     assert tick.view.version == version
-    assert "gpu-west" in tick.heard and tick.heard["gpu-west"].seq == 2  # still persisted
+    assert "gpu-west" in tick.heard and tick.heard["gpu-west"][0].seq == 2  # still persisted
     assert await hear(heartbeat("gpu-west", 3, free=3))  # a slot freed
     assert not await hear(heartbeat("gpu-west", 4, free=1))  # fuller: nothing more to place
     assert tick.view.version > version  # the router's plan cache still sees every change

@@ -174,11 +174,17 @@ class Servers:
                 os.killpg(process.pid, signal.SIGKILL)  # its own session: the group is its pid
             process.wait(timeout=30)
         wait_group_gone(process.pid)  # no backend may still hold the old shared memory
-        self.postgres = start_postgres(self.folder / "pg", port=port, durable=True)
+        # Crash recovery of a durable cluster on a loaded machine has taken over 30 s
+        # (two long runs stopped on it): give it time rather than abort the run.
+        self.postgres = start_postgres(self.folder / "pg", port=port, durable=True,
+                                       ready_timeout_s=CRASH_RECOVERY_TIMEOUT_S)
 
     def close(self) -> None:
         for server in (self.nats, self.postgres):
             server.stop()
+
+
+CRASH_RECOVERY_TIMEOUT_S = 180.0
 
 
 def live_state(pid: int) -> tuple[str, int] | None:
