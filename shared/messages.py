@@ -76,7 +76,7 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     max_retries: Annotated[int, Meta(ge=0, le=100)] = 2
     deadline_s: Annotated[float, Meta(gt=0, le=31_536_000)] | None = None
     labels: Annotated[dict[MapKey, Name], Meta(max_length=64)] = {}
-    # Added to v1 (DESIGN §3.1). Resource name → amount; validated in __post_init__
+    # Added to v1 (docs/design.md §3.1). Resource name → amount; validated in __post_init__
     # (shared.resources: names, units, limits). Absent = {"cpu": 1}.
     resources: Annotated[dict[Annotated[str, Meta(max_length=64)], int | float],
                          Meta(max_length=MAX_RESOURCES)] = {}

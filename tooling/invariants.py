@@ -1,4 +1,4 @@
-"""DESIGN.md §6 checks shared by every end-to-end test (and the chaos suite)."""
+"""docs/design.md §6 checks shared by every end-to-end test (and the chaos suite)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Real cluster engines for backend tests (DESIGN.md §7).
+"""Real cluster engines for backend tests (docs/design.md §7).
 
 An existing cluster when the environment names one (``SLURM_CONF`` for Slurm,
 ``IRISFED_TEST_RAY_ADDRESS`` = a Ray dashboard address such as

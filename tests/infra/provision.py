@@ -1,4 +1,4 @@
-"""Real Postgres and NATS for the tests (DESIGN.md §7).
+"""Real Postgres and NATS for the tests (docs/design.md §7).
 
 In order of preference: URLs from IRISFED_TEST_DATABASE_URL / IRISFED_TEST_NATS_URL;
 testcontainers when a Docker engine answers; else local ``nats-server`` and

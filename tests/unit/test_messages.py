@@ -201,7 +201,7 @@ def test_internal_messages_with_nul_are_refused():
     assert decode_internal(Heartbeat, body.replace(b"\\u0000", b"")).backends[0].attributes == {"zone": ["a"]}
 
 
-# ---------------------------------------------------------------- additions to v1 (DESIGN §3.1)
+# ---------------------------------------------------------------- additions to v1 (docs/design.md §3.1)
 
 
 def test_v1_submit_canonical_spec_is_unchanged_by_the_additions():

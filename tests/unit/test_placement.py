@@ -122,7 +122,7 @@ def test_heap_placement_agrees_with_a_linear_scan():
     assert len(placed) + len(waiting) == len(jobs)
 
 
-# ---------------------------------------------------------------- resources (DESIGN §3.1, docs/scheduling.md)
+# ---------------------------------------------------------------- resources (docs/design.md §3.1, docs/scheduling.md)
 
 import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402

@@ -178,7 +178,7 @@ def test_small_explanations_are_complete():
     assert [p["peer_id"] for p in doc["peers"]] == ["home", "gpu-west"] and "more" not in doc
 
 
-# ---------------------------------------------------------------- resources (DESIGN §3.1)
+# ---------------------------------------------------------------- resources (docs/design.md §3.1)
 
 
 def sized(peer_id, age=0.0, name="main", resources=None, **attributes):

@@ -16,7 +16,7 @@ peers, huge TTLs) and replaying old ones while their peer's agent is down,
 router/tick kills, NATS restarts, and Postgres restarts: clean (fast shutdown)
 or crashes (``SIGQUIT`` as ``pg_ctl stop -m immediate``, or SIGKILL of the
 postmaster and every backend). After the faults stop and everything is
-restored, it waits for every acknowledged job to end and checks DESIGN.md §6:
+restored, it waits for every acknowledged job to end and checks docs/design.md §6:
 nothing lost, the changelog replays to ``jobs``, epochs never go back, pinned
 jobs only on their pin, no double success, never-started cancels never started;
 no unpinned job placed on a peer whose agent had been down for over a TTL; no

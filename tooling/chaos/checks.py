@@ -1,5 +1,5 @@
 """After the faults: wait for every acknowledged job to end, then check the invariants
-(DESIGN.md §6), the double-run rule and the services' logs."""
+(docs/design.md §6), the double-run rule and the services' logs."""
 
 from __future__ import annotations
 

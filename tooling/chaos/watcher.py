@@ -33,7 +33,7 @@ class RunWatcher:
     reads new lines and checks each known pid in /proc (zombies count as dead).
     Whenever one job has live processes under two epochs it records the overlap.
 
-    The rule (DESIGN.md §6.3, fencing), checked by :meth:`violations`: a job never
+    The rule (docs/design.md §6.3, fencing), checked by :meth:`violations`: a job never
     has live processes under two epochs at once, except that an older copy may
     still be alive for at most FENCING_WINDOW_S after a newer one starts, and only
     if it is then killed (it never writes its "end" line). Jobs last at most

@@ -1,4 +1,4 @@
-"""A local Ray head in a folder, for backend tests (DESIGN.md §7).
+"""A local Ray head in a folder, for backend tests (docs/design.md §7).
 
 ``start_ray(folder)`` runs ``ray start --head --block`` in its own process group
 with its own ports (GCS, dashboard on 127.0.0.1, and every other port Ray opens),

@@ -1,4 +1,4 @@
-"""A single-node Slurm cluster in a folder, for backend tests (DESIGN.md §7).
+"""A single-node Slurm cluster in a folder, for backend tests (docs/design.md §7).
 
 ``start_slurm(folder)`` writes ``slurm.conf`` and ``gres.conf`` into ``folder``
 (its own ports, state, spool, logs, munge key and socket: nothing from /etc), then
