@@ -1,5 +1,9 @@
 """Placement: which reachable peer and backend takes each queued job. Pure, no I/O.
 
+(Over 400 lines on purpose: the whole placement rule — feasibility, ranking, holds and
+its fast paths — is one pure unit that the tick's hot loop calls; split, it would be
+slower to read and to run.)
+
 Rules, applied to jobs in the order given (the tick passes priority order, oldest
 first within a priority):
 

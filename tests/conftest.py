@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -67,38 +68,38 @@ def template_database(servers: Servers) -> str:
         pass
 
 
+@contextlib.asynccontextmanager
+async def _scratch_database(servers: Servers, prefix: str, template: str | None = None):
+    """A database of its own for one test (a clone of ``template``, else empty), dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    conn = await _admin(servers)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    finally:
+        await conn.close()
+    try:
+        yield with_database(servers.database_url, name)
+    finally:
+        conn = await _admin(servers)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
 @pytest.fixture
 async def database_url(servers: Servers, template_database: str) -> str:
     """A fresh database at schema head, private to this test."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    conn = await _admin(servers)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
-    finally:
-        await conn.close()
-    yield with_database(servers.database_url, name)
-    conn = await _admin(servers)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with _scratch_database(servers, "t", template_database) as url:
+        yield url
 
 
 @pytest.fixture
 async def empty_database_url(servers: Servers) -> str:
     """A fresh database with no schema at all (for migration tests)."""
-    name = f"e_{uuid.uuid4().hex[:16]}"
-    conn = await _admin(servers)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    yield with_database(servers.database_url, name)
-    conn = await _admin(servers)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    async with _scratch_database(servers, "e") as url:
+        yield url
 
 
 @pytest.fixture

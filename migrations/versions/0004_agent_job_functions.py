@@ -47,6 +47,22 @@ FUNCTIONS = (
 )
 
 
+def _logged_and_synced(from_state: str, to_state: str) -> str:
+    """The CTEs both batch functions end with: the moved rows' changelog rows (in the
+    peer's own name) and their sync state, in the same statement as the move."""
+    return f"""            ), logged AS (
+                INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+                SELECT moved.job_id, {from_state}, {to_state}, p_peer, moved.epoch, p_peer, moved.reason FROM moved
+                RETURNING federation_changelog.seq, federation_changelog.job_id, federation_changelog.epoch
+            ), synced AS (
+                INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
+                SELECT logged.job_id, p_peer, now(), logged.seq, logged.epoch FROM logged
+                ON CONFLICT (job_id, peer_id) DO UPDATE
+                SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch,
+                    note = ''
+            )"""
+
+
 def upgrade() -> None:
     op.execute(f"""
         CREATE FUNCTION irisfed_check_caller(p_peer text) RETURNS void
@@ -93,17 +109,7 @@ def upgrade() -> None:
                 WHERE jobs.job_id = input.job_id AND jobs.state = 'assigned'
                   AND jobs.epoch = input.epoch AND jobs.owner_peer_id = p_peer
                 RETURNING jobs.job_id, jobs.epoch, jobs.reason, jobs.spec, jobs.backend
-            ), logged AS (
-                INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
-                SELECT moved.job_id, 'assigned', 'running', p_peer, moved.epoch, p_peer, moved.reason FROM moved
-                RETURNING federation_changelog.seq, federation_changelog.job_id, federation_changelog.epoch
-            ), synced AS (
-                INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
-                SELECT logged.job_id, p_peer, now(), logged.seq, logged.epoch FROM logged
-                ON CONFLICT (job_id, peer_id) DO UPDATE
-                SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch,
-                    note = ''
-            )
+{_logged_and_synced("'assigned'", "'running'")}
             SELECT moved.job_id, moved.spec, moved.backend FROM moved;
         END $fn$
     """)
@@ -134,17 +140,7 @@ def upgrade() -> None:
                 WHERE jobs.job_id = decided.job_id AND jobs.state = 'running'
                   AND jobs.epoch = decided.epoch AND jobs.owner_peer_id = p_peer
                 RETURNING jobs.job_id, jobs.epoch, jobs.state, jobs.reason
-            ), logged AS (
-                INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
-                SELECT moved.job_id, 'running', moved.state, p_peer, moved.epoch, p_peer, moved.reason FROM moved
-                RETURNING federation_changelog.seq, federation_changelog.job_id, federation_changelog.epoch
-            ), synced AS (
-                INSERT INTO federation_sync_state (job_id, peer_id, synced_at, changelog_seq, epoch)
-                SELECT logged.job_id, p_peer, now(), logged.seq, logged.epoch FROM logged
-                ON CONFLICT (job_id, peer_id) DO UPDATE
-                SET synced_at = now(), changelog_seq = EXCLUDED.changelog_seq, epoch = EXCLUDED.epoch,
-                    note = ''
-            )
+{_logged_and_synced("'running'", 'moved.state')}
             SELECT moved.job_id, moved.state, moved.reason FROM moved;
         END $fn$
     """)

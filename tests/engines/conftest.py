@@ -27,33 +27,28 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def _engine(given: str | None, connect, available, start, folder: Path):
+    """An engine for the session: the one named in the environment, else one of our own."""
+    if given:
+        yield connect(given)
+        return
+    if not available:
+        _unavailable(available.reason)
+    engine = start(folder)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
     given = os.environ.get("SLURM_CONF")
-    if given:
-        yield connect_slurm(Path(given))
-        return
-    available = slurm_available()
-    if not available:
-        _unavailable(available.reason)
-    cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _engine(given and Path(given), connect_slurm, slurm_available(), start_slurm,
+                       tmp_path_factory.mktemp("slurm"))
 
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> RayHead:
-    given = os.environ.get(RAY_ADDRESS_ENV)
-    if given:
-        yield connect_ray(given)
-        return
-    available = ray_available()
-    if not available:
-        _unavailable(available.reason)
-    head = start_ray(tmp_path_factory.mktemp("ray"))
-    try:
-        yield head
-    finally:
-        head.stop()
+    yield from _engine(os.environ.get(RAY_ADDRESS_ENV), connect_ray, ray_available(), start_ray,
+                       tmp_path_factory.mktemp("ray"))
