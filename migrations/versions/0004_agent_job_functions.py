@@ -24,10 +24,6 @@ connect as the owner) call the same functions. EXECUTE goes to ``irisfed_agent``
 only (not PUBLIC): router and tick roles cannot call them. Agents keep reading
 their own jobs and every changelog row, and writing their own sync state and
 heartbeat rows directly (0003's policies).
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-30
 """
 
 from alembic import op
