@@ -24,7 +24,7 @@ from services.common import metrics
 from services.common.log import EventLogger
 from shared.config import FederationConfig
 from shared.federation.peer import Backend, FederationPeer
-from shared.messages import Heartbeat, decode_internal
+from shared.messages import BackendAd, Heartbeat, decode_internal
 from shared.records import PeerHeartbeatRow
 
 
@@ -210,8 +210,16 @@ class PeerView:
         now = self.clock()
         placeable = False
         for row in rows:
-            advert = _Advert(row.run_id, row.seq, backends_from_wire(row.backends),
-                             self.cap_ttl(row.ttl_s), now - max(0.0, row.age_s))
+            try:
+                # Checked against the wire's types first, as a heartbeat from NATS is.
+                msgspec.convert(row.backends, list[BackendAd])
+                backends = backends_from_wire(row.backends)
+            except (msgspec.ValidationError, KeyError, TypeError, ValueError, AttributeError):
+                # A peer may write its own row directly: a malformed one is skipped, so
+                # it cannot stop this service from hearing every other peer.
+                metrics.HEARTBEATS_DROPPED.labels(HeartbeatDrop.MALFORMED).inc()
+                continue
+            advert = _Advert(row.run_id, row.seq, backends, self.cap_ttl(row.ttl_s), now - max(0.0, row.age_s))
             placeable = self._accept(row.peer_id, advert).placeable or placeable
         return placeable
 
