@@ -73,10 +73,12 @@ async def test_peer_loss_requeues_elsewhere_and_the_stale_copy_is_fenced(federat
 
     await wait_for(fenced, "gpu-east to kill and record its stale copy")
     assert not alive(first_pid)
-    job = await federation.job(reply["job_id"])
-    assert job["state"] == "queued"  # never started twice, never reported by the stale copy
+    # gpu-east is the only a100 peer, so once it is back the tick may place the job
+    # there again (a peer is avoided only while another matches), under a new epoch.
+    # Either way the stale epoch-1 copy never reported anything.
     history = await federation.store.changelog_list_for_job(reply["job_id"])
-    assert [r["to_state"] for r in history] == ["queued", "assigned", "running", "queued"]
+    assert [r["to_state"] for r in history][:4] == ["queued", "assigned", "running", "queued"]
+    assert all(r["epoch"] >= 3 for r in history[4:])  # nothing written under a stale epoch
 
 
 async def test_lost_peer_work_moves_to_another_peer_and_succeeds_once(federation):
