@@ -43,6 +43,7 @@ class NewJob:
     reason: str
     explanation_json: str | None  # shared.explain's stored form, as JSON text
     submit_reply_json: str  # the first reply, returned again to duplicates
+    resources_json: str = '{"cpu":1}'  # the normalised request (shared.resources), as JSON text
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,9 @@ class ClaimedJob(Row, frozen=True, array_like=True):
     priority: int
     submitted_at: datetime
     constraints_json: str | None
+    resources_json: str | None = None  # jobs.resources (normalised at submit)
+    preferences_json: str | None = None  # spec->'preferences'
+    waited_s: float = 0.0  # since submit, by Postgres's clock
 
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> ClaimedJob:

@@ -26,6 +26,7 @@ from shared.config import FederationConfig
 from shared.federation.peer import Backend, FederationPeer
 from shared.messages import BackendAd, Heartbeat, decode_internal
 from shared.records import PeerHeartbeatRow
+from shared.resources import Amount
 
 
 class HeartbeatDrop(StrEnum):
@@ -51,7 +52,7 @@ class Change:
 
     recorded: bool = False  # newer than what the view had: now the peer's advertisement
     # It may let queued work be placed: the peer appeared or came back, changed shape
-    # (backends, attributes, totals), or advertises more free slots than before.
+    # (backends, attributes, totals), or advertises more free slots or resources than before.
     placeable: bool = False
 
     def __bool__(self) -> bool:
@@ -62,14 +63,25 @@ UNCHANGED = Change()
 
 
 def _shape(backends: tuple[Backend, ...]) -> tuple:
-    return tuple((b.name, tuple(sorted(b.attributes.items())), b.total) for b in backends)
+    return tuple((b.name, tuple(sorted(b.attributes.items())), b.total,
+                  tuple(sorted((name, amount.total) for name, amount in b.resources.items())))
+                 for b in backends)
 
 
 def _more_room(old: tuple[Backend, ...], new: tuple[Backend, ...]) -> bool:
-    """Could ``new`` place something ``old`` could not? (A new shape, or a slot freed.)"""
+    """Could ``new`` place something ``old`` could not? (A new shape, a slot or a resource freed.)"""
     if _shape(old) != _shape(new):
         return True
-    return any(n.free > o.free for o, n in zip(old, new, strict=True))
+    return any(n.free > o.free
+               or any(amount.free > o.resources[name].free for name, amount in n.resources.items())
+               for o, n in zip(old, new, strict=True))
+
+
+def _amount(value: object) -> Amount:
+    """A stored ``{total, free}`` → Amount (anything else offers nothing; placement sanitises)."""
+    if isinstance(value, Mapping):
+        return Amount(value.get("total", 0), value.get("free", 0))
+    return Amount(0, 0)
 
 
 def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
@@ -80,6 +92,7 @@ def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
             attributes={k: tuple(v) for k, v in b["attributes"].items()},
             total=b["capacity"]["total"],
             free=b["capacity"]["free"],
+            resources={name: _amount(value) for name, value in (b.get("resources") or {}).items()},
         )
         for b in backends
     )
@@ -166,7 +179,8 @@ class PeerView:
         """
         backends = tuple(
             Backend(b.name, {k: tuple(v) for k, v in b.attributes.items()},
-                    b.capacity.total, b.capacity.free)
+                    b.capacity.total, b.capacity.free,
+                    {name: Amount(v.total, v.free) for name, v in b.resources.items()})
             for b in heartbeat.backends
         )
         advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, self.cap_ttl(heartbeat.ttl_s),

@@ -288,6 +288,13 @@ class Store:
         rows = await self._fetch("job_count_live")
         return {(r["owner_peer_id"], r["backend"]): r["live"] for r in rows}
 
+    async def job_sum_live_usage(self) -> dict[tuple[str, str | None], dict[str, float]]:
+        """Resources in use: what live jobs asked, per (owner peer, backend) and resource."""
+        used: dict[tuple[str, str | None], dict[str, float]] = {}
+        for r in await self._fetch("job_sum_live_usage"):
+            used.setdefault((r["owner_peer_id"], r["backend"]), {})[r["resource"]] = r["amount"]
+        return used
+
     async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]]) -> list[AssignedJob]:
         """Commit (job_id, epoch, peer_id, backend) placements; return what actually moved."""
         if not assignments:

@@ -10,19 +10,22 @@ from enum import StrEnum
 from shared.constraints import Constraint, matches_all
 from shared.explain import explanation
 from shared.federation.peer import Backend
-from shared.federation.router import SubmitDisposition, SubmitPlan
+from shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
 from shared.lifecycle import CancelOutcome, JobState
 from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from shared.records import NewJob
+from shared.resources import DEFAULT_RESOURCES, Resources
 
 # LOCAL jobs are created already assigned to the local agent, under this first epoch.
 FIRST_EPOCH = 1
 
 
-def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend]) -> Backend | None:
-    """The local cluster's first backend that satisfies every constraint, if any."""
+def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend],
+                      resources: Resources = DEFAULT_RESOURCES) -> Backend | None:
+    """The local cluster's first backend that satisfies every constraint and could hold
+    ``resources`` by its advertised totals (docs/scheduling.md, rule 2), if any."""
     for backend in local:
-        if matches_all(constraints, backend.attributes):
+        if matches_all(constraints, backend.attributes) and backend_can_hold(backend, resources):
             return backend
     return None
 
@@ -74,6 +77,7 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
         peer_id=routed.peer_id, duplicate=False, reason=plan.reason, verdicts=list(routed.verdicts),
     ))
     spec = request.canonical_spec()
+    resources = request.resource_request()
     job = NewJob(
         job_id=job_id,
         spec_json=spec.decode(),
@@ -90,6 +94,7 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
         reason=plan.reason,
         explanation_json=routed.explanation_json,
         submit_reply_json=reply.decode(),
+        resources_json=encoder.encode(resources.as_dict()).decode(),
     )
     return job, reply
 

@@ -193,7 +193,7 @@ class Router(Service):
                                "database; retry with the same job_id"))
 
     def _route(self, request: SubmitRequest) -> Routed:
-        """Local feasibility and the routing plan, cached per (constraints, pin).
+        """Local feasibility and the routing plan, cached per (constraints, pin, resources).
 
         Submits mostly repeat a few constraint sets. A cached decision is dropped on
         any change of the peer view (a peer appearing, returning, changing shape, or
@@ -202,16 +202,17 @@ class Router(Service):
         bounds it besides.
         """
         constraints = request.constraint_list()
-        key = (tuple(constraints), request.cluster_pin)
+        res = request.resource_request()
+        key = (tuple(constraints), request.cluster_pin, res)
         now = self.clock.monotonic()
         cached = self._plans.get(key)
         if cached is not None and cached[0] == self.view.version and now < cached[1]:
             return cached[2]
-        local_backend = local_backend_for(constraints, self.view.local_backends())
+        local_backend = local_backend_for(constraints, self.view.local_backends(), res)
         # A peer we have not heard from since we (re)started gets one TTL's benefit
         # of the doubt: at worst its job waits queued instead of being rejected.
         plan = PeerRouter(self.view.peers(since_healthy=True), self.clock.monotonic).classify(
-            RoutingRequest(constraints, local_backend is not None, request.cluster_pin)
+            RoutingRequest(constraints, local_backend is not None, request.cluster_pin, res)
         )
         routed = route(plan, self.config.local_cluster, local_backend)
         if len(self._plans) > PLAN_CACHE_ENTRIES:

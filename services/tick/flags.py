@@ -13,12 +13,23 @@ HELP = "run a scheduler tick (places queued jobs)"
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="queued jobs claimed per transaction")
+    p.add_argument("--policy", choices=("pack", "spread"),
+                   help="placement policy: pack (best fit, the default) or spread (docs/scheduling.md)")
+    p.add_argument("--reserve-after", type=_reserve_after, metavar="SECONDS",
+                   help="wait after which a job holds the backend it fits soonest (default 300; 'off': never)")
+
+
+def _reserve_after(text: str):
+    return "off" if text.strip().lower() in ("off", "none", "never") else float(text)
 
 
 def settings(args: argparse.Namespace, config):
     from services.tick.service import TickSettings
 
-    return TickSettings(**given(args, batch_size="batch_size"))
+    fields = given(args, batch_size="batch_size", policy="policy", reserve_after_s="reserve_after")
+    if fields.get("reserve_after_s") == "off":
+        fields["reserve_after_s"] = None
+    return TickSettings(**fields)
 
 
 def build(config, pool, nc, settings):

@@ -11,6 +11,7 @@ from shared.constraints import Constraint
 from shared.lifecycle import JobState
 from shared.placement import QueuedJob
 from shared.records import ClaimedJob, LostPeerJob, Move
+from shared.resources import resources_from_json
 from shared.retry import after_infra_failure
 
 
@@ -60,11 +61,14 @@ def constraints_from_json(text: str | None) -> tuple[Constraint, ...]:
 
 
 def queued_job_from_row(row: ClaimedJob) -> QueuedJob:
-    """A claimed ``jobs`` row → QueuedJob."""
+    """A claimed ``jobs`` row → QueuedJob (resources, preferences and wait included)."""
     return QueuedJob(
         job_id=row.job_id,
         epoch=row.epoch,
         constraints=constraints_from_json(row.constraints_json),
         pinned_peer_id=row.pinned_peer_id,
         avoid_peers=frozenset(row.avoid_peers) if row.avoid_peers else frozenset(),
+        resources=resources_from_json(row.resources_json),
+        preferences=constraints_from_json(row.preferences_json),
+        waited_s=row.waited_s or 0.0,
     )

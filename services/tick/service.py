@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,11 +32,22 @@ from services.common.store import Store, Transaction
 from services.tick.plan import Recovery, queued_job_from_row, recovery_move
 from shared.clock import Clock
 from shared.config import FederationConfig
+from shared.errors import ConfigError
 from shared.explain import explanation
 from shared.lifecycle import JobState
 from shared.messages import AssignmentNotice, Heartbeat, JobEvent
-from shared.placement import Placement, Waiting, assign_queued, free_slots
+from shared.placement import (
+    PACK,
+    POLICIES,
+    RESERVE_AFTER_S,
+    Placement,
+    Waiting,
+    add_usage,
+    assign_queued,
+    free_slots,
+)
 from shared.records import AssignedJob, ClaimedJob
+from shared.resources import Resources
 from shared.settings import require_count
 from shared.subjects import TICK_QUEUE_GROUP
 
@@ -53,10 +65,20 @@ class TickSettings:
 
     batch_size: int = 1000  # queued jobs claimed per transaction
     recover_batch_size: int = 1000  # live jobs of lost peers recovered per transaction
+    policy: str = PACK  # pack (best fit) or spread (docs/scheduling.md)
+    reserve_after_s: float | None = RESERVE_AFTER_S  # wait before a job holds a backend; None: never
 
     def __post_init__(self) -> None:
         require_count("tick", "batch_size", self.batch_size, flag="--batch-size")
         require_count("tick", "recover_batch_size", self.recover_batch_size)
+        if self.policy not in POLICIES:
+            raise ConfigError(f"tick: policy must be one of {', '.join(POLICIES)}, got {self.policy!r} "
+                              "(--policy)")
+        if self.reserve_after_s is not None and (
+                isinstance(self.reserve_after_s, bool) or not isinstance(self.reserve_after_s, int | float)
+                or not math.isfinite(self.reserve_after_s) or self.reserve_after_s < 0):
+            raise ConfigError(f"tick: reserve_after_s must be a non-negative number of seconds or None, "
+                              f"got {self.reserve_after_s!r} (--reserve-after)")
 
 
 @dataclass
@@ -78,11 +100,22 @@ class _Batch:
     rows: list[ClaimedJob]
     placements: list[Placement]
     waiting: list[Waiting]
+    resources: dict[str, Resources] = field(default_factory=dict)  # each claimed job's request
 
     @property
     def cursor(self) -> tuple[int, datetime, str]:
         last = self.rows[-1]
         return (-last.priority, last.submitted_at, last.job_id)
+
+
+@dataclass
+class _Run:
+    """What every batch of one placement run shares (see assign_queued)."""
+
+    live: dict  # slots in use per (peer, backend)
+    used: dict  # resources in use per (peer, backend)
+    matched: dict = field(default_factory=dict)  # constraint set → matching backends
+    reservations: dict = field(default_factory=dict)  # backends held for starving jobs, fresh per run
 
 
 class Tick(Service):
@@ -269,14 +302,14 @@ class Tick(Service):
         # Slots in use are counted once per run; placements this run makes are added
         # as they go, so each batch costs its own rows, not a scan of every live job.
         live = dict(await self.store.job_count_live())
-        matched: dict = {}  # constraint set → matching backends, for every batch of this run
+        run = _Run(live, await self.store.job_sum_live_usage())
         # The second batch in flight needs a second connection; a pool of one cannot.
         pipelined = self.store.max_connections > 1
         batch = following = None
         async with contextlib.AsyncExitStack() as connections:
             try:
                 batch = await self._claim_batch(await connections.enter_async_context(self.store.connection()),
-                                                None, peers, live, now, matched)
+                                                None, peers, run, now)
                 spare = None  # the second connection, taken only when a second batch is needed
                 while batch is not None:
                     following = None
@@ -284,20 +317,20 @@ class Tick(Service):
                     if more and pipelined:
                         spare = spare or await connections.enter_async_context(self.store.connection())
                         committed, claimed = await asyncio.gather(
-                            self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, live, now, matched),
+                            self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, run, now),
                             return_exceptions=True)
                         if not isinstance(claimed, BaseException):
                             following = claimed
                         if isinstance(committed, BaseException):
                             raise committed
-                        await self._announce_batch(batch, committed, live, result)
+                        await self._announce_batch(batch, committed, run, result)
                         if isinstance(claimed, BaseException):
                             raise claimed
                         spare, batch = batch.store, following
                     else:
                         committed = await self._commit_batch(batch)
-                        await self._announce_batch(batch, committed, live, result)
-                        batch = (await self._claim_batch(batch.store, batch.cursor, peers, live, now, matched)
+                        await self._announce_batch(batch, committed, run, result)
+                        batch = (await self._claim_batch(batch.store, batch.cursor, peers, run, now)
                                  if more else None)
             finally:
                 # Whatever stopped us (an error, shutdown), no claim stays open.
@@ -309,7 +342,7 @@ class Tick(Service):
     def _slots_left(peers, live, now: float) -> bool:
         return sum(free_slots([p for p in peers if p.is_reachable(now)], live).values()) > 0
 
-    async def _claim_batch(self, bound: Store, cursor, peers, live, now: float, matched: dict) -> _Batch | None:
+    async def _claim_batch(self, bound: Store, cursor, peers, run: _Run, now: float) -> _Batch | None:
         """Open a transaction on ``bound``'s connection, claim the next batch after ``cursor``
         and place it (None: queue drained)."""
         claim = await bound.begin()
@@ -318,13 +351,19 @@ class Tick(Service):
             if not rows:
                 await claim.rollback()
                 return None
-            placements, waiting = assign_queued([queued_job_from_row(r) for r in rows], peers, live, now, matched)
+            jobs = [queued_job_from_row(r) for r in rows]
+            placements, waiting = assign_queued(
+                jobs, peers, run.live, now, run.matched, used=run.used, policy=self.settings.policy,
+                reserve_after_s=self.settings.reserve_after_s, reservations=run.reservations)
         except BaseException:
             await claim.rollback_quietly()
             raise
+        resources = {job.job_id: job.resources for job in jobs}
         for p in placements:
-            live[(p.peer_id, p.backend)] = live.get((p.peer_id, p.backend), 0) + 1
-        return _Batch(bound, claim, rows, placements, waiting)
+            key = (p.peer_id, p.backend)
+            run.live[key] = run.live.get(key, 0) + 1
+            add_usage(run.used, key, resources[p.job_id])
+        return _Batch(bound, claim, rows, placements, waiting, resources)
 
     async def _commit_batch(self, batch: _Batch) -> list[AssignedJob]:
         """Assign (CAS on epoch, changelog in the same statement), explain the rest, commit."""
@@ -341,15 +380,16 @@ class Tick(Service):
         await batch.claim.commit()
         return moved
 
-    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], live: dict,
+    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], run: _Run,
                               result: TickResult) -> None:
-        """After commit: give back slots of lost CASes, then tell agents and watchers."""
+        """After commit: give back slots and resources of lost CASes, then tell agents and watchers."""
         crash_point("tick_after_commit")
         result.waiting += len(batch.waiting)
         placed = {p.job_id: p for p in batch.placements}
         for job_id in placed.keys() - {row.job_id for row in moved}:
             p = placed[job_id]
-            live[(p.peer_id, p.backend)] -= 1
+            run.live[(p.peer_id, p.backend)] -= 1
+            add_usage(run.used, (p.peer_id, p.backend), batch.resources[job_id], -1)
         priority_of = {r.job_id: r.priority for r in batch.rows}
         now_dt = self.clock.now()
         for row in moved:

@@ -12,17 +12,18 @@ WITH input AS (
         job_id text, spec_json text, spec_hash text, state text, disposition text,
         pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
         priority int, deadline_s double precision, reason text, explanation_json text,
-        submit_reply_json text)
+        submit_reply_json text, resources_json text)
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
                       backend, epoch, max_retries, priority, deadline_at, reason, explanation,
-                      submit_reply, assigned_at, finished_at)
+                      submit_reply, assigned_at, finished_at, resources)
     SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
            reason, explanation_json::jsonb, submit_reply_json::jsonb,
            CASE WHEN state = 'assigned' THEN now() END,
-           CASE WHEN state = 'rejected' THEN now() END
+           CASE WHEN state = 'rejected' THEN now() END,
+           COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb)
     FROM input
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, state, owner_peer_id, epoch, reason
@@ -119,7 +120,9 @@ SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
 -- start). The cursor matches jobs_queued_by_priority, so each batch is an index range
 -- scan. SKIP LOCKED lets several ticks claim disjoint batches.
 SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
-       spec->>'constraints' AS constraints_json
+       spec->>'constraints' AS constraints_json, resources::text AS resources_json,
+       spec->>'preferences' AS preferences_json,
+       extract(epoch from now() - submitted_at)::float8 AS waited_s
 FROM jobs
 WHERE state = 'queued'
   AND ($2::int IS NULL OR (-priority, submitted_at, job_id) > ($2::int, $3::timestamptz, $4::text))
@@ -133,6 +136,13 @@ SELECT owner_peer_id, backend, count(*) AS live
 FROM jobs
 WHERE state IN ('assigned', 'running')
 GROUP BY owner_peer_id, backend;
+
+-- job_sum_live_usage --
+-- Resources in use per peer and backend: what assigned and running jobs asked for.
+SELECT owner_peer_id, backend, r.key AS resource, sum(r.value::numeric)::float8 AS amount
+FROM jobs, jsonb_each_text(jobs.resources) AS r
+WHERE state IN ('assigned', 'running')
+GROUP BY owner_peer_id, backend, r.key;
 
 -- job_assign_batch --
 -- The tick's commit: queued → assigned for many jobs at once, CAS on epoch.
