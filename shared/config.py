@@ -11,6 +11,7 @@ id = "home"
 attributes = { device_type = "cpu" }   # optional: this peer agent's own advertisement
 slots = 4                              # optional, for its agent
 backend = "subprocess"                 # optional, for its agent
+resources = { cpu = 8, memory_mb = 32768, gpu = 2 }  # optional: what its agent advertises
 ```
 """
 
@@ -33,7 +34,7 @@ NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
              "peers", "tick_interval_s", "assign_grace_s"}
-_PEER_KEYS = {"id", "attributes", "slots", "backend"}
+_PEER_KEYS = {"id", "attributes", "slots", "backend", "resources"}
 BACKEND_KINDS = ("subprocess", "simulated")
 
 
@@ -45,6 +46,20 @@ class PeerConfig:
     attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     slots: int = 4
     backend: str = "subprocess"
+    # Resource name → total its agent advertises (docs/scheduling.md); empty: slots only.
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+
+def parse_resource_totals(raw: object, where: str) -> dict[str, float]:
+    """Configured resources ``{name: total}`` (validated names and amounts) → totals."""
+    from shared.resources import ResourceError, parse_offer
+
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: resources must be a table of resource name = amount")
+    try:
+        return {name: amount.total for name, amount in parse_offer(raw, where).items()}
+    except ResourceError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +139,7 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
             attributes=parse_attributes(entry.get("attributes", {}), f"peer {peer_id}"),
             slots=slots,
             backend=backend,
+            resources=parse_resource_totals(entry.get("resources", {}), f"peer {peer_id}"),
         ))
     ids = [p.id for p in peers]
     duplicates = {i for i in ids if ids.count(i) > 1}

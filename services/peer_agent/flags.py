@@ -13,7 +13,7 @@ from pathlib import Path
 
 from services.common.startup import given
 from services.peer_agent.settings import AgentSettings, BackendSpec
-from shared.config import BACKEND_KINDS, FederationConfig, parse_attributes
+from shared.config import BACKEND_KINDS, FederationConfig, parse_attributes, parse_resource_totals
 from shared.errors import ConfigError
 
 COMMAND = "peer-agent"
@@ -24,6 +24,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-id", required=True)
     p.add_argument("--attr", action="append", metavar="KEY=VALUE", help="advertised attribute (repeatable)")
     p.add_argument("--slots", type=int, help="jobs this peer runs at once")
+    p.add_argument("--resource", action="append", metavar="NAME=AMOUNT",
+                   help="advertised resource total, e.g. cpu=8, memory_mb=32768, gpu=2 (repeatable)")
     p.add_argument("--backend", choices=BACKEND_KINDS)
     p.add_argument("--work-dir", type=Path, help="per-job working directories")
     p.add_argument("--heartbeat-interval", type=float)
@@ -43,14 +45,30 @@ def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
     return {k: list(v) for k, v in parse_attributes(merged, "--attr").items()}
 
 
+def parse_resource_flags(items: list[str] | None) -> dict[str, float]:
+    """Repeatable ``--resource name=amount`` flags → totals (checked like the configuration's)."""
+    raw: dict[str, object] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        try:
+            amount = float(value)
+        except ValueError:
+            amount = None
+        if not sep or amount is None:
+            raise ConfigError(f"--resource {item!r} must look like NAME=AMOUNT (e.g. gpu=2)")
+        raw[name.strip()] = int(amount) if amount.is_integer() else amount
+    return parse_resource_totals(raw, "--resource")
+
+
 def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSettings:
     peer = config.peer(args.peer_id)  # a clear error when the peer is not configured
     attributes = parse_attr_flags(args.attr) if args.attr else {k: list(v) for k, v in peer.attributes.items()}
     slots = args.slots if args.slots is not None else peer.slots
     kind = args.backend or peer.backend
+    resources = parse_resource_flags(args.resource) if args.resource else dict(peer.resources)
     return AgentSettings(
         peer_id=args.peer_id,
-        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots),),
+        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots, resources=resources),),
         heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
         heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
         reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,

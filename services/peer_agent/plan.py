@@ -9,6 +9,8 @@
   (no local run: a previous agent run died under them).
 - ``merge_noticed`` / ``choose_starts``: assignment notices join the pending set; the
   pending jobs start in priority order within each backend's free slots.
+- ``job_resources`` / ``free_resources``: what a run's job asked, and what each
+  backend advertises free (its configured totals less what its runs asked).
 - ``orphan_move`` / ``launch_error_move``: how a job ends when its run was lost or
   never started — the infrastructure-failure rule of ``shared.retry``.
 """
@@ -18,11 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from services.peer_agent.backends import LiveRun
 from shared.lifecycle import JobState
 from shared.records import JobRow, Move, OwnedJob
+from shared.resources import DEFAULT_RESOURCES, ResourceError, as_resources
 from shared.retry import GIVE_UP, after_infra_failure
 
 
@@ -154,6 +157,27 @@ def free_slots(slots: Mapping[str, int], runs: Iterable[RunState], pending: Iter
     """What each backend advertises as free: its slots less its runs and its pending jobs."""
     used = Counter(run.backend for run in runs) + Counter(p.backend for p in pending)
     return {name: max(0, total - used[name]) for name, total in slots.items()}
+
+
+def job_resources(spec: Mapping[str, Any]) -> dict[str, float]:
+    """What an accepted job asked (its stored spec, validated at submit); the default when unreadable."""
+    try:
+        return as_resources(spec.get("resources") or None).as_dict()
+    except (ResourceError, AttributeError):
+        return DEFAULT_RESOURCES.as_dict()
+
+
+def free_resources(backends: Iterable[Any], runs: Iterable[Any]) -> dict[str, dict[str, float]]:
+    """What each backend advertises free of each resource it has: its configured total
+    less what the jobs it runs asked (``backends``: BackendSpecs, ``runs``: Runs)."""
+    used: dict[str, Counter] = {}
+    for run in runs:
+        used.setdefault(run.backend, Counter()).update(getattr(run, "resources", {}) or {})
+    result = {}
+    for spec in backends:
+        taken = used.get(spec.name, Counter())
+        result[spec.name] = {name: max(0.0, total - taken[name]) for name, total in spec.resources.items()}
+    return result
 
 
 # ---------------------------------------------------------------- runs lost or never started

@@ -13,8 +13,8 @@ the reports of the others. Every committed change is then announced on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from nats.aio.client import Client
@@ -56,6 +56,7 @@ class Run:
     cancel_requested: bool = False
     fenced: bool = False
     launch_error: str = ""
+    resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised)
 
 
 def _describe(exc: BaseException) -> str:

@@ -35,7 +35,9 @@ from services.peer_agent.plan import (
     Pending,
     backend_for,
     choose_starts,
+    free_resources,
     free_slots,
+    job_resources,
     merge_noticed,
     plan_leftovers,
     plan_reconcile,
@@ -52,6 +54,7 @@ from shared.messages import (
     Capacity,
     Heartbeat,
     JobEvent,
+    ResourceAmount,
     decode_internal,
 )
 from shared.records import AcceptedJob, OwnedJob
@@ -122,7 +125,10 @@ class PeerAgent(Service):
     def advertisement(self) -> list[BackendAd]:
         metrics.RUNNING_JOBS.set(len(self.runs))
         free = free_slots(self.slots, self.runs.values(), self.pending.values())
-        return [BackendAd(spec.name, spec.attributes, Capacity(spec.slots, free[spec.name]))
+        free_res = free_resources(self.settings.backends, self.runs.values())
+        return [BackendAd(spec.name, spec.attributes, Capacity(spec.slots, free[spec.name]),
+                          {name: ResourceAmount(total, free_res[spec.name][name])
+                           for name, total in spec.resources.items()})
                 for spec in self.settings.backends]
 
     async def heartbeat(self) -> None:
@@ -141,7 +147,8 @@ class PeerAgent(Service):
         )
         if self.nc.is_connected:
             await publish(self.nc, self.subjects.heartbeat(self.peer_id), message)
-        shape = [(b.name, b.attributes, b.capacity.total) for b in message.backends]
+        shape = [(b.name, b.attributes, b.capacity.total, {k: v.total for k, v in b.resources.items()})
+                 for b in message.backends]
         if self.nc.is_connected and shape == self._db_shape:
             return
         await self.store.peer_heartbeat_upsert(
@@ -278,7 +285,8 @@ class PeerAgent(Service):
     async def _launch(self, pending: Pending, accepted: AcceptedJob) -> Run:
         """Start an accepted job on the backend its row names (the row decides, not the notice)."""
         job_id, epoch, spec = pending.job_id, pending.epoch, accepted.spec
-        run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names))
+        run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
+                  resources=job_resources(spec))
         self.runs[job_id] = run
         try:
             run.handle = await self.backends[run.backend].launch(RunSpec(

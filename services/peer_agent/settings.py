@@ -9,19 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.config import BACKEND_KINDS
+from shared.config import BACKEND_KINDS, parse_resource_totals
 from shared.errors import ConfigError
 from shared.settings import require_count, require_seconds
 
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """One backend this agent offers: its kind, advertised attributes and slots."""
+    """One backend this agent offers: its kind, advertised attributes, slots and resources."""
 
     name: str
     kind: str = "subprocess"
     attributes: dict[str, list[str]] = field(default_factory=dict)
     slots: int = 4
+    # Resource name → total advertised (docs/scheduling.md); empty: placed by slots only.
+    resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -30,6 +32,7 @@ class BackendSpec:
             raise ConfigError(f"agent backend {self.name}: kind (--backend) must be one of "
                               f"{', '.join(BACKEND_KINDS)}, got {self.kind!r}")
         require_count(f"agent backend {self.name}", "slots", self.slots, least=0, flag="--slots")
+        parse_resource_totals(self.resources, f"agent backend {self.name} (--resource)")
 
 
 @dataclass(frozen=True)
