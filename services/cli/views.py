@@ -19,6 +19,7 @@ from rich.text import Text
 from shared.config import FederationConfig
 from shared.lifecycle import JobState
 from shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
+from shared.resources import fmt_amount, from_units, offer_units
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
@@ -69,9 +70,22 @@ def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
     return table
 
 
+def backend_resources(backends: Sequence[dict]) -> str:
+    """``main: cpu 5/8, gpu 2/4; other: -`` (``-``: a backend placed by slots only)."""
+    parts = []
+    for b in backends:
+        raw = b.get("resources") or {}
+        offered = offer_units({name: (v.get("total"), v.get("free")) for name, v in raw.items() if isinstance(v, dict)}
+                              if isinstance(raw, dict) else {})
+        amounts = ", ".join(f"{name} {fmt_amount(from_units(name, free))}/{fmt_amount(from_units(name, total))}"
+                            for name, (total, free) in sorted(offered.items()))
+        parts.append(f"{b['name']}: {amounts or '-'}" if len(backends) > 1 else amounts or "-")
+    return "; ".join(parts) or "-"
+
+
 def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
     table = Table(title="peers")
-    for column in ("peer", "reachable", "heartbeat", "free/total", "attributes"):
+    for column in ("peer", "reachable", "heartbeat", "free/total", "resources free/total", "attributes"):
         table.add_column(column, overflow="fold")
     seen = set()
     for row in rows:
@@ -82,10 +96,11 @@ def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | Non
             ", ".join(f"{k}={'|'.join(v)}" for k, v in b["attributes"].items()) for b in row.backends
         )
         reachable = "[green]yes[/]" if row.reachable else "[red]no[/]"
-        table.add_row(lit(row.peer_id), reachable, _ago(row.received_at), f"{free}/{total}", lit(attrs or "-"))
+        table.add_row(lit(row.peer_id), reachable, _ago(row.received_at), f"{free}/{total}",
+                      lit(backend_resources(row.backends)), lit(attrs or "-"))
     for peer_id in (config.peer_ids if config else ()):
         if peer_id not in seen:
-            table.add_row(lit(peer_id), "[red]no[/]", "never", "-", "-")
+            table.add_row(lit(peer_id), "[red]no[/]", "never", "-", "-", "-")
     return table
 
 

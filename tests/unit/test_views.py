@@ -11,3 +11,15 @@ def test_explain_lists_the_first_peers_and_counts_the_rest(capsys):
     out = capsys.readouterr().out
     assert "g0" in out and "g9" in out and "g10" not in out
     assert "and 16 more peers: 15 can take it, 1 attribute value does not match" in out
+
+
+def test_peers_table_shows_each_backends_resources_free_over_total():
+    from services.cli.views import backend_resources
+
+    one = [{"name": "main", "attributes": {}, "capacity": {"total": 4, "free": 2},
+            "resources": {"gpu": {"total": 4, "free": 2}, "cpu": {"total": 8, "free": 5.5}}}]
+    assert backend_resources(one) == "cpu 5.5/8, gpu 2/4"
+    two = one + [{"name": "old", "attributes": {}, "capacity": {"total": 1, "free": 1}}]
+    assert backend_resources(two) == "main: cpu 5.5/8, gpu 2/4; old: -"
+    hostile = [{"name": "x", "resources": {"BAD[red]": {"total": 1, "free": 1}, "gpu": "nonsense"}}]
+    assert backend_resources(hostile) == "-"
