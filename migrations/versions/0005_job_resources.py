@@ -3,10 +3,6 @@
 The router stores the normalised request (``cpu`` always named); the tick sums the
 live jobs' requests per backend to know what is used. Existing rows ask the
 default, one cpu.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-11-30
 """
 
 from alembic import op
