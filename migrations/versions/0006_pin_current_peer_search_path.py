@@ -7,10 +7,6 @@ tables, so any login role (TEMP is granted to PUBLIC) could create a temp
 the agent functions' caller check, read, kill or hand back that peer's jobs and
 rewrite its heartbeat. Now the path is pinned with pg_temp last and the table is
 schema-qualified.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-11-30
 """
 
 from alembic import op
