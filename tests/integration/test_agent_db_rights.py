@@ -29,15 +29,6 @@ from tooling.invariants import assert_changelog_replays
 
 
 @pytest.fixture
-async def roles(database_url, pool):
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await apply_roles(conn, make_config())
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
 async def gpu_pool(database_url, roles):
     pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")), max_size=4)
     yield pool

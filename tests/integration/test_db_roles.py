@@ -7,11 +7,11 @@ import asyncpg
 import pytest
 
 from services.common import db as dbmod
-from services.common.db_roles import apply_roles, peer_role
+from services.common.db_roles import peer_role
 from services.common.store import Store
 from shared.errors import PermanentStoreError
 from shared.lifecycle import JobState
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_job
 
 
 def as_role(url: str, role: str) -> str:
@@ -20,15 +20,6 @@ def as_role(url: str, role: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
 
 
-@pytest.fixture
-async def roles(database_url, pool):
-    config = make_config()
-    conn = await asyncpg.connect(database_url)
-    try:
-        passwords = await apply_roles(conn, config)
-    finally:
-        await conn.close()
-    return passwords
 
 
 async def _assigned(store, peer):

@@ -10,19 +10,17 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from services.common.db_roles import apply_roles, peer_role
+from services.common.db_roles import peer_role
 from services.common.store import Store
-from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config, make_job, start_jobs
+from tests.infra.factories import (
+    advertise,
+    assign_jobs,
+    insert_jobs,
+    make_config,
+    make_job,
+    start_jobs,
+)
 from tests.integration.test_db_roles import as_role
-
-
-@pytest.fixture
-async def roles(database_url, pool):
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await apply_roles(conn, make_config())
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
@@ -73,7 +71,7 @@ async def test_peer_cannot_move_write_or_read_another_peers_rows(pool, gpu):
         f"SELECT * FROM irisfed_job_finish_batch('tpu-east', ARRAY['{theirs}'], ARRAY[1::bigint], ARRAY[0], ARRAY[false])",
         f"SELECT * FROM irisfed_job_start_batch('tpu-east', ARRAY['{theirs}'], ARRAY[1::bigint], ARRAY[''], ARRAY[''])",
         f"UPDATE jobs SET cancel_requested = true WHERE job_id = '{theirs}'",
-        f"UPDATE jobs SET spec = '{{}}', epoch = 99",
+        "UPDATE jobs SET spec = '{}', epoch = 99",
         "INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail) "
         f"VALUES ('{theirs}', 'running', 'succeeded', 'gpu-west', 1, 'operator', 'forged')",
         "INSERT INTO peer_heartbeat (peer_id, run_id, seq, backends, ttl_s, sent_at, received_at, "
