@@ -12,6 +12,16 @@ attributes = { device_type = "cpu" }   # optional: this peer agent's own adverti
 slots = 4                              # optional, for its agent
 backend = "subprocess"                 # optional, for its agent
 resources = { cpu = 8, memory_mb = 32768, gpu = 2 }  # optional: what its agent advertises
+
+[[peers]]
+id = "hpc"
+backend = "slurm"                      # capacity and attributes come from the cluster
+slurm_partition = "gpu"                # optional: the cluster's default partition else
+
+[[peers]]
+id = "ml"
+backend = "ray"
+ray_address = "http://127.0.0.1:8265"  # the Ray dashboard (Jobs API)
 ```
 """
 
@@ -34,8 +44,8 @@ NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
              "peers", "tick_interval_s", "assign_grace_s"}
-_PEER_KEYS = {"id", "attributes", "slots", "backend", "resources"}
-BACKEND_KINDS = ("subprocess", "simulated")
+_PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address"}
+BACKEND_KINDS = ("subprocess", "simulated", "slurm", "ray")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,8 @@ class PeerConfig:
     backend: str = "subprocess"
     # Resource name → total its agent advertises (docs/scheduling.md); empty: slots only.
     resources: Mapping[str, float] = field(default_factory=dict)
+    slurm_partition: str = ""  # backend slurm: the partition to submit to ("" = the cluster's default)
+    ray_address: str = ""  # backend ray: the dashboard's http://HOST:PORT
 
 
 def parse_resource_totals(raw: object, where: str) -> dict[str, float]:
@@ -97,6 +109,12 @@ def _positive(raw: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or "\x00" in value or len(value) > 1024:
+        raise ConfigError(f"{where} must be a string (at most 1024 characters)")
+    return value.strip()
+
+
 def parse_attributes(raw: object, where: str) -> dict[str, tuple[str, ...]]:
     """``{key: value-or-list}`` → ``{key: (str, ...)}``, with a clear error otherwise."""
     if not isinstance(raw, Mapping):
@@ -140,6 +158,8 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
             slots=slots,
             backend=backend,
             resources=parse_resource_totals(entry.get("resources", {}), f"peer {peer_id}"),
+            slurm_partition=_text(entry.get("slurm_partition", ""), f"peer {peer_id}: slurm_partition"),
+            ray_address=_text(entry.get("ray_address", ""), f"peer {peer_id}: ray_address"),
         ))
     ids = [p.id for p in peers]
     duplicates = {i for i in ids if ids.count(i) > 1}

@@ -32,6 +32,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heartbeat-ttl", type=float)
     p.add_argument("--reconcile-interval", type=float)
     p.add_argument("--sim-duration", type=float, help="simulated backend: default job length (s)")
+    p.add_argument("--slurm-partition", help="slurm backend: the partition to submit to (default: the cluster's)")
+    p.add_argument("--ray-address", help="ray backend: the Ray dashboard, http://HOST:8265")
+    p.add_argument("--poll-interval", type=float,
+                   help="slurm/ray backends: seconds between status polls (one engine call for all runs)")
 
 
 def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
@@ -66,9 +70,19 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
     slots = args.slots if args.slots is not None else peer.slots
     kind = args.backend or peer.backend
     resources = parse_resource_flags(args.resource) if args.resource else dict(peer.resources)
+    options = {}
+    if kind == "slurm":
+        options["partition"] = args.slurm_partition or peer.slurm_partition
+    if kind == "ray":
+        options["address"] = args.ray_address or peer.ray_address
+    if args.poll_interval is not None:
+        if not args.poll_interval > 0:
+            raise ConfigError(f"--poll-interval must be a positive number of seconds, got {args.poll_interval}")
+        options["poll_interval_s"] = str(args.poll_interval)
     return AgentSettings(
         peer_id=args.peer_id,
-        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots, resources=resources),),
+        backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots, resources=resources,
+                              options=options),),
         heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
         heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
         reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,

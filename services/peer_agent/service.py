@@ -75,7 +75,8 @@ class PeerAgent(Service):
         self.seq = 0
         self._db_shape: list | None = None  # the advertisement last written to Postgres
         self.backends: dict[str, Backend] = {
-            spec.name: make_backend(spec.kind, settings.work_root / self.peer_id, settings.simulated_duration_s)
+            spec.name: make_backend(spec.kind, settings.work_root / self.peer_id, settings.simulated_duration_s,
+                                    spec.options, self.peer_id)
             for spec in settings.backends}
         self.backend_names = [spec.name for spec in settings.backends]  # the first is the default
         self.slots = {spec.name: spec.slots for spec in settings.backends}
@@ -242,7 +243,7 @@ class PeerAgent(Service):
         if self.reports.set_aside.get(row.job_id) == row.epoch:
             return  # its write failed for good before: not retried every interval
         backend = self.backends[backend_for(row.backend, self.backend_names)]
-        killed = backend.kill_leftover(row.job_id, row.epoch)
+        killed = await backend.kill_leftover(row.job_id, row.epoch)
         await self.reports.recover_orphan(row, leftover_killed=killed)
 
     # ------------------------------------------------------------ starting

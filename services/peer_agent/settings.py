@@ -24,6 +24,8 @@ class BackendSpec:
     slots: int = 4
     # Resource name → total advertised (docs/scheduling.md); empty: placed by slots only.
     resources: dict[str, float] = field(default_factory=dict)
+    # Engine settings for make_backend: slurm {"partition"}, ray {"address"}; both "poll_interval_s".
+    options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -33,6 +35,9 @@ class BackendSpec:
                               f"{', '.join(BACKEND_KINDS)}, got {self.kind!r}")
         require_count(f"agent backend {self.name}", "slots", self.slots, least=0, flag="--slots")
         parse_resource_totals(self.resources, f"agent backend {self.name} (--resource)")
+        if self.kind == "ray" and not self.options.get("address", "").startswith(("http://", "https://")):
+            raise ConfigError(f"agent backend {self.name}: ray needs --ray-address http://HOST:PORT "
+                              f"(the Ray dashboard), got {self.options.get('address', '')!r}")
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ async def test_a_recorded_pid_that_now_names_another_process_is_never_killed(tmp
     (tmp_path / "job" / "epoch-1" / "pid").write_text(str(stranger.pid))
 
     later = SubprocessBackend(tmp_path)
-    assert not later.kill_leftover("job", 1)
+    assert not await later.kill_leftover("job", 1)
     assert await later.list_runs() == []
     assert not await later.kill_run(LiveRun("job", 1, str(stranger.pid)))
     assert stranger.poll() is None and alive(stranger.pid)

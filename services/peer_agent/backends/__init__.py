@@ -6,27 +6,44 @@
 - ``simulated`` (``backends/simulated.py``): no process; finishes after
   ``sim.duration_s`` (a job label, default 0) with ``sim.exit_code`` (default 0).
   For demos and benchmarks.
+- ``slurm`` (``backends/slurm.py``): a Slurm cluster, through ``sbatch``,
+  ``squeue``/``scontrol`` and ``scancel``.
+- ``ray`` (``backends/ray.py``): a Ray cluster, through the Ray Jobs API.
 
 Every backend can list the runs it launched that are still alive, including
-those of an earlier agent run on this peer (``list_runs``), and kill one of them
-(``kill_run``): runs may outlive a crashed agent, and a restarted agent must stop
-any that the federation has since taken away from it (fencing, invariant 3).
-A new kind of backend (a batch system, a cluster engine) implements ``Backend``
-and is added to ``make_backend``.
+those of an earlier agent run on this peer (``list_runs``), kill one of them
+(``kill_run``), and, when the engine can still report on it, follow it again
+(``adopt``): runs may outlive a crashed agent; a restarted agent adopts those that
+are still its job at their epoch and kills the ones the federation has since taken
+away from it (fencing, invariant 3). Launch is idempotent per (job, epoch): a
+second launch of a run the engine already has returns that run. Real engines
+report what they have (``discover``: attributes and each resource's total and
+free amount) and poll the status of all their runs in one engine call per
+interval, never one per run. A new kind of backend implements ``Backend`` and is
+added to ``make_backend``.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 KILLED_EXIT_CODE = -int(signal.SIGTERM)
+# How often a real engine's backend asks it about all its runs (one call each time).
+DEFAULT_POLL_INTERVAL_S = 1.0
 
 
 class LaunchError(Exception):
     """The backend could not start the job (an infrastructure failure, retried)."""
+
+
+class RunLost(Exception):
+    """A run ended through no fault of the job (node failure, preemption, boot failure,
+    the engine forgot it): an infrastructure failure, retried elsewhere. Raised by
+    ``RunHandle.wait``."""
 
 
 @dataclass(frozen=True)
@@ -41,13 +58,24 @@ class RunSpec:
 
 
 class RunHandle(Protocol):
-    """One launched run: wait for its exit code, or kill it."""
+    """One launched (or adopted) run: wait for its exit code, or kill it."""
 
     log_dir: str | None
 
-    async def wait(self) -> int: ...
+    async def wait(self) -> int:
+        """The run's exit code once it ended (``KILLED_EXIT_CODE`` when killed);
+        raises ``RunLost`` when it ended through no fault of the job."""
+        ...
 
     async def kill(self, grace_s: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What an engine says it has: attributes, and each resource's (total, free)."""
+
+    attributes: dict[str, list[str]] = field(default_factory=dict)
+    resources: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,7 +92,10 @@ class Backend(Protocol):
 
     kind: str
 
-    async def launch(self, spec: RunSpec) -> RunHandle: ...
+    async def launch(self, spec: RunSpec) -> RunHandle:
+        """Start (job, epoch); if the engine already has that run, return it instead.
+        Raises ``LaunchError`` when it cannot start (infrastructure: retried elsewhere)."""
+        ...
 
     def log_dir(self, job_id: str, epoch: int) -> str | None:
         """Where (job, epoch)'s output will be, recorded with its acceptance (None: nowhere)."""
@@ -74,24 +105,54 @@ class Backend(Protocol):
         """Every run this backend launched on this peer that is still alive, whoever launched it."""
         ...
 
+    async def adopt(self, run: LiveRun) -> RunHandle | None:
+        """Follow a run ``list_runs`` returned (an earlier agent run launched it) to its end;
+        None when this backend cannot (the agent then kills it and hands the job back)."""
+        ...
+
     async def kill_run(self, run: LiveRun) -> bool:
         """Kill a run ``list_runs`` returned; False when it is gone (or no longer ours)."""
         ...
 
-    def kill_leftover(self, job_id: str, epoch: int) -> bool:
+    async def kill_leftover(self, job_id: str, epoch: int) -> bool:
         """Kill the run of (job, epoch) an earlier agent run left behind, if there is one."""
         ...
 
+    async def discover(self) -> Discovered | None:
+        """What the engine has now; None: this backend advertises its configuration only."""
+        ...
 
-def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0) -> Backend:
-    """The backend of ``kind``: ``simulated``, or ``subprocess`` (under ``work_root``)."""
+    async def close(self) -> None:
+        """Stop background work (pollers); runs go on in the engine."""
+        ...
+
+
+def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
+                 options: Mapping[str, str] | None = None, peer_id: str = "") -> Backend:
+    """The backend of ``kind``: ``simulated``; ``subprocess`` (under ``work_root``);
+    ``slurm`` (``options``: ``partition``, ``poll_interval_s``; output files under
+    ``work_root``); ``ray`` (``options``: ``address``, ``poll_interval_s``). Engine
+    backends tag their runs with ``peer_id`` so that peers sharing one cluster never
+    list, adopt or kill each other's runs."""
+    options = options or {}
     if kind == "simulated":
         return SimulatedBackend(simulated_duration_s)
+    if kind == "slurm":
+        from services.peer_agent.backends.slurm import SlurmBackend
+
+        return SlurmBackend(work_root, peer_id, partition=options.get("partition", ""),
+                            poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)))
+    if kind == "ray":
+        from services.peer_agent.backends.ray import RayBackend  # imports ray: only when asked for
+
+        return RayBackend(options["address"], work_root, peer_id,
+                          poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)))
     return SubprocessBackend(work_root)
 
 
 from services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402 - they implement the above
 from services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV, SubprocessBackend  # noqa: E402
 
-__all__ = ["KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "Backend", "LaunchError", "LiveRun", "RunHandle", "RunSpec",
-           "SimulatedBackend", "SubprocessBackend", "make_backend"]
+__all__ = ["DEFAULT_POLL_INTERVAL_S", "KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "Backend", "Discovered",
+           "LaunchError", "LiveRun", "RunHandle", "RunLost", "RunSpec", "SimulatedBackend", "SubprocessBackend",
+           "make_backend"]

@@ -49,8 +49,17 @@ class SimulatedBackend:
     async def list_runs(self) -> list[LiveRun]:
         return []  # its runs live in the agent's memory and die with it
 
+    async def adopt(self, run: LiveRun) -> None:
+        return None
+
     async def kill_run(self, run: LiveRun) -> bool:
         return False
 
-    def kill_leftover(self, job_id: str, epoch: int) -> bool:
+    async def kill_leftover(self, job_id: str, epoch: int) -> bool:
         return False
+
+    async def discover(self) -> None:
+        return None  # advertises its configuration
+
+    async def close(self) -> None:
+        return None

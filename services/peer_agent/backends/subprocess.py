@@ -219,10 +219,24 @@ class SubprocessBackend:
     async def list_runs(self) -> list[LiveRun]:
         return await asyncio.to_thread(self._list_runs)
 
+    async def adopt(self, run: LiveRun) -> None:
+        """Never: a process another agent run started is not our child, so its exit
+        code cannot be learned; the agent kills it and hands the job back."""
+        return None
+
     async def kill_run(self, run: LiveRun) -> bool:
         return await asyncio.to_thread(self._kill_recorded, run.job_id, run.epoch)
 
-    def kill_leftover(self, job_id: str, epoch: int) -> bool:
+    async def kill_leftover(self, job_id: str, epoch: int) -> bool:
+        return await asyncio.to_thread(self._kill_leftover, job_id, epoch)
+
+    async def discover(self) -> None:
+        return None  # advertises its configuration (--resource, --attr)
+
+    async def close(self) -> None:
+        return None
+
+    def _kill_leftover(self, job_id: str, epoch: int) -> bool:
         """Kill a process group a previous agent run left behind for this job, if any."""
         if self._marker(job_id, epoch).exists():
             return self._kill_recorded(job_id, epoch)
