@@ -49,6 +49,7 @@ TICK_WAKEUPS_FROM_HEARTBEATS = Counter(
 # peer agent
 FENCED_WRITES = Counter("irisfed_fenced_writes_total", "Status writes refused because the epoch moved on")
 STALE_COPIES_KILLED = Counter("irisfed_stale_copies_killed_total", "Local runs killed because their epoch went stale")
+RUNS_ADOPTED = Counter("irisfed_runs_adopted_total", "Runs an earlier agent run launched that this one followed to their end")
 JOBS_FINISHED = Counter("irisfed_jobs_finished_total", "Jobs this agent finished, by final state", ["state"])
 RUNNING_JOBS = Gauge("irisfed_agent_running_jobs", "Jobs this agent is running now")
 AGENT_REPORT_ERRORS = Counter(

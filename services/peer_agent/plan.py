@@ -198,12 +198,15 @@ def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
                 reason=f"agent on {peer_id} restarted while running it; {failure.suffix}")
 
 
-def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None) -> Move:
-    """End a job whose run could not start: requeued (epoch + 1) while retries remain, else failed.
+def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None,
+                      lost: bool = False) -> Move:
+    """End a job whose run could not start, or (``lost``) that its engine lost through no
+    fault of the job (node failure, preemption): requeued (epoch + 1) while retries
+    remain, else failed.
 
     ``job`` None: its row is no longer ours to read (the write's CAS will say so).
     """
     failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
     return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(epoch),
-                reason=f"launch failed: {error}" + ("; retrying" if failure.retrying else ""))
+                reason=f"{'run lost' if lost else 'launch failed'}: {error}" + ("; retrying" if failure.retrying else ""))

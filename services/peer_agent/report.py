@@ -55,7 +55,8 @@ class Run:
     exit_code: int | None = None
     cancel_requested: bool = False
     fenced: bool = False
-    launch_error: str = ""
+    launch_error: str = ""  # why it could not start, or (lost) why its engine lost it
+    lost: bool = False
     resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised)
 
 
@@ -191,7 +192,8 @@ class Reports:
 
     async def _report_launch_error(self, run: Run) -> None:
         job = await self.store.job_get(run.job_id)
-        if not await self.end_run(launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job)):
+        if not await self.end_run(launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job,
+                                                      lost=run.lost)):
             self._refused(run.job_id, run.epoch)
 
     def _refused(self, job_id: str, epoch: int) -> None:

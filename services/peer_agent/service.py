@@ -30,7 +30,15 @@ from services.common.bus import publish
 from services.common.faults import crash_point
 from services.common.log import EventLogger
 from services.common.runtime import Service, forever, when_woken
-from services.peer_agent.backends import Backend, LaunchError, RunSpec, make_backend
+from services.peer_agent.backends import (
+    Backend,
+    Discovered,
+    LaunchError,
+    LiveRun,
+    RunLost,
+    RunSpec,
+    make_backend,
+)
 from services.peer_agent.plan import (
     Pending,
     backend_for,
@@ -81,6 +89,8 @@ class PeerAgent(Service):
         self.backend_names = [spec.name for spec in settings.backends]  # the first is the default
         self.slots = {spec.name: spec.slots for spec in settings.backends}
         self.runs: dict[str, Run] = {}
+        # What each engine backend last said it has (backends that discover nothing are absent).
+        self.discovered: dict[str, Discovered] = {}
         self.pending: dict[str, Pending] = {}
         # Assignment notices heard since the last start; merged into ``pending`` under
         # the lock, so a reconcile in progress never drops one it could not yet see.
@@ -98,8 +108,12 @@ class PeerAgent(Service):
         await self.nc.subscribe(self.subjects.assign(self.peer_id), cb=self.on_assign)
         await self.nc.subscribe(self.subjects.cancel_notice(self.peer_id), cb=self.on_cancel)
         await self.nc.flush()
+        await self.discover()
         await self.heartbeat()
         await self.reconcile()
+        # Discovery asks the engines in a loop of its own: a slow engine never delays a heartbeat.
+        self.tasks.spawn(forever("discover", self.discover, self.settings.heartbeat_interval_s),
+                         name="agent-discover")
         self.tasks.spawn(forever("heartbeat", self.heartbeat, self.settings.heartbeat_interval_s),
                          name="agent-heartbeat")
         self.tasks.spawn(when_woken("reconcile", self.reconcile, self.reconcile_wanted,
@@ -112,25 +126,55 @@ class PeerAgent(Service):
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
 
     async def close(self) -> None:
-        """Stop: kill what we run (its rows stay `running`; our next start recovers them)."""
+        """Stop. Runs in an engine that outlasts us (Slurm, Ray) go on: our next start
+        adopts them. Other runs are killed; their rows stay `running` and our next start
+        hands them back (orphan recovery)."""
         await self.tasks.close()
         for run in list(self.runs.values()):
-            if run.handle is not None and run.exit_code is None:
+            if (run.handle is not None and run.exit_code is None
+                    and not self.backends[run.backend].runs_outlive_agent):
                 await run.handle.kill(self.settings.kill_grace_s)
+        for name, backend in self.backends.items():
+            try:
+                await backend.close()
+            except Exception as exc:  # noqa: BLE001 - stopping the others matters more
+                log.warning("backend_close_failed", peer_id=self.peer_id, backend=name, error=repr(exc))
 
     async def on_reconnect(self) -> None:
         self.reconcile_wanted.set()
 
     # ------------------------------------------------------------ heartbeat
 
+    async def discover(self) -> None:
+        """Ask each engine backend what it has now; on failure keep what it said last."""
+        for name, backend in self.backends.items():
+            try:
+                found = await asyncio.wait_for(backend.discover(), timeout=self.settings.heartbeat_interval_s * 2)
+            except Exception as exc:  # noqa: BLE001 - an engine away must not stop the agent
+                log.warning("discover_failed", peer_id=self.peer_id, backend=name, error=repr(exc))
+                continue
+            if found is not None:
+                self.discovered[name] = found
+
     def advertisement(self) -> list[BackendAd]:
+        """Each backend's attributes, slots and resources. An engine's own report is the
+        truth for its resources (free counts every user's jobs) unless ``--resource``
+        configured them; ``--attr`` adds to or overrides discovered attributes."""
         metrics.RUNNING_JOBS.set(len(self.runs))
         free = free_slots(self.slots, self.runs.values(), self.pending.values())
         free_res = free_resources(self.settings.backends, self.runs.values())
-        return [BackendAd(spec.name, spec.attributes, Capacity(spec.slots, free[spec.name]),
-                          {name: ResourceAmount(total, free_res[spec.name][name])
-                           for name, total in spec.resources.items()})
-                for spec in self.settings.backends]
+        ads = []
+        for spec in self.settings.backends:
+            found = self.discovered.get(spec.name)
+            attributes = {**found.attributes, **spec.attributes} if found else spec.attributes
+            if spec.resources or found is None:
+                resources = {name: ResourceAmount(total, free_res[spec.name][name])
+                             for name, total in spec.resources.items()}
+            else:
+                resources = {name: ResourceAmount(total, free_amount)
+                             for name, (total, free_amount) in found.resources.items()}
+            ads.append(BackendAd(spec.name, attributes, Capacity(spec.slots, free[spec.name]), resources))
+        return ads
 
     async def heartbeat(self) -> None:
         """Advertise on NATS; write Postgres only when NATS cannot carry it or it changed.
@@ -234,15 +278,37 @@ class PeerAgent(Service):
             await self.reports.record_fenced(leftover.run.job_id, leftover.run.epoch)
 
     async def _recover_orphan(self, row: OwnedJob) -> None:
-        """A `running` row with no local run: a previous agent run died under it. Its run, if
-        still alive, is killed; the job ends as ``plan.orphan_move`` says.
+        """A `running` row with no local run: a previous agent run died (or stopped) under it.
+
+        When its engine still knows the run (live, or ended while no agent watched) the
+        run is adopted: followed to its end and reported as if we had launched it —
+        never launched again. Otherwise any copy left alive is killed and the job ends
+        as ``plan.orphan_move`` says. An engine that cannot answer now leaves the row
+        alone until the next reconcile: handing back a job whose run may still be
+        alive would run it twice.
 
         A permanent database error sets the job aside (logged, counted) instead of
         stopping the agent; ``Unavailable`` propagates and the next reconcile retries.
         """
         if self.reports.set_aside.get(row.job_id) == row.epoch:
             return  # its write failed for good before: not retried every interval
-        backend = self.backends[backend_for(row.backend, self.backend_names)]
+        name = backend_for(row.backend, self.backend_names)
+        backend = self.backends[name]
+        try:
+            handle = await backend.adopt(LiveRun(row.job_id, row.epoch, ""))
+        except Exception as exc:  # noqa: BLE001 - asked again at the next reconcile
+            log.warning("adopt_deferred", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch,
+                        backend=name, error=repr(exc))
+            return
+        if handle is not None:
+            run = Run(row.job_id, row.epoch, name, handle=handle)
+            self.runs[row.job_id] = run
+            metrics.RUNS_ADOPTED.inc()
+            log.warning("run_adopted", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch, backend=name)
+            self.tasks.spawn(self._finish(run), name=f"run-{row.job_id}")
+            if row.cancel_requested:
+                self._kill(run, cancel=True)
+            return
         killed = await backend.kill_leftover(row.job_id, row.epoch)
         await self.reports.recover_orphan(row, leftover_killed=killed)
 
@@ -292,6 +358,7 @@ class PeerAgent(Service):
         try:
             run.handle = await self.backends[run.backend].launch(RunSpec(
                 job_id, epoch, list(spec["command"]), dict(spec.get("env", {})), dict(spec.get("labels", {})),
+                dict(run.resources),
             ))
         except Exception as exc:  # noqa: BLE001 - any failure to start is a launch error
             run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
@@ -303,7 +370,21 @@ class PeerAgent(Service):
 
     async def _finish(self, run: Run) -> None:
         if run.handle is not None:
-            run.exit_code = await run.handle.wait()
+            try:
+                run.exit_code = await run.handle.wait()
+            except RunLost as exc:  # the engine's fault, not the job's: handed back like a launch error
+                run.launch_error, run.lost, run.exit_code = str(exc), True, -1
+                log.warning("run_lost", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - not followed any more: found again by reconcile
+                # The run may still be alive in its engine: forget it here so the next
+                # reconcile finds the row without a run and adopts it again.
+                log.warning("run_unfollowed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=repr(exc))
+                async with self.lock:
+                    if self.runs.get(run.job_id) is run:
+                        del self.runs[run.job_id]
+                self.reconcile_wanted.set()
+                return
         self.reports.finished.put_nowait(run)
 
     # ------------------------------------------------------------ stopping runs

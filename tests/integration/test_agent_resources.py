@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from services.common.store import Store
-from services.peer_agent.flags import parse_resource_flags, settings
+from services.peer_agent.flags import add_flags, parse_resource_flags, settings
 from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
 from shared.errors import ConfigError
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
@@ -42,9 +42,9 @@ async def test_free_resources_are_the_totals_less_what_runs_asked(pool, tmp_path
 
 def test_resources_come_from_flags_else_the_configuration():
     config = make_config(peers=[{"id": "home"}, {"id": "gpu-west", "resources": {"cpu": 8, "gpu": 2}}])
-    args = argparse.Namespace(peer_id="gpu-west", attr=None, slots=None, backend=None, resource=None,
-                              heartbeat_interval=None, heartbeat_ttl=None, reconcile_interval=None,
-                              work_dir=None, sim_duration=None)
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    args = parser.parse_args(["--peer-id", "gpu-west"])
     assert settings(args, config).backends[0].resources == {"cpu": 8, "gpu": 2}
     args.resource = ["cpu=0.5", "gpu=1"]
     assert settings(args, config).backends[0].resources == {"cpu": 0.5, "gpu": 1}

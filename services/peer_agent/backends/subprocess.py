@@ -137,6 +137,7 @@ class SubprocessBackend:
     """
 
     kind = "subprocess"
+    runs_outlive_agent = False
     INDEX = ".live"
 
     def __init__(self, work_root: Path) -> None:
