@@ -26,8 +26,8 @@ added to ``make_backend``.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +55,7 @@ class RunSpec:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)  # the job's normalised request
 
 
 class RunHandle(Protocol):
@@ -91,6 +92,10 @@ class Backend(Protocol):
     """A place to run jobs, and to find (and stop) the runs it launched earlier."""
 
     kind: str
+    # Runs live in an engine that outlasts the agent (Slurm, Ray): a stopping agent
+    # leaves them running and its next start adopts them. False: the agent kills its
+    # runs when it stops (they would die with it or could not be followed).
+    runs_outlive_agent: bool
 
     async def launch(self, spec: RunSpec) -> RunHandle:
         """Start (job, epoch); if the engine already has that run, return it instead.
@@ -106,8 +111,11 @@ class Backend(Protocol):
         ...
 
     async def adopt(self, run: LiveRun) -> RunHandle | None:
-        """Follow a run ``list_runs`` returned (an earlier agent run launched it) to its end;
-        None when this backend cannot (the agent then kills it and hands the job back)."""
+        """Follow the run of (``run.job_id``, ``run.epoch``) that an earlier agent run
+        launched — still live, or ended while no agent watched (its outcome is then
+        ``wait()``'s at once) — found by ``run.handle`` or, when that is empty, by its
+        name. None when the engine has no such run or this backend cannot follow
+        one (the agent then kills any copy and hands the job back)."""
         ...
 
     async def kill_run(self, run: LiveRun) -> bool:
