@@ -1,4 +1,5 @@
-"""Real cluster engines for backend tests (docs/design.md §7).
+"""Real cluster engines for backend and end-to-end tests (docs/design.md §7), made
+visible to every test folder by tests/conftest.py.
 
 An existing cluster when the environment names one (``SLURM_CONF`` for Slurm,
 ``IRISFED_TEST_RAY_ADDRESS`` = a Ray dashboard address such as
