@@ -104,6 +104,23 @@ def check_amount(name: str, value: object, where: str = "resources") -> int | fl
     return int(value)
 
 
+def parse_amount_flags(items: Iterable[str], flag: str) -> dict[str, int | float]:
+    """Repeatable ``NAME=AMOUNT`` command-line flags → ``{name: amount}`` (whole amounts as
+    ints); checked only for their form here: the caller validates them as a request
+    or an offer. Raises ResourceError naming the flag."""
+    result: dict[str, int | float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            amount = float(value)
+        except ValueError:
+            amount = None
+        if not sep or amount is None or not name.strip():
+            raise ResourceError(f"{flag} {item!r} must look like NAME=AMOUNT (e.g. gpu=2)")
+        result[name.strip()] = int(amount) if amount.is_integer() else amount
+    return result
+
+
 def normalize_request(raw: Mapping[str, object] | None, where: str = "resources") -> dict[str, int | float]:
     """A validated request with ``cpu`` filled in and other zero amounts dropped, sorted by name.
 

@@ -50,6 +50,9 @@ class Peer:
     attributes: Mapping[str, str | Sequence[str]] = field(default_factory=dict)
     slots: int | None = None
     backend: str | None = None
+    resources: Mapping[str, int | float] = field(default_factory=dict)
+    slurm_partition: str | None = None
+    ray_address: str | None = None
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -89,6 +92,11 @@ def render_config(peers: Iterable[Peer], comment: str = "", **settings: Any) -> 
             lines.append(f"slots = {peer.slots}")
         if peer.backend is not None:
             lines.append(f"backend = {_toml_value(peer.backend)}")
+        if peer.resources:
+            lines.append(f"resources = {_toml_value(peer.resources)}")
+        for key in ("slurm_partition", "ray_address"):
+            if getattr(peer, key) is not None:
+                lines.append(f"{key} = {_toml_value(getattr(peer, key))}")
     text = "\n".join(lines) + "\n"
     parse_config(tomllib.loads(text))  # what the services will say about it, said now
     return text

@@ -14,6 +14,7 @@ from services.cli.connect import nats_client, open_store, print_json, subjects
 from services.cli.shorthands import parse_constraint, parse_pairs
 from shared.errors import ConfigError, IrisfedError, Unavailable
 from shared.lifecycle import TERMINAL_STATES, JobState
+from shared.resources import ResourceError, normalize_request, parse_amount_flags
 
 
 class ReplyError(IrisfedError):
@@ -55,6 +56,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["name"] = args.name
     if args.constraint:
         body["constraints"] = [parse_constraint(c).to_wire() for c in args.constraint]
+    if args.prefer:
+        body["preferences"] = [parse_constraint(c).to_wire() for c in args.prefer]
+    if args.resource:
+        try:
+            body["resources"] = parse_amount_flags(args.resource, "--resource")
+            normalize_request(body["resources"], "--resource")  # the router's own check, said before sending
+        except ResourceError as exc:
+            raise ConfigError(str(exc)) from None
     if args.pin:
         body["cluster_pin"] = args.pin
     if args.priority is not None:

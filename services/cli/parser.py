@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", help="job_id (idempotency key)")
     p.add_argument("--name")
     p.add_argument("--constraint", action="append", metavar="EXPR", help=CONSTRAINT_HELP)
+    p.add_argument("--prefer", action="append", metavar="EXPR",
+                   help="a soft constraint (same form): among peers that can run it now, prefer these")
+    p.add_argument("--resource", action="append", metavar="NAME=AMOUNT",
+                   help="what the job needs, e.g. cpu=4, memory_mb=16384, gpu=2 (repeatable; default cpu=1)")
     p.add_argument("--pin", help="run only on this peer")
     p.add_argument("--priority", type=int)
     p.add_argument("--max-retries", type=int)

@@ -28,12 +28,15 @@ from tooling.servers import free_port, start_postgres, start_secured_nats
 DEMO_COMMENT = "The demo federation `irisfed up` runs when no --config is given."
 DEMO_SETTINGS = {"local_cluster": "home", "subject_prefix": "irisfed", "heartbeat_interval_s": 1,
                  "heartbeat_ttl_s": 4}
+# Shapes of real machines (a laptop-sized home, one 8×H100 node, one TPU v5e-8 host), so
+# resource requests route and place as they would; jobs still run as local processes.
 DEMO_PEERS = (
-    Peer("home", {"device_type": "cpu", "region": "local"}, slots=4, backend="subprocess"),
-    Peer("gpu-west", {"device_type": "gpu", "device_variant": "h100", "region": "us-west"}, slots=2,
-         backend="subprocess"),
-    Peer("tpu-east", {"device_type": "tpu", "device_variant": "v5e", "region": "us-east"}, slots=2,
-         backend="subprocess"),
+    Peer("home", {"device_type": "cpu", "region": "local"}, slots=4, backend="subprocess",
+         resources={"cpu": 4, "memory_mb": 8192}),
+    Peer("gpu-west", {"device_type": "gpu", "device_variant": "h100", "region": "us-west"}, slots=8,
+         backend="subprocess", resources={"cpu": 208, "memory_mb": 2_097_152, "gpu": 8}),
+    Peer("tpu-east", {"device_type": "tpu", "device_variant": "v5e", "region": "us-east"}, slots=8,
+         backend="subprocess", resources={"cpu": 224, "memory_mb": 196_608, "tpu": 8}),
 )
 
 RESTART_BACKOFF_S = 2.0

@@ -15,6 +15,7 @@ from services.common.startup import given
 from services.peer_agent.settings import AgentSettings, BackendSpec
 from shared.config import BACKEND_KINDS, FederationConfig, parse_attributes, parse_resource_totals
 from shared.errors import ConfigError
+from shared.resources import ResourceError, parse_amount_flags
 
 COMMAND = "peer-agent"
 HELP = "run the agent of one peer cluster"
@@ -51,16 +52,10 @@ def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
 
 def parse_resource_flags(items: list[str] | None) -> dict[str, float]:
     """Repeatable ``--resource name=amount`` flags → totals (checked like the configuration's)."""
-    raw: dict[str, object] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        try:
-            amount = float(value)
-        except ValueError:
-            amount = None
-        if not sep or amount is None:
-            raise ConfigError(f"--resource {item!r} must look like NAME=AMOUNT (e.g. gpu=2)")
-        raw[name.strip()] = int(amount) if amount.is_integer() else amount
+    try:
+        raw = parse_amount_flags(items or [], "--resource")
+    except ResourceError as exc:
+        raise ConfigError(str(exc)) from None
     return parse_resource_totals(raw, "--resource")
 
 

@@ -46,3 +46,38 @@ def test_a_poll_interval_must_be_positive(bad):
 def test_engine_settings_in_the_file_must_be_strings(entry):
     with pytest.raises(ConfigError, match="must be a string"):
         parse_config({"local_cluster": "p", "peers": [{"id": "p", **entry}]})
+
+
+def test_the_harness_writes_resources_and_engine_settings_the_services_read_back():
+    from tooling.federation import Peer, render_config
+
+    text = render_config([Peer("home", resources={"cpu": 4, "memory_mb": 8192}),
+                          Peer("hpc", backend="slurm", slurm_partition="gpu"),
+                          Peer("ml", backend="ray", ray_address="http://127.0.0.1:8265")], local_cluster="home")
+    import tomllib
+
+    config = parse_config(tomllib.loads(text))
+    assert config.peer("home").resources == {"cpu": 4, "memory_mb": 8192}
+    assert (config.peer("hpc").backend, config.peer("hpc").slurm_partition) == ("slurm", "gpu")
+    assert config.peer("ml").ray_address == "http://127.0.0.1:8265"
+
+
+def test_the_demo_federation_has_realistic_shapes():
+    from services.cli.up import DEMO_PEERS
+
+    shapes = {peer.id: dict(peer.resources) for peer in DEMO_PEERS}
+    assert shapes["gpu-west"]["gpu"] == 8 and shapes["tpu-east"]["tpu"] == 8
+    assert all("cpu" in shape and "memory_mb" in shape for shape in shapes.values())
+
+
+@pytest.mark.parametrize("flag", [["gpu"], ["gpu=x"], ["GPU=1"], ["gpu=-1"], ["gpu=0.5"], ["cpu=nan"]])
+def test_submit_refuses_a_bad_resource_flag_before_sending_anything(flag, monkeypatch):
+    from services.cli import client
+    from services.cli.parser import build_parser
+
+    sent = []
+    monkeypatch.setattr(client, "_request", lambda *a, **k: sent.append(a))
+    args = build_parser().parse_args(["submit", *(x for f in flag for x in ("--resource", f)), "--", "true"])
+    with pytest.raises(ConfigError, match="--resource"):
+        client.cmd_submit(args)
+    assert sent == []
