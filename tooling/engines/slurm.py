@@ -112,6 +112,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.peer_agent.backends.slurm_text import parse_scontrol_line
 from tooling.engines.procs import (
     Availability,
     EngineError,
@@ -276,22 +277,6 @@ def connect_slurm(conf_path: Path) -> SlurmCluster:
     probe.cpus, probe.memory_mb = int(node["CPUTot"]), int(node["RealMemory"])
     probe.gres = "" if node.get("Gres") in (None, "(null)") else node["Gres"]
     return probe
-
-
-def parse_scontrol_line(text: str) -> dict[str, str]:
-    """``KEY=VALUE KEY=VALUE ...`` of one ``scontrol show ... -o`` line.
-
-    Values may hold spaces (``Reason=Not responding``, ``Command=/bin/sh -c x``):
-    a value runs until the next `` KEY=`` (a word of letters, digits, ``:``, ``/``,
-    ``_`` or ``.`` followed by ``=``).
-    """
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    keys = list(re.finditer(r"(?:^| )([A-Za-z][A-Za-z0-9_:/.]*)=", line))
-    fields = {}
-    for i, match in enumerate(keys):
-        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        fields[match.group(1)] = line[match.end():end]
-    return fields
 
 
 def start_slurm(

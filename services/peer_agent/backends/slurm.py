@@ -1,0 +1,329 @@
+"""The ``slurm`` backend: each run a Slurm batch job, through ``sbatch``, ``squeue``,
+``scontrol`` and ``scancel`` (on PATH; the cluster is the one ``SLURM_CONF`` in the
+agent's environment names, or the host's).
+
+How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
+
+- the job ``irisfed-<job_id>-e<epoch>`` with comment ``irisfed:<peer_id>``: the
+  name finds a run again after an agent restart (``list_runs``, ``adopt``,
+  idempotent ``launch``), the comment keeps peers sharing a cluster apart;
+- a batch script in the run's folder ``work_root/<job_id>/epoch-<n>`` (also the
+  job's working directory, with its ``stdout`` and ``stderr``: the folder must be
+  reachable from the compute nodes) that exports the job's environment and
+  ``exec``s its command, every value single-quoted: nothing is ever interpreted
+  by a shell. ``--export=NONE``: the agent's own variables (database and NATS
+  credentials) never reach a job, only ``PASSED_THROUGH_ENV`` does;
+- resources as ``-c`` (whole cpus), ``--mem`` (``DEFAULT_MEMORY_MB_PER_CPU`` per
+  cpu when the job names no memory) and ``--gres``.
+
+Status: one background task asks ``squeue --me -t all`` once per poll interval
+about every run it follows, however many there are (``squeue``'s ``exit_code``
+field holds the wait status, so no per-job ``scontrol`` call is needed), and
+settles each run that ended (``slurm_text.outcome``). A run Slurm no longer lists
+at all (it forgets finished jobs ``MinJobAge`` seconds after they end, 300 by
+default) is lost. ``engine_calls`` counts the commands run, ``polls`` the polls.
+
+Capacity (``discover``): one ``scontrol show node -o -d`` call, kept to the nodes
+whose ``Partitions`` name the partition (so nodes added to it later count without
+a restart); each node's shape is kept to refuse, before ``sbatch``, a job no single
+node could ever hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import Counter
+from pathlib import Path
+
+from services.common.log import EventLogger
+from services.peer_agent.backends import (
+    DEFAULT_POLL_INTERVAL_S,
+    KILLED_EXIT_CODE,
+    Discovered,
+    LaunchError,
+    LiveRun,
+    RunLost,
+    RunSpec,
+)
+from services.peer_agent.backends.slurm_text import (
+    SQUEUE_FORMAT,
+    ScriptError,
+    SlurmJob,
+    batch_script,
+    capacity,
+    choose_run,
+    comment_for,
+    default_partition,
+    job_name,
+    misfit,
+    outcome,
+    output_path,
+    parse_nodes,
+    parse_scontrol_lines,
+    parse_squeue,
+    resource_args,
+    sbatch_job_id,
+    slurm_request,
+)
+from services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
+
+log = EventLogger("peer-agent")
+
+# Memory asked per cpu for a job that names no memory_mb: without --mem a job gets
+# the cluster's DefMemPerCPU, and on clusters without one it takes a whole node's
+# memory (and so the whole node).
+DEFAULT_MEMORY_MB_PER_CPU = 1024
+# The longest a Slurm command may take before it counts as hung (Slurm's own RPC
+# timeout, MessageTimeout, is 10 s by default, retried).
+COMMAND_TIMEOUT_S = 30.0
+# Polls in a row that must miss a run before it counts as forgotten by Slurm.
+MISSES_BEFORE_LOST = 2
+
+
+class SlurmError(Exception):
+    """A Slurm command failed or did not answer; the message says which and why."""
+
+
+class _SlurmRun:
+    """A Slurm job this backend follows: ``wait`` resolves when a poll sees it end."""
+
+    def __init__(self, backend: SlurmBackend, slurm_id: str, log_dir: str,
+                 done: asyncio.Future[int]) -> None:
+        self.backend = backend
+        self.slurm_id = slurm_id
+        self.log_dir = log_dir
+        self.done = done
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.done)  # a cancelled waiter leaves the run followed
+
+    async def kill(self, grace_s: float) -> None:
+        """``scancel`` (SIGTERM, then SIGKILL after the cluster's KillWait, not ``grace_s``);
+        returns once a poll sees the job end."""
+        await self.backend.scancel(self.slurm_id)
+        await asyncio.wait({self.done})
+
+
+class SlurmBackend:
+    """Runs each (job, epoch) as one Slurm batch job in ``partition`` (default: the
+    cluster's default partition, resolved once and then named with ``-p`` like a
+    configured one), with output under ``work_root``."""
+
+    kind = "slurm"
+    runs_outlive_agent = True
+
+    def __init__(self, work_root: Path, peer_id: str, partition: str = "",
+                 poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+                 command_timeout_s: float = COMMAND_TIMEOUT_S) -> None:
+        self.work_root = work_root
+        self.comment = comment_for(peer_id)
+        self.partition = partition
+        self.poll_interval_s = poll_interval_s
+        self.command_timeout_s = command_timeout_s
+        self.engine_calls: Counter[str] = Counter()  # command name → times run
+        self.polls = 0  # polls that got an answer, one squeue call each
+        self._followed: dict[str, asyncio.Future[int]] = {}  # Slurm job id → its outcome
+        self._misses: Counter[str] = Counter()
+        self._poller: asyncio.Task[None] | None = None
+        self._poll_failing = False
+        self._launch_lock = asyncio.Lock()
+        self._partition_name: str | None = None  # resolved once
+        self._shapes: list[dict[str, float]] | None = None  # each node's resources, at the last discover
+
+    def run_dir(self, job_id: str, epoch: int) -> Path:
+        return self.work_root / job_id / f"epoch-{epoch}"
+
+    def log_dir(self, job_id: str, epoch: int) -> str:
+        return str(self.run_dir(job_id, epoch).resolve())
+
+    # ------------------------------------------------------------ commands
+
+    async def _run(self, *args: str) -> str:
+        """Run one Slurm command; its stdout. SlurmError when it fails or hangs."""
+        self.engine_calls[args[0]] += 1
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            raise SlurmError(f"cannot run {args[0]}: {exc.strerror or exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout=self.command_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:  # never leave a command behind
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            if isinstance(exc, TimeoutError):
+                raise SlurmError(f"{args[0]} did not answer within {self.command_timeout_s:g} s") from None
+            raise
+        if process.returncode != 0:
+            what = " ".join(arg for arg in args[:3] if not arg.startswith("-"))  # "sbatch", "scancel 12"
+            why = " ".join((err or out).decode(errors="replace").split()) or "no message"
+            raise SlurmError(f"{what} exited {process.returncode}: {why}")
+        return out.decode(errors="replace")
+
+    async def _jobs(self, name: str = "") -> list[SlurmJob]:
+        """Our runs Slurm still knows (live or recently ended), all or those named ``name``."""
+        args = ["squeue", "--me", "-h", "-t", "all", "-O", SQUEUE_FORMAT]
+        return parse_squeue(await self._run(*args, *(["-n", name] if name else [])), self.comment)
+
+    async def scancel(self, slurm_id: str) -> None:
+        await self._run("scancel", slurm_id)
+
+    async def _partition(self) -> str:
+        """The partition runs go to: the one configured (checked to exist), else the default."""
+        if self._partition_name is None:
+            partitions = parse_scontrol_lines(await self._run(
+                "scontrol", "show", "partition", "-o", *([self.partition] if self.partition else [])))
+            name = self.partition or default_partition(partitions)
+            if not name or not any(p.get("PartitionName") == name for p in partitions):
+                raise SlurmError(f"Slurm has no partition {self.partition}" if self.partition
+                                 else "Slurm has no default partition (set the backend's partition)")
+            self._partition_name = name
+        return self._partition_name
+
+    # ------------------------------------------------------------ launching
+
+    async def launch(self, spec: RunSpec) -> _SlurmRun:
+        name = job_name(spec.job_id, spec.epoch)
+        async with self._launch_lock:  # the check for an existing run and the submission: never interleaved
+            try:
+                existing = [job for job in await self._jobs(name) if job.live]
+                if existing:
+                    return self.follow(choose_run(existing).slurm_id, spec.job_id, spec.epoch)
+                request = slurm_request(spec.resources, DEFAULT_MEMORY_MB_PER_CPU)
+                partition = await self._check_fits(request)
+                script = await asyncio.to_thread(self._write_script, spec)
+                stdout = await self._run(
+                    "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
+                    "-D", str(script.parent), "-o", output_path(str(script.parent / "stdout")),
+                    "-e", output_path(str(script.parent / "stderr")), "--export=NONE",
+                    *resource_args(request), str(script))
+                slurm_id = sbatch_job_id(stdout)
+            except (SlurmError, ScriptError, ValueError) as exc:
+                raise LaunchError(str(exc)) from exc
+            except OSError as exc:
+                raise LaunchError(f"cannot write the batch script of {name}: {exc.strerror or exc}") from exc
+        log.debug("slurm_job_submitted", job_id=spec.job_id, epoch=spec.epoch, slurm_job=slurm_id,
+                  partition=partition)
+        return self.follow(slurm_id, spec.job_id, spec.epoch)
+
+    async def _check_fits(self, request: dict[str, int]) -> str:
+        """The partition's name, once sure one of its nodes can hold ``request``."""
+        if self._shapes is None:
+            await self.discover()
+        partition = await self._partition()
+        why = misfit(request, self._shapes or [], partition)
+        if why:
+            raise LaunchError(why)
+        return partition
+
+    def _write_script(self, spec: RunSpec) -> Path:
+        env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
+        env.update(spec.env)
+        env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
+        text = batch_script(spec.command, env)
+        run_dir = self.run_dir(spec.job_id, spec.epoch).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script = run_dir / "job.sh"
+        script.write_text(text)
+        script.chmod(0o700)
+        return script
+
+    # ------------------------------------------------------------ following runs
+
+    def follow(self, slurm_id: str, job_id: str, epoch: int) -> _SlurmRun:
+        """A handle on Slurm job ``slurm_id`` as (job, epoch)'s run, settled by the poller."""
+        done = self._followed.get(slurm_id)
+        if done is None:
+            done = asyncio.get_running_loop().create_future()
+            self._followed[slurm_id] = done
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll_forever(), name="slurm-poller")
+        return _SlurmRun(self, slurm_id, self.log_dir(job_id, epoch), done)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            if not self._followed:
+                continue
+            try:
+                await self.poll()
+            except Exception as exc:  # noqa: BLE001 - the next poll asks again
+                if not self._poll_failing:  # once per outage, not once per interval
+                    log.warning("slurm_poll_failed", error=str(exc))
+                self._poll_failing = True
+            else:
+                if self._poll_failing:
+                    log.info("slurm_poll_recovered")
+                self._poll_failing = False
+
+    async def poll(self) -> None:
+        """One squeue call; settle every followed run it shows ended, or no longer shows."""
+        asked = list(self._followed)  # runs followed before the call: Slurm knew them then
+        jobs = {job.slurm_id: job for job in await self._jobs()}
+        self.polls += 1
+        for slurm_id in asked:
+            job = jobs.get(slurm_id)
+            if job is None:
+                self._misses[slurm_id] += 1
+                if self._misses[slurm_id] >= MISSES_BEFORE_LOST:
+                    self._settle(slurm_id, RunLost(f"Slurm no longer knows job {slurm_id}"))
+                continue
+            self._misses.pop(slurm_id, None)
+            ended = outcome(job.state, job.wait_status, slurm_id, KILLED_EXIT_CODE)
+            if ended is not None:
+                self._settle(slurm_id, RunLost(ended.lost) if ended.exit_code is None else ended.exit_code)
+
+    def _settle(self, slurm_id: str, result: int | RunLost) -> None:
+        done = self._followed.pop(slurm_id, None)
+        self._misses.pop(slurm_id, None)
+        if done is None or done.done():
+            return
+        if isinstance(result, RunLost):
+            done.set_exception(result)
+        else:
+            done.set_result(result)
+
+    # ------------------------------------------------------------ runs left behind
+
+    async def list_runs(self) -> list[LiveRun]:
+        return [LiveRun(job.job_id, job.epoch, job.slurm_id) for job in await self._jobs() if job.live]
+
+    async def adopt(self, run: LiveRun) -> _SlurmRun | None:
+        """Follow (job, epoch)'s Slurm job, live or ended while no agent watched (then its
+        outcome comes with the next poll); None when Slurm knows no such job of ours."""
+        chosen = choose_run(await self._jobs(job_name(run.job_id, run.epoch)), run.handle)
+        return None if chosen is None else self.follow(chosen.slurm_id, run.job_id, run.epoch)
+
+    async def kill_run(self, run: LiveRun) -> bool:
+        live = [job for job in await self._jobs(job_name(run.job_id, run.epoch))
+                if job.live and (job.slurm_id == run.handle or not run.handle)]
+        for job in live:
+            await self.scancel(job.slurm_id)
+        return bool(live)
+
+    async def kill_leftover(self, job_id: str, epoch: int) -> bool:
+        return await self.kill_run(LiveRun(job_id, epoch, ""))
+
+    # ------------------------------------------------------------ capacity
+
+    async def discover(self) -> Discovered:
+        """The partition's nodes (one ``scontrol show node`` call): each resource's total
+        and free amount, ``device_type`` and ``device_variant``."""
+        partition = await self._partition()
+        nodes = [node for node in parse_nodes(await self._run("scontrol", "show", "node", "-o", "-d"))
+                 if partition in node.partitions]
+        found = capacity(nodes)
+        self._shapes = found.shapes
+        return Discovered(found.attributes(), found.resources)
+
+    async def close(self) -> None:
+        """Stop polling; the runs go on in Slurm (a next agent run adopts them)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None

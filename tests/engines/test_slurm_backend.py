@@ -1,0 +1,319 @@
+"""The Slurm backend against a real Slurm (services/peer_agent/backends/slurm.py).
+
+Each test has a peer id of its own, so runs of earlier tests (and of other peers on a
+shared cluster) are never its runs. The node has 2 CPUs here and each run takes one:
+a third run waits in PENDING. Timeouts bound a hang; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from services.peer_agent.backends import KILLED_EXIT_CODE, LaunchError, LiveRun, RunLost, RunSpec
+from services.peer_agent.backends.slurm import SlurmBackend, SlurmError
+from services.peer_agent.backends.slurm_text import job_name, parse_gres
+from tooling.engines.slurm import SlurmCluster
+
+# A bound on a hang of a slow shared machine, not an expectation (a job takes ~3 s).
+JOB_TIMEOUT_S = 180.0
+POLL_S = 0.2
+# Waits until a file `go` appears in its run folder (its working directory), then exits 7.
+WAIT_FOR_GO = ["sh", "-c", "while [ ! -e go ]; do sleep 0.2; done; exit 7"]
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    return slurm_cluster
+
+
+@pytest.fixture
+def peer_id() -> str:
+    return f"peer-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def make_backend(slurm_env: SlurmCluster, tmp_path: Path,
+                       peer_id: str) -> AsyncIterator[Callable[..., SlurmBackend]]:
+    """New SlurmBackend objects (an agent run each) on one work folder; all closed at the end."""
+    made: list[SlurmBackend] = []
+
+    def make(peer: str = peer_id, partition: str = "") -> SlurmBackend:
+        backend = SlurmBackend(tmp_path / "work", peer, partition=partition, poll_interval_s=POLL_S)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.close()
+
+
+@pytest.fixture
+def backend(make_backend: Callable[..., SlurmBackend]) -> SlurmBackend:
+    return make_backend()
+
+
+def _spec(command: list[str], job_id: str = "", epoch: int = 1, **kwargs) -> RunSpec:
+    return RunSpec(job_id or f"job-{uuid.uuid4().hex[:8]}", epoch, command, **kwargs)
+
+
+async def _ended(handle) -> int:
+    return await asyncio.wait_for(handle.wait(), JOB_TIMEOUT_S)
+
+
+async def _eventually(check: Callable[[], Awaitable[object]], what: str) -> object:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + JOB_TIMEOUT_S
+    while loop.time() < deadline:
+        if result := await check():
+            return result
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
+    job = cluster.job(slurm_id)
+    assert job is not None, f"Slurm forgot job {slurm_id}"
+    return job
+
+
+async def _running(cluster: SlurmCluster, slurm_id: str) -> None:
+    await _eventually(lambda: asyncio.to_thread(lambda: _job(cluster, slurm_id)["JobState"] == "RUNNING"),
+                      f"Slurm job {slurm_id} to run")
+
+
+async def test_exit_code_and_output_files(backend: SlurmBackend) -> None:
+    spec = _spec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    handle = await backend.launch(spec)
+
+    assert await _ended(handle) == 3
+    run_dir = Path(handle.log_dir)
+    assert handle.log_dir == backend.log_dir(spec.job_id, spec.epoch)
+    assert run_dir == (backend.work_root / spec.job_id / "epoch-1").resolve()
+    assert (run_dir / "stdout").read_text() == "out\n"
+    assert (run_dir / "stderr").read_text() == "err\n"
+    assert (run_dir / "job.sh").exists()
+
+
+async def test_gpu_job_gets_its_gres_and_is_killed(backend: SlurmBackend, slurm_env: SlurmCluster) -> None:
+    handle = await backend.launch(_spec(["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES"; exec sleep 30'],
+                                        resources={"cpu": 1, "gpu": 2}))
+    job = _job(slurm_env, handle.slurm_id)
+    # Slurm 22.05 writes "gres:gpu:2", 23.02 and later "gres/gpu:2".
+    assert re.fullmatch(r"gres[:/]gpu:2", job["TresPerNode"]), job
+    tres = set(job["TRES"].split(","))
+    assert "cpu=1" in tres and tres & {"mem=1024M", "mem=1G"}, job
+    assert job["Comment"] == backend.comment
+    stdout = Path(handle.log_dir) / "stdout"
+    await _eventually(lambda: asyncio.to_thread(lambda: stdout.exists() and stdout.read_text()),
+                      "the job to start")
+    assert re.fullmatch(r"gpus=\d+,\d+\n", stdout.read_text())
+
+    await handle.kill(grace_s=1)
+
+    assert await _ended(handle) == KILLED_EXIT_CODE
+    assert _job(slurm_env, handle.slurm_id)["JobState"] == "CANCELLED"
+
+
+async def test_environment_arrives_literally_without_agent_secrets(
+    backend: SlurmBackend, slurm_env: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("IRISFED_DATABASE_URL", "postgres://agent:secret@db/irisfed")
+    monkeypatch.setenv("IRISFED_NATS_URL", "nats://agent:secret@nats:4222")
+    pwned = tmp_path / "pwned"
+    env = {
+        "SUBST": f"$(touch {pwned})", "TICKS": f"`touch {pwned}`", "QUOTES": "it's \"q\" \\ $HOME",
+        "LINES": "a\n#SBATCH --gres=gpu:4\nb", "CRLF": "x\r\ny", "odd-name": f"v; touch {pwned}",
+        "IRISFED_JOB_ID": "forged",
+    }
+    printer = "import json, os; print(json.dumps(dict(os.environ)))"
+    spec = _spec(["python3", "-c", printer], env=env, epoch=4)
+    handle = await backend.launch(spec)
+
+    assert await _ended(handle) == 0
+    seen = json.loads((Path(handle.log_dir) / "stdout").read_text())
+    assert {name: seen.get(name) for name in env if name != "IRISFED_JOB_ID"} == {
+        name: value for name, value in env.items() if name != "IRISFED_JOB_ID"}
+    assert (seen["IRISFED_JOB_ID"], seen["IRISFED_EPOCH"]) == (spec.job_id, "4")
+    assert "IRISFED_DATABASE_URL" not in seen and "IRISFED_NATS_URL" not in seen
+    assert not any("secret" in value for value in seen.values())
+    assert not pwned.exists()
+    assert _job(slurm_env, handle.slurm_id).get("TresPerNode", "") in ("", "(null)")  # no #SBATCH read
+
+
+async def test_launch_twice_is_one_slurm_job(backend: SlurmBackend, slurm_env: SlurmCluster,
+                                             make_backend: Callable[..., SlurmBackend]) -> None:
+    spec = _spec(["sleep", "30"])
+    first = await backend.launch(spec)
+    second = await backend.launch(spec)
+    restarted = await make_backend().launch(spec)  # by a restarted agent
+
+    assert first.slurm_id == second.slurm_id == restarted.slurm_id
+    named = slurm_env.run("squeue", "-h", "-t", "all", "-n", job_name(spec.job_id, spec.epoch), "-o", "%i")
+    assert named.split() == [first.slurm_id]
+    await first.kill(grace_s=1)
+    assert await _ended(second) == KILLED_EXIT_CODE
+
+
+async def test_restarted_agent_lists_adopts_and_follows_to_the_exit_code(
+    make_backend: Callable[..., SlurmBackend], slurm_env: SlurmCluster,
+) -> None:
+    spec = _spec(WAIT_FOR_GO)
+    first = make_backend()
+    launched = await first.launch(spec)
+    await first.close()  # the agent stops; the run goes on
+
+    restarted = make_backend()
+    assert await restarted.list_runs() == [LiveRun(spec.job_id, spec.epoch, launched.slurm_id)]
+    assert await make_backend(peer=f"other-{uuid.uuid4().hex[:6]}").list_runs() == []
+    adopted = await restarted.adopt(LiveRun(spec.job_id, spec.epoch, ""))  # as the agent's reconcile asks
+    assert adopted is not None and adopted.slurm_id == launched.slurm_id
+    assert adopted.log_dir == launched.log_dir
+
+    (Path(launched.log_dir) / "go").touch()
+
+    assert await _ended(adopted) == 7
+    # Ended while no agent watched: still adopted (Slurm remembers it), with its exit code.
+    later = await make_backend().adopt(LiveRun(spec.job_id, spec.epoch, ""))
+    assert later is not None and await _ended(later) == 7
+    assert await restarted.list_runs() == []
+
+
+async def test_other_peers_neither_adopt_nor_kill(
+    make_backend: Callable[..., SlurmBackend], slurm_env: SlurmCluster,
+) -> None:
+    spec = _spec(WAIT_FOR_GO)
+    handle = await make_backend().launch(spec)
+    other = make_backend(peer=f"other-{uuid.uuid4().hex[:6]}")
+
+    assert await other.adopt(LiveRun(spec.job_id, spec.epoch, "")) is None
+    assert await other.kill_leftover(spec.job_id, spec.epoch) is False
+    assert await other.kill_run(LiveRun(spec.job_id, spec.epoch, handle.slurm_id)) is False
+    (Path(handle.log_dir) / "go").touch()
+    assert await _ended(handle) == 7
+
+
+async def test_kill_leftover_and_kill_run(make_backend: Callable[..., SlurmBackend],
+                                          slurm_env: SlurmCluster) -> None:
+    first = make_backend()
+    leftover = await first.launch(_spec(["sleep", "30"]))
+    listed = await first.launch(_spec(["sleep", "30"]))
+    restarted = make_backend()
+
+    assert await restarted.kill_leftover(*_run_of(leftover)) is True
+    runs = {run.handle: run for run in await restarted.list_runs()}
+    assert set(runs) == {listed.slurm_id}
+    assert await restarted.kill_run(runs[listed.slurm_id]) is True
+
+    assert await _ended(leftover) == KILLED_EXIT_CODE
+    assert await _ended(listed) == KILLED_EXIT_CODE
+    assert await restarted.kill_leftover(*_run_of(leftover)) is False
+    assert await restarted.kill_run(runs[listed.slurm_id]) is False
+    assert _job(slurm_env, leftover.slurm_id)["JobState"] == "CANCELLED"
+
+
+def _run_of(handle) -> tuple[str, int]:
+    """(job id, epoch) of a handle, from its run folder ``<job>/epoch-<n>``."""
+    run_dir = Path(handle.log_dir)
+    return run_dir.parent.name, int(run_dir.name.removeprefix("epoch-"))
+
+
+async def test_discover_matches_the_nodes_and_free_drops_while_a_gpu_job_runs(
+    backend: SlurmBackend, slurm_env: SlurmCluster,
+) -> None:
+    node = slurm_env.node()
+    gpus, gpu_types = parse_gres(node.get("Gres", ""))
+    if not gpus.get("gpu"):
+        pytest.skip("the Slurm node has no GPU GRES")
+    found = await backend.discover()
+
+    assert found.resources["cpu"][0] == int(node["CPUTot"])
+    assert found.resources["memory_mb"][0] == int(node["RealMemory"])
+    assert found.resources["gpu"][0] == gpus["gpu"]
+    assert found.attributes == {"device_type": ["gpu"], "device_variant": gpu_types["gpu"]}
+
+    handle = await backend.launch(_spec(["sleep", "30"], resources={"cpu": 1, "gpu": 2}))
+    await _running(slurm_env, handle.slurm_id)
+    busy = await backend.discover()
+    assert busy.resources["gpu"][1] <= gpus["gpu"] - 2
+    assert busy.resources["cpu"][1] <= int(node["CPUTot"]) - 1
+    assert busy.resources["memory_mb"][1] <= int(node["RealMemory"]) - 1024
+    assert busy.resources["gpu"][0] == gpus["gpu"]
+    await handle.kill(grace_s=1)
+    assert await _ended(handle) == KILLED_EXIT_CODE
+
+
+async def test_a_job_no_node_can_hold_is_refused_before_sbatch(backend: SlurmBackend) -> None:
+    with pytest.raises(LaunchError, match=r"gpu: asked 8, the largest node has \d+"):
+        await backend.launch(_spec(["true"], resources={"cpu": 1, "gpu": 8}))
+    with pytest.raises(LaunchError, match=r"tpu: asked 1, the largest node has 0"):
+        await backend.launch(_spec(["true"], resources={"cpu": 1, "tpu": 1}))
+    assert backend.engine_calls["sbatch"] == 0
+
+
+async def test_sbatch_refusal_and_unknown_partition_are_launch_errors(
+    backend: SlurmBackend, make_backend: Callable[..., SlurmBackend],
+) -> None:
+    # Slurm refuses batch scripts over its max_script_size (4 MB by default).
+    with pytest.raises(LaunchError, match="sbatch exited 1: .*Batch job submission failed"):
+        await backend.launch(_spec(["true"], env={"BIG": "x" * 5_000_000}))
+    with pytest.raises(LaunchError, match="holds '='"):
+        await backend.launch(_spec(["a=b"], env={"odd-name": "1"}))
+    nowhere = make_backend(partition="no-such-partition")
+    with pytest.raises(LaunchError, match="no-such-partition"):
+        await nowhere.launch(_spec(["true"]))
+    with pytest.raises(SlurmError, match="no-such-partition"):
+        await nowhere.discover()
+
+
+async def test_runs_in_flight_are_polled_with_one_call_per_interval(
+    backend: SlurmBackend, slurm_env: SlurmCluster,
+) -> None:
+    handles = [await backend.launch(_spec(["sleep", "30"])) for _ in range(3)]  # 2 run, 1 pends
+    await _running(slurm_env, handles[0].slurm_id)
+    calls, polls = dict(backend.engine_calls), backend.polls
+
+    await _eventually(lambda: _true(backend.polls >= polls + 5), "five polls")
+
+    assert backend.polls - polls >= 5
+    grown = {name: count - calls.get(name, 0) for name, count in backend.engine_calls.items()}
+    assert grown == {**{name: 0 for name in calls}, "squeue": backend.polls - polls}
+    for handle in handles:
+        await handle.kill(grace_s=1)
+    assert [await _ended(handle) for handle in handles] == [KILLED_EXIT_CODE] * 3
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_job_slurm_does_not_know_is_lost(backend: SlurmBackend) -> None:
+    handle = backend.follow("999999999", "ghost", 1)
+    with pytest.raises(RunLost, match="Slurm no longer knows job 999999999"):
+        await _ended(handle)
+
+
+async def test_a_hung_or_missing_command_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one stand-in here: a real Slurm cannot be made to hang on demand, so ``squeue``
+    is a script that never answers (no cluster needed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    hang = bin_dir / "squeue"
+    hang.write_text("#!/bin/sh\nexec /bin/sleep 600\n")
+    hang.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    backend = SlurmBackend(tmp_path / "work", "p", poll_interval_s=POLL_S, command_timeout_s=0.5)
+
+    with pytest.raises(SlurmError, match=r"squeue did not answer within 0.5 s"):
+        await backend.list_runs()
+    hang.unlink()
+    with pytest.raises(LaunchError, match="cannot run squeue"):
+        await backend.launch(_spec(["true"]))
