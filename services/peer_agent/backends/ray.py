@@ -1,0 +1,394 @@
+"""The ``ray`` backend: each run a job of a Ray cluster, through the Ray Jobs API.
+
+Every call to the head (``JobSubmissionClient``, blocking HTTP) runs in a thread
+with a timeout, so a slow or silent head never stalls the agent's loop; the client
+is made on first use (making it asks the head its version) and ``ray`` is imported
+only here (it is an optional extra). ``tooling/engines/ray.py`` records how the
+API behaves; ``ray_text.py`` holds the pure mapping both ways.
+
+- Launch submits ``irisfed-<job_id>-e<epoch>`` with metadata naming our peer, job
+  and epoch (peers sharing a cluster never list, adopt or kill each other's jobs),
+  the command as one quoted shell line, the job's environment (never the agent's)
+  and its resources as entrypoint resources. A request no node could ever hold is
+  refused here (``LaunchError``): Ray itself would keep it pending for 15 minutes
+  and then fail it. A submission id Ray already has is that run: launch returns it.
+- One poller task, started on the first launch or adoption and ended when nothing
+  is left to follow (or by ``close``), asks ``list_jobs`` once per interval for all
+  runs together, never once per run. ``engine_calls`` counts every call by name.
+- A run ended: ``wait`` writes its logs (``get_job_logs``: stdout and stderr
+  interleaved, among a few lines of Ray's own) to ``<run dir>/stdout`` and returns
+  its exit code, or raises ``RunLost`` when Ray failed it before its command ended
+  or the head no longer lists it (a restarted head forgets every job).
+- Kill is ``stop_job``; Ray ignores it while the job is PENDING (the command
+  would start once resources free up), so the poller asks again at every poll
+  until the job ends. Ray gives a running job SIGTERM, then SIGKILL after
+  RAY_JOB_STOP_WAIT_TIME_S (3 s) whatever ``grace_s`` says.
+- A submit whose answer was lost (a timeout) may have created the job all the
+  same; it is then a run the agent does not know, which its next leftover scan
+  (``list_runs``) finds and kills.
+
+Limits (measured with ray 2.60): a job sees the environment of the Ray node that
+runs it plus its own variables. Ray expands ``$NAME`` and ``${NAME}`` in
+``runtime_env.env_vars`` values, so those travel base64-encoded and a small Python
+wrapper (``python3`` on the node) sets them verbatim before it ``exec``s the
+command (``ray_text.entrypoint``). Anyone who can reach the dashboard reads a
+job's variables (``list_jobs``). The
+fit check counts the nodes the cluster has now: an autoscaler's nodes not yet
+started do not count. ``list_jobs`` answers with every job since the head started,
+so each poll grows with the head's history, not with our runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from services.common.log import EventLogger
+from services.peer_agent.backends import (
+    DEFAULT_POLL_INTERVAL_S,
+    Discovered,
+    LaunchError,
+    LiveRun,
+    RunLost,
+    RunSpec,
+)
+from services.peer_agent.backends import ray_text as text
+
+log = EventLogger("peer-agent")
+
+# How long one call to the head may take (a generous bound on a busy head, not an
+# expectation: calls take well under a second).
+CALL_TIMEOUT_S = 30.0
+
+
+def _make_client(address: str, timeout_s: float) -> Any:
+    """A ``JobSubmissionClient`` whose every HTTP request times out: the client sets
+    none, and a request that never returns would hold its thread for ever."""
+    from ray.job_submission import JobSubmissionClient  # ray is an optional extra
+
+    class _Client(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", timeout_s)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return _Client(address)
+
+
+def _get_json(url: str, timeout_s: float) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def _not_found(error: BaseException) -> bool:
+    """Whether a Jobs API call failed because the head has no such job (HTTP 404)."""
+    return "status code 404" in str(error)
+
+
+def _write_outputs(run_dir: Path, stdout: str, stderr: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "stdout").write_text(stdout)
+    (run_dir / "stderr").write_text(stderr)
+
+
+class _RayRun:
+    """One Ray job, followed by its backend's poller until it ends."""
+
+    def __init__(self, backend: RayBackend, submission_id: str, job_id: str, epoch: int) -> None:
+        self.backend = backend
+        self.submission_id = submission_id
+        self.job_id = job_id
+        self.epoch = epoch
+        self.log_dir = backend.log_dir(job_id, epoch)
+        self.kill_requested = False
+        self.since_poll = 0  # polls started before it was followed cannot have listed it
+        self.ended = asyncio.Event()
+        self.state: text.JobState | None = None
+        self.lost = ""  # why the run was lost, when the poller knows it was
+        self.forgotten = False  # the head no longer has the job (nor its logs)
+        self._outputs_saved = False
+        self._saving = asyncio.Lock()
+
+    def end(self, state: text.JobState | None = None, forgotten: str = "") -> None:
+        """It ended as ``state`` says, or the head ``forgotten`` it (why)."""
+        self.state, self.lost, self.forgotten = state, forgotten, bool(forgotten)
+        self.ended.set()
+
+    async def wait(self) -> int:
+        self.backend.follow(self)
+        await self.ended.wait()
+        lost, code = self.lost, 0
+        if not lost:
+            assert self.state is not None
+            try:
+                code = text.exit_code(self.state, self.kill_requested)
+            except RunLost as exc:
+                lost = str(exc)
+        await self._save_outputs(lost)
+        if lost:
+            raise RunLost(lost)
+        return code
+
+    async def kill(self, grace_s: float) -> None:
+        """Ask Ray to stop the job (again at every poll until it ends) and wait up to
+        ``grace_s`` for it to end."""
+        if self.ended.is_set():
+            return
+        self.kill_requested = True
+        self.backend.follow(self)
+        await self.backend.stop(self.submission_id)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), timeout=grace_s)
+
+    async def _save_outputs(self, lost: str) -> None:
+        """The job's logs into ``stdout`` (once); ``stderr`` says what went wrong, if anything."""
+        async with self._saving:
+            if self._outputs_saved:
+                return
+            stdout, stderr = "", ""
+            if lost:
+                stderr = f"irisfed: run lost: {lost}\n"
+            if not self.forgotten:  # a forgotten job has no logs left
+                try:
+                    stdout = await self.backend.call("get_job_logs", self.submission_id)
+                except Exception as exc:  # noqa: BLE001 - the outcome matters more than the logs
+                    stderr += f"irisfed: could not fetch the Ray job's logs: {exc!r}\n"
+                    log.warning("ray_logs_unavailable", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
+            try:
+                await asyncio.to_thread(_write_outputs, Path(self.log_dir), stdout, stderr)
+            except OSError as exc:
+                log.warning("ray_logs_not_written", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
+            self._outputs_saved = True
+
+
+class RayBackend:
+    """Runs each job as a Ray job of the cluster whose dashboard is at ``address``
+    (``http://head:8265``); output under ``work_root/<job_id>/epoch-<n>``."""
+
+    kind = "ray"
+    runs_outlive_agent = True
+
+    def __init__(self, address: str, work_root: Path, peer_id: str,
+                 poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.address = address.rstrip("/")
+        self.work_root = work_root
+        self.peer_id = peer_id
+        self.poll_interval_s = poll_interval_s
+        self.call_timeout_s = call_timeout_s
+        self.engine_calls: Counter[str] = Counter()  # calls to the head, by name
+        self.polls = 0  # poller rounds: one list_jobs each, whatever the number of runs
+        self._client: Any = None
+        self._connecting = asyncio.Lock()
+        self._runs: dict[str, _RayRun] = {}  # followed, by submission id
+        self._poller: asyncio.Task[None] | None = None
+        self._report: text.ClusterReport | None = None
+
+    def run_dir(self, job_id: str, epoch: int) -> Path:
+        return self.work_root / job_id / f"epoch-{epoch}"
+
+    def log_dir(self, job_id: str, epoch: int) -> str:
+        return str(self.run_dir(job_id, epoch).resolve())
+
+    # ------------------------------------------------------------ calls to the head
+
+    async def _connect(self) -> Any:
+        async with self._connecting:
+            if self._client is None:
+                self.engine_calls["connect"] += 1
+                # Twice the call timeout: importing ray takes seconds on a busy machine.
+                self._client = await asyncio.wait_for(
+                    asyncio.to_thread(_make_client, self.address, self.call_timeout_s),
+                    timeout=2 * self.call_timeout_s)
+        return self._client
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``JobSubmissionClient.<name>(...)`` in a thread, within the call timeout."""
+        client = await self._connect()
+        self.engine_calls[name] += 1
+        return await asyncio.wait_for(asyncio.to_thread(getattr(client, name), *args, **kwargs),
+                                      timeout=self.call_timeout_s)
+
+    async def _job_info(self, submission_id: str) -> Any | None:
+        """The head's ``JobDetails`` of a job, None when it has no such job."""
+        try:
+            return await self.call("get_job_info", submission_id)
+        except RuntimeError as exc:
+            if _not_found(exc):
+                return None
+            raise
+
+    async def stop(self, submission_id: str) -> None:
+        """``stop_job``; a failure is only logged (the poller asks again)."""
+        try:
+            await self.call("stop_job", submission_id)
+        except Exception as exc:  # noqa: BLE001 - asked again at the next poll
+            if not _not_found(exc):
+                log.warning("ray_stop_failed", submission_id=submission_id, error=repr(exc))
+
+    # ------------------------------------------------------------ launching
+
+    async def launch(self, spec: RunSpec) -> _RayRun:
+        submission_id = text.submission_id(spec.job_id, spec.epoch)
+        try:
+            entrypoint = text.entrypoint(spec.command)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+        report = self._report
+        if report is None:
+            try:
+                await self.discover()
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the head
+                raise LaunchError(f"cannot learn what the Ray cluster at {self.address} has: {exc!r}") from exc
+            report = self._report
+            assert report is not None
+        problem = text.too_big(spec.resources, report)
+        if problem is not None:
+            raise LaunchError(problem)
+        try:
+            await asyncio.to_thread(self.run_dir(spec.job_id, spec.epoch).mkdir, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot make the run folder: {exc.strerror or exc}") from exc
+        try:
+            await self.call(
+                "submit_job", entrypoint=entrypoint, submission_id=submission_id,
+                runtime_env={"env_vars": text.job_env(spec.env, spec.job_id, spec.epoch)},
+                metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch),
+                **text.submit_resources(spec.resources, report.ray_names),
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure to submit is a launch error
+            if not text.already_exists(exc):
+                raise LaunchError(f"Ray did not take job {submission_id}: {exc!r}") from exc
+            try:  # launched before (by us, or by an earlier agent run): that is the run
+                handle = await self.adopt(LiveRun(spec.job_id, spec.epoch, submission_id))
+            except Exception as info_exc:  # noqa: BLE001
+                raise LaunchError(f"Ray has job {submission_id} but cannot say whose: {info_exc!r}") from exc
+            if handle is None:
+                raise LaunchError(f"Ray job {submission_id} exists and is not this peer's run") from exc
+            return handle
+        return self.track(submission_id, spec.job_id, spec.epoch)
+
+    # ------------------------------------------------------------ following runs
+
+    def track(self, submission_id: str, job_id: str, epoch: int) -> _RayRun:
+        """The followed run of ``submission_id`` (a new one when none is followed)."""
+        run = self._runs.get(submission_id)
+        if run is None:
+            run = _RayRun(self, submission_id, job_id, epoch)
+            self.follow(run)
+        return run
+
+    def follow(self, run: _RayRun) -> None:
+        """Have the poller follow ``run`` until it ends (starting the poller if needed)."""
+        if run.ended.is_set():
+            return
+        if run.submission_id not in self._runs:
+            run.since_poll = self.polls
+            self._runs[run.submission_id] = run
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever(), name="ray-poller")
+
+    async def _poll_forever(self) -> None:
+        while self._runs:
+            try:
+                await self._poll_once()
+            except Exception as exc:  # noqa: BLE001 - a head away: asked again next interval
+                log.warning("ray_poll_failed", address=self.address, error=repr(exc))
+            await asyncio.sleep(self.poll_interval_s)
+        self._poller = None  # nothing left to follow: the next launch or adoption starts another
+
+    async def _poll_once(self) -> None:
+        """One ``list_jobs`` for every followed run: end those that ended or that the
+        head forgot; ask again to stop those being killed."""
+        self.polls += 1
+        started = self.polls
+        jobs = await self.call("list_jobs")
+        listed = {job.submission_id: job for job in jobs if job.submission_id}
+        stopping = []
+        for submission_id, run in list(self._runs.items()):
+            job = listed.get(submission_id)
+            if job is None:
+                if run.since_poll < started:  # this answer would list it if the head knew it
+                    del self._runs[submission_id]
+                    run.end(forgotten=text.forgotten(submission_id))
+                continue
+            state = text.job_state(job)
+            if state.terminal:
+                del self._runs[submission_id]
+                run.end(state)
+            elif run.kill_requested:  # Ray ignores stop_job while a job is PENDING
+                stopping.append(self.stop(submission_id))
+        if stopping:
+            await asyncio.gather(*stopping)
+
+    # ------------------------------------------------------------ runs left behind
+
+    async def list_runs(self) -> list[LiveRun]:
+        runs = []
+        for job in await self.call("list_jobs"):
+            owned = text.owned_run(job.submission_id, job.metadata, self.peer_id)
+            if owned is not None and not text.job_state(job).terminal:
+                runs.append(LiveRun(owned[0], owned[1], job.submission_id))
+        return runs
+
+    async def adopt(self, run: LiveRun) -> _RayRun | None:
+        """Follow our Ray job of (job, epoch): found by ``run.handle`` (its submission id)
+        or by its name; one that already ended gives its outcome at once. None when
+        the head has no such job of ours."""
+        submission_id = run.handle or text.submission_id(run.job_id, run.epoch)
+        info = await self._job_info(submission_id)
+        if not self._ours(info, submission_id, run.job_id, run.epoch):
+            return None
+        state = text.job_state(info)
+        if not state.terminal:
+            return self.track(submission_id, run.job_id, run.epoch)
+        handle = self._runs.pop(submission_id, None) or _RayRun(self, submission_id, run.job_id, run.epoch)
+        handle.end(state)
+        return handle
+
+    def _ours(self, info: Any | None, submission_id: str, job_id: str, epoch: int) -> bool:
+        """Whether the head's job ``info`` is our peer's run of (job, epoch)."""
+        return info is not None and text.owned_run(submission_id, info.metadata, self.peer_id) == (job_id, epoch)
+
+    async def kill_run(self, run: LiveRun) -> bool:
+        submission_id = run.handle or text.submission_id(run.job_id, run.epoch)
+        return await self._stop_ours(submission_id, run.job_id, run.epoch)
+
+    async def kill_leftover(self, job_id: str, epoch: int) -> bool:
+        return await self._stop_ours(text.submission_id(job_id, epoch), job_id, epoch)
+
+    async def _stop_ours(self, submission_id: str, job_id: str, epoch: int) -> bool:
+        """Stop our Ray job of (job, epoch) if it has not ended; False when there is none
+        (or it is not ours). Followed until it ends, so a pending one is stopped too."""
+        info = await self._job_info(submission_id)
+        if not self._ours(info, submission_id, job_id, epoch):
+            return False
+        if text.job_state(info).terminal:
+            return False
+        self.track(submission_id, job_id, epoch).kill_requested = True
+        await self.stop(submission_id)
+        return True
+
+    # ------------------------------------------------------------ capacity
+
+    async def discover(self) -> Discovered:
+        """What the cluster has now, from ``GET /api/cluster_status`` (no driver needed);
+        kept for launch's check that a request fits."""
+        self.engine_calls["cluster_status"] += 1
+        payload = await asyncio.wait_for(
+            asyncio.to_thread(_get_json, self.address + "/api/cluster_status", self.call_timeout_s),
+            timeout=self.call_timeout_s)
+        self._report = text.cluster_report(payload)
+        return self._report.discovered
+
+    async def close(self) -> None:
+        """Stop the poller; the runs go on in Ray (a later agent run adopts them)."""
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller

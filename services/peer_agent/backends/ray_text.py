@@ -1,0 +1,319 @@
+"""What the ``ray`` backend says to and reads from the Ray Jobs API. Pure, no I/O.
+
+- Names: each run is the Ray job ``irisfed-<job_id>-e<epoch>`` (its submission id),
+  tagged with metadata naming our peer, job and epoch; a job whose metadata names
+  another peer (or none) is never ours, whatever its id says.
+- Submission: the command as one shell line (``shlex.join``: Ray runs the
+  entrypoint through a shell, so every argument is quoted and reaches the program
+  literally), the job's environment plus ``IRISFED_JOB_ID``/``IRISFED_EPOCH``, and
+  its resources as Ray's entrypoint resources (``submit_resources``). Ray never
+  refuses a job it can never run (it waits PENDING, then fails it after 15
+  minutes): ``too_big`` says so before submitting.
+- Outcomes: a terminal Ray job → its exit code, or ``RunLost`` when Ray's own
+  machinery failed it (``exit_code``).
+- Capacity: ``GET /api/cluster_status`` → ``Discovered`` (``cluster_report``).
+
+See tooling/engines/ray.py for the measured behaviour of the API these follow.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, SLOTS, fmt_amount
+
+PREFIX = "irisfed-"
+META_PEER, META_JOB, META_EPOCH = "irisfed_peer", "irisfed_job", "irisfed_epoch"
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+MIB = 1024 * 1024
+TPU = "tpu"
+# The longest part of a Ray message quoted in a RunLost (Ray's messages carry up to
+# 20,000 characters of log tail).
+MESSAGE_CHARS = 500
+
+_SUBMISSION_RE = re.compile(r"^irisfed-(.+)-e(\d+)$")
+_NAME_RE = re.compile(RESOURCE_NAME_PATTERN)
+# Ray's own resources besides CPU, GPU and memory: never advertised.
+_NOT_ADVERTISED = frozenset({"objectStoreMemory", "object_store_memory"})
+# Our names Ray's custom resources may not take (they are Ray's built-in ones, or reserved).
+_RESERVED = frozenset({CPU, GPU, MEMORY_MB, SLOTS, "memory"})
+
+
+# ------------------------------------------------------------------ names
+
+
+def submission_id(job_id: str, epoch: int) -> str:
+    return f"{PREFIX}{job_id}-e{epoch}"
+
+
+def parse_submission_id(text: str | None) -> tuple[str, int] | None:
+    """(job id, epoch) of one of our submission ids, None for any other id."""
+    match = _SUBMISSION_RE.match(text or "")
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def metadata(peer_id: str, job_id: str, epoch: int) -> dict[str, str]:
+    return {META_PEER: peer_id, META_JOB: job_id, META_EPOCH: str(epoch)}
+
+
+def owned_run(sub_id: str | None, meta: Mapping[str, str] | None, peer_id: str) -> tuple[str, int] | None:
+    """(job id, epoch) when a Ray job is a run of ``peer_id`` (its metadata names it and
+    agrees with the submission id); None otherwise."""
+    meta = meta or {}
+    if meta.get(META_PEER) != peer_id:
+        return None
+    job_id, epoch_text = meta.get(META_JOB), meta.get(META_EPOCH, "")
+    if not job_id or not epoch_text.isdigit():
+        return None
+    epoch = int(epoch_text)
+    return (job_id, epoch) if sub_id == submission_id(job_id, epoch) else None
+
+
+# ------------------------------------------------------------------ submission
+
+
+# Ray expands ``$NAME`` and ``${NAME}`` in ``runtime_env.env_vars`` values (and drops
+# unknown ``${NAME}``), so the job's own variables travel base64-encoded in one
+# variable (no ``$`` in that alphabet) and this wrapper, any Python 3 on the node,
+# puts them in place verbatim and then becomes the command (``execvp``).
+ENV_VARIABLE = "IRISFED_ENV_B64"
+_UNWRAP = ("import base64,json,os,sys;"
+           f"os.environ.update(json.loads(base64.b64decode(os.environ.pop('{ENV_VARIABLE}'))));"
+           "os.execvp(sys.argv[1],sys.argv[1:])")
+
+
+def entrypoint(command: Sequence[str]) -> str:
+    """The shell line Ray runs: the unwrapper, then the command, each argument quoted,
+    so none is expanded by the shell."""
+    if not command:
+        raise ValueError("the job has no command")
+    return shlex.join(["python3", "-c", _UNWRAP, *command])
+
+
+def job_env(env: Mapping[str, str], job_id: str, epoch: int) -> dict[str, str]:
+    """What goes in ``runtime_env.env_vars``: the job's own variables and its identity,
+    encoded (see ``ENV_VARIABLE``); nothing of the agent's environment."""
+    variables = {**env, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
+    encoded = base64.b64encode(json.dumps(variables).encode()).decode()
+    return {ENV_VARIABLE: encoded, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
+
+
+def ray_name(name: str, ray_names: Mapping[str, str]) -> str:
+    """Ray's name for an extended resource: the one discovery saw, else ``TPU`` for
+    ``tpu`` and the name itself for the rest."""
+    return ray_names.get(name) or ("TPU" if name == TPU else name)
+
+
+def submit_resources(request: Mapping[str, float],
+                     ray_names: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``submit_job`` keyword arguments for a normalised request. ``cpu`` is always
+    given (Ray counts an unnamed one as 0, not 1; an absent ``cpu`` means 1 here as
+    everywhere in irisfed); memory goes in bytes."""
+    ray_names = ray_names or {}
+    kwargs: dict[str, Any] = {"entrypoint_num_cpus": request.get(CPU, 1)}
+    custom: dict[str, float] = {}
+    for name, amount in request.items():
+        if name == CPU or not amount:
+            continue
+        if name == GPU:
+            kwargs["entrypoint_num_gpus"] = amount
+        elif name == MEMORY_MB:
+            kwargs["entrypoint_memory"] = int(amount * MIB)
+        else:
+            custom[ray_name(name, ray_names)] = amount
+    if custom:
+        kwargs["entrypoint_resources"] = custom
+    return kwargs
+
+
+def too_big(request: Mapping[str, float], report: ClusterReport) -> str | None:
+    """Why Ray could never start ``request`` (a resource asked beyond what any one node
+    has; the entrypoint runs on one node), or None when some node could."""
+    asked = {name: amount for name, amount in request.items() if amount and name != CPU}
+    if request.get(CPU, 1):
+        asked[CPU] = request.get(CPU, 1)
+    nodes = report.nodes or [{name: total for name, (total, _) in report.discovered.resources.items()}]
+    for name, amount in sorted(asked.items()):
+        most = max(node.get(name, 0) for node in nodes)
+        if amount > most + 1e-9:
+            cluster = report.discovered.resources.get(name, (0, 0))[0]
+            return (f"the job asks for {name}={fmt_amount(amount)} but the largest Ray node has "
+                    f"{name}={fmt_amount(most)} ({fmt_amount(cluster)} in the whole cluster): "
+                    "Ray would keep it pending until it fails it")
+    if not any(all(amount <= node.get(name, 0) + 1e-9 for name, amount in asked.items()) for node in nodes):
+        wanted = ", ".join(f"{name}={fmt_amount(amount)}" for name, amount in sorted(asked.items()))
+        return f"no single Ray node has all of {wanted}: Ray would keep the job pending until it fails it"
+    return None
+
+
+def already_exists(error: BaseException) -> bool:
+    """Whether ``submit_job`` failed because the submission id is taken (HTTP 500 with
+    ``ValueError: Job with submission_id X already exists``)."""
+    return "already exists" in str(error)
+
+
+# ------------------------------------------------------------------ outcomes
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What the poller keeps of a Ray ``JobDetails``."""
+
+    status: str
+    driver_exit_code: int | None = None
+    error_type: str | None = None
+    message: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+def status_name(status: object) -> str:
+    """``JobStatus.FAILED`` (a str enum) or ``"FAILED"`` → ``"FAILED"``."""
+    return str(getattr(status, "value", status))
+
+
+def job_state(details: Any) -> JobState:
+    """The fields of a ``JobDetails`` (or ``JobInfo``) an outcome depends on."""
+    error_type = getattr(details, "error_type", None)
+    return JobState(status_name(details.status), getattr(details, "driver_exit_code", None),
+                    None if error_type is None else status_name(error_type),
+                    getattr(details, "message", None))
+
+
+def exit_code(state: JobState, kill_requested: bool = False) -> int:
+    """The run's exit code once its Ray job ended; raises ``RunLost`` when Ray failed it
+    without the entrypoint ever exiting (supervisor died or never started, runtime
+    environment setup failed, waited too long for resources ...).
+
+    SUCCEEDED → 0; STOPPED → ``KILLED_EXIT_CODE``; FAILED with a driver exit code →
+    that code (the job's own failure). FAILED without one after we asked to stop it
+    is a kill too: Ray 2.60 reports FAILED when the entrypoint of a pending job it
+    was asked to stop ended on its own first.
+    """
+    if state.status == "SUCCEEDED":
+        return 0
+    if state.status == "STOPPED":
+        return KILLED_EXIT_CODE
+    if state.status != "FAILED":
+        raise ValueError(f"the Ray job has not ended (status {state.status})")
+    if state.driver_exit_code is not None:
+        return int(state.driver_exit_code)
+    if kill_requested:
+        return KILLED_EXIT_CODE
+    message = (state.message or "no message").strip()
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS] + "..."
+    why = state.error_type or "no error type"
+    raise RunLost(f"Ray failed the job before its command ended ({why}): {message}")
+
+
+def forgotten(sub_id: str) -> str:
+    """Why a run is lost whose Ray job the head no longer lists (a restarted head
+    forgets every job)."""
+    return f"the Ray head no longer knows job {sub_id} (restarted, or the job was deleted)"
+
+
+# ------------------------------------------------------------------ capacity
+
+
+@dataclass(frozen=True)
+class ClusterReport:
+    """What a Ray cluster has: ``discovered`` (summed over nodes), each live node's
+    totals under our names (``nodes``), and Ray's name of each extended resource
+    (``ray_names``: ``{"tpu": "TPU"}``)."""
+
+    discovered: Discovered
+    nodes: list[dict[str, float]] = field(default_factory=list)
+    ray_names: dict[str, str] = field(default_factory=dict)
+
+
+def _our_name(ray_resource: str) -> str | None:
+    """Our name of a Ray resource, None for one that is never advertised: Ray's
+    bookkeeping (``node:<ip>``, ``accelerator_type:<type>``, object store memory,
+    placement group ``<name>_group_<id>`` resources) and names that are not valid
+    irisfed resource names once lower-cased."""
+    if ray_resource == "CPU":
+        return CPU
+    if ray_resource == "GPU":
+        return GPU
+    if ray_resource == "memory":
+        return MEMORY_MB
+    if (ray_resource in _NOT_ADVERTISED or ray_resource.startswith(("node:", "accelerator_type:"))
+            or "_group_" in ray_resource):
+        return None
+    name = ray_resource.lower()
+    if name in _RESERVED or not _NAME_RE.match(name):
+        return None
+    return name
+
+
+def _pairs(usage: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """``{ray name: (used, total)}``, dropping entries that are not two numbers."""
+    pairs = {}
+    for name, value in usage.items():
+        try:
+            used, total = (float(v) for v in value)
+        except (TypeError, ValueError):
+            continue
+        pairs[name] = (used, total)
+    return pairs
+
+
+def _named(pairs: Mapping[str, tuple[float, float]],
+           ray_names: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """``{our name: (total, free)}``; memory in whole MiB. The first Ray name (sorted)
+    of a lower-cased name wins (``TPU`` over ``tpu``)."""
+    named: dict[str, tuple[float, float]] = {}
+    for ray_resource in sorted(pairs):
+        name = _our_name(ray_resource)
+        if name is None or (name in named):
+            continue
+        used, total = pairs[ray_resource]
+        free = max(0.0, total - used)
+        if name == MEMORY_MB:
+            total, free = float(int(total // MIB)), float(int(free // MIB))
+        named[name] = (total, free)
+        if name not in (CPU, GPU, MEMORY_MB):
+            ray_names.setdefault(name, ray_resource)
+    return named
+
+
+def cluster_report(payload: Mapping[str, Any]) -> ClusterReport:
+    """A ``GET /api/cluster_status`` answer → what the cluster has.
+
+    Resources: cpu, gpu, memory_mb (whole MiB) and every custom resource whose
+    lower-cased name is a valid irisfed resource name (``TPU`` → ``tpu``), each as
+    (total, free = total − used). Attributes: ``device_type`` ``gpu`` and/or ``tpu``
+    when the cluster has any, else ``cpu``; ``device_variant`` the lower-cased
+    ``accelerator_type:<type>`` names (``a100``). Raises ``ValueError`` when the
+    answer holds no resource report (the head's first one comes some seconds after
+    it starts).
+    """
+    try:
+        metrics = payload["data"]["clusterStatus"]["loadMetricsReport"]
+        usage = metrics["usage"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"the Ray cluster status holds no resource report ({exc!r} missing)") from None
+    pairs = _pairs(usage or {})
+    if "CPU" not in pairs:
+        raise ValueError("the Ray cluster status holds no resource report yet")
+    ray_names: dict[str, str] = {}
+    resources = _named(pairs, ray_names)
+    nodes = [{name: total for name, (total, _) in _named(_pairs(node), ray_names).items()}
+             for node in (metrics.get("usageByNode") or {}).values() if isinstance(node, Mapping)]
+    device_type = [kind for kind in (GPU, TPU) if resources.get(kind, (0, 0))[0] > 0] or [CPU]
+    attributes = {"device_type": device_type}
+    variants = sorted({name.removeprefix("accelerator_type:").lower() for name, (_, total) in pairs.items()
+                       if name.startswith("accelerator_type:") and total > 0})
+    if variants:
+        attributes["device_variant"] = variants
+    return ClusterReport(Discovered(attributes, resources), nodes, ray_names)

@@ -1,0 +1,233 @@
+"""The ray backend against a real Ray head (``ray_head``: 2 CPUs, no GPU, ``{"TPU": 4}``).
+
+Ray is slow here (a trivial job takes 3-5 s from submit to its end): each test runs
+few jobs, at the same time. Jobs that must stay alive wait for a file the test
+creates (the head runs on this machine). Every wait is a bound on a hang of a busy
+machine, never an assertion on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.peer_agent.backends import KILLED_EXIT_CODE, LaunchError, LiveRun, RunLost, RunSpec
+from services.peer_agent.backends.ray import RayBackend
+from tests.infra.waiting import wait_for
+from tooling.engines.ray import RayHead
+
+TIMEOUT_S = 180.0  # Ray's very first job on a fresh head took up to ~20 s
+POLL_S = 0.5
+
+
+@pytest.fixture
+async def backends(ray_head: RayHead, tmp_path: Path):
+    """``make(peer_id)``: a RayBackend on the test head (closed at the end)."""
+    made: list[RayBackend] = []
+
+    def make(peer_id: str = "peer-a") -> RayBackend:
+        backend = RayBackend(ray_head.address, tmp_path / "work", peer_id, poll_interval_s=POLL_S)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.close()
+
+
+def job_id(what: str) -> str:
+    return f"{what}-{uuid.uuid4().hex[:8]}"
+
+
+def until_file(path: Path, then: str = "exit 0") -> list[str]:
+    """A command that waits for ``path`` to exist, then runs ``then``."""
+    return ["sh", "-c", f'echo started; while [ ! -e "$1" ]; do sleep 0.2; done; {then}', "sh", str(path)]
+
+
+async def ray_status(ray_head: RayHead, submission_id: str) -> str:
+    info = await asyncio.to_thread(ray_head.job_client().get_job_info, submission_id)
+    return str(info.status.value)
+
+
+async def ray_jobs_named(ray_head: RayHead, submission_id: str) -> int:
+    jobs = await asyncio.to_thread(ray_head.job_client().list_jobs)
+    return sum(job.submission_id == submission_id for job in jobs)
+
+
+async def wait_status(ray_head: RayHead, submission_id: str, *statuses: str) -> str:
+    async def probe() -> str | None:
+        status = await ray_status(ray_head, submission_id)
+        return status if status in statuses else None
+
+    return await wait_for(probe, f"Ray job {submission_id} to be {'/'.join(statuses)}", TIMEOUT_S, POLL_S)
+
+
+async def test_exit_code_env_and_logs_and_a_second_launch_is_the_same_run(
+        ray_head: RayHead, backends, tmp_path: Path) -> None:
+    backend = backends()
+    pwned = tmp_path / "pwned"
+    hostile = f"$(touch {pwned}) `touch {pwned}` 'q' \"dq\" $HOME ${{HOME}} ${{NOT_SET}} \\$"
+    script = 'printf "env=%s\\n" "$HOSTILE"; printf "arg=%s\\n" "$1"; echo to-stderr >&2; exit 7'
+    spec = RunSpec(job_id("exit7"), 1, ["sh", "-c", script, "sh", hostile],
+                   env={"HOSTILE": hostile}, resources={"cpu": 1})
+
+    handle = await backend.launch(spec)
+    again = await backend.launch(spec)  # the engine already has (job, epoch): that run
+
+    assert await handle.wait() == 7
+    assert await again.wait() == 7
+    assert await ray_jobs_named(ray_head, "irisfed-" + spec.job_id + "-e1") == 1
+    run_dir = tmp_path / "work" / spec.job_id / "epoch-1"
+    assert handle.log_dir == backend.log_dir(spec.job_id, 1) == str(run_dir.resolve())
+    stdout = (Path(handle.log_dir) / "stdout").read_text()
+    assert f"env={hostile}\n" in stdout and f"arg={hostile}\n" in stdout and "to-stderr\n" in stdout
+    assert (Path(handle.log_dir) / "stderr").read_text() == ""  # Ray interleaves both in stdout
+    assert not pwned.exists()
+
+    # A restarted agent adopts by name a run that ended while no agent watched.
+    later = backends()
+    adopted = await later.adopt(LiveRun(spec.job_id, 1, ""))
+    assert adopted is not None and await adopted.wait() == 7
+    assert spec.job_id not in {run.job_id for run in await later.list_runs()}  # ended: not alive
+    assert await later.adopt(LiveRun(spec.job_id, 2, "")) is None  # no such run
+    assert await backends("peer-b").adopt(LiveRun(spec.job_id, 1, "")) is None  # not peer-b's
+
+
+async def test_runs_in_flight_share_one_list_jobs_per_poll(backends) -> None:
+    backend = backends()
+    specs = [RunSpec(job_id(f"many{code}"), 1, ["sh", "-c", f"exit {code}"], resources={"cpu": 0.5})
+             for code in (0, 3, 4)]
+    handles = await asyncio.gather(*(backend.launch(spec) for spec in specs))
+    before_polls, before = backend.polls, dict(backend.engine_calls)
+
+    assert await asyncio.gather(*(handle.wait() for handle in handles)) == [0, 3, 4]
+
+    calls = {name: count - before.get(name, 0) for name, count in backend.engine_calls.items()}
+    polls = backend.polls - before_polls
+    assert polls >= 1
+    # Each poll is one list_jobs for all three runs; nothing asks about a run on its own
+    # but for its logs once it ended.
+    assert calls["list_jobs"] == polls
+    assert calls.get("get_job_info", 0) == calls.get("get_job_status", 0) == 0
+    assert calls["get_job_logs"] == 3
+
+
+async def test_a_request_the_cluster_can_never_hold_is_refused_before_submitting(
+        ray_head: RayHead, backends) -> None:
+    backend = backends()
+    spec = RunSpec(job_id("oversize"), 1, ["true"], resources={"cpu": 1, "tpu": 8})
+    with pytest.raises(LaunchError, match=r"tpu=8 .* tpu=4"):
+        await backend.launch(spec)
+    with pytest.raises(LaunchError, match=r"gpu=1 .* gpu=0"):
+        await backend.launch(RunSpec(spec.job_id, 2, ["true"], resources={"cpu": 1, "gpu": 1}))
+    assert backend.engine_calls["submit_job"] == 0
+    assert await ray_jobs_named(ray_head, f"irisfed-{spec.job_id}-e1") == 0
+
+
+async def test_a_tpu_job_shows_in_discover_and_a_pending_job_killed_is_stopped_once_it_starts(
+        ray_head: RayHead, backends, tmp_path: Path) -> None:
+    backend = backends()
+    idle = await backend.discover()
+    total_tpu = idle.resources["tpu"][0]
+    assert total_tpu == ray_head.resources["TPU"] and "tpu" in idle.attributes["device_type"]
+    release = tmp_path / "release"
+    holder = await backend.launch(RunSpec(job_id("tpu"), 1, until_file(release),
+                                          resources={"cpu": 1, "tpu": 1}))
+    await wait_status(ray_head, holder.submission_id, "RUNNING")
+
+    async def tpu_in_use():
+        free = (await backend.discover()).resources["tpu"][1]
+        return free <= total_tpu - 1 or None  # the usage report lags the job's start
+
+    await wait_for(tpu_in_use, "the TPU job to show as used", TIMEOUT_S, POLL_S)
+
+    # More TPUs than are free: Ray keeps it PENDING, and ignores stop_job meanwhile.
+    pending = await backend.launch(RunSpec(job_id("pending"), 1, ["sleep", "600"],
+                                           resources={"cpu": 1, "tpu": total_tpu}))
+    assert await ray_status(ray_head, pending.submission_id) == "PENDING"
+    await pending.kill(grace_s=0)
+    assert await ray_status(ray_head, pending.submission_id) == "PENDING"
+
+    release.touch()
+    assert await holder.wait() == 0
+    assert await pending.wait() == KILLED_EXIT_CODE  # stopped again by the poller once it started
+    assert backend.engine_calls["stop_job"] >= 2  # the kill, then again at each poll until it ended
+    assert await ray_status(ray_head, pending.submission_id) in ("STOPPED", "FAILED")
+
+    async def tpu_free_again():
+        return (await backend.discover()).resources["tpu"] == (total_tpu, total_tpu)
+
+    await wait_for(tpu_free_again, "every TPU to be free again", TIMEOUT_S, POLL_S)
+
+
+async def test_kill_of_a_running_job_stops_it(ray_head: RayHead, backends, tmp_path: Path) -> None:
+    backend = backends()
+    handle = await backend.launch(RunSpec(job_id("kill"), 3, until_file(tmp_path / "never")))
+    await wait_status(ray_head, handle.submission_id, "RUNNING")
+
+    await handle.kill(grace_s=1.0)
+
+    assert await handle.wait() == KILLED_EXIT_CODE
+    assert await ray_status(ray_head, handle.submission_id) == "STOPPED"
+    assert "started" in (Path(handle.log_dir) / "stdout").read_text()
+    assert await backend.kill_leftover(handle.job_id, 3) is False  # ended: nothing left to kill
+
+
+async def test_a_restarted_agent_lists_adopts_and_kills_its_runs_and_no_other_peer_does(
+        ray_head: RayHead, backends, tmp_path: Path) -> None:
+    first, restarted, other = backends(), backends(), backends("peer-b")
+    done = tmp_path / "done"
+    followed = RunSpec(job_id("adopt"), 5, until_file(done, "exit 3"), resources={"cpu": 0.5})
+    left = RunSpec(job_id("leftover"), 2, until_file(tmp_path / "never"), resources={"cpu": 0.5})
+    await asyncio.gather(first.launch(followed), first.launch(left))
+    await first.close()  # the agent stops; its runs go on in Ray
+    assert first.runs_outlive_agent
+
+    listed = {(run.job_id, run.epoch): run for run in await restarted.list_runs()}
+    assert set(listed) >= {(followed.job_id, 5), (left.job_id, 2)}
+    assert listed[(followed.job_id, 5)].handle == f"irisfed-{followed.job_id}-e5"
+    assert not {run.job_id for run in await other.list_runs()} & {followed.job_id, left.job_id}
+    assert await other.adopt(listed[(followed.job_id, 5)]) is None
+    assert await other.kill_run(listed[(left.job_id, 2)]) is False
+    assert await other.kill_leftover(left.job_id, 2) is False
+
+    adopted = await restarted.adopt(listed[(followed.job_id, 5)])
+    assert adopted is not None
+    assert await restarted.kill_leftover(left.job_id, 2) is True
+
+    done.touch()
+    assert await adopted.wait() == 3
+    assert await wait_status(ray_head, f"irisfed-{left.job_id}-e2", "STOPPED", "FAILED") == "STOPPED"
+    assert await restarted.kill_run(listed[(left.job_id, 2)]) is False  # gone now
+    assert {run.job_id for run in await restarted.list_runs()}.isdisjoint({followed.job_id, left.job_id})
+
+
+async def test_a_run_the_head_does_not_list_is_lost(backends) -> None:
+    backend = backends()
+    # As after a head restart: a followed run the head no longer knows.
+    ghost = backend.track("irisfed-ghost-e1", "ghost", 1)
+    with pytest.raises(RunLost, match="no longer knows job irisfed-ghost-e1"):
+        await ghost.wait()
+    assert "run lost" in (Path(ghost.log_dir) / "stderr").read_text()
+    assert await backend.adopt(LiveRun("ghost", 1, "")) is None
+    assert await backend.kill_leftover("ghost", 1) is False
+
+
+async def test_a_head_that_does_not_answer(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = RayBackend(f"http://127.0.0.1:{port}", tmp_path, "peer-a", poll_interval_s=POLL_S,
+                         call_timeout_s=10)
+    with pytest.raises(LaunchError, match="cannot learn what the Ray cluster at"):
+        await backend.launch(RunSpec("j", 1, ["true"]))
+    with pytest.raises(Exception):  # noqa: B017 - whatever the client raises; the agent logs it and retries
+        await backend.list_runs()
+    with pytest.raises(OSError):
+        await backend.discover()
+    await backend.close()

@@ -1,0 +1,290 @@
+"""What the ray backend says to and reads from the Ray Jobs API (``ray_text``): names,
+quoting, resources, outcomes and the cluster's capacity. Pure; the cluster status
+samples were captured from a real head (ray 2.60, 2 CPUs, ``{"TPU": 4}``), idle and
+while a job held 1 CPU, 1 TPU and 512 MiB."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from services.peer_agent.backends import ray_text as text
+
+MIB = 1024 * 1024
+NODE = "b612f84876d11d51cf29d2fdaf789db8ea7ced22fcd6b87b46e874a0"
+
+
+def status_payload(usage: dict, by_node: dict | None = None) -> dict:
+    """A ``GET /api/cluster_status`` answer (what the parser reads of it)."""
+    report = {"usage": usage, "resourceDemand": [], "pgDemand": [], "headIp": None}
+    if by_node is not None:
+        report["usageByNode"] = by_node
+    return {"result": True, "msg": "Got cluster status.",
+            "data": {"autoscalingError": None, "clusterStatus": {"loadMetricsReport": report}}}
+
+
+IDLE_USAGE = {"objectStoreMemory": [0.0, 209715200.0], "TPU": [0.0, 4.0], "memory": [0.0, 24429871104.0],
+              "node:InternalHead": [0.0, 1.0], "CPU": [0.0, 2.0], "node:192.0.2.2": [0.0, 1.0]}
+BUSY_USAGE = {"node:192.0.2.2": [0.0, 1.0], "memory": [536870912.0, 24429871104.0], "TPU": [1.0, 4.0],
+              "node:InternalHead": [0.0, 1.0], "CPU": [1.0, 2.0], "objectStoreMemory": [0.0, 209715200.0]}
+IDLE = status_payload(IDLE_USAGE, {NODE: IDLE_USAGE})
+BUSY = status_payload(BUSY_USAGE, {NODE: BUSY_USAGE})
+
+# A bigger cluster: two GPU nodes (A100), one CPU node with an FPGA, placement group
+# bookkeeping and names that are not valid irisfed resource names.
+GPU_NODE = {"CPU": [2.0, 8.0], "GPU": [1.0, 4.0], "memory": [0.0, 64.0 * 1024 * MIB],
+            "accelerator_type:A100": [0.0, 1.0], "node:10.0.0.1": [0.0, 1.0],
+            "GPU_group_0_4b6a0e3f9e0d1c2b3a4f5e6d7c8b9a01": [0.0, 1.0]}
+FPGA_NODE = {"CPU": [0.0, 16.0], "memory": [0.0, 32.0 * 1024 * MIB], "FPGA.Xilinx": [0.0, 2.0],
+             "Bad Name": [0.0, 1.0], "node:10.0.0.2": [0.0, 1.0]}
+BIG = status_payload(
+    {"CPU": [4.0, 32.0], "GPU": [2.0, 8.0], "memory": [1.5 * MIB, 160.0 * 1024 * MIB],
+     "accelerator_type:A100": [0.0, 2.0], "FPGA.Xilinx": [0.0, 2.0], "Bad Name": [0.0, 1.0],
+     "objectStoreMemory": [0.0, 1e9], "node:10.0.0.1": [0.0, 1.0], "node:10.0.0.2": [0.0, 1.0],
+     "node:10.0.0.3": [0.0, 1.0], "GPU_group_0_4b6a0e3f9e0d1c2b3a4f5e6d7c8b9a01": [0.0, 1.0],
+     "bundle_group_4b6a0e3f9e0d1c2b3a4f5e6d7c8b9a01": [0.0, 1000.0]},
+    {"n1": GPU_NODE, "n2": dict(GPU_NODE), "n3": FPGA_NODE},
+)
+
+
+# ------------------------------------------------------------------ names
+
+
+@pytest.mark.parametrize("job_id, epoch", [("job-1", 0), ("a-e5", 3), ("A.b_c", 12), ("x" * 128, 999)])
+def test_submission_id_round_trips(job_id: str, epoch: int) -> None:
+    submission_id = text.submission_id(job_id, epoch)
+    assert submission_id == f"irisfed-{job_id}-e{epoch}"
+    assert text.parse_submission_id(submission_id) == (job_id, epoch)
+
+
+@pytest.mark.parametrize("other", ["raysubmit_4LamXRuQpYdSMg7J", "irisfed-job", "irisfed-job-ex", None, ""])
+def test_other_submission_ids_are_not_ours(other: str | None) -> None:
+    assert text.parse_submission_id(other) is None
+
+
+def test_a_run_is_ours_only_when_its_metadata_names_our_peer_and_agrees_with_its_id() -> None:
+    meta = text.metadata("peer-a", "job-1", 2)
+    assert meta == {"irisfed_peer": "peer-a", "irisfed_job": "job-1", "irisfed_epoch": "2"}
+    assert text.owned_run("irisfed-job-1-e2", meta, "peer-a") == ("job-1", 2)
+    assert text.owned_run("irisfed-job-1-e2", meta, "peer-b") is None
+    assert text.owned_run("irisfed-job-1-e3", meta, "peer-a") is None  # id and metadata disagree
+    assert text.owned_run("irisfed-job-1-e2", None, "peer-a") is None
+    assert text.owned_run("irisfed-job-1-e2", {}, "") is None  # no peer named: never ours
+    assert text.owned_run("irisfed-job-1-e2", {**meta, "irisfed_epoch": "two"}, "peer-a") is None
+
+
+# ------------------------------------------------------------------ submission
+
+
+HOSTILE = ["$(touch {pwned})", "`touch {pwned}`", "a b", "'quoted'", '"dq"', "semi;colon", "back\\slash",
+           "new\nline", "*", "~", "$HOME", ""]
+
+
+def test_the_entrypoint_quotes_every_argument(tmp_path: Path) -> None:
+    pwned = tmp_path / "pwned"
+    args = [arg.format(pwned=pwned) for arg in HOSTILE]
+    line = text.entrypoint(["printf", "%s\\0", *args])
+    assert shlex.split(line)[3:] == ["printf", "%s\\0", *args]  # after python3 -c UNWRAP
+    # Ray runs the entrypoint through a shell: the arguments reach the program literally.
+    env = {"PATH": "/usr/bin:/bin", **text.job_env({}, "j", 1)}
+    out = subprocess.run(["sh", "-c", line], env=env, capture_output=True, check=True, cwd=tmp_path).stdout
+    assert out.decode().split("\0")[:-1] == args
+    assert not pwned.exists()
+
+
+def test_an_empty_command_is_refused() -> None:
+    with pytest.raises(ValueError, match="no command"):
+        text.entrypoint([])
+
+
+def test_the_job_env_is_the_jobs_own_plus_its_identity_encoded_beyond_rays_expansion() -> None:
+    env = text.job_env({"A": "$(x) $HOME ${B}", "IRISFED_EPOCH": "forged"}, "job-1", 4)
+    assert "$" not in "".join(env.values())  # nothing Ray could expand
+    decoded = json.loads(base64.b64decode(env[text.ENV_VARIABLE]))
+    assert decoded == {"A": "$(x) $HOME ${B}", "IRISFED_JOB_ID": "job-1", "IRISFED_EPOCH": "4"}
+    assert (env["IRISFED_JOB_ID"], env["IRISFED_EPOCH"]) == ("job-1", "4")
+
+
+def test_the_entrypoint_unwraps_the_env_and_execs_the_command_verbatim(tmp_path) -> None:
+    import subprocess
+
+    args = ["$(touch pwned)", "it's", "${HOME}"]
+    line = text.entrypoint(["sh", "-c", 'printf "%s|" "$A" "$@"', "sh", *args])
+    env = {"PATH": "/usr/bin:/bin", **text.job_env({"A": "${HOME} $(x)"}, "j", 1)}
+    out = subprocess.run(["sh", "-c", line], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout == "${HOME} $(x)|$(touch pwned)|it's|${HOME}|"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_resources_become_entrypoint_resources() -> None:
+    kwargs = text.submit_resources({"cpu": 1.0, "gpu": 2, "tpu": 1, "memory_mb": 512, "fpga.xilinx": 1})
+    assert kwargs == {"entrypoint_num_cpus": 1.0, "entrypoint_num_gpus": 2, "entrypoint_memory": 512 * MIB,
+                      "entrypoint_resources": {"TPU": 1, "fpga.xilinx": 1}}
+
+
+def test_cpu_is_always_given_because_ray_counts_an_unnamed_one_as_none() -> None:
+    assert text.submit_resources({}) == {"entrypoint_num_cpus": 1}
+    assert text.submit_resources({"cpu": 0.25}) == {"entrypoint_num_cpus": 0.25}
+    assert text.submit_resources({"cpu": 0, "gpu": 0}) == {"entrypoint_num_cpus": 0}
+
+
+def test_extended_resources_take_the_name_discovery_saw() -> None:
+    report = text.cluster_report(BIG)
+    assert report.ray_names == {"fpga.xilinx": "FPGA.Xilinx"}
+    kwargs = text.submit_resources({"cpu": 1, "fpga.xilinx": 2}, report.ray_names)
+    assert kwargs["entrypoint_resources"] == {"FPGA.Xilinx": 2}
+
+
+@pytest.mark.parametrize("request_, named", [
+    ({"cpu": 1, "tpu": 8}, "tpu=8 but the largest Ray node has tpu=4 (4 in the whole cluster)"),
+    ({"cpu": 3}, "cpu=3 but the largest Ray node has cpu=2"),
+    ({"gpu": 1}, "gpu=1 but the largest Ray node has gpu=0"),
+    ({"memory_mb": 23299}, "memory_mb=23299 but the largest Ray node has memory_mb=23298"),
+    ({"fpga": 1}, "fpga=1 but the largest Ray node has fpga=0"),
+    ({}, None), ({"cpu": 2, "tpu": 4, "memory_mb": 23298}, None), ({"cpu": 0, "tpu": 1}, None),
+])
+def test_a_request_no_node_could_hold_is_named(request_: dict, named: str | None) -> None:
+    problem = text.too_big(request_, text.cluster_report(BUSY))  # totals count, not what is free now
+    if named is None:
+        assert problem is None
+    else:
+        assert problem is not None and named in problem
+
+
+def test_a_request_must_fit_one_node_not_the_sum_of_them() -> None:
+    report = text.cluster_report(BIG)
+    assert text.too_big({"cpu": 8, "gpu": 4}, report) is None
+    assert "largest Ray node has gpu=4 (8 in the whole cluster)" in text.too_big({"gpu": 5}, report)
+    assert "no single Ray node has all of cpu=1, fpga.xilinx=1, gpu=1" in text.too_big(
+        {"cpu": 1, "gpu": 1, "fpga.xilinx": 1}, report)
+    # Without per-node totals the cluster's are all there is.
+    flat = text.cluster_report(status_payload(BIG["data"]["clusterStatus"]["loadMetricsReport"]["usage"]))
+    assert flat.nodes == []
+    assert text.too_big({"cpu": 1, "gpu": 5}, flat) is None
+
+
+def test_already_exists_is_read_from_rays_error() -> None:
+    error = RuntimeError("Request failed with status code 500: Traceback (most recent call last): ...\n"
+                         "ValueError: Job with submission_id irisfed-j-e1 already exists. "
+                         "Please use a different submission_id.")
+    assert text.already_exists(error)
+    assert not text.already_exists(RuntimeError("Request failed with status code 500: boom"))
+
+
+# ------------------------------------------------------------------ outcomes
+
+
+def details(status: object, code: int | None = None, error_type: object = None,
+            message: str = "") -> SimpleNamespace:
+    """A stand-in for Ray's ``JobDetails`` (the fields the mapping reads)."""
+    return SimpleNamespace(status=status, driver_exit_code=code, error_type=error_type, message=message,
+                           submission_id="irisfed-j-e1", metadata={})
+
+
+@pytest.mark.parametrize("job, kill_requested, code", [
+    (details("SUCCEEDED", 0), False, 0),
+    (details("STOPPED", None, message="Job was intentionally stopped."), True, KILLED_EXIT_CODE),
+    (details("STOPPED"), False, KILLED_EXIT_CODE),  # someone else stopped it: still a kill
+    (details("FAILED", 7, "JOB_ENTRYPOINT_COMMAND_ERROR"), False, 7),
+    (details("FAILED", 7, "JOB_ENTRYPOINT_COMMAND_ERROR"), True, 7),  # ended on its own first
+    (details("FAILED", -9, "JOB_ENTRYPOINT_COMMAND_ERROR"), False, -9),
+    # Ray 2.60: a pending job asked to stop whose command then ended on its own first.
+    (details("FAILED", None, "JOB_ENTRYPOINT_COMMAND_START_ERROR", "psutil.NoSuchProcess"), True,
+     KILLED_EXIT_CODE),
+])
+def test_terminal_jobs_map_to_exit_codes(job: SimpleNamespace, kill_requested: bool, code: int) -> None:
+    assert text.exit_code(text.job_state(job), kill_requested) == code
+
+
+def test_a_job_ray_failed_before_its_command_ended_is_lost() -> None:
+    state = text.job_state(details("FAILED", None, "JOB_SUPERVISOR_ACTOR_START_TIMEOUT",
+                                   "Job supervisor actor failed to start within 900.0 seconds." + "x" * 1000))
+    with pytest.raises(RunLost, match=r"JOB_SUPERVISOR_ACTOR_START_TIMEOUT\): Job supervisor actor") as lost:
+        text.exit_code(state)
+    assert len(str(lost.value)) < 700  # Ray's message may carry 20,000 characters of logs
+
+
+def test_every_ray_error_type_without_an_exit_code_is_lost() -> None:
+    common = pytest.importorskip("ray.dashboard.modules.job.common")
+    for error_type in common.JobErrorType:
+        state = text.job_state(details(common.JobStatus.FAILED, None, error_type, "why"))
+        assert state.status == "FAILED" and state.error_type == error_type.value
+        with pytest.raises(RunLost, match=error_type.value):
+            text.exit_code(state)
+
+
+def test_ray_status_enums_are_read_by_value() -> None:
+    common = pytest.importorskip("ray.dashboard.modules.job.common")
+    assert text.job_state(details(common.JobStatus.SUCCEEDED, 0)).status == "SUCCEEDED"
+    assert {text.status_name(s) for s in common.JobStatus if s.is_terminal()} == text.TERMINAL
+
+
+def test_a_job_that_has_not_ended_has_no_exit_code() -> None:
+    for status in ("PENDING", "RUNNING"):
+        state = text.job_state(details(status))
+        assert not state.terminal
+        with pytest.raises(ValueError, match="not ended"):
+            text.exit_code(state)
+
+
+# ------------------------------------------------------------------ capacity
+
+
+def test_an_idle_head_reports_its_totals_free() -> None:
+    report = text.cluster_report(IDLE)
+    assert report.discovered == Discovered(
+        attributes={"device_type": ["tpu"]},
+        resources={"cpu": (2.0, 2.0), "tpu": (4.0, 4.0), "memory_mb": (23298.0, 23298.0)})
+    assert report.nodes == [{"cpu": 2.0, "tpu": 4.0, "memory_mb": 23298.0}]
+    assert report.ray_names == {"tpu": "TPU"}
+
+
+def test_what_a_running_job_holds_is_not_free() -> None:
+    resources = text.cluster_report(BUSY).discovered.resources
+    assert resources == {"cpu": (2.0, 1.0), "tpu": (4.0, 3.0), "memory_mb": (23298.0, 22786.0)}
+
+
+def test_gpus_accelerator_types_and_custom_resources_are_discovered() -> None:
+    report = text.cluster_report(BIG)
+    assert report.discovered.attributes == {"device_type": ["gpu"], "device_variant": ["a100"]}
+    # Never advertised: node:*, accelerator_type:*, the object store, placement group
+    # bookkeeping, names that are not irisfed resource names.
+    assert report.discovered.resources == {
+        "cpu": (32.0, 28.0), "gpu": (8.0, 6.0), "memory_mb": (163840.0, 163838.0), "fpga.xilinx": (2.0, 2.0)}
+    assert sorted(map(sorted, report.nodes)) == [
+        ["cpu", "fpga.xilinx", "memory_mb"], ["cpu", "gpu", "memory_mb"], ["cpu", "gpu", "memory_mb"]]
+
+
+def test_gpu_and_tpu_together_and_neither() -> None:
+    both = text.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 1], "TPU": [0, 8]}))
+    assert both.discovered.attributes == {"device_type": ["gpu", "tpu"]}
+    neither = text.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 0]}))
+    assert neither.discovered.attributes == {"device_type": ["cpu"]}
+    assert neither.discovered.resources["gpu"] == (0.0, 0.0)
+
+
+def test_a_resource_used_beyond_its_total_has_none_free() -> None:
+    report = text.cluster_report(status_payload({"CPU": [3.0, 2.0]}))
+    assert report.discovered.resources == {"cpu": (2.0, 0.0)}
+
+
+def test_names_that_collide_once_lower_cased_keep_the_first() -> None:
+    report = text.cluster_report(status_payload({"CPU": [0, 1], "TPU": [0, 4], "tpu": [0, 9], "cpu": [0, 7]}))
+    assert report.discovered.resources == {"cpu": (1.0, 1.0), "tpu": (4.0, 4.0)}
+    assert report.ray_names == {"tpu": "TPU"}
+
+
+@pytest.mark.parametrize("payload", [
+    {}, {"data": {}}, {"data": {"clusterStatus": None}}, status_payload({}),
+    status_payload({"TPU": [0, 4]}), status_payload({"CPU": "lots"}),
+])
+def test_an_answer_without_a_resource_report_is_an_error(payload: dict) -> None:
+    with pytest.raises(ValueError, match="resource report"):
+        text.cluster_report(payload)
