@@ -1,6 +1,7 @@
 """Login roles for a federation's services and peers (``irisfed db-roles``).
 
-Migration 0003 creates the group roles and row-level security; this creates one
+Migrations 0003 (services, agents) and 0007 (the read-only dashboard) create the
+group roles and row-level security; this creates one
 login role per service and per peer, maps each peer role to its peer id, and sets
 random passwords that go to a 0600 file (never to logs). The statements are the
 store's (``Store.login_roles_apply``); this module decides which roles there are.
@@ -23,7 +24,8 @@ def peer_role(peer_id: str) -> str:
 
 def login_roles(config: FederationConfig) -> dict[str, str]:
     """login role → the group role it joins."""
-    roles = {"irisfed_svc_router": "irisfed_router", "irisfed_svc_tick": "irisfed_tick"}
+    roles = {"irisfed_svc_router": "irisfed_router", "irisfed_svc_tick": "irisfed_tick",
+             "irisfed_svc_web": "irisfed_web"}
     roles.update({peer_role(p): "irisfed_agent" for p in config.peer_ids})
     return roles
 

@@ -9,6 +9,7 @@ Roles and what they may do (``P`` is the subject prefix):
 | router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit, P.cancel, P.heartbeat.* |
 | tick | P.assign.*, P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
 | agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
+| web | P.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
 So a peer agent cannot advertise as another peer nor read another peer's
@@ -83,6 +84,7 @@ def role_permissions(prefix: str, peer_ids: Iterable[str]) -> dict[str, Permissi
                               (f"{p}.submit", f"{p}.cancel", f"{p}.heartbeat.*"), allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
+        "web": Permissions((f"{p}.cancel",), (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
         "admin": Permissions((">",), (">",)),
     }
     for peer_id in peer_ids:

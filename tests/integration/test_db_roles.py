@@ -87,5 +87,30 @@ async def test_router_and_tick_roles_have_only_what_they_use(database_url, pool,
                 "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
     finally:
         await tick.close()
-    assert set(roles) == {"irisfed_svc_router", "irisfed_svc_tick", "irisfed_peer_home",
+    assert set(roles) == {"irisfed_svc_router", "irisfed_svc_tick", "irisfed_svc_web", "irisfed_peer_home",
                           "irisfed_peer_gpu-west", "irisfed_peer_tpu-east"}
+
+
+async def test_the_web_role_reads_every_row_and_writes_none(database_url, pool, roles):
+    admin = Store(pool)
+    theirs = await _assigned(admin, "gpu-west")
+    queued = make_job()
+    await insert_jobs(admin, [queued])
+    await admin.peer_heartbeat_upsert("gpu-west", "run", 1, [], 5.0, datetime.now(UTC))
+    web = await asyncpg.connect(as_role(database_url, "irisfed_svc_web"))
+    try:
+        await dbmod.check_schema(web)  # it starts like the other services
+        assert {r["job_id"] for r in await web.fetch("SELECT job_id FROM jobs")} == {theirs, queued.job_id}
+        assert await web.fetchval("SELECT count(*) FROM federation_changelog") >= 3
+        assert await web.fetchval("SELECT count(*) FROM peer_heartbeat") == 1
+        await web.fetch("SELECT * FROM federation_sync_state")
+        for statement in ("UPDATE jobs SET reason = 'x'", "DELETE FROM jobs",
+                          f"INSERT INTO federation_changelog (job_id, to_state, epoch, actor) "
+                          f"VALUES ('{theirs}', 'killed', 1, 'web')",
+                          "UPDATE peer_heartbeat SET seq = 0", "DELETE FROM federation_sync_state",
+                          "CREATE TABLE web_was_here (x int)"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await web.execute(statement)
+    finally:
+        await web.close()
+    assert (await admin.job_get(theirs)).reason != "x"

@@ -86,6 +86,31 @@ async def test_producers_can_only_ask(secured_nats):
         await producer.close()
 
 
+async def test_the_web_user_reads_events_and_may_only_ask_for_a_cancel(secured_nats):
+    auth, server = secured_nats
+    errors: list[str] = []
+    web = await _connect(auth, server, "web", errors)
+    try:
+        await web.subscribe("irisfed.events.*")
+        await web.subscribe("irisfed.heartbeat.*")
+        await web.publish("irisfed.cancel", b"{}")  # allowed: what an operator's cancel sends
+        await web.flush()
+        for forged in ("irisfed.submit", "irisfed.assign.gpu-west", "irisfed.events.job-1",
+                       "irisfed.heartbeat.gpu-west", "irisfed.cancel.gpu-west"):
+            await web.publish(forged, b"forged")
+        await web.subscribe("irisfed.assign.*")
+        await web.flush()
+
+        async def refused():
+            while len(errors) < 6:
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(refused(), timeout=10)
+        assert not any('"irisfed.cancel"' in e or "events.*" in e or "heartbeat.*" in e for e in errors), errors
+        assert any('subscription to "irisfed.assign.*"' in e for e in errors)
+    finally:
+        await web.close()
+
+
 async def test_wrong_password_is_refused(secured_nats):
     auth, server = secured_nats
     with pytest.raises(Exception, match="Authorization"):
