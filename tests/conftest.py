@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 
 from services.common import db as dbmod
 from services.common.bus import connect_client
-from tests.engines.fixtures import ray_head, slurm_cluster  # noqa: F401 - session engines for every test folder
+from tests.engines.fixtures import chromium, ray_head, slurm_cluster  # noqa: F401 - session engines for every test folder
 from tests.infra.provision import Servers, provision_servers, with_database
 
 # Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tooling.engines.chromium import Chromium, chromium_available, start_chromium
 from tooling.engines.ray import RayHead, connect_ray, ray_available, start_ray
 from tooling.engines.slurm import SlurmCluster, connect_slurm, slurm_available, start_slurm
 
@@ -53,3 +54,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> RayHead:
     yield from _engine(os.environ.get(RAY_ADDRESS_ENV), connect_ray, ray_available(), start_ray,
                        tmp_path_factory.mktemp("ray"))
+
+
+@pytest.fixture(scope="session")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Chromium:
+    """A headless Chromium for the session (browser tests connect to it over CDP)."""
+    yield from _engine(None, None, chromium_available(), start_chromium, tmp_path_factory.mktemp("chromium"))

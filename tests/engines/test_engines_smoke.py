@@ -125,3 +125,19 @@ def test_ray_job_holds_its_resource_while_running_and_stop_ends_it(ray_head: Ray
     info = client.get_job_info(submission_id)
     assert (info.status, info.driver_exit_code) == (JobStatus.STOPPED, None), info.message
     assert "holding" in client.get_job_logs(submission_id)
+
+
+async def test_chromium_renders_a_page_and_reports_console_errors(chromium):
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.connect_over_cdp(chromium.endpoint)
+        context = await browser.new_context()
+        page = await context.new_page()
+        errors = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        await page.set_content("<p id=x>hello</p><script>console.error('boom')</script>")
+        assert await page.text_content("#x") == "hello"
+        await page.wait_for_function("true")
+        assert errors == ["boom"]
+        await context.close()
