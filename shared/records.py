@@ -63,6 +63,23 @@ class Move:
     avoid_peer: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class JobPageQuery:
+    """One page of the dashboard's job list (``job_list_page``): newest first, filtered.
+
+    Every filter is optional (None: any). ``text`` is matched anywhere in the job id or
+    name, its LIKE metacharacters already escaped by the caller; ``after`` is the keyset
+    cursor, the (submitted_at, job_id) of the last job of the previous page.
+    """
+
+    state: str | None = None
+    owner_peer_id: str | None = None
+    labels: dict[str, str] | None = None  # the job's labels must contain all of these
+    text: str | None = None
+    after: tuple[datetime, str] | None = None
+    limit: int = 50
+
+
 # ---------------------------------------------------------------- rows the store returns
 
 
@@ -319,3 +336,75 @@ class PeerHeartbeatRow(Row, frozen=True, array_like=True):
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> PeerHeartbeatRow:
         return cls(*values)  # every peer, every heartbeat interval, in every router and tick
+
+
+# ---------------------------------------------------------------- the dashboard's reads (irisfed web)
+
+
+class JobListRow(Row, frozen=True, array_like=True):
+    """A job in the dashboard's list (``job_list_page`` and its variants).
+
+    ``command`` and ``labels`` are the stored spec's, loosely typed: the dashboard shows
+    whatever is there rather than fail a whole page on one odd row.
+    """
+
+    job_id: str
+    name: str
+    state: JobState
+    owner_peer_id: str | None
+    pinned_peer_id: str | None
+    epoch: int
+    attempts: int
+    priority: int
+    submitted_at: datetime
+    updated_at: datetime
+    exit_code: int | None
+    reason: str
+    command: Any
+    labels: Any
+
+
+class OldestQueued(Row, frozen=True, array_like=True):
+    """The job waiting longest in the queue (``job_get_oldest_queued``), aged by Postgres's clock."""
+
+    job_id: str
+    submitted_at: datetime
+    age_s: float
+
+
+class ChangelogSince(Row, frozen=True, array_like=True):
+    """A changelog position and its job (``changelog_list_since``)."""
+
+    seq: int
+    job_id: str
+
+
+class ChangelogBounds(Row, frozen=True, array_like=True):
+    """The changelog's first and last positions (None: empty) and Postgres's now (``changelog_get_bounds``)."""
+
+    first_seq: int | None
+    last_seq: int | None
+    now: datetime
+
+
+class ChangelogPoint(Row, frozen=True, array_like=True):
+    """A changelog position and its time (``changelog_get_first_from_seq``)."""
+
+    seq: int
+    at: datetime
+
+
+class ChartCount(Row, frozen=True, array_like=True):
+    """One count for the dashboard's charts (``changelog_count_by_minute``).
+
+    ``kind`` "move": ``n`` changes from ``from_state`` to ``to_state`` on ``peer_id`` in
+    the minute starting at ``minute``; "now": ``n`` jobs in ``to_state`` owned by
+    ``peer_id`` at ``minute`` (Postgres's now). States are text, as stored.
+    """
+
+    kind: str
+    minute: datetime
+    from_state: str | None
+    to_state: str
+    peer_id: str | None
+    n: int

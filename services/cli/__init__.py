@@ -5,7 +5,7 @@ over NATS), ``reads`` (jobs, job, explain, peers, logs, top: the unified view in
 Postgres), ``admin`` (migrate, nats-auth, db-roles, schema, health, chaos,
 bench) and ``up``; ``parser`` holds every command's flags, ``connect`` how
 commands reach the servers, ``views`` what they draw. ``irisfed router|tick|
-peer-agent`` run the services through their own start-up
+peer-agent|web`` run the services through their own start-up
 (``services.common.startup``), which needs none of this.
 
 Servers come from flags, then the environment (IRISFED_DATABASE_URL,
@@ -42,6 +42,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "router": _service,
     "tick": _service,
     "peer-agent": _service,
+    "web": _service,
     "migrate": admin.cmd_migrate,
     "submit": client.cmd_submit,
     "cancel": client.cmd_cancel,

@@ -30,6 +30,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the named service answers (for container health checks)."""
 
+    if args.service == "web":
+        healthy = web_answers(args.url or "http://127.0.0.1:8080", args.timeout)
+        print(f"web: {'healthy' if healthy else 'not answering'}")
+        return 0 if healthy else 1
+
     async def probe() -> bool:
         if args.service == "peer-agent":
             if not args.peer_id:
@@ -53,6 +58,21 @@ def cmd_health(args: argparse.Namespace) -> int:
     healthy = asyncio.run(probe())
     print(f"{args.service}: {'healthy' if healthy else 'not answering'}")
     return 0 if healthy else 1
+
+
+def web_answers(url: str, timeout: float) -> bool:
+    """Whether the dashboard at ``url`` answers its ``/healthz`` (HTTP 200)."""
+    import urllib.error
+    import urllib.request
+
+    target = url.rstrip("/") + "/healthz"
+    if not target.startswith(("http://", "https://")):
+        raise ConfigError(f"--url must be an http:// or https:// address, got {url!r}")
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=".irisfed", help="where data, logs and job output live")
     p.add_argument("--no-live", action="store_true", help="print plain progress lines instead of a live table")
 
-    for command in SERVICES:  # router, tick, peer-agent: flags of their own (services/*/flags.py)
+    for command in SERVICES:  # router, tick, peer-agent, web: flags of their own (services/*/flags.py)
         add_service_parser(sub, command)
 
     p = sub.add_parser("migrate", help="upgrade (or downgrade) the database schema")
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database-url", help="for peer-agent")
     p.add_argument("service", choices=list(SERVICES))
     p.add_argument("--peer-id")
+    p.add_argument("--url", help="for web: the dashboard's address (default http://127.0.0.1:8080)")
     p.set_defaults(timeout=3.0)
 
     p = sub.add_parser("jobs", help="list jobs (the unified view)")

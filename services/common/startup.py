@@ -32,11 +32,15 @@ from shared.errors import ConfigError, IrisfedError
 CONNECT_FILE = Path(".irisfed") / "connect.json"
 
 # The command that runs each service → the module with its flags (COMMAND, HELP,
-# add_flags(parser), settings(args, config), build(config, pool, nc, settings)).
+# add_flags(parser), settings(args, config), build(config, pool, nc, settings)). A
+# module with CONNECTS_NATS_ITSELF = True is built with nc=None and
+# connect_nats=<a coroutine function that connects, retrying>: it starts while NATS is
+# away (the dashboard serves Postgres's view meanwhile) and owns its connection.
 SERVICES = {
     "router": "services.router.flags",
     "tick": "services.tick.flags",
     "peer-agent": "services.peer_agent.flags",
+    "web": "services.web.flags",
 }
 
 # ---------------------------------------------------------------- where the servers are
@@ -172,17 +176,24 @@ def run(command: str, args: argparse.Namespace) -> int:
             if "service" in holder and hasattr(holder["service"], "on_reconnect"):
                 await holder["service"].on_reconnect()
 
+        def connect() -> Any:
+            return connect_nats(n_url, f"irisfed-{command}", on_reconnect=reconnected, stop=stop)
+
         async def attempt() -> tuple[Any, Any]:
-            # A fresh NATS connection per attempt: a failed start's subscriptions go with it.
-            nc = await connect_nats(n_url, f"irisfed-{command}", on_reconnect=reconnected, stop=stop)
-            service = flags.build(config, pool, nc, settings)
+            if getattr(flags, "CONNECTS_NATS_ITSELF", False):
+                nc, service = None, flags.build(config, pool, None, settings, connect_nats=connect)
+            else:
+                # A fresh NATS connection per attempt: a failed start's subscriptions go with it.
+                nc = await connect()
+                service = flags.build(config, pool, nc, settings)
             holder["service"] = service
             try:
                 await service.start()
             except BaseException:
                 holder.pop("service", None)
                 await service.close()
-                await nc.close()
+                if nc is not None:
+                    await nc.close()
                 raise
             return service, nc
 

@@ -30,12 +30,18 @@ from shared.messages import Heartbeat
 from shared.records import (
     AcceptedJob,
     AssignedJob,
+    ChangelogBounds,
     ChangelogEntry,
+    ChangelogPoint,
     ChangelogRow,
+    ChangelogSince,
     ChangelogTip,
+    ChartCount,
     ClaimedJob,
     ExpiredJob,
     FinishedJob,
+    JobListRow,
+    JobPageQuery,
     JobRow,
     JobStateRow,
     JobSummary,
@@ -43,6 +49,7 @@ from shared.records import (
     LostPeerJob,
     Move,
     NewJob,
+    OldestQueued,
     OwnedJob,
     PeerHeartbeatRow,
     QueueClass,
@@ -360,6 +367,52 @@ class Store:
 
     async def peer_heartbeat_list(self) -> list[PeerHeartbeatRow]:
         return await self._all("peer_heartbeat_list", PeerHeartbeatRow)
+
+    # ------------------------------------------------------------ the dashboard (irisfed web: reads only)
+
+    # A trigram index finds nothing shorter (fewer than 3 characters: a scan of newest first).
+    _TRIGRAM = 3
+
+    async def job_list_page(self, query: JobPageQuery) -> list[JobListRow]:
+        """One page of jobs, newest first, after ``query.after``.
+
+        Runs the form of ``job_list_page`` that leads with the filter an index serves
+        best: labels, then a text of 3 characters or more, then owner, then state, else
+        newest first (the other filters are conditions of the same query).
+        """
+        name = ("job_list_page_by_label" if query.labels
+                else "job_list_page_by_text" if query.text and len(query.text) >= self._TRIGRAM
+                else "job_list_page_by_owner" if query.owner_peer_id
+                else "job_list_page_by_state" if query.state
+                else "job_list_page")
+        after_at, after_id = query.after if query.after else (None, None)
+        return await self._all(name, JobListRow, query.state, query.owner_peer_id, query.labels or None,
+                               query.text or None, after_at, after_id, query.limit)
+
+    async def job_count_live_by_state(self) -> dict[str, int]:
+        """Queued, assigned and running jobs (states with none are absent)."""
+        return {r["state"]: r["jobs"] for r in await self._fetch("job_count_live_by_state")}
+
+    async def job_get_oldest_queued(self) -> OldestQueued | None:
+        return await self._one("job_get_oldest_queued", OldestQueued)
+
+    async def job_count_submitted_by_minute(self, since: datetime) -> dict[datetime, int]:
+        """Jobs submitted per minute (its start, Postgres's time zone) since ``since``."""
+        return {r["minute"]: r["jobs"] for r in await self._fetch("job_count_submitted_by_minute", since)}
+
+    async def changelog_list_since(self, seq: int, limit: int) -> list[ChangelogSince]:
+        return await self._all("changelog_list_since", ChangelogSince, seq, limit)
+
+    async def changelog_get_bounds(self) -> ChangelogBounds:
+        bounds = await self._one("changelog_get_bounds", ChangelogBounds)
+        assert bounds is not None  # an aggregate: always one row
+        return bounds
+
+    async def changelog_get_first_from_seq(self, seq: int) -> ChangelogPoint | None:
+        return await self._one("changelog_get_first_from_seq", ChangelogPoint, seq)
+
+    async def changelog_count_by_minute(self, from_seq: int, since: datetime) -> list[ChartCount]:
+        return await self._all("changelog_count_by_minute", ChartCount, from_seq, since)
 
     # ------------------------------------------------------------ login roles
 

@@ -224,3 +224,98 @@ WITH classes AS (
 SELECT pinned_peer, constraints, jobs FROM ranked WHERE rank <= $1
 UNION ALL
 SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING count(*) > 0;
+
+-- job_list_page --
+-- The dashboard's job list: one page newest first, after the keyset cursor ($5, $6) =
+-- (submitted_at, job_id) of the last row shown (NULLs: the first page). Optional
+-- filters: state $1, owner $2, labels containing $3, id or name containing $4 (its
+-- LIKE metacharacters escaped by the caller). The cursor is a row comparison, so a
+-- deep page costs what the first does. This form walks jobs_newest; the four below
+-- lead with the one filter an index serves (the store picks which), the others are
+-- the same conditions.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels
+FROM jobs
+WHERE (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
+  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
+-- job_list_page_by_state --
+-- job_list_page for one state ($1 given): a range of jobs_by_state_newest.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels
+FROM jobs
+WHERE state = $1
+  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($2::text IS NULL OR owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
+  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
+-- job_list_page_by_owner --
+-- job_list_page for one owner peer ($2 given): a range of jobs_by_owner_newest.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels
+FROM jobs
+WHERE owner_peer_id = $2
+  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR state = $1)
+  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
+  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
+-- job_list_page_by_label --
+-- job_list_page for jobs whose labels contain $3 (given): jobs_by_label (GIN), then sorted.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels
+FROM jobs
+WHERE spec->'labels' @> $3::jsonb
+  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR owner_peer_id = $2)
+  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
+-- job_list_page_by_text --
+-- job_list_page for ids or names containing $4 (given, 3 characters or more): jobs_by_text
+-- (trigrams) when the server has pg_trgm, then sorted.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels
+FROM jobs
+WHERE (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%'
+  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
+-- job_count_live_by_state --
+-- Queued, assigned and running jobs (states with none are absent): ranges of
+-- jobs_by_state_newest, so it stays cheap however many jobs have ended.
+SELECT state, count(*) AS jobs FROM jobs WHERE state IN ('queued', 'assigned', 'running') GROUP BY state;
+
+-- job_get_oldest_queued --
+-- The job that has waited longest in the queue, and how long (Postgres's clock), or no row.
+SELECT job_id, submitted_at, extract(epoch FROM now() - submitted_at)::float8 AS age_s
+FROM jobs WHERE state = 'queued'
+ORDER BY submitted_at, job_id
+LIMIT 1;
+
+-- job_count_submitted_by_minute --
+-- Jobs submitted per minute since $1 (a range of jobs_newest).
+SELECT date_trunc('minute', submitted_at) AS minute, count(*) AS jobs
+FROM jobs WHERE submitted_at >= $1
+GROUP BY 1;

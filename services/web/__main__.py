@@ -1,0 +1,5 @@
+import sys
+
+from services.common.startup import main
+
+sys.exit(main("web"))

@@ -1,0 +1,390 @@
+"""The dashboard's routes, and what every response carries.
+
+Pages render whole, or only their live fragment when htmx asks (``HX-Request``:
+the page re-fetches it on a live-update event). Every response, errors and static
+files included, carries the Content-Security-Policy and its companions (the outer
+``_Secured`` wrapper sees every response start, even Starlette's own 500). Behind a
+reverse proxy (``--root-path /prefix``) requests are accepted with or without the
+prefix (the proxy may strip it or not) and every link, form, static and stream URL
+is built from it.
+
+Routes: ``/`` (federation), ``/jobs``, ``/jobs/{job_id}``, ``POST /jobs/{job_id}/cancel``,
+``/charts``, ``/api/charts``, ``/events`` (server-sent events), ``/login``,
+``POST /logout``, ``/healthz``, ``/static/...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.common.log import EventLogger
+from services.web import present
+from services.web.filters import MAX_LABELS, STATES, FilterError, parse_filters
+from services.web.reads import job_page, job_story
+from services.web.security import (
+    CSRF_FIELD,
+    LOGIN_CSRF_COOKIE,
+    SECURITY_HEADERS,
+    SESSION_COOKIE,
+    login_csrf_valid,
+    new_nonce,
+    safe_next,
+    same_secret,
+)
+from shared.errors import ErrorCode, Unavailable
+from shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+
+if TYPE_CHECKING:
+    from services.web.service import WebService
+
+log = EventLogger("web")
+
+HERE = Path(__file__).resolve().parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+MAX_FORM_BYTES = 8 * 1024
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+CANCEL_ERRORS = {
+    ErrorCode.NOT_FOUND.value: "the router knows no such job",
+    ErrorCode.INVALID_REQUEST.value: "the router refused the request as invalid",
+    ErrorCode.UNAVAILABLE.value: "no router answered (NATS or the router is unreachable); try again",
+    ErrorCode.INTERNAL.value: "the router failed to answer; try again",
+}
+
+
+# ---------------------------------------------------------------- every response
+
+
+class _Secured:
+    """Adds the security headers to every response, and ``Cache-Control``: pages are
+    never stored (they hold CSRF tokens), static files are revalidated."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = "/static/" in scope.get("path", "")
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS:
+                    headers[name] = value
+                if "cache-control" not in headers:
+                    headers["cache-control"] = "no-cache" if static else "no-store"
+            await send(message)
+
+        await self.app(scope, receive, secured)
+
+
+class _Rooted:
+    """Serves under ``root`` whether or not the proxy in front stripped it."""
+
+    def __init__(self, app: ASGIApp, root: str) -> None:
+        self.app = app
+        self.root = root
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.root and scope["type"] in ("http", "websocket"):
+            path, raw = scope["path"], scope.get("raw_path") or scope["path"].encode()
+            if not (path == self.root or path.startswith(self.root + "/")):
+                path, raw = self.root + path, self.root.encode() + raw
+            scope = {**scope, "path": path, "raw_path": raw, "root_path": self.root}
+        await self.app(scope, receive, send)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _version(folder: Path) -> str:
+    """A digest of the static files: their URLs change when they do."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """A small urlencoded form's fields (first value of each), None when it is too big or
+    not text. Read by hand: Starlette's parser has no size limit for urlencoded bodies."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        return {}
+    try:
+        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    fields: dict[str, str] = {}
+    for key, value in pairs:
+        fields.setdefault(key, value)
+    return fields
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "-"
+
+
+# ---------------------------------------------------------------- the app
+
+
+class Pages:
+    """The routes, over one ``WebService`` (its store, views, broker and settings)."""
+
+    def __init__(self, web: WebService) -> None:
+        self.web = web
+        self.root = web.settings.root_path
+        self.version = _version(STATIC)
+        self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
+                               finalize=present.visible, trim_blocks=True, lstrip_blocks=True)
+        self.env.globals.update(
+            u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
+            fmt_time=present.fmt_time, states=STATES, is_terminal=present.is_terminal,
+            peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
+        )
+        self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs)
+
+    # ------------------------------------------------------------ URLs
+
+    def u(self, path: str) -> str:
+        return self.root + path
+
+    def static(self, name: str) -> str:
+        return f"{self.root}/static/{name}?v={self.version}"
+
+    def job_url(self, job_id: str) -> str:
+        return f"{self.root}/jobs/{present.path_part(job_id)}"
+
+    # ------------------------------------------------------------ rendering
+
+    def operator(self, request: Request) -> str | None:
+        """The operator's session cookie when it is valid (None: a viewer)."""
+        signer = self.web.signer
+        session = request.cookies.get(SESSION_COOKIE)
+        if signer is None or not signer.session_valid(session, time.time()):
+            return None
+        return session
+
+    def render(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
+        session = self.operator(request)
+        context = {
+            "page": values.pop("page", ""),
+            "live": self.web.broker.live,
+            "operator": session is not None,
+            "operator_enabled": self.web.signer is not None,
+            "csrf": self.web.signer.csrf_for(session) if session and self.web.signer else "",
+            **values,
+        }
+        html = self.env.get_template(template).render(context)
+        return HTMLResponse(html, status_code=status, headers={"vary": "HX-Request"})
+
+    @staticmethod
+    def fragment(request: Request) -> bool:
+        return request.headers.get("hx-request") == "true"
+
+    def problem(self, request: Request, status: int, title: str, message: str) -> HTMLResponse:
+        return self.render(request, "problem.html", status, page="", title=title, message=message)
+
+    # ------------------------------------------------------------ pages
+
+    async def federation(self, request: Request) -> Response:
+        web = self.web
+        queue = await web.federation.queue.get()
+        totals = await web.federation.totals.get()
+        peers = present.peer_cards(web.view.peers(), web.clock.monotonic())
+        template = "_federation.html" if self.fragment(request) else "federation.html"
+        return self.render(request, template, page="federation", peers=peers, queue=queue, totals=totals)
+
+    async def jobs(self, request: Request) -> Response:
+        fragment = self.fragment(request)
+        try:
+            chosen = parse_filters(request.query_params.multi_items())
+        except FilterError as exc:
+            typed = {k: present.text(v, 300) for k, v in request.query_params.multi_items()}
+            form = {"state": typed.get("state", ""), "peer": typed.get("peer", ""), "text": typed.get("text", ""),
+                    "labels": [present.text(v, 300) for k, v in request.query_params.multi_items()
+                               if k == "label"][:MAX_LABELS]}
+            return self.render(request, "_jobs.html" if fragment else "jobs.html", 400, page="jobs",
+                               error=str(exc), form=form, rows=[], next_url="", live_url="", filtered=True)
+        page = await job_page(self.web.store, chosen, self.web.settings.page_size)
+        form = {"state": chosen.state, "peer": chosen.peer, "text": chosen.text,
+                "labels": [f"{k}={v}" for k, v in chosen.labels]}
+        next_url = self.u("/jobs") + chosen.query_string(page.next_after) if page.next_after else ""
+        return self.render(request, "_jobs.html" if fragment else "jobs.html", page="jobs", error="", form=form,
+                           rows=page.rows, next_url=next_url, first_url=self.u("/jobs") + chosen.query_string(),
+                           live_url=self.u("/jobs") + chosen.query_string(chosen.after),
+                           paged=chosen.after is not None, filtered=chosen.active)
+
+    async def job(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        if not _JOB_ID.fullmatch(job_id):
+            return self.problem(request, 404, "No such job", "That is not a job id.")
+        story = await job_story(self.web.store, job_id, self.web.settings.log_tail_bytes)
+        if story is None:
+            return self.problem(request, 404, "No such job", f"There is no job {job_id}.")
+        outcome = request.query_params.get("cancel", "")
+        failure = request.query_params.get("cancel_error", "")
+        notice = (f"Cancel: {CANCEL_OUTCOMES[outcome]}." if outcome in CANCEL_OUTCOMES
+                  else f"Cancel failed: {CANCEL_ERRORS[failure]}." if failure in CANCEL_ERRORS else "")
+        job = story.job
+        template = "_job.html" if self.fragment(request) else "job.html"
+        return self.render(request, template, page="jobs", story=story, job=job, notice=notice,
+                           spec=present.spec_view(job.spec), steps=present.timeline(story.history),
+                           why=present.explained(job.explanation, story.history))
+
+    async def cancel(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        form = await read_form(request)
+        if form is None:
+            return self.problem(request, 413, "Request too large", "The form was too large.")
+        session = self.operator(request)
+        signer = self.web.signer
+        if session is None or signer is None or not signer.csrf_valid(session, form.get(CSRF_FIELD)):
+            log.warning("cancel_refused", client=_client(request), logged_in=session is not None)
+            return self.problem(request, 403, "Not allowed",
+                                "Only a logged-in operator may cancel, from the job's own page.")
+        if not _JOB_ID.fullmatch(job_id):
+            return self.problem(request, 404, "No such job", "That is not a job id.")
+        kind, value = await self.web.cancel(job_id)
+        log.info("cancel_requested", job_id=job_id, result=f"{kind}:{value}", client=_client(request))
+        query = urlencode({"cancel" if kind == "outcome" else "cancel_error": value})
+        return RedirectResponse(f"{self.job_url(job_id)}?{query}", status_code=303)
+
+    async def charts(self, request: Request) -> Response:
+        return self.render(request, "charts.html", page="charts")
+
+    async def charts_data(self, request: Request) -> Response:
+        return JSONResponse(await self.web.charts.get())
+
+    async def events(self, request: Request) -> Response:
+        viewer = self.web.broker.join()
+        if viewer is None:
+            return Response("too many live viewers; the page still works without live updates\n", 503,
+                            media_type="text/plain")
+        return StreamingResponse(self.web.broker.stream(viewer, self.web.settings.keepalive_s),
+                                 media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "live": self.web.broker.live, "database": self.web.db_state})
+
+    # ------------------------------------------------------------ operators
+
+    def _cookie_flags(self, request: Request) -> dict[str, Any]:
+        return {"httponly": True, "samesite": "strict", "secure": request.url.scheme == "https",
+                "path": self.root or "/"}
+
+    def _login_page(self, request: Request, status: int = 200, error: str = "") -> Response:
+        token = new_nonce()
+        target = safe_next(request.query_params.get("next"), self.root)
+        response = self.render(request, "login.html", status, page="login", login_csrf=token, next=target,
+                               error=error)
+        response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **self._cookie_flags(request))
+        return response
+
+    async def login_form(self, request: Request) -> Response:
+        return self._login_page(request)
+
+    async def login(self, request: Request) -> Response:
+        form = await read_form(request)
+        if form is None:
+            return self.problem(request, 413, "Request too large", "The form was too large.")
+        if not login_csrf_valid(request.cookies.get(LOGIN_CSRF_COOKIE), form.get(CSRF_FIELD)):
+            return self.problem(request, 403, "Not allowed", "The login form expired; open it again.")
+        token = self.web.settings.operator_token
+        signer = self.web.signer
+        if token is None or signer is None:
+            return self._login_page(request, 404, "Operator actions are off: no operator token is configured.")
+        if not self.web.login_throttle.allow(time.monotonic()):
+            return self._login_page(request, 429, "Too many failed logins; wait a minute.")
+        if not same_secret(form.get("token", "").strip(), token.reveal()):
+            self.web.login_throttle.failed(time.monotonic())
+            log.warning("login_failed", client=_client(request))
+            return self._login_page(request, 403, "That is not the operator token.")
+        log.info("login", client=_client(request))
+        response = RedirectResponse(safe_next(form.get("next"), self.root), status_code=303)
+        flags = self._cookie_flags(request)
+        response.set_cookie(SESSION_COOKIE, signer.new_session(time.time()),
+                            max_age=int(self.web.settings.session_ttl_s), **flags)
+        response.delete_cookie(LOGIN_CSRF_COOKIE, path=flags["path"])
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await read_form(request)
+        session = self.operator(request)
+        signer = self.web.signer
+        if form is None or session is None or signer is None or not signer.csrf_valid(session, form.get(CSRF_FIELD)):
+            return self.problem(request, 403, "Not allowed", "Log out from a page of this dashboard.")
+        response = RedirectResponse(self.u("/"), status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path=self.root or "/", httponly=True, samesite="strict")
+        return response
+
+    # ------------------------------------------------------------ errors
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            return self.problem(request, 405, "Not allowed", "That method is not allowed here.")
+        return self.problem(request, 404, "Not found", "There is no such page.")
+
+    async def unavailable(self, request: Request, exc: Exception) -> Response:
+        return self.problem(request, 503, "Database unavailable",
+                            "Postgres did not answer; this page will work again when it does.")
+
+    async def failed(self, request: Request, exc: Exception) -> Response:
+        log.error("page_failed", path=request.url.path[:200], error=repr(exc)[:500])
+        return HTMLResponse("<!doctype html><title>irisfed: error</title><p>Something went wrong; "
+                            "the dashboard's log says what.</p>", status_code=500)
+
+
+def build_app(web: WebService) -> ASGIApp:
+    """The ASGI app of ``web``: routes, static files, and the wrappers every response passes."""
+    pages = Pages(web)
+    routes = [
+        Route("/", pages.federation),
+        Route("/jobs", pages.jobs),
+        Route("/jobs/{job_id}", pages.job),
+        Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
+        Route("/charts", pages.charts),
+        Route("/api/charts", pages.charts_data),
+        Route("/events", pages.events),
+        Route("/login", pages.login_form, methods=["GET"]),
+        Route("/login", pages.login, methods=["POST"]),
+        Route("/logout", pages.logout, methods=["POST"]),
+        Route("/healthz", pages.healthz),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes, exception_handlers={
+        404: pages.not_found, 405: pages.not_found, Unavailable: pages.unavailable, Exception: pages.failed,
+    })
+    return _Rooted(_Secured(app), web.settings.root_path)

@@ -1,0 +1,35 @@
+"""``irisfed web`` (``python -m services.web``): its own flags, and how they become
+``WebSettings``, where every default lives (a flag left out keeps it)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.common.startup import given
+
+COMMAND = "web"
+HELP = "serve the live web dashboard (read-only; operators may cancel)"
+# Starts without waiting for NATS: while NATS is away the pages poll Postgres and say so.
+CONNECTS_NATS_ITSELF = True
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    p.add_argument("--root-path", help="path prefix when served behind a reverse proxy, e.g. /irisfed")
+    p.add_argument("--operator-token-file", metavar="PATH",
+                   help="operators log in with the token in this file (default .irisfed/web-operator-token, "
+                        "else $IRISFED_WEB_OPERATOR_TOKEN; none: view-only)")
+
+
+def settings(args: argparse.Namespace, config):
+    from services.web.settings import WebSettings, load_operator_token
+
+    return WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
+                       **given(args, host="host", port="port", root_path="root_path"))
+
+
+def build(config, pool, nc, settings, connect_nats=None):
+    from services.web.service import WebService
+
+    return WebService(config, pool, nc, settings, connect_nats=connect_nats)

@@ -1,0 +1,292 @@
+"""What the pages show, as plain values: bars, ages, peers, a job's spec, its
+timeline and the verdicts that explain it. Pure.
+
+Stored values are read defensively (a field of the wrong type shows as text or is
+left out, never fails the page), and strings that may carry a URL with a password
+(commands, reasons, details) pass through ``redact``. Escaping is the templates'
+(Jinja autoescape) and :func:`visible`'s, which every printed value passes through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from markupsafe import Markup
+
+from services.common.redact import redact
+from shared.explain import PEER_CODES
+from shared.federation.peer import FederationPeer
+from shared.lifecycle import TERMINAL_STATES, JobState
+from shared.records import ChangelogEntry
+from shared.resources import fmt_amount, from_units, offer_units
+
+STEP = 5  # bar widths come in 5% steps: one CSS class each (no inline styles under the CSP)
+
+
+def visible(value: Any) -> Any:
+    """Jinja's finalize: every printed string with its control characters (escape
+    sequences, bidi overrides, NUL...) shown as ``\\xNN`` escapes; newlines and tabs kept."""
+    if isinstance(value, Markup) or not isinstance(value, str) or value.isprintable():
+        return value
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii")
+                   for c in value)
+
+
+def text(value: Any, limit: int | None = None) -> str:
+    """Any stored value as a string (None: ""), cut to ``limit`` characters with "…"."""
+    out = "" if value is None else value if isinstance(value, str) else str(value)
+    if limit is not None and len(out) > limit:
+        return out[: limit - 1] + "…"
+    return out
+
+
+def path_part(value: str) -> str:
+    """``value`` as one URL path segment."""
+    return quote(value, safe="")
+
+
+def fmt_age(seconds: float | None) -> str:
+    """``4s``, ``12m``, ``3h 5m``, ``2d 4h`` (``-``: unknown)."""
+    if seconds is None or seconds != seconds:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def fmt_time(when: datetime | None) -> str:
+    return "-" if when is None else when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def bar_step(used: float, total: float) -> int:
+    """``used`` of ``total`` as a width in 5% steps (0..100); some use shows as 5% at
+    least, a bar not quite full as 95% at most."""
+    if not total or total <= 0 or used != used:
+        return 0
+    ratio = min(1.0, max(0.0, used / total))
+    step = round(ratio * 100 / STEP) * STEP
+    if used > 0 and step == 0:
+        return STEP
+    if used < total and step == 100:
+        return 100 - STEP
+    return step
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One resource of a backend: used, free and total, and the bar's width class."""
+
+    name: str
+    used: str
+    free: str
+    total: str
+    step: int
+
+
+@dataclass(frozen=True)
+class BackendCard:
+    name: str
+    attributes: list[tuple[str, str]]
+    slots: Bar
+    resources: list[Bar]
+
+
+@dataclass(frozen=True)
+class PeerCard:
+    peer_id: str
+    reachable: bool
+    heard: bool  # a heartbeat was ever received
+    age: str
+    ttl_s: float
+    backends: list[BackendCard] = field(default_factory=list)
+
+
+def _slots(total: object, free: object) -> Bar:
+    t = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
+    f = min(t, free) if isinstance(free, int) and not isinstance(free, bool) and free > 0 else 0
+    return Bar("slots", str(t - f), str(f), str(t), bar_step(t - f, t))
+
+
+def resource_bars(resources: Mapping[str, Any]) -> list[Bar]:
+    """Advertised resources (anything with total and free) → bars, by name."""
+    bars = []
+    for name, (total, free) in sorted(offer_units(resources).items()):
+        used = total - free
+        bars.append(Bar(name, fmt_amount(from_units(name, used)), fmt_amount(from_units(name, free)),
+                        fmt_amount(from_units(name, total)), bar_step(used, total)))
+    return bars
+
+
+def peer_cards(peers: Iterable[FederationPeer], now: float) -> list[PeerCard]:
+    """The routing view's peers (newest heartbeat each) as the federation page shows them."""
+    cards = []
+    for peer in peers:
+        age = peer.heartbeat_age(now)
+        backends = [
+            BackendCard(
+                name=text(b.name),
+                attributes=[(text(k), "|".join(text(v) for v in values)) for k, values in sorted(b.attributes.items())],
+                slots=_slots(b.total, b.free),
+                resources=resource_bars(b.resources),
+            )
+            for b in peer.backends
+        ]
+        cards.append(PeerCard(peer.peer_id, peer.is_reachable(now), age is not None, fmt_age(age), peer.ttl_s,
+                              backends))
+    return cards
+
+
+# ---------------------------------------------------------------- one job
+
+
+@dataclass(frozen=True)
+class SpecView:
+    """A job's spec as shown: env by name only (values may be secrets)."""
+
+    command: list[str]
+    name: str
+    labels: list[tuple[str, str]]
+    env_names: list[str]
+    constraints: list[str]
+    preferences: list[str]
+    resources: list[tuple[str, str]]
+    pin: str
+    priority: str
+    max_retries: str
+    deadline_s: str
+
+
+def _constraint(raw: Any) -> str:
+    if not isinstance(raw, Mapping):
+        return text(raw)
+    value = raw.get("value")
+    shown = "" if value is None else " " + ("|".join(text(v) for v in value) if isinstance(value, list) else text(value))
+    return f"{text(raw.get('key'))} {text(raw.get('op'))}{shown}"
+
+
+def spec_view(spec: Mapping[str, Any] | Any) -> SpecView:
+    spec = spec if isinstance(spec, Mapping) else {}
+
+    def pairs(key: str) -> list[tuple[str, str]]:
+        raw = spec.get(key)
+        return sorted((text(k), text(v)) for k, v in raw.items()) if isinstance(raw, Mapping) else []
+
+    def listed(key: str) -> list[Any]:
+        raw = spec.get(key)
+        return raw if isinstance(raw, list) else []
+
+    env = spec.get("env")
+    return SpecView(
+        command=[redact(text(arg)) for arg in listed("command")],
+        name=text(spec.get("name")),
+        labels=pairs("labels"),
+        env_names=sorted(text(k) for k in env) if isinstance(env, Mapping) else [],
+        constraints=[_constraint(c) for c in listed("constraints")],
+        preferences=[_constraint(c) for c in listed("preferences")],
+        resources=[(k, v) for k, v in pairs("resources")],
+        pin=text(spec.get("cluster_pin")),
+        priority=text(spec.get("priority", 0)),
+        max_retries=text(spec.get("max_retries", "")),
+        deadline_s=text(spec.get("deadline_s", "")),
+    )
+
+
+def command_line(command: Any, limit: int = 80) -> str:
+    """A list-row's command, joined and cut (redacted)."""
+    if not isinstance(command, list):
+        return text(command, limit)
+    return text(redact(" ".join(text(a) for a in command)), limit)
+
+
+def label_pairs(labels: Any) -> list[tuple[str, str]]:
+    return sorted((text(k), text(v)) for k, v in labels.items()) if isinstance(labels, Mapping) else []
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of a job's timeline (one changelog entry)."""
+
+    seq: int
+    at: str
+    offset: str  # since the job's first entry
+    from_state: str
+    to_state: str
+    peer: str
+    epoch: int
+    actor: str
+    detail: str
+
+
+def timeline(history: Sequence[ChangelogEntry]) -> list[Step]:
+    if not history:
+        return []
+    first = history[0].at
+    return [Step(seq=row.seq, at=row.at.strftime("%H:%M:%S.%f")[:-3],
+                 offset="+" + _offset((row.at - first).total_seconds()),
+                 from_state=text(row.from_state) or "new", to_state=text(row.to_state),
+                 peer=text(row.peer_id) or "-", epoch=row.epoch, actor=text(row.actor),
+                 detail=redact(text(row.detail)))
+            for row in history]
+
+
+def _offset(seconds: float) -> str:
+    return f"{seconds:.3f}s" if seconds < 120 else fmt_age(seconds)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    peer_id: str
+    code: str
+    meaning: str
+    detail: str
+    match: bool
+    short: list[str]
+
+
+@dataclass(frozen=True)
+class Explained:
+    """Why a job is where it is (``irisfed explain``'s content)."""
+
+    by: str
+    rule: str
+    verdicts: list[Verdict]
+    more: list[tuple[str, int]]
+    placed: str  # "on X at epoch N (by)" for the last placement, else ""
+
+
+def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Explained:
+    doc = explanation if isinstance(explanation, Mapping) else {}
+    verdicts = []
+    for peer in doc.get("peers") or []:
+        if not isinstance(peer, Mapping):
+            continue
+        code = text(peer.get("code"))
+        short = [f"{text(s.get('resource'))}: asked {text(s.get('asked'))}, {text(s.get('available'))} available"
+                 + (f" on {text(s.get('backend'))}" if s.get("backend") else "")
+                 for s in peer.get("short") or [] if isinstance(s, Mapping)]
+        verdicts.append(Verdict(text(peer.get("peer_id")), code, PEER_CODES.get(code, code),
+                                redact(text(peer.get("detail"))), code == "match", short))
+    more_raw = doc.get("more")
+    more = ([(PEER_CODES.get(text(code), text(code)), int(count)) for code, count in more_raw.items()
+             if isinstance(count, int) and not isinstance(count, bool)]
+            if isinstance(more_raw, Mapping) else [])
+    placed = [row for row in history if row.to_state == JobState.ASSIGNED]
+    where = (f"on {text(placed[-1].peer_id) or '-'} at epoch {placed[-1].epoch} ({text(placed[-1].actor)})"
+             if placed else "")
+    return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where)
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL_STATES
+
+
+STATES = [s.value for s in JobState]

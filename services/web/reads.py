@@ -1,0 +1,223 @@
+"""What each page reads, and the caches every viewer shares.
+
+Pages re-fetch their fragments whenever something changes, so many viewers ask at
+once: what the federation page and the charts read is loaded by one caller at a
+time and shared for a short while (``Shared``); a job list page and a job are read
+per request (each an index range: cheap). A job's log tail is read from the file
+system in a thread (a hung network file system must not stall the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from services.common.store import Store
+from services.web import charts
+from services.web.filters import JobFilter
+from shared.records import ChangelogEntry, JobListRow, JobRow, OldestQueued, QueueClass
+
+_T = TypeVar("_T")
+
+QUEUE_CLASSES = 8  # the largest (pin, constraints) classes on the federation page; the rest as "other"
+LOG_FILES = ("stdout", "stderr")
+LOG_READ_TIMEOUT_S = 2.0
+
+
+class Shared(Generic[_T]):
+    """A value loaded by one caller at a time and reused by everyone for ``ttl_s``.
+
+    A failed load is not kept: the next caller tries again.
+    """
+
+    def __init__(self, load: Callable[[], Awaitable[_T]], ttl_s: float, clock: Callable[[], float]) -> None:
+        self._load = load
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._value: _T | None = None
+        self._until = float("-inf")
+        self._lock = asyncio.Lock()
+
+    def expire(self) -> None:
+        """The next ``get`` loads afresh."""
+        self._until = float("-inf")
+
+    def _fresh(self) -> bool:
+        return self._value is not None and self._clock() < self._until
+
+    async def get(self) -> _T:
+        if self._fresh():
+            return self._value  # type: ignore[return-value]
+        async with self._lock:
+            if not self._fresh():
+                value = await self._load()
+                self._value, self._until = value, self._clock() + self.ttl_s
+            return self._value  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- the federation page
+
+
+@dataclass(frozen=True)
+class Queue:
+    """The federation's queue: live counts, classes, the oldest waiting job."""
+
+    live: dict[str, int]
+    classes: list[QueueClass]
+    oldest: OldestQueued | None
+
+
+class FederationReads:
+    def __init__(self, store: Store, snapshot_s: float, totals_s: float, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.queue = Shared(self._queue, snapshot_s, clock)
+        self.totals = Shared(store.job_count_by_state, totals_s, clock)
+
+    async def _queue(self) -> Queue:
+        return Queue(await self.store.job_count_live_by_state(),
+                     await self.store.job_count_queued_by_class(QUEUE_CLASSES),
+                     await self.store.job_get_oldest_queued())
+
+
+# ---------------------------------------------------------------- the job list
+
+
+@dataclass(frozen=True)
+class JobPage:
+    rows: list[JobListRow]
+    next_after: tuple[datetime, str] | None  # the cursor of the next (older) page, None: last page
+
+
+async def job_page(store: Store, jobs: JobFilter, size: int) -> JobPage:
+    rows = await store.job_list_page(jobs.query(size + 1))
+    if len(rows) > size:
+        rows = rows[:size]
+        return JobPage(rows, (rows[-1].submitted_at, rows[-1].job_id))
+    return JobPage(rows, None)
+
+
+# ---------------------------------------------------------------- one job
+
+
+@dataclass(frozen=True)
+class LogTail:
+    name: str  # stdout or stderr
+    text: str | None  # None: not readable from here
+    size: int
+    cut: bool  # only the end is shown
+
+
+@dataclass(frozen=True)
+class JobStory:
+    job: JobRow
+    history: list[ChangelogEntry]
+    logs: list[LogTail]
+
+    @property
+    def logs_readable(self) -> bool:
+        return any(tail.text is not None for tail in self.logs)
+
+
+async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | None:
+    job = await store.job_get(job_id)
+    if job is None:
+        return None
+    history = await store.changelog_list_for_job(job_id)
+    logs = await read_logs(job.log_dir, tail_bytes) if job.log_dir else []
+    return JobStory(job, history, logs)
+
+
+async def read_logs(log_dir: str, tail_bytes: int) -> list[LogTail]:
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(_read_logs, log_dir, tail_bytes), LOG_READ_TIMEOUT_S)
+    except TimeoutError:
+        return [LogTail(name, None, 0, False) for name in LOG_FILES]
+
+
+def _read_logs(log_dir: str, tail_bytes: int) -> list[LogTail]:
+    folder = Path(log_dir) if usable_log_dir(log_dir) else None
+    return [read_tail(folder / name, tail_bytes) if folder else LogTail(name, None, 0, False) for name in LOG_FILES]
+
+
+def usable_log_dir(log_dir: str) -> bool:
+    """An absolute path with nothing odd in it (a peer wrote it: read it carefully)."""
+    return (0 < len(log_dir) <= 4096 and log_dir.startswith("/") and "\x00" not in log_dir
+            and log_dir.isprintable())
+
+
+def read_tail(path: Path, limit: int) -> LogTail:
+    """The last ``limit`` bytes of ``path`` as text (None when it is not a regular file
+    readable from here; a symbolic link is not followed)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return LogTail(path.name, None, 0, False)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return LogTail(path.name, None, 0, False)
+        start = max(0, info.st_size - limit)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError:
+        return LogTail(path.name, None, 0, False)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1:]  # from the first whole line
+    return LogTail(path.name, data.decode("utf-8", "replace"), info.st_size, start > 0)
+
+
+# ---------------------------------------------------------------- the charts
+
+
+class ChartSource:
+    """The charts' data, refreshed at most every ``ttl_s``.
+
+    Minutes older than ``charts.SETTLE`` no longer change: they are kept, and each
+    refresh reads only the changelog since then (its start found by bisecting
+    positions, as ``at`` has no index), so a refresh costs the last few minutes'
+    changes, however busy the hour was.
+    """
+
+    def __init__(self, store: Store, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.shared = Shared(self._refresh, ttl_s, clock)
+        self._kept: dict[int, charts.Minute] = {}
+        self._last_now: datetime | None = None
+
+    async def get(self) -> dict:
+        return await self.shared.get()
+
+    async def _refresh(self) -> dict:
+        bounds = await self.store.changelog_get_bounds()
+        now = bounds.now
+        first = charts.window_start(now)
+        since = first
+        if self._last_now is not None and now - self._last_now < timedelta(minutes=charts.WINDOW_MIN - 10):
+            since = max(first, charts.minute_of(self._last_now - charts.SETTLE))
+        since_at = datetime.fromtimestamp(since, now.tzinfo)
+        from_seq = 0
+        if bounds.first_seq is not None and bounds.last_seq is not None:
+            from_seq = await charts.first_seq_from(self.store.changelog_get_first_from_seq, bounds.first_seq,
+                                                   bounds.last_seq, since_at - charts.SEQ_MARGIN)
+        counts = await self.store.changelog_count_by_minute(from_seq, since_at)
+        submits = await self.store.job_count_submitted_by_minute(since_at)
+        fresh, queued_now, running_now = charts.fold(counts, submits)
+        self._kept = charts.merge(self._kept, fresh, since, first)
+        self._last_now = now
+        return charts.series(now, self._kept, queued_now, running_now)

@@ -1,0 +1,253 @@
+"""``WebService``: the dashboard's process — an HTTP server, live updates from NATS,
+and Postgres polling when NATS is away.
+
+- HTTP: uvicorn serves the app (``app.py``) as a task this service owns; it listens
+  on a socket bound at start (a port in use is a clear error, not a crash) and stops
+  on SIGTERM with the other tasks (the runtime owns signals, not uvicorn).
+- Live: ``events.*`` and ``heartbeat.*`` feed the broker (``live.py``) and the peer
+  view. The service starts without NATS and connects in the background.
+- Fallback: while NATS is not connected, every ``poll_s`` the changelog's new rows
+  and the stored heartbeats stand in for the messages (and every ``live_poll_s``
+  while it is, so a lost message still reaches the pages); pages say which.
+
+It only reads Postgres (in production as the read-only ``irisfed_web`` role) and
+sends one kind of message: an operator's cancel, the same request the CLI sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import uvicorn
+
+from services.common.log import EventLogger
+from services.common.peer_view import PeerView
+from services.common.runtime import WAIT_OUT, Service
+from services.web.app import build_app
+from services.web.live import Broker, ChangeTail
+from services.web.reads import ChartSource, FederationReads
+from services.web.security import LoginThrottle, Signer
+from services.web.settings import WebSettings
+from shared.clock import Clock
+from shared.config import FederationConfig
+from shared.errors import ConfigError
+from shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+
+log = EventLogger("web")
+
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+CHANGES_PER_POLL = 2000  # changelog rows read per poll; more at once are "many jobs changed"
+STOP_WAIT_S = 5.0  # for the HTTP server to finish its responses on shutdown
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the service's runtime owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) and listening; ConfigError when that is not possible."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class WebService(Service):
+    """The dashboard. ``nc``: a connected NATS client, or None with ``connect_nats``
+    (connects in the background, retrying; the service then owns the connection)."""
+
+    def __init__(
+        self,
+        config: FederationConfig,
+        pool: Any,
+        nc: Any,
+        settings: WebSettings | None = None,
+        clock: Clock | Callable[[], float] | None = None,
+        connect_nats: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        settings = settings or WebSettings()
+        super().__init__(config, pool, nc, settings, clock)
+        self._connect_nats = connect_nats
+        self.view = PeerView(config, self.clock.monotonic)
+        self.broker = Broker(settings.flush_s, settings.queue_batches, settings.max_viewers, live=False)
+        token = settings.operator_token
+        self.signer = Signer.for_token(token.reveal(), settings.session_ttl_s) if token else None
+        self.login_throttle = LoginThrottle()
+        self.federation = FederationReads(self.store, settings.snapshot_s, settings.totals_s, self.clock.monotonic)
+        self.charts = ChartSource(self.store, settings.charts_s, self.clock.monotonic)
+        self.app = build_app(self)
+        self.db_state = "unknown"  # "ok" or "unavailable": the last poll's
+        self.url = ""  # where it listens, once it does
+        self._tail: ChangeTail | None = None
+        self._heard: dict[str, tuple[str, int]] = {}
+        self._server: _Server | None = None
+        self._server_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def live(self) -> bool:
+        """Whether NATS is connected (else pages are fed by polling Postgres)."""
+        return self.nc is not None and self.nc.is_connected
+
+    async def start(self, listen: bool = True) -> None:
+        """Start live updates and (with ``listen``) the HTTP server; tests drive ``self.app``
+        directly with ``listen=False``."""
+        if self.nc is not None:
+            await self._subscribe()
+        elif self._connect_nats is not None:
+            self.tasks.spawn(self._connect_later(), name="web-nats-connect")
+        self.broker.set_live(self.live)
+        self.tasks.spawn(self.broker.run(), name="web-broker")
+        self.tasks.spawn(self._poll_loop(), name="web-poll")
+        if listen:
+            self._serve()
+        log.info("web_started", url=self.url or "-", live=self.live, operator=self.signer is not None,
+                 prefix=self.subjects.prefix)
+
+    async def close(self) -> None:
+        self.broker.close()  # ends every event stream, so the server can finish its responses
+        if self._server is not None and self._server_task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._server_task), STOP_WAIT_S)
+        await self.tasks.close()
+        if self._connect_nats is not None and self.nc is not None:
+            await self.nc.close()  # ours: connected in the background
+
+    async def on_reconnect(self) -> None:
+        """NATS is back: messages may have been missed meanwhile, so pages re-fetch."""
+        self.broker.set_live(True)
+        self.broker.resync()
+
+    def _serve(self) -> None:
+        settings = self.settings
+        sock = listen_socket(settings.host, settings.port)
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}{settings.root_path}/"
+        logging.getLogger("uvicorn").setLevel(logging.WARNING)  # our own events say what matters
+        config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", http="h11",
+                                ws="none", server_header=False, timeout_graceful_shutdown=2)
+        self._server = _Server(config)
+        self._server_task = self.tasks.spawn(self._server.serve(sockets=[sock]), name="web-http")
+
+    # ------------------------------------------------------------ NATS
+
+    async def _connect_later(self) -> None:
+        assert self._connect_nats is not None
+        try:
+            nc = await self._connect_nats()  # retries until NATS answers ...
+        except (OSError, TimeoutError, nats.errors.Error):
+            return  # ... or the service stops
+        self.nc = nc
+        await self._subscribe()
+        self.broker.set_live(self.live)
+        self.broker.resync()
+        log.info("web_live", prefix=self.subjects.prefix)
+
+    async def _subscribe(self) -> None:
+        await self.nc.subscribe(self.subjects.events(), cb=self.on_event)
+        await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
+        await self.nc.flush()
+
+    async def on_event(self, msg: Any) -> None:
+        """``events.<job_id>``: that job moved (the subject says which; the body is not needed)."""
+        job_id = msg.subject[len(self.subjects.events("")):]
+        if _JOB_ID.fullmatch(job_id):
+            self.broker.job_changed(job_id)
+
+    async def on_heartbeat(self, msg: Any) -> None:
+        _, change = self.view.receive(msg.subject, msg.data, log)
+        if change.recorded:
+            self.broker.peers_changed()
+
+    async def cancel(self, job_id: str) -> tuple[str, str]:
+        """Ask the router to cancel ``job_id``: ("outcome", one of CANCEL_OUTCOMES) or
+        ("error", an error code)."""
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            return "error", "unavailable"
+        try:
+            reply = await nc.request(self.subjects.cancel, json.dumps({"job_id": job_id}).encode(),
+                                     timeout=self.settings.cancel_timeout_s)
+            body = json.loads(reply.data)
+        except (nats.errors.Error, TimeoutError, ValueError):
+            return "error", "unavailable"
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return "error", str(body["error"].get("code", "internal"))
+        if isinstance(body, dict) and body.get("outcome") in CANCEL_OUTCOMES:
+            return "outcome", body["outcome"]
+        return "error", "internal"
+
+    # ------------------------------------------------------------ Postgres
+
+    async def _poll_loop(self) -> None:
+        """Poll Postgres every ``poll_s`` while NATS is away, every ``live_poll_s`` while it is up."""
+        last = float("-inf")
+        while True:
+            live = self.live
+            if self.broker.set_live(live):
+                log.warning("web_polling" if not live else "web_live", poll_s=self.settings.poll_s)
+            now = self.clock.monotonic()
+            if not live or now - last >= self.settings.live_poll_s:
+                last = now
+                await self._poll_safely()
+            await asyncio.sleep(self.settings.poll_s)
+
+    async def _poll_safely(self) -> None:
+        try:
+            await self.poll_once()
+        except asyncio.CancelledError:
+            raise
+        except WAIT_OUT as exc:
+            if self.db_state != "unavailable":
+                log.warning("db_unavailable", error=str(exc)[:300])
+            self.db_state = "unavailable"
+        except Exception as exc:  # noqa: BLE001 - the loop never dies on one error
+            log.error("poll_failed", error=repr(exc)[:500])
+        else:
+            if self.db_state == "unavailable":
+                log.info("db_available")
+            self.db_state = "ok"
+
+    async def poll_once(self) -> None:
+        """One look at Postgres: stored heartbeats into the view, new changelog rows to the broker."""
+        rows = await self.store.peer_heartbeat_list()
+        self.view.apply_rows(rows)
+        heard = {r.peer_id: (r.run_id, r.seq) for r in rows}
+        if heard != self._heard:
+            self._heard = heard
+            self.broker.peers_changed()
+        if self._tail is None:
+            self._tail = ChangeTail((await self.store.changelog_get_bounds()).last_seq or 0)
+            return
+        changes = await self.store.changelog_list_since(self._tail.since(), CHANGES_PER_POLL)
+        moved = self._tail.new((c.seq, c.job_id) for c in changes)
+        if len(changes) == CHANGES_PER_POLL:
+            self.broker.all_jobs_changed()
+        elif moved:
+            self.broker.jobs_changed(moved)
