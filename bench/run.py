@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from bench.baselines import nats_baseline, postgres_baselines
+from bench.engines import engines_section
 from bench.report import Bench, Figure, Profile, print_table, write_json
 from bench.sections import (
     dispatch_bench,
@@ -34,7 +35,11 @@ SECTIONS = {
     "tick": ("tick", tick_section),
     "heartbeat": ("heartbeat fan-in", heartbeat_bench),
     "scale": ("scale curve", scale_section),
+    "engines": ("engines (real Slurm and Ray)", engines_section),
 }
+# Left out of a --quick run that names no sections (CI's smoke run): they need root,
+# Slurm and Ray, and take minutes. `--quick --sections engines` runs them at quick sizes.
+NOT_IN_QUICK_DEFAULT = {"engines"}
 
 
 async def _run(bench: Bench, admin_url: str, nats_url: str, sections: set[str]) -> None:
@@ -47,7 +52,20 @@ async def _run(bench: Bench, admin_url: str, nats_url: str, sections: set[str]) 
             await section(bench, admin_url, nats_url)
 
 
+def chosen_sections(quick: bool, sections: set[str]) -> set[str]:
+    """The sections to run: all of ``sections``, except that a --quick run of every
+    section (no --sections given) leaves out NOT_IN_QUICK_DEFAULT."""
+    if quick and sections == set(SECTIONS):
+        return sections - NOT_IN_QUICK_DEFAULT
+    return set(sections)
+
+
 def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]:
+    chosen = chosen_sections(quick, sections)
+    if chosen != sections:
+        left_out = ",".join(sorted(sections - chosen))
+        print(f"--quick leaves out {left_out} (irisfed bench --quick --sections {left_out} runs it)", flush=True)
+        sections = chosen
     folder = Path(tempfile.mkdtemp(prefix="irisfed-bench-"))
     os.chmod(folder, 0o755)
     bench = Bench(Profile(quick), folder)

@@ -1,7 +1,8 @@
 """The bench sections: irisfed's figures, each beside its same-run baseline.
 
 ``submit`` (durable submits, closed and open loop), ``dispatch`` (submit → running
-through router, tick and agents), ``tick`` (placements per second),
+through router, tick and agents), ``tick`` (placements per second, by slots
+and with multi-resource requests),
 ``heartbeat`` (fan-in cost) and ``scale`` (submit and tick cost against rows in
 ``jobs`` and against the number of peers).
 """
@@ -145,23 +146,28 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
 KINDS = ("cpu", "gpu", "tpu")
 
 
-def _bench_job(i: int, state: JobState = JobState.QUEUED):
-    """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers."""
+def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False):
+    """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers;
+    with ``resources``, the mixed request of :func:`_job_resources`."""
     from services.router.plan import plan_new_job, route
     from shared.federation.router import SubmitDisposition, SubmitPlan
     from shared.messages import SubmitRequest
 
-    request = msgspec.convert({"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
-                               "constraints": [{"key": "device_type", "op": "eq", "value": KINDS[i % 3]}]},
-                              SubmitRequest)
+    raw = {"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
+           "constraints": [{"key": "device_type", "op": "eq", "value": KINDS[i % 3]}]}
+    if resources:
+        raw["resources"] = _job_resources(i)
+    request = msgspec.convert(raw, SubmitRequest)
     new, _ = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="bench"), "p0", None),
                           f"{state[0]}{i}")
     return new if state == JobState.QUEUED else dataclasses.replace(new, state=state)
 
 
-async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED) -> None:
+async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED,
+                       resources: bool = False) -> None:
     for first in range(start, stop, 5000):
-        await dep.store.job_insert_batch([_bench_job(i, state) for i in range(first, min(stop, first + 5000))])
+        await dep.store.job_insert_batch([_bench_job(i, state, resources)
+                                          for i in range(first, min(stop, first + 5000))])
     # Set-up is not measured: statistics fresh, and the fill's dirty pages written now
     # rather than by a checkpoint in the middle of the figure that follows.
     await dep.pool.execute("ANALYZE jobs")
@@ -169,7 +175,12 @@ async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState =
 
 
 async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, peer_count: int,
-                     filler: int = 0, label: str = "") -> float:
+                     filler: int = 0, label: str = "", resources: bool = False,
+                     placed: list[int] | None = None) -> float:
+    """Assignments per second of one ``Tick.run_once()`` over ``jobs`` queued jobs and
+    ``peer_count`` peers, each with twice the slots (and, with ``resources``, twice the
+    resources) its share of the queue needs, so every job is placed. ``placed`` gets
+    how many were."""
     from services.tick.service import Tick
 
     peers = [(f"p{i}", {"device_type": KINDS[i % 3], "zone": f"z{i % 4}"}, max(1, 2 * jobs // peer_count))
@@ -177,17 +188,79 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
     dep = Deployment(bench, admin_url, nats_url, f"tick{jobs}x{peer_count}{label}", peers)
     await dep.create()
     try:
-        await dep.advertise(peers)
+        if resources:
+            await _advertise_resources(dep, peers, _peer_nodes(jobs, peer_count))
+        else:
+            await dep.advertise(peers)
         await _insert_jobs(dep, 0, filler, JobState.SUCCEEDED)
-        await _insert_jobs(dep, 0, jobs)
+        await _insert_jobs(dep, 0, jobs, resources=resources)
         tick = Tick(dep.config, dep.pool, None)
         await tick.refresh_view()
         started = time.perf_counter()
         result = await tick.run_once()
         elapsed = time.perf_counter() - started
+        if placed is not None:
+            placed.append(len(result.assigned))
         return len(result.assigned) / elapsed
     finally:
         await dep.close()
+
+
+# Multi-resource placement: what jobs ask and what peers have.
+NODE_CPUS = (64, 128, 192, 256)  # a peer is a cluster of identical nodes of one of these sizes
+NODE_MEMORY_MB_PER_CPU = 4096
+ACCELERATORS_PER_NODE = 8  # gpu on gpu-kind peers, tpu on tpu-kind peers
+
+
+def _job_resources(i: int) -> dict[str, int]:
+    """Job ``i``'s request: cpu 1–8 and memory 1–8 GiB, plus gpu 1–4 (gpu jobs) or
+    tpu 1–4 (tpu jobs); the kind is ``KINDS[i % 3]`` as in ``_bench_job``."""
+    j = i // 3
+    request = {"cpu": 1 + j % 8, "memory_mb": 1024 * (1 + (j // 8) % 8)}
+    kind = KINDS[i % 3]
+    if kind != "cpu":
+        request[kind] = 1 + (j // 64) % 4
+    return request
+
+
+def _node_shape(peer: int) -> dict[str, int]:
+    """One node of peer ``peer`` (kind ``KINDS[peer % 3]``)."""
+    cpus = NODE_CPUS[(peer // 3) % len(NODE_CPUS)]
+    shape = {"cpu": cpus, "memory_mb": cpus * NODE_MEMORY_MB_PER_CPU}
+    kind = KINDS[peer % 3]
+    if kind != "cpu":
+        shape[kind] = ACCELERATORS_PER_NODE
+    return shape
+
+
+def _peer_nodes(jobs: int, peer_count: int) -> list[int]:
+    """Nodes per peer: enough that each peer has at least twice its share (of its kind's
+    queue, split evenly between the peers of that kind) in every resource, like the
+    slots, so every job fits and the figure counts placements, not waiting."""
+    demand = {kind: {} for kind in KINDS}
+    for i in range(jobs):
+        asked = demand[KINDS[i % 3]]
+        for name, amount in _job_resources(i).items():
+            asked[name] = asked.get(name, 0) + amount
+    of_kind = {kind: sum(1 for p in range(peer_count) if KINDS[p % 3] == kind) for kind in KINDS}
+    nodes = []
+    for p in range(peer_count):
+        kind, shape = KINDS[p % 3], _node_shape(p)
+        nodes.append(max(1, *(-(-2 * total // (of_kind[kind] * shape[name]))
+                              for name, total in demand[kind].items())))
+    return nodes
+
+
+async def _advertise_resources(dep: Deployment, peers, nodes: list[int], ttl: float = 3600.0) -> None:
+    """Like ``Deployment.advertise``, with each backend's ``resources`` ({name: {total,
+    free}}, the heartbeat's BackendAd): ``nodes[i]`` nodes of ``_node_shape(i)``."""
+    for i, (peer_id, attrs, slots) in enumerate(peers):
+        amounts = {name: {"total": float(per_node * nodes[i]), "free": float(per_node * nodes[i])}
+                   for name, per_node in _node_shape(i).items()}
+        await dep.store.peer_heartbeat_upsert(
+            peer_id, "bench", 1, [{"name": "simulated", "attributes": {k: [v] for k, v in attrs.items()},
+                                   "capacity": {"total": slots, "free": slots}, "resources": amounts}],
+            ttl, datetime.now(UTC))
 
 
 async def _submit_rate(bench: Bench, dep: Deployment, nc: nats.NATS, label: str) -> float:
@@ -282,6 +355,18 @@ async def tick_section(bench: Bench, admin_url: str, nats_url: str) -> None:
     bench.add(Figure("tick", f"assignments/s, {jobs:,} queued × {peers} peers", median(rates), "jobs/s",
                      "batched claim", ratio, "≥ 25,000/s and ≥ 0.5× claim",
                      median(rates) >= 25_000 and ratio >= 0.5, spread(rates)))
+    # The same through multi-resource placement: every job asks cpu and memory (and gpu
+    # or tpu), every peer advertises each resource's total and free amount.
+    placed: list[int] = []
+    rates = [await tick_bench(bench, admin_url, nats_url, jobs, peers, label=f"m{i}", resources=True,
+                              placed=placed) for i in range(3)]
+    ratio = median(rates) / bench.baselines["pg_claim"]
+    nodes = _peer_nodes(jobs, peers)
+    bench.add(Figure("tick", f"assignments/s, {jobs:,} queued × {peers} peers, multi-resource", median(rates),
+                     "jobs/s", "batched claim", ratio, "≥ 25,000/s and ≥ 0.5× claim",
+                     median(rates) >= 25_000 and ratio >= 0.5, spread(rates),
+                     f"jobs: cpu 1–8, memory 1–8 GiB, gpu or tpu 1–4; peers: {min(nodes)}–{max(nodes)} "
+                     f"nodes of cpu 64–256, 4 GiB/cpu, 8 gpu or tpu; placed {min(placed):,}/{jobs:,}"))
 
 
 async def scale_section(bench: Bench, admin_url: str, nats_url: str) -> None:
