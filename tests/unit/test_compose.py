@@ -23,7 +23,7 @@ def parses(command: list[str]) -> bool:
 
 
 def test_topology_has_every_role():
-    assert {"nats", "postgres", "migrate", "router", "tick"} <= set(SERVICES)
+    assert {"nats", "postgres", "migrate", "router", "tick", "web"} <= set(SERVICES)
     agents = [name for name, svc in SERVICES.items() if "peer-agent" in svc.get("command", [])]
     assert len(agents) == 2
     attrs = [tuple(svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--attr")
@@ -69,3 +69,13 @@ def test_mounted_federation_config_is_valid_and_names_the_agents():
         command = service.get("command", [])
         if "peer-agent" in command:
             assert command[command.index("--peer-id") + 1] in config.peer_ids
+
+
+def test_the_dashboard_reads_its_operator_token_from_a_secret_file():
+    web = SERVICES["web"]
+    flag = web["command"].index("--operator-token-file")
+    secret = web["command"][flag + 1].removeprefix("/run/secrets/")
+    assert secret in web["secrets"] and secret in COMPOSE["secrets"]
+    assert "IRISFED_WEB_OPERATOR_TOKEN" not in web.get("environment", {})
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "deploy/secrets/" in ignored  # a token made for compose is never committed
