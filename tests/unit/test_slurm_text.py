@@ -359,3 +359,12 @@ def test_shell_word() -> None:
     assert shell_word("plain") == "plain"
     assert shell_word("") == "''"
     assert shell_word("a\rb") == "a\"$(printf '\\r')\"b"
+
+
+def test_slurm_commands_and_so_jobs_get_only_passed_through_and_slurm_settings():
+    from services.peer_agent.backends.slurm import client_env
+
+    env = client_env({"PATH": "/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "a",
+                      "IRISFED_DATABASE_URL": "postgres://agent:secret@db", "AWS_SECRET_ACCESS_KEY": "k",
+                      "PYENV_SHELL": "bash"})
+    assert env == {"PATH": "/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "a"}

@@ -11,8 +11,9 @@ How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
   job's working directory, with its ``stdout`` and ``stderr``: the folder must be
   reachable from the compute nodes) that exports the job's environment and
   ``exec``s its command, every value single-quoted: nothing is ever interpreted
-  by a shell. ``--export=NONE``: the agent's own variables (database and NATS
-  credentials) never reach a job, only ``PASSED_THROUGH_ENV`` does;
+  by a shell. Slurm's commands run with ``client_env`` (``PASSED_THROUGH_ENV`` and
+  Slurm's own settings), which ``--export=ALL`` hands to the job: the agent's own
+  variables (database and NATS credentials) never reach a job;
 - resources as ``-c`` (whole cpus), ``--mem`` (``DEFAULT_MEMORY_MB_PER_CPU`` per
   cpu when the job names no memory) and ``--gres``.
 
@@ -35,6 +36,7 @@ import asyncio
 import contextlib
 import os
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from services.common.log import EventLogger
@@ -80,6 +82,20 @@ DEFAULT_MEMORY_MB_PER_CPU = 1024
 COMMAND_TIMEOUT_S = 30.0
 # Polls in a row that must miss a run before it counts as forgotten by Slurm.
 MISSES_BEFORE_LOST = 2
+
+
+# Slurm's own settings (SLURM_CONF, SBATCH_ACCOUNT ...) the clients read from their
+# environment; with PASSED_THROUGH_ENV, all of the agent's environment they get.
+SLURM_SETTINGS_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SCANCEL_", "SCONTROL_", "SINFO_")
+
+
+def client_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment Slurm's commands run with: ``PASSED_THROUGH_ENV`` and Slurm's own
+    settings, never the agent's credentials. ``sbatch --export=ALL`` hands it to the job
+    (plus what the job's script exports): faster than ``--export=NONE``, which makes
+    Slurm 22.05 rebuild the submitting user's login environment (~1 s per job)."""
+    return {name: value for name, value in environ.items()
+            if name in PASSED_THROUGH_ENV or name.startswith(SLURM_SETTINGS_PREFIXES)}
 
 
 class SlurmError(Exception):
@@ -146,7 +162,7 @@ class SlurmBackend:
         try:
             process = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
+                stderr=asyncio.subprocess.PIPE, env=client_env(os.environ))
         except OSError as exc:
             raise SlurmError(f"cannot run {args[0]}: {exc.strerror or exc}") from exc
         try:
@@ -199,7 +215,7 @@ class SlurmBackend:
                 stdout = await self._run(
                     "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
                     "-D", str(script.parent), "-o", output_path(str(script.parent / "stdout")),
-                    "-e", output_path(str(script.parent / "stderr")), "--export=NONE",
+                    "-e", output_path(str(script.parent / "stderr")), "--export=ALL",
                     *resource_args(request), str(script))
                 slurm_id = sbatch_job_id(stdout)
             except (SlurmError, ScriptError, ValueError) as exc:
