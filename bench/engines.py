@@ -31,12 +31,13 @@ import msgspec
 from bench.deployment import Deployment, cpu_seconds
 from bench.report import Bench, Figure
 from services.common.bus import connect_client
+from services.peer_agent.backends import DEFAULT_POLL_INTERVAL_S
 from tooling.federation import Peer, write_config
 
 HOME = "home"  # the federation's local cluster: configured, never started, so jobs go through the tick
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 5.0
-AGENT_POLL_INTERVAL_S = 0.25  # the engine agents' status polls (--poll-interval)
+AGENT_POLL_INTERVAL_S = DEFAULT_POLL_INTERVAL_S  # as deployed (job starts are stamped by the jobs)
 STAMP_TIMEOUT_S = 120.0  # a bound on a hang, not an expectation (Ray's first job of a head: ~18 s)
 OVERHEAD_TARGET = 1.10  # irisfed / engine at p50
 SLURM_POLL_INTERVAL_S = 1.0  # the in-process backend of the polling figure
