@@ -14,7 +14,6 @@ jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +47,7 @@ from shared.errors import (
     Unavailable,
 )
 from shared.federation.router import PeerRouter, RoutingRequest
+from shared.ids import JobIds
 from shared.lifecycle import JobState
 from shared.messages import (
     AssignmentNotice,
@@ -124,10 +124,10 @@ class Router(Service):
         nc: Client,
         settings: RouterSettings = RouterSettings(),
         clock: Clock | Callable[[], float] | None = None,  # default: the system's (a bare callable: monotonic)
-        new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_job_id: Callable[[], str] | None = None,  # default: shared.ids.JobIds (short, time-sortable)
     ) -> None:
         super().__init__(config, pool, nc, settings, clock)
-        self.new_job_id = new_job_id
+        self.new_job_id = new_job_id or JobIds()
         self.view = PeerView.exported(config, self.clock.monotonic)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=settings.max_queue)
         metrics.ROUTER_QUEUE.set_function(self.queue.qsize)
