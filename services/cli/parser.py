@@ -17,11 +17,24 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
+# How reads print (services/cli/views.py renders each).
+OUTPUTS = ("table", "plain", "tsv", "json")
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """How a read prints: a table on a terminal, plain columns when piped (views.output_mode)."""
+    p.add_argument("--output", "-o", choices=OUTPUTS,
+                   help="table (a terminal's default), plain (aligned columns: the default when piped), "
+                        "tsv, or json")
+    p.add_argument("--json", action="store_true", help="same as --output json")
+    p.add_argument("--wide", action="store_true", help="show long cells whole instead of cut with …")
+
+
 def _about_one_job(sub, name: str, help: str) -> None:
     p = sub.add_parser(name, help=help)
     add_server_flags(p, nats=False)
     p.add_argument("job_id")
-    p.add_argument("--json", action="store_true")
+    _output_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(p)
     p.add_argument("--state-dir", default=".irisfed", help="where data, logs and job output live")
     p.add_argument("--no-live", action="store_true", help="print plain progress lines instead of a live table")
+
+    p = sub.add_parser("env", help='shell exports for a role while `irisfed up` runs: eval "$(irisfed env)"')
+    p.add_argument("--role", choices=["producer", "operator"], default="producer",
+                   help="producer: NATS as the producer user (default); operator: the CLI's NATS user and the database")
+    p.add_argument("--state-dir", default=".irisfed", help="the state folder of `irisfed up`")
 
     for command in SERVICES:  # router, tick, peer-agent, web: flags of their own (services/*/flags.py)
         add_service_parser(sub, command)
@@ -82,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(p, nats=False)
     p.add_argument("--state")
     p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--json", action="store_true")
+    _output_flags(p)
 
     _about_one_job(sub, "job", "one job and its history")
 
@@ -122,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("peers", help="peers and their newest advertisement")
     add_server_flags(p, nats=False)
-    p.add_argument("--json", action="store_true")
+    _output_flags(p)
 
     p = sub.add_parser("logs", help="a job's stdout (or --stderr)")
     add_server_flags(p, nats=False)

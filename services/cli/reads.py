@@ -16,10 +16,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from services.cli import views
 
     rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit)))
-    if args.json:
+    mode = views.output_mode(args)
+    if mode == "json":
         print_json(rows)
     else:
-        views.console().print(views.jobs_table(rows))
+        views.Out(mode, args.wide).grid(views.jobs_grid(rows))
     return 0
 
 
@@ -41,10 +42,11 @@ def cmd_job(args: argparse.Namespace) -> int:
     job, history = _job_and_history(args)
     if job is None:
         return 1
-    if args.json:
+    mode = views.output_mode(args)
+    if mode == "json":
         print_json({"job": job, "changelog": history})
     else:
-        views.print_job(job, history)
+        views.print_job(job, history, views.Out(mode, args.wide))
     return 0
 
 
@@ -54,11 +56,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     job, history = _job_and_history(args)
     if job is None:
         return 1
-    if args.json:
+    mode = views.output_mode(args)
+    if mode == "json":
         print_json({"job_id": job.job_id, "state": job.state, "disposition": job.disposition,
                     "reason": job.reason, "explanation": job.explanation})
     else:
-        views.print_explain(job, history)
+        views.print_explain(job, history, views.Out(mode, args.wide))
     return 0
 
 
@@ -67,10 +70,11 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
     rows = asyncio.run(with_store(args, lambda s: s.peer_heartbeat_list()))
     config = federation_config(args, required=False)
-    if args.json:
+    mode = views.output_mode(args)
+    if mode == "json":
         print_json(rows)
     else:
-        views.console().print(views.peers_table(rows, config))
+        views.Out(mode, args.wide).grid(views.peers_grid(rows, config))
     return 0
 
 

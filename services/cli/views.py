@@ -1,15 +1,24 @@
-"""Rich renderings of the unified view: jobs, one job, peers.
+"""Renderings of the unified view: jobs, one job, peers.
 
 Everything a job, a producer or a peer chose (ids, names, labels, commands,
 reasons, advertised attributes) reaches the screen through :func:`lit`: a rich
 ``Text`` (never parsed as markup or emoji) with control characters escaped, so
 ``[cpu]`` shows as ``[cpu]`` and nothing can restyle or drive the terminal.
+
+Tables are built once (``Grid``) and printed by an ``Out`` in one of four modes
+(:func:`output_mode`): ``table`` (rich boxes, for a terminal: long cells cut with
+``…`` unless ``--wide``), ``plain`` (aligned columns, no colour, nothing cut or
+wrapped: the default when stdout is not a terminal), ``tsv`` (one row a line,
+tab-separated, tabs and newlines in cells escaped; key/value lines as ``# `` comments)
+and ``json`` (the commands print their rows as JSON themselves).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from rich.console import Console
@@ -29,6 +38,83 @@ STATE_STYLE = {
 
 def console() -> Console:
     return Console()
+
+
+def output_mode(args) -> str:
+    """``--output``, else ``json`` for ``--json``, else ``table`` on a terminal and ``plain`` in a pipe."""
+    chosen = getattr(args, "output", None)
+    if chosen:
+        return chosen
+    if getattr(args, "json", False):
+        return "json"
+    return "table" if sys.stdout.isatty() else "plain"
+
+
+@dataclass
+class Grid:
+    """A table to print: its title, column names and rows of literal cells."""
+
+    title: str
+    columns: Sequence[str]
+    rows: list[list[Text]] = field(default_factory=list)
+
+    def add(self, *cells: Text | str) -> None:
+        self.rows.append([cell if isinstance(cell, Text) else Text(cell) for cell in cells])
+
+
+class Out:
+    """Prints lines and grids in one output mode (see the module docstring)."""
+
+    def __init__(self, mode: str = "table", wide: bool = False, console_: Console | None = None) -> None:
+        self.mode, self.wide = mode, wide
+        self.console = console_ or Console()
+
+    def line(self, *parts: Text | str) -> None:
+        if self.mode == "table":
+            self.console.print(Text.assemble(*parts))
+            return
+        text = "".join(part.plain if isinstance(part, Text) else part for part in parts)
+        print(f"# {text.strip()}" if self.mode == "tsv" else text)
+
+    def grid(self, grid: Grid) -> None:
+        if self.mode == "table":
+            self.console.print(self._rich(grid))
+        elif self.mode == "tsv":
+            print("\t".join(grid.columns))
+            for row in grid.rows:
+                print("\t".join(_tsv_cell(cell.plain) for cell in row))
+        else:
+            for line in aligned(grid.columns, [[_one_line(cell.plain) for cell in row] for row in grid.rows]):
+                print(line)
+
+    def _rich(self, grid: Grid) -> Table:
+        table = Table(title=grid.title)
+        for column in grid.columns:
+            if self.wide:
+                table.add_column(column, overflow="fold")
+            else:  # one line a row: a long cell is cut with … (ids keep their full width)
+                table.add_column(column, overflow="ellipsis", no_wrap=True,
+                                 min_width=17 if column in ("job", "peer") else None)
+        for row in grid.rows:
+            table.add_row(*row)
+        return table
+
+
+def aligned(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Plain columns padded to their widest cell, two spaces apart; nothing cut or wrapped."""
+    widths = [max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(columns)]
+    lines = [[column.upper() for column in columns], *rows]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in lines]
+
+
+def _one_line(text: str) -> str:
+    """A cell on one line: tabs and line breaks (which ``lit`` keeps) shown as ``\\t``, ``\\n``."""
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _tsv_cell(text: str) -> str:
+    return _one_line(text.replace("\\", "\\\\"))  # backslashes first: the escapes stay readable
 
 
 def printable(value: object) -> str:
@@ -56,18 +142,17 @@ def _ago(when: datetime | None) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
-def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
-    table = Table(title=title)
-    for column in ("job", "state", "peer", "epoch", "exit", "submitted", "command", "reason"):
-        table.add_column(column, overflow="fold")
+def jobs_grid(rows: Sequence[JobSummary], title: str = "jobs") -> Grid:
+    grid = Grid(title, ("job", "state", "peer", "epoch", "exit", "submitted", "command", "reason"))
     for row in rows:
-        command = " ".join(row.command or [])
-        table.add_row(
-            lit(row.job_id), _state(row.state), lit(row.owner_peer_id or row.pinned_peer_id or "-"),
-            str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
-            _ago(row.submitted_at), lit(command[:40]), lit((row.reason or "")[:60]),
-        )
-    return table
+        grid.add(lit(row.job_id), _state(row.state), lit(row.owner_peer_id or row.pinned_peer_id or "-"),
+                 str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
+                 _ago(row.submitted_at), lit(" ".join(row.command or [])), lit(row.reason or "-"))
+    return grid
+
+
+def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
+    return Out()._rich(jobs_grid(rows, title))
 
 
 def backend_resources(backends: Sequence[dict]) -> str:
@@ -83,10 +168,8 @@ def backend_resources(backends: Sequence[dict]) -> str:
     return "; ".join(parts) or "-"
 
 
-def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
-    table = Table(title="peers")
-    for column in ("peer", "reachable", "heartbeat", "free/total", "resources free/total", "attributes"):
-        table.add_column(column, overflow="fold")
+def peers_grid(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Grid:
+    grid = Grid("peers", ("peer", "reachable", "heartbeat", "free/total", "resources free/total", "attributes"))
     seen = set()
     for row in rows:
         seen.add(row.peer_id)
@@ -95,40 +178,39 @@ def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | Non
         attrs = "; ".join(
             ", ".join(f"{k}={'|'.join(v)}" for k, v in b["attributes"].items()) for b in row.backends
         )
-        reachable = "[green]yes[/]" if row.reachable else "[red]no[/]"
-        table.add_row(lit(row.peer_id), reachable, _ago(row.received_at), f"{free}/{total}",
-                      lit(backend_resources(row.backends)), lit(attrs or "-"))
+        reachable = Text("yes", "green") if row.reachable else Text("no", "red")
+        grid.add(lit(row.peer_id), reachable, _ago(row.received_at), f"{free}/{total}",
+                 lit(backend_resources(row.backends)), lit(attrs or "-"))
     for peer_id in (config.peer_ids if config else ()):
         if peer_id not in seen:
-            table.add_row(lit(peer_id), "[red]no[/]", "never", "-", "-", "-")
-    return table
+            grid.add(lit(peer_id), Text("no", "red"), "never", "-", "-", "-")
+    return grid
 
 
-def print_job(job: JobRow, history: Sequence[ChangelogEntry]) -> None:
-    out = console()
+def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
+    return Out()._rich(peers_grid(rows, config))
+
+
+def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
+    out = out or Out()
     spec = job.spec
-    out.print(Text.assemble(lit(job.job_id, "bold"), "  ", lit(job.state), "  (",
-                            lit(job.disposition), ")"))
-    out.print(Text.assemble("  command     ", lit(" ".join(spec["command"]))))
+    out.line(lit(job.job_id, "bold"), "  ", lit(job.state), "  (", lit(job.disposition), ")")
+    out.line("  command     ", lit(" ".join(spec["command"])))
     if spec.get("name"):
-        out.print(Text.assemble("  name        ", lit(spec["name"])))
+        out.line("  name        ", lit(spec["name"]))
     if spec.get("labels"):
-        out.print(Text.assemble("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items()))))
-    out.print(Text.assemble("  owner       ", lit(job.owner_peer_id or "-"), "   pinned ",
-                            lit(job.pinned_peer_id or "-"),
-                            f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}"))
-    out.print(Text.assemble("  exit code   ", "-" if job.exit_code is None else str(job.exit_code)))
-    out.print(Text.assemble("  reason      ", lit(job.reason or "-")))
+        out.line("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items())))
+    out.line("  owner       ", lit(job.owner_peer_id or "-"), "   pinned ", lit(job.pinned_peer_id or "-"),
+             f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}")
+    out.line("  exit code   ", "-" if job.exit_code is None else str(job.exit_code))
+    out.line("  reason      ", lit(job.reason or "-"))
     if job.cancel_requested:
-        out.print("  cancel      requested", markup=False)
-    table = Table(title="history")
-    for column in ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"):
-        table.add_column(column, overflow="fold")
+        out.line("  cancel      requested")
+    grid = Grid("history", ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"))
     for row in history:
-        table.add_row(str(row.seq), row.at.strftime("%H:%M:%S.%f")[:-3], lit(row.from_state or "(new)"),
-                      lit(row.to_state), lit(row.peer_id or "-"), str(row.epoch), lit(row.actor),
-                      lit(row.detail))
-    out.print(table)
+        grid.add(str(row.seq), row.at.strftime("%H:%M:%S.%f")[:-3], lit(row.from_state or "(new)"),
+                 lit(row.to_state), lit(row.peer_id or "-"), str(row.epoch), lit(row.actor), lit(row.detail))
+    out.grid(grid)
 
 
 async def dashboard(store, config: FederationConfig | None, header: str | Text):
@@ -152,38 +234,33 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
-def print_explain(job: JobRow, history: Sequence[ChangelogEntry]) -> None:
+def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
     """A person's answer to "why is this job where it is?"."""
     from shared.explain import PEER_CODES
 
-    out = console()
+    out = out or Out()
     state = job.state
-    out.print(Text.assemble(lit(job.job_id, "bold"), " is ", _state(state), " (", lit(job.disposition),
-                            " at submit)"))
+    out.line(lit(job.job_id, "bold"), " is ", _state(state), " (", lit(job.disposition), " at submit)")
     explained = job.explanation or {}
     if explained:
-        out.print(Text.assemble("  decided by  ", lit(explained["by"])))
-        out.print(Text.assemble("  rule        ", lit(explained["rule"])))
+        out.line("  decided by  ", lit(explained["by"]))
+        out.line("  rule        ", lit(explained["rule"]))
     elif job.reason:
-        out.print(Text.assemble("  reason      ", lit(job.reason)))
+        out.line("  reason      ", lit(job.reason))
     placed = [row for row in history if row.to_state == JobState.ASSIGNED]
     if placed:
         last = placed[-1]
-        out.print(Text.assemble("  placed      on ", lit(last.peer_id), f" at epoch {last.epoch} (",
-                                lit(last.actor), ")"))
+        out.line("  placed      on ", lit(last.peer_id), f" at epoch {last.epoch} (", lit(last.actor), ")")
     if state not in (JobState.QUEUED, JobState.REJECTED):
-        out.print(Text.assemble("  now         ", lit(job.reason or state)))
+        out.line("  now         ", lit(job.reason or state))
     peers = explained.get("peers") or []
     if peers:
-        table = Table(title="peers")
-        for column in ("peer", "verdict", "detail"):
-            table.add_column(column, overflow="fold")
+        grid = Grid("peers", ("peer", "verdict", "detail"))
         for peer in peers:
             style = "green" if peer["code"] == "match" else "red"
-            table.add_row(lit(peer["peer_id"]), lit(PEER_CODES.get(peer["code"], peer["code"]), style),
-                          lit(peer["detail"]))
-        out.print(table)
+            grid.add(lit(peer["peer_id"]), lit(PEER_CODES.get(peer["code"], peer["code"]), style), lit(peer["detail"]))
+        out.grid(grid)
     more = explained.get("more") or {}
     if more:
         counts = ", ".join(f"{count} {PEER_CODES.get(code, code)}" for code, count in more.items())
-        out.print(lit(f"  and {sum(more.values())} more peers: {counts}"))
+        out.line(lit(f"  and {sum(more.values())} more peers: {counts}"))

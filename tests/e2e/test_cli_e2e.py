@@ -25,14 +25,26 @@ async def test_cli_submit_with_constraints_and_read_commands(federation):
     assert "cli-1: queue → queued" in submitted.stdout
     assert "succeeded on gpu-west" in submitted.stdout
 
-    jobs = json.loads(federation.cli("jobs", "--json").stdout)
+    jobs = json.loads(federation.cli("jobs", "--output", "json").stdout)
     assert [(j["job_id"], j["state"], j["owner_peer_id"]) for j in jobs] == [("cli-1", "succeeded", "gpu-west")]
     detail = json.loads(federation.cli("job", "cli-1", "--json").stdout)
     assert [c["to_state"] for c in detail["changelog"]] == ["queued", "assigned", "running", "succeeded"]
     peers = json.loads(federation.cli("peers", "--json").stdout)
     assert {p["peer_id"] for p in peers} == {"home", "gpu-west"}
+    # Piped (as here): plain aligned columns, no boxes, nothing cut; TSV on request.
     table = federation.cli("jobs")
-    assert table.returncode == 0 and "cli-1" in table.stdout
+    lines = table.stdout.splitlines()
+    assert table.returncode == 0 and lines[0].split()[:3] == ["JOB", "STATE", "PEER"], table.stdout
+    assert lines[1].split()[:3] == ["cli-1", "succeeded", "gpu-west"]
+    assert not set(table.stdout) & set("│┃━─…")
+    tsv = federation.cli("peers", "--output", "tsv").stdout.splitlines()
+    assert tsv[0].split("\t")[0] == "peer" and {"home", "gpu-west"} <= {row.split("\t")[0] for row in tsv[1:]}
+    assert {len(row.split("\t")) for row in tsv} == {6}
+    explained = federation.cli("explain", "cli-1")
+    assert explained.returncode == 0 and "cli-1 is succeeded" in explained.stdout
+    generated = federation.cli("submit", "--", "true")  # the router names it: short, typeable
+    generated_id = generated.stdout.split(":")[0]
+    assert generated.returncode == 0 and len(generated_id) == 17, generated.stdout
     assert federation.cli("logs", "cli-1").stdout == "from-cli\n"
 
     rejected = federation.cli("submit", "--constraint", "device_type=fpga", "--", "true")
