@@ -8,6 +8,8 @@ commands reach the servers, ``views`` what they draw. ``irisfed router|tick|
 peer-agent|web`` run the services through their own start-up
 (``services.common.startup``), which needs none of this.
 
+``env`` prints a role's shell exports from what ``up`` wrote.
+
 Servers come from flags, then the environment (IRISFED_DATABASE_URL,
 IRISFED_NATS_URL, IRISFED_CONFIG), then ``.irisfed/connect.json`` that a running
 ``irisfed up`` writes in the current directory.
@@ -33,12 +35,19 @@ def _up(args: argparse.Namespace) -> int:
     return cmd_up(args)
 
 
+def _env(args: argparse.Namespace) -> int:
+    from services.cli.env import cmd_env
+
+    return cmd_env(args)
+
+
 def _service(args: argparse.Namespace) -> int:
     return startup.run(args.command, args)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": _up,
+    "env": _env,
     "router": _service,
     "tick": _service,
     "peer-agent": _service,

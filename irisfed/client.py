@@ -1,0 +1,622 @@
+"""irisfed's Python client: submit, cancel, get, wait for and watch jobs.
+
+(Over 400 lines: most of it is the documentation a producer reads, and the async client
+and its sync wrapper stay side by side so that they cannot drift apart.)
+
+Async, for services and ``asyncio`` code::
+
+    import asyncio
+    from irisfed.client import Client
+
+    async def main() -> None:
+        async with Client.connect() as client:
+            reply = await client.submit(["python3", "train.py"], constraints=["device_type=gpu"],
+                                        resources={"gpu": 4, "memory_mb": 65536})
+            print(reply.job_id, reply.disposition, reply.state)  # a SubmitReply (shared.messages)
+            if reply.disposition != "reject":
+                final = await client.wait(reply.job_id)         # a JobEvent: state, exit_code, reason
+                print(final.state, final.exit_code)
+
+    asyncio.run(main())
+
+Sync, for scripts and notebooks (its own event loop in a background thread, so it
+works where a loop already runs, as in Jupyter)::
+
+    from irisfed.client import SyncClient
+
+    with SyncClient.connect() as client:
+        reply = client.submit(["echo", "hello"])
+        for event in client.watch(reply.job_id):
+            print(event.state, event.peer_id)
+
+**Where the servers come from** (like the ``irisfed`` command line): the arguments,
+else ``IRISFED_NATS_URL`` / ``IRISFED_DATABASE_URL``, else ``.irisfed/connect.json``
+that a running ``irisfed up`` writes (``state_dir=`` for another folder). The subject
+prefix: ``prefix=``, else the federation's config file (``IRISFED_CONFIG``, else the
+one ``connect.json`` names), else ``irisfed``. ``eval "$(irisfed env)"`` exports the
+``producer`` user's NATS URL; ``eval "$(irisfed env --role operator)"`` adds the
+database's.
+
+**What needs what.** ``submit`` and ``cancel`` are NATS requests: any NATS user that
+may publish ``<prefix>.submit`` / ``<prefix>.cancel`` (the ``producer`` role). The wire
+contract has no "get" request: ``get``, ``wait`` and ``watch`` read Postgres, the
+durable truth, and so need a database URL; without one they raise
+:class:`ConfigurationError` saying how to give it. ``watch`` also listens to the job's
+events on ``<prefix>.events.<job_id>`` when its NATS user may (``operator`` may,
+``producer`` may not) and uses them only as a cue to re-read Postgres; it re-reads
+anyway every ``poll_interval`` seconds and after every NATS reconnect, so a lost event
+delays it and never misleads it.
+
+**Errors.** A reject is an answer, not an error: ``submit`` returns the
+:class:`~shared.messages.SubmitReply` with ``disposition == "reject"``, its ``reason``
+and one verdict per peer. An error reply raises :class:`IrisfedClientError` (a
+subclass per documented code: :class:`InvalidRequestError`, :class:`ConflictError`,
+:class:`UnknownPeerError`, :class:`NotFoundError`, :class:`UnavailableError`,
+:class:`InternalError`), with ``.code`` (a :class:`~shared.errors.ErrorCode`) and
+``.message``. A request that is invalid is refused here, before it is sent, with the
+router's own checks and the same code.
+
+**Retries.** ``unavailable`` answers, timeouts and "no router is listening" are retried
+with the *same* request (so the same ``job_id``: submits are idempotent; a job_id is
+made here when you give none), with exponential backoff and jitter, at most
+``Retry.attempts`` tries in all; then :class:`UnavailableError` is raised. After a
+retry, ``duplicate`` may be true: an earlier try had committed the job before its
+answer was lost. Either way exactly one job exists.
+
+A :class:`Client` belongs to the event loop it was connected on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+
+from irisfed.errors import (
+    ConfigurationError,
+    ConflictError,
+    InternalError,
+    InvalidRequestError,
+    IrisfedClientError,
+    NotFoundError,
+    UnavailableError,
+    UnknownPeerError,
+    error_for,
+    translated,
+)
+from irisfed.jobs import (
+    ConstraintLike,
+    Job,
+    build_submit,
+    checked_submit,
+    job_event,
+    job_view,
+    new_job_id,
+)
+from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
+from services.common.redact import redact
+from shared.config import DATABASE_URL_ENV
+from shared.errors import IrisfedError
+from shared.lifecycle import TERMINAL_STATES
+from shared.messages import (
+    CancelReply,
+    CancelRequest,
+    ErrorReply,
+    JobEvent,
+    SubmitReply,
+    SubmitRequest,
+    decode_reply,
+    decode_request,
+    encoder,
+)
+from shared.subjects import Subjects
+
+__all__ = [
+    "Client",
+    "ConfigurationError",
+    "ConflictError",
+    "InternalError",
+    "InvalidRequestError",
+    "IrisfedClientError",
+    "Job",
+    "NotFoundError",
+    "Retry",
+    "Servers",
+    "SyncClient",
+    "UnavailableError",
+    "UnknownPeerError",
+    "error_for",
+    "new_job_id",
+    "resolve_servers",
+]
+
+log = logging.getLogger("irisfed.client")
+RETRY_READ_S = 1.0  # a watch whose read of Postgres failed tries again this soon
+_T = TypeVar("_T")
+
+
+# ---------------------------------------------------------------- the async client
+
+_RETRIED_NATS_ERRORS = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+)
+
+
+class _Connecting:
+    """What :meth:`Client.connect` returns: ``await`` it, or ``async with`` it."""
+
+    def __init__(self, open_client: Callable[[], Coroutine[Any, Any, Client]]) -> None:
+        self._open = open_client
+        self._client: Client | None = None
+
+    def __await__(self):
+        return self._open().__await__()
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"Client.connect() gives an awaitable, not a client: use `client = await "
+                             f"Client.connect(...)` or `async with Client.connect(...) as client:` "
+                             f"(or SyncClient.connect(...) without asyncio), then .{name}")
+
+    async def __aenter__(self) -> Client:
+        self._client = await self._open()
+        return self._client
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+class Client:
+    """An async irisfed client (see the module's documentation). Make one with :meth:`connect`."""
+
+    def __init__(self, nc, servers: Servers, *, timeout: float = 5.0, retry: Retry | None = None,
+                 poll_interval: float = 1.0,
+                 on_retry: Callable[[int, IrisfedClientError, float], None] | None = None,
+                 wakers: set[asyncio.Event] | None = None) -> None:
+        self._nc = nc
+        self.servers = servers
+        self.subjects = Subjects(servers.prefix)
+        self.timeout = timeout
+        self.retry = retry or Retry()
+        self.poll_interval = poll_interval
+        self.on_retry = on_retry
+        self._pool = None
+        self._store = None
+        self._store_lock = asyncio.Lock()
+        # One event per running watch: set on a NATS event for its job and on every reconnect.
+        self._wakers: set[asyncio.Event] = set() if wakers is None else wakers
+        self._closed = False
+
+    @classmethod
+    def connect(cls, nats_url: str | None = None, database_url: str | None = None, *,
+                prefix: str | None = None, timeout: float = 5.0, retry: Retry | None = None,
+                poll_interval: float = 1.0, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
+                name: str = "irisfed-client",
+                on_retry: Callable[[int, IrisfedClientError, float], None] | None = None) -> _Connecting:
+        """Connect to the federation: ``client = await Client.connect()`` or
+        ``async with Client.connect() as client: ...`` (closed at the end).
+
+        - ``nats_url``, ``database_url``, ``prefix``, ``state_dir``: where, as
+          :func:`resolve_servers` says (the database only for ``get``/``wait``/``watch``;
+          Postgres is connected on first use).
+        - ``timeout``: seconds one request waits for its answer (the router answers within
+          about 4 s even when Postgres hangs, so keep it above that).
+        - ``retry``: :class:`Retry` (``Retry(attempts=1)`` never retries).
+        - ``poll_interval``: how often ``watch``/``wait`` re-read Postgres without an event.
+        - ``on_retry(attempt, error, delay_s)``: called before each retry (e.g. to log it).
+
+        Raises :class:`ConfigurationError` without a NATS URL and
+        :class:`UnavailableError` when NATS cannot be reached.
+        """
+        servers = resolve_servers(nats_url, database_url, prefix=prefix, state_dir=state_dir)
+
+        async def open_client() -> Client:
+            wakers: set[asyncio.Event] = set()
+
+            async def reconnected() -> None:
+                # Events published while we were away are gone: every watch re-reads Postgres.
+                log.info("irisfed client: NATS reconnected; watches re-read Postgres")
+                for wake in list(wakers):
+                    wake.set()
+
+            nc = await _connect_nats(servers.nats_url, name, reconnected)
+            return cls(nc, servers, timeout=timeout, retry=retry, poll_interval=poll_interval,
+                       on_retry=on_retry, wakers=wakers)
+
+        return _Connecting(open_client)
+
+    # ------------------------------------------------------------ requests
+
+    async def submit(self, command: Sequence[str], *, job_id: str | None = None, name: str = "",
+                     env: Mapping[str, str] | None = None, constraints: Sequence[ConstraintLike] = (),
+                     resources: Mapping[str, float] | None = None,
+                     preferences: Sequence[ConstraintLike] = (), cluster_pin: str = "", priority: int = 0,
+                     max_retries: int | None = None, deadline_s: float | None = None,
+                     labels: Mapping[str, str] | None = None) -> SubmitReply:
+        """Submit a job; return the router's :class:`~shared.messages.SubmitReply` (sent
+        after the job is committed in Postgres).
+
+        ``command`` is the program and its arguments. ``constraints`` and ``preferences``
+        take wire dicts, ``Constraint`` objects or shorthands (``"device_type=gpu"``,
+        ``"memory_gb>=80"``, ``"zone=in:a,b"``, ``"exists:spot"``); ``resources`` maps
+        ``cpu`` / ``memory_mb`` / ``gpu`` / other names to amounts. Everything else is as
+        in the wire contract (README, "Submit request"). Without ``job_id`` one is made
+        here (:func:`new_job_id`), so retries are safe.
+
+        A reject returns normally (``reply.disposition == "reject"``; ``reply.reason``,
+        ``reply.verdicts``). Errors raise :class:`IrisfedClientError` subclasses::
+
+            try:
+                reply = await client.submit(["echo", "hi"], job_id="nightly-2024-05-01")
+            except ConflictError:
+                ...  # that id already names a different job
+        """
+        request = build_submit(command, job_id=job_id, name=name, env=env, constraints=constraints,
+                               resources=resources, preferences=preferences, cluster_pin=cluster_pin,
+                               priority=priority, max_retries=max_retries, deadline_s=deadline_s,
+                               labels=labels)
+        return await self.submit_request(request)
+
+    async def submit_request(self, request: SubmitRequest) -> SubmitReply:
+        """Submit a ready-made :class:`~shared.messages.SubmitRequest` (a job_id is added
+        when it has none)."""
+        if request.job_id is None:
+            request = msgspec.structs.replace(request, job_id=new_job_id())
+        request = checked_submit(request)
+        reply = await self._request(self.subjects.submit, encoder.encode(request))
+        if not isinstance(reply, SubmitReply):
+            raise InternalError(f"the router answered a submit with {type(reply).__name__}")
+        return reply
+
+    async def cancel(self, job_id: str) -> CancelReply:
+        """Request cancellation; return the :class:`~shared.messages.CancelReply` (``outcome``:
+        never_started, not_restarted, kill_sent, pending_owner_offline, already_requested,
+        already_finished). Raises :class:`NotFoundError` for an unknown job. Safe to
+        repeat (and so retried like submits)."""
+        try:
+            body = encoder.encode(decode_request(CancelRequest, encoder.encode({"job_id": job_id})))
+        except IrisfedError as exc:
+            raise InvalidRequestError(exc.message) from None
+        reply = await self._request(self.subjects.cancel, body)
+        if not isinstance(reply, CancelReply):
+            raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
+        return reply
+
+    async def _request(self, subject: str, body: bytes) -> SubmitReply | CancelReply:
+        attempt = 1
+        while True:
+            if self._closed or self._nc.is_closed:
+                raise UnavailableError("the client is closed")
+            try:
+                msg = await self._nc.request(subject, body, timeout=self.timeout)
+                answer = _answer_or_error(msg.data)
+                if not isinstance(answer, IrisfedClientError):
+                    return answer
+                error = answer
+            except nats.errors.NoRespondersError:
+                error = UnavailableError(f"no router is listening on {subject}")
+            except nats.errors.TimeoutError:
+                error = UnavailableError(f"no answer on {subject} within {self.timeout:g}s")
+            except _RETRIED_NATS_ERRORS as exc:
+                error = UnavailableError(f"NATS: {redact(exc)}")
+            except nats.errors.Error as exc:
+                raise UnavailableError(f"NATS: {redact(exc)}") from None
+            if not error.retryable or attempt >= self.retry.attempts:
+                raise error
+            delay = self.retry.delay(attempt)
+            log.info("irisfed client: %s; retry %d of %d in %.2fs", error, attempt,
+                     self.retry.attempts - 1, delay)
+            if self.on_retry is not None:
+                self.on_retry(attempt, error, delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    # ------------------------------------------------------------ reads (Postgres)
+
+    async def _get_store(self):
+        if self._store is not None:
+            return self._store
+        if not self.servers.database_url:
+            raise ConfigurationError(
+                "get, wait and watch read Postgres (the wire contract has no NATS request for a job's "
+                f"state): pass database_url= or set {DATABASE_URL_ENV} "
+                "(eval \"$(irisfed env --role operator)\" sets it while `irisfed up` runs)")
+        async with self._store_lock:
+            if self._store is None:
+                # The store's modules import the migration tooling (a second or two): off the loop.
+                db, store = await asyncio.to_thread(_store_modules)
+                try:
+                    # No schema check: a client need not match the database's revision exactly
+                    # (a read that the schema cannot answer fails with the database's message).
+                    self._pool = await db.connect(self.servers.database_url, min_size=1, max_size=2,
+                                                  check=False)
+                except IrisfedError as exc:
+                    raise translated(exc) from None
+                self._store = store.Store(self._pool)
+        return self._store
+
+    async def get(self, job_id: str) -> Job:
+        """The job as Postgres has it now (a :class:`Job`); :class:`NotFoundError` if none.
+        Needs a database URL."""
+        store = await self._get_store()
+        try:
+            row = await store.job_get(job_id)
+        except IrisfedError as exc:
+            raise translated(exc) from None
+        if row is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return job_view(row)
+
+    async def watch(self, job_id: str, *, history: bool = True) -> AsyncIterator[JobEvent]:
+        """Every state change of ``job_id``, in order, each once, ending with its terminal one.
+
+        ``async for event in client.watch(job_id): print(event.state, event.peer_id)``
+
+        The events come from the job's changelog in Postgres (the durable record of every
+        hand-off), read again whenever an event arrives on NATS, after every NATS
+        reconnect, and every ``poll_interval`` seconds: events missed while NATS was away
+        are never missed here. ``history=True`` starts from the job's first state;
+        ``False`` from its current one. Ends after the terminal event (succeeded, failed,
+        killed, rejected, unschedulable). Once it has started, a transient Postgres failure
+        is waited out.
+        Raises :class:`NotFoundError` for an unknown job. Needs a database URL.
+        """
+        store = await self._get_store()
+        wake = asyncio.Event()
+
+        async def on_event(msg) -> None:
+            wake.set()
+
+        subscription = None
+        try:
+            subscription = await self._nc.subscribe(self.subjects.events(job_id), cb=on_event)
+        except nats.errors.Error as exc:  # events are a shortcut; Postgres is the truth
+            log.debug("irisfed client: no events for %s (%s); polling Postgres", job_id, exc)
+        self._wakers.add(wake)
+        last_seq: int | None = None
+        try:
+            while True:
+                wake.clear()
+                pause = self.poll_interval
+                try:
+                    # The changelog first: the job row read after it is at least as new, so a
+                    # terminal entry finds the job's exit code and reason there.
+                    entries = await store.changelog_list_for_job(job_id)
+                    job = await store.job_get(job_id)
+                except IrisfedError as exc:
+                    error = translated(exc)
+                    if not error.retryable:
+                        raise error from None
+                    log.info("irisfed client: watching %s: %s; trying again", job_id, error)
+                    pause = min(pause, RETRY_READ_S)
+                else:
+                    if job is None:
+                        raise NotFoundError(f"no job {job_id!r}")
+                    if entries and last_seq is None and not history:
+                        last_seq = entries[-1].seq - 1
+                    for entry in entries:
+                        if last_seq is None or entry.seq > last_seq:
+                            last_seq = entry.seq
+                            yield job_event(job_id, entry, job)
+                    if entries and entries[-1].to_state in TERMINAL_STATES:
+                        return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=pause)
+        finally:
+            self._wakers.discard(wake)
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> JobEvent:  # noqa: ASYNC109 - as documented
+        """Wait until the job ends; return its terminal :class:`~shared.messages.JobEvent`
+        (``state``, ``exit_code``, ``reason``, ``peer_id``). Raises ``TimeoutError`` after
+        ``timeout`` seconds (None: no limit). Needs a database URL."""
+        final: JobEvent | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                async with contextlib.aclosing(self.watch(job_id, history=False)) as events:
+                    async for event in events:
+                        final = event
+        except TimeoutError:
+            where = f" (still {final.state})" if final is not None else ""
+            raise TimeoutError(f"job {job_id} did not end within {timeout:g}s{where}") from None
+        assert final is not None  # watch ends only after a terminal event
+        return final
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Close the NATS connection and the Postgres pool (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            await self._nc.close()
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _store_modules():
+    from services.common import db, store
+
+    return db, store
+
+
+def _answer_or_error(data: bytes) -> SubmitReply | CancelReply | IrisfedClientError:
+    """A router reply: the answer, or the error it carries (as an exception, not raised)."""
+    try:
+        reply = decode_reply(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return InternalError(f"unreadable reply from the router: {exc}")
+    if isinstance(reply, ErrorReply):
+        return error_for(reply.error.code, reply.error.message)
+    return reply
+
+
+async def _connect_nats(url: str, name: str, reconnected: Callable[[], Awaitable[None]]):
+    """A NATS connection as the URL's user (its own inbox prefix) that reconnects forever
+    once connected; one quick try first, so a wrong URL fails fast and clearly."""
+    from services.common.bus import connect_client
+
+    last_error: list[BaseException] = []
+
+    async def on_error(exc: Exception) -> None:  # nats-py would log a traceback per attempt
+        last_error[:] = [exc]
+        log.debug("irisfed client: NATS: %s", redact(exc))
+
+    try:
+        nc = await connect_client(url, name=name, connect_timeout=3, max_reconnect_attempts=1,
+                                  reconnect_time_wait=0.5, error_cb=on_error, reconnected_cb=reconnected)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is "unreachable" to a user
+        cause = last_error[0] if last_error else exc
+        raise UnavailableError(f"cannot reach NATS at {redact(url)}: {redact(cause) or type(cause).__name__}") \
+            from None
+    nc.options["max_reconnect_attempts"] = -1  # connected: from now on ride out any outage
+    return nc
+
+
+# ---------------------------------------------------------------- the sync wrapper
+
+
+class _LoopThread:
+    """An event loop of its own in a daemon thread; ``run`` a coroutine there and wait."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="irisfed-client", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[_T]) -> _T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # Ctrl-C (KeyboardInterrupt) in a notebook: stop the work too
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class SyncClient:
+    """The same client without ``await``, for scripts and notebooks::
+
+        from irisfed.client import SyncClient
+
+        client = SyncClient.connect()          # same arguments as Client.connect
+        reply = client.submit(["python3", "-c", "print(42)"], resources={"gpu": 1})
+        print(client.wait(reply.job_id, timeout=600).state)
+        client.close()                         # or: with SyncClient.connect() as client: ...
+
+    It runs a :class:`Client` on an event loop of its own in a background thread, so it
+    works the same in a plain script and where a loop is already running (Jupyter,
+    IPython). Several threads may call it at once: their calls share that loop. Ctrl-C
+    during a call cancels it.
+    """
+
+    def __init__(self, client: Client, runner: _LoopThread) -> None:
+        self._client = client
+        self._runner = runner
+
+    @classmethod
+    def connect(cls, nats_url: str | None = None, database_url: str | None = None, **options: Any) -> SyncClient:
+        """Connect (``options`` as :meth:`Client.connect`)."""
+        runner = _LoopThread()
+        try:
+            connecting = Client.connect(nats_url, database_url, **options)
+            client = runner.run(_awaited(connecting))
+        except BaseException:
+            runner.stop()
+            raise
+        return cls(client, runner)
+
+    @property
+    def client(self) -> Client:
+        """The async client underneath (its methods must run on this wrapper's loop)."""
+        return self._client
+
+    @property
+    def servers(self) -> Servers:
+        return self._client.servers
+
+    def submit(self, command: Sequence[str], **fields: Any) -> SubmitReply:
+        """:meth:`Client.submit`."""
+        return self._runner.run(self._client.submit(command, **fields))
+
+    def submit_request(self, request: SubmitRequest) -> SubmitReply:
+        """:meth:`Client.submit_request`."""
+        return self._runner.run(self._client.submit_request(request))
+
+    def cancel(self, job_id: str) -> CancelReply:
+        """:meth:`Client.cancel`."""
+        return self._runner.run(self._client.cancel(job_id))
+
+    def get(self, job_id: str) -> Job:
+        """:meth:`Client.get`."""
+        return self._runner.run(self._client.get(job_id))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobEvent:
+        """:meth:`Client.wait`."""
+        return self._runner.run(self._client.wait(job_id, timeout))
+
+    def watch(self, job_id: str, *, history: bool = True) -> Iterator[JobEvent]:
+        """:meth:`Client.watch`, as a plain iterator."""
+        events = self._client.watch(job_id, history=history)
+        try:
+            while True:
+                try:
+                    yield self._runner.run(events.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                self._runner.run(events.aclose())
+
+    def close(self) -> None:
+        """Close the client and stop its thread (idempotent)."""
+        if not self._runner.loop.is_closed():
+            with contextlib.suppress(Exception):
+                self._runner.run(self._client.close())
+            self._runner.stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _awaited(awaitable: Awaitable[_T]) -> _T:
+    return await awaitable

@@ -1,0 +1,111 @@
+"""The client's exceptions: one root, :class:`IrisfedClientError`, and a subclass per wire
+error code (README, "Wire contract v1"), so callers catch what they can act on::
+
+    try:
+        reply = await client.submit(["echo", "hi"], job_id="nightly-2024-05-01")
+    except ConflictError:
+        ...  # that id already names a different job
+    except IrisfedClientError as exc:
+        print(exc.code, exc.message)
+"""
+
+from __future__ import annotations
+
+from services.common.redact import redact
+from shared.errors import ErrorCode, IrisfedError
+
+__all__ = [
+    "ConfigurationError",
+    "ConflictError",
+    "InternalError",
+    "InvalidRequestError",
+    "IrisfedClientError",
+    "NotFoundError",
+    "UnavailableError",
+    "UnknownPeerError",
+    "error_for",
+    "translated",
+]
+
+class IrisfedClientError(IrisfedError):
+    """irisfed answered with an error, or could not be reached; ``code`` says which.
+
+    ``code`` is an :class:`~shared.errors.ErrorCode` (a ``str``: compare it with
+    ``"conflict"`` or ``ErrorCode.CONFLICT``); a code this client does not know yet
+    stays a plain string. ``message`` is irisfed's own explanation.
+    """
+
+    code: ErrorCode | str = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, code: ErrorCode | str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = _as_code(code)
+
+    @property
+    def retryable(self) -> bool:
+        """Only ``unavailable`` may go away by itself; every other code repeats for the same input."""
+        return self.code == ErrorCode.UNAVAILABLE
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidRequestError(IrisfedClientError, code=ErrorCode.INVALID_REQUEST):
+    """The request is malformed (bad types, bad constraints, bad resources, too large)."""
+
+
+class ConflictError(IrisfedClientError, code=ErrorCode.CONFLICT):
+    """The job_id already names a job with a different spec."""
+
+
+class UnknownPeerError(IrisfedClientError, code=ErrorCode.UNKNOWN_PEER):
+    """``cluster_pin`` names a peer that is not in the federation's configuration."""
+
+
+class NotFoundError(IrisfedClientError, code=ErrorCode.NOT_FOUND):
+    """No job has that job_id."""
+
+
+class UnavailableError(IrisfedClientError, code=ErrorCode.UNAVAILABLE):
+    """No answer (no router, a timeout, NATS or Postgres away) after every retry."""
+
+
+class InternalError(IrisfedClientError, code=ErrorCode.INTERNAL):
+    """irisfed failed in a way retrying will not fix (or answered something unreadable)."""
+
+
+class ConfigurationError(IrisfedClientError, code=ErrorCode.CONFIG_ERROR):
+    """The client is missing a setting (no NATS URL, no database URL for reads, a bad config file)."""
+
+
+_BY_CODE: dict[str, type[IrisfedClientError]] = {
+    kind.code: kind
+    for kind in (InvalidRequestError, ConflictError, UnknownPeerError, NotFoundError, UnavailableError,
+                 InternalError, ConfigurationError)
+}
+
+
+def _as_code(code: ErrorCode | str) -> ErrorCode | str:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return code
+
+
+def error_for(code: str, message: str) -> IrisfedClientError:
+    """The exception for an error reply ``{"error": {"code", "message"}}``.
+
+    >>> error_for("conflict", "job x exists with another spec").__class__.__name__
+    'ConflictError'
+    """
+    kind = _BY_CODE.get(code)
+    return kind(message) if kind is not None else IrisfedClientError(message, code)
+
+
+def translated(exc: IrisfedError) -> IrisfedClientError:
+    """One of irisfed's own errors (raised in this process) as the client's error."""
+    if isinstance(exc, IrisfedClientError):
+        return exc
+    return error_for(str(exc.code), redact(exc.message))
+

@@ -1,0 +1,118 @@
+"""Where a client connects and how it retries: :class:`Servers` (:func:`resolve_servers`)
+and :class:`Retry`. Pure, apart from reading the files ``irisfed up`` writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from irisfed.errors import ConfigurationError
+from services.common.redact import redact
+from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, load_config
+from shared.errors import IrisfedError
+from shared.subjects import Subjects
+
+__all__ = ["CONNECT_FILE", "DEFAULT_PREFIX", "DEFAULT_STATE_DIR", "Retry", "Servers", "resolve_servers"]
+
+DEFAULT_STATE_DIR = ".irisfed"
+CONNECT_FILE = "connect.json"  # what `irisfed up` writes in its state folder (the operator's URLs)
+DEFAULT_PREFIX = "irisfed"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How requests are retried when irisfed is unavailable.
+
+    ``attempts`` tries in all (1: never retry). Before retry ``n`` (1 = the first) the
+    client sleeps ``min(cap_s, base_s * 2 ** (n - 1))`` scaled by a random factor in
+    [0.5, 1] (jitter, so many clients that lost the same router do not come back in
+    step). The defaults ride out a router restart (about 10 s in all, plus each try's
+    ``timeout``).
+    """
+
+    attempts: int = 6
+    base_s: float = 0.25
+    cap_s: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("Retry.attempts must be at least 1")
+        if self.base_s < 0 or self.cap_s < 0:
+            raise ValueError("Retry delays must not be negative")
+
+    def delay(self, retry: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to sleep before retry number ``retry`` (1-based)."""
+        full = min(self.cap_s, self.base_s * 2 ** max(0, retry - 1))
+        return full * (0.5 + 0.5 * rand())
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Where a client connects (see :func:`resolve_servers`)."""
+
+    nats_url: str
+    database_url: str | None
+    prefix: str
+
+    def __repr__(self) -> str:  # never show a password
+        return (f"Servers(nats_url={redact(self.nats_url)!r}, "
+                f"database_url={redact(self.database_url) if self.database_url else None!r}, "
+                f"prefix={self.prefix!r})")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_servers(nats_url: str | None = None, database_url: str | None = None, *,
+                    prefix: str | None = None, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
+                    environ: Mapping[str, str] | None = None) -> Servers:
+    """The servers and subject prefix a client uses, as documented in the module.
+
+    Each setting: the argument, else the environment (``IRISFED_NATS_URL``,
+    ``IRISFED_DATABASE_URL``; the prefix from the config file ``IRISFED_CONFIG``), else
+    ``<state_dir>/connect.json`` written by ``irisfed up``. Only the NATS URL is
+    required; a missing database URL is ``None`` (``get``/``wait``/``watch`` then say
+    how to give one).
+    """
+    env = os.environ if environ is None else environ
+    read: list[dict[str, Any]] = []
+
+    def connect() -> dict[str, Any]:  # read only when a setting is missing
+        if not read:
+            read.append(_read_json(Path(state_dir) / CONNECT_FILE))
+        return read[0]
+
+    nats_url = nats_url or env.get(NATS_URL_ENV) or connect().get("nats_url")
+    if not nats_url:
+        raise ConfigurationError(
+            f"no NATS server: pass nats_url=, set {NATS_URL_ENV} (eval \"$(irisfed env)\" sets it "
+            f"while `irisfed up` runs), or run from the folder where `irisfed up` runs")
+    database_url = database_url or env.get(DATABASE_URL_ENV) or connect().get("database_url") or None
+    if prefix is None:
+        config_path = env.get(CONFIG_ENV) or connect().get("config")
+        if config_path:
+            try:
+                prefix = load_config(config_path).subject_prefix
+            except IrisfedError as exc:
+                raise ConfigurationError(exc.message) from None
+        else:
+            prefix = DEFAULT_PREFIX
+    try:
+        Subjects(prefix)
+    except IrisfedError as exc:
+        raise ConfigurationError(exc.message) from None
+    return Servers(nats_url=nats_url, database_url=database_url, prefix=prefix)
+
+

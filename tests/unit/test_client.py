@@ -1,0 +1,220 @@
+"""The Python client's pure parts: job ids, backoff, error mapping, request building,
+where the servers come from. (Against real servers: tests/e2e/test_client_e2e.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import msgspec
+import pytest
+
+from irisfed.client import (
+    Client,
+    ConfigurationError,
+    ConflictError,
+    InternalError,
+    InvalidRequestError,
+    IrisfedClientError,
+    NotFoundError,
+    Retry,
+    Servers,
+    UnavailableError,
+    UnknownPeerError,
+    _answer_or_error,
+    error_for,
+    new_job_id,
+    resolve_servers,
+)
+from irisfed.jobs import build_submit, checked_submit, constraint_wire
+from shared.constraints import Constraint, ConstraintOp
+from shared.errors import ErrorCode, InvalidRequest, Unavailable
+from shared.messages import (
+    JOB_ID_PATTERN,
+    CancelReply,
+    ConstraintSpec,
+    SubmitReply,
+    SubmitRequest,
+    error_reply,
+)
+
+# ---------------------------------------------------------------- job ids
+
+
+def test_generated_job_ids_are_short_valid_and_sortable_by_time():
+    job_id = new_job_id()
+    assert len(job_id) == 20 and re.fullmatch(JOB_ID_PATTERN, job_id)
+    earlier = [new_job_id(now_ms=ms, random_bits=bits) for ms, bits in ((1_000, 2**55 - 1), (1_001, 0))]
+    assert earlier == sorted(earlier)  # a later millisecond sorts later, whatever the random part
+    assert new_job_id(now_ms=0, random_bits=0) == "0" * 20
+
+
+def test_generated_job_ids_do_not_repeat_within_a_millisecond():
+    ids = {new_job_id(now_ms=1_700_000_000_000) for _ in range(10_000)}
+    assert len(ids) == 10_000
+
+
+def test_build_submit_makes_one_job_id_and_keeps_a_given_one():
+    made = build_submit(["true"])
+    assert made.job_id and re.fullmatch(JOB_ID_PATTERN, made.job_id)
+    assert build_submit(["true"], job_id="mine-1").job_id == "mine-1"
+
+
+# ---------------------------------------------------------------- backoff
+
+
+def test_backoff_doubles_to_its_cap_with_jitter_between_half_and_full():
+    retry = Retry(attempts=10, base_s=0.25, cap_s=2.0)
+    assert [retry.delay(n, rand=lambda: 1.0) for n in range(1, 6)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+    assert [retry.delay(n, rand=lambda: 0.0) for n in range(1, 4)] == [0.125, 0.25, 0.5]
+    assert all(0.125 <= retry.delay(1) <= 0.25 for _ in range(200))
+
+
+def test_retry_needs_at_least_one_attempt():
+    with pytest.raises(ValueError):
+        Retry(attempts=0)
+    with pytest.raises(ValueError):
+        Retry(base_s=-1)
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("code, kind", [
+    ("invalid_request", InvalidRequestError), ("conflict", ConflictError), ("unknown_peer", UnknownPeerError),
+    ("not_found", NotFoundError), ("unavailable", UnavailableError), ("internal", InternalError),
+    ("config_error", ConfigurationError),
+])
+def test_each_documented_code_has_its_exception(code, kind):
+    error = error_for(code, "what happened")
+    assert type(error) is kind and isinstance(error, IrisfedClientError)
+    assert error.code == code and error.code == ErrorCode(code) and error.message == "what happened"
+    assert str(error) == f"{code}: what happened"
+    assert error.retryable is (code == "unavailable")
+
+
+def test_a_code_this_client_does_not_know_stays_a_string():
+    error = error_for("too_many_cats", "meow")
+    assert type(error) is IrisfedClientError and error.code == "too_many_cats" and not error.retryable
+
+
+def test_router_replies_become_answers_or_exceptions():
+    assert isinstance(_answer_or_error(error_reply("conflict", "taken")), ConflictError)
+    unavailable = _answer_or_error(error_reply("unavailable", "database down"))
+    assert isinstance(unavailable, UnavailableError) and unavailable.retryable
+    reply = SubmitReply("j1", "local", "assigned", "home", False, "rule 2")
+    assert _answer_or_error(msgspec.json.encode(reply)) == reply
+    cancel = CancelReply("j1", "killed", "never_started")
+    assert _answer_or_error(msgspec.json.encode(cancel)) == cancel
+    assert isinstance(_answer_or_error(b"not json"), InternalError)
+    assert isinstance(_answer_or_error(b'{"job_id": 3}'), InternalError)
+
+
+# ---------------------------------------------------------------- requests
+
+
+def test_constraints_in_every_accepted_form_become_wire_dicts():
+    wire = {"key": "device_type", "op": "eq", "value": "gpu"}
+    assert constraint_wire("device_type=gpu") == wire
+    assert constraint_wire(Constraint("device_type", ConstraintOp.EQ, "gpu")) == wire
+    assert constraint_wire(ConstraintSpec("device_type", ConstraintOp.EQ, "gpu")) == wire
+    assert constraint_wire(wire) == wire
+    assert constraint_wire("exists:spot") == {"key": "spot", "op": "exists"}
+    assert constraint_wire("zone=in:a,b") == {"key": "zone", "op": "in", "value": ["a", "b"]}
+    with pytest.raises(InvalidRequestError):
+        constraint_wire("memory_gb>lots")
+    with pytest.raises(InvalidRequestError):
+        constraint_wire(42)
+
+
+def test_only_what_differs_from_the_defaults_goes_on_the_wire():
+    request = build_submit(["python3", "train.py"], job_id="j1", constraints=["device_type=gpu"],
+                           resources={"gpu": 2}, max_retries=0, priority=0, labels={"team": "vision"})
+    assert json.loads(msgspec.json.encode(request)) == {
+        "command": ["python3", "train.py"], "job_id": "j1",
+        "constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}],
+        "max_retries": 0, "labels": {"team": "vision"}, "resources": {"gpu": 2},
+    }
+
+
+@pytest.mark.parametrize("fields", [
+    {"priority": 10**9}, {"resources": {"gpu": 1.5}}, {"resources": {"gpu": -1}}, {"deadline_s": 0},
+    {"job_id": "-starts-with-a-dash"}, {"env": {"A": "nul\x00"}}, {"max_retries": -1},
+    {"constraints": [{"key": "x", "op": "gt", "value": "abc"}]}, {"constraints": [{"key": "x", "op": "near"}]},
+])
+def test_invalid_requests_are_refused_before_they_are_sent(fields):
+    with pytest.raises(InvalidRequestError):
+        build_submit(["true"], **fields)
+
+
+def test_a_command_given_as_one_string_is_refused_with_the_list_it_meant():
+    with pytest.raises(InvalidRequestError, match=r"\['echo', 'hi'\]"):
+        build_submit("echo hi")
+
+
+def test_checked_submit_decodes_a_ready_request_like_the_router():
+    request = SubmitRequest(command=["true"], job_id="j2", resources={"cpu": 2})
+    assert checked_submit(request) == request
+    with pytest.raises(InvalidRequestError):
+        checked_submit({"command": ["true"], "cluster-pin": "gpu-west"})  # unknown field
+
+
+# ---------------------------------------------------------------- where the servers are
+
+
+def _state(tmp_path, **connect):
+    state = tmp_path / ".irisfed"
+    state.mkdir()
+    (state / "connect.json").write_text(json.dumps(connect))
+    return state
+
+
+def test_arguments_win_then_the_environment_then_connect_json(tmp_path):
+    config = tmp_path / "federation.toml"
+    config.write_text('subject_prefix = "from-file"\n[[peers]]\nid = "home"\n')
+    state = _state(tmp_path, nats_url="nats://file:4222", database_url="postgresql://file/db", config=str(config))
+
+    from_file = resolve_servers(state_dir=state, environ={})
+    assert from_file == Servers("nats://file:4222", "postgresql://file/db", "from-file")
+
+    env = {"IRISFED_NATS_URL": "nats://env:4222", "IRISFED_DATABASE_URL": "postgresql://env/db"}
+    assert resolve_servers(state_dir=state, environ=env) == Servers("nats://env:4222", "postgresql://env/db",
+                                                                     "from-file")
+    given = resolve_servers("nats://arg:4222", "postgresql://arg/db", prefix="mine", state_dir=state, environ=env)
+    assert given == Servers("nats://arg:4222", "postgresql://arg/db", "mine")
+
+
+def test_without_any_config_the_prefix_is_irisfed_and_the_database_optional(tmp_path):
+    servers = resolve_servers("nats://h:4222", state_dir=tmp_path / "none", environ={})
+    assert servers == Servers("nats://h:4222", None, "irisfed")
+
+
+def test_no_nats_url_anywhere_says_how_to_give_one(tmp_path):
+    with pytest.raises(ConfigurationError, match="irisfed env"):
+        resolve_servers(state_dir=tmp_path / "none", environ={})
+
+
+@pytest.mark.parametrize("environ, prefix", [({"IRISFED_CONFIG": "/does/not/exist.toml"}, None), ({}, "a b")])
+def test_a_bad_config_or_prefix_is_a_configuration_error(tmp_path, environ, prefix):
+    with pytest.raises(ConfigurationError):
+        resolve_servers("nats://h:4222", prefix=prefix, state_dir=tmp_path / "none", environ=environ)
+
+
+def test_servers_never_show_a_password():
+    shown = repr(Servers("nats://producer:s3cret@h:4222", "postgresql://u:pw@h/db", "irisfed"))
+    assert "s3cret" not in shown and "pw@" not in shown and "producer" in shown
+
+
+async def test_reads_without_a_database_url_say_how_to_give_one():
+    client = Client(None, Servers("nats://h:4222", None, "irisfed"))
+    for read in (client.get("j1"), client.wait("j1")):
+        with pytest.raises(ConfigurationError, match="IRISFED_DATABASE_URL"):
+            await read
+
+
+def test_errors_raised_inside_irisfed_keep_their_code():
+    from irisfed.errors import translated
+
+    assert isinstance(translated(Unavailable("postgres at postgresql://u:pw@h/db is away")), UnavailableError)
+    assert "pw" not in translated(Unavailable("postgresql://u:pw@h/db")).message
+    assert translated(InvalidRequest("bad")).code == ErrorCode.INVALID_REQUEST
