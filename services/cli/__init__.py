@@ -67,6 +67,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "chaos": admin.cmd_chaos,
     "nats-auth": admin.cmd_nats_auth,
     "db-roles": admin.cmd_db_roles,
+    "compose-secrets": admin.cmd_compose_secrets,
     "bench": admin.cmd_bench,
 }
 

@@ -101,23 +101,51 @@ def cmd_nats_auth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compose_secrets(args: argparse.Namespace) -> int:
+    """Write every secret compose.yaml mounts (services/cli/compose_secrets.py)."""
+    import os
+
+    from services.cli.compose_secrets import IMAGE_UID, write_secrets
+
+    config = federation_config(args)
+    owner = IMAGE_UID if os.geteuid() == 0 else None
+    written = write_secrets(config, Path(args.out), owner=owner)
+    print(f"secrets for compose.yaml in {args.out} (0600; existing files kept): {len(written)} files")
+    if owner is None:
+        print(f"  not root: give the containers their files with "
+              f"sudo chown {IMAGE_UID} {args.out}/* && sudo chown 0 {args.out}/postgres-password {args.out}/nats.conf")
+    return 0
+
+
 def cmd_db_roles(args: argparse.Namespace) -> int:
     """Create login roles per service and peer (row-level security does the rest)."""
     from services.common import db
     from services.common.db_roles import apply_roles, write_passwords
 
     config = federation_config(args)
+    given = None
+    if args.passwords:
+        try:
+            given = json.loads(Path(args.passwords).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--passwords {args.passwords}: not a readable JSON object of role → password "
+                              f"({exc})") from None
+        if not isinstance(given, dict) or not all(isinstance(v, str) and v for v in given.values()):
+            raise ConfigError(f"--passwords {args.passwords}: must map each role to a non-empty password")
 
     async def run() -> dict[str, str]:
         pool = await db.connect(database_url(args), max_size=1)
         try:
-            return await apply_roles(pool, config)
+            return await apply_roles(pool, config, given)
         finally:
             await pool.close()
 
     passwords = asyncio.run(run())
-    write_passwords(Path(args.out), passwords)
-    print(f"created {len(passwords)} login roles; passwords in {args.out} (0600)")
+    if args.passwords and not set(passwords) - set(given):
+        print(f"created {len(passwords)} login roles with the passwords in {args.passwords}")
+    else:
+        write_passwords(Path(args.out), passwords)
+        print(f"created {len(passwords)} login roles; passwords in {args.out} (0600)")
     for role in passwords:
         print(f"  {role}")
     return 0

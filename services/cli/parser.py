@@ -127,11 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("db-roles", help="create Postgres login roles per service and peer")
     add_server_flags(p, nats=False)
     p.add_argument("--out", default="db-credentials.json", help="where the passwords go (0600)")
+    p.add_argument("--passwords", metavar="FILE",
+                   help="set these passwords (JSON role → password, e.g. from compose-secrets) instead of new ones")
+
+    p = sub.add_parser("compose-secrets", help="write every secret compose.yaml mounts (0600; keeps existing ones)")
+    p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
+    p.add_argument("--out", default="deploy/secrets", help="the folder compose.yaml reads secrets from")
 
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--sections", help="comma-separated: submit,dispatch,tick,heartbeat,scale (default: all)")
+    p.add_argument("--sections", help="comma-separated: submit,dispatch,tick,heartbeat,scale,engines,web (default: all)")
 
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")

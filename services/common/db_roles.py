@@ -30,13 +30,15 @@ def login_roles(config: FederationConfig) -> dict[str, str]:
     return roles
 
 
-async def apply_roles(conn: Any, config: FederationConfig) -> dict[str, str]:
-    """Create (or update) every login role with a fresh password; return the passwords.
+async def apply_roles(conn: Any, config: FederationConfig, given: dict[str, str] | None = None) -> dict[str, str]:
+    """Create (or update) every login role with its password (``given``'s, else a fresh
+    one); return the passwords.
 
     ``conn``: a connection (or pool) of ``services.common.db`` with the right to create roles.
     """
     roles = login_roles(config)
-    passwords = {role: secrets.token_urlsafe(24) for role in roles}
+    given = given or {}
+    passwords = {role: given.get(role) or secrets.token_urlsafe(24) for role in roles}
     await Store(conn).login_roles_apply(roles, passwords, {peer_role(p): p for p in config.peer_ids})
     return passwords
 

@@ -54,9 +54,24 @@ def _connect_defaults() -> dict[str, str]:
 
 
 def _server_url(args: argparse.Namespace, key: str, env: str, what: str) -> str:
-    url = getattr(args, key, None) or os.environ.get(env) or _connect_defaults().get(key)
+    """``--KEY``, else ``--KEY-file``, else ``$ENV``, else the file ``$ENV_FILE`` names (the
+    container convention: a secret mounted as a file), else ``irisfed up``'s connect file."""
+    flag = "--" + key.replace("_", "-")
+    url = getattr(args, key, None)
+    path = None if url else getattr(args, f"{key}_file", None)
+    if not url and not path:
+        url = os.environ.get(env)
+        path = None if url else os.environ.get(f"{env}_FILE")
+    if path:
+        try:
+            url = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the {what} URL from {path} ({flag}-file or ${env}_FILE): "
+                              f"{exc.strerror or exc}") from None
+        if not url:
+            raise ConfigError(f"{path} ({flag}-file or ${env}_FILE) is empty")
+    url = url or _connect_defaults().get(key)
     if not url:
-        flag = "--" + key.replace("_", "-")
         raise ConfigError(f"no {what}: pass {flag} or set {env} (or run `irisfed up`)")
     return url
 
@@ -81,8 +96,12 @@ def federation_config(args: argparse.Namespace, required: bool = True) -> Federa
 def add_server_flags(p: argparse.ArgumentParser, db: bool = True, nats: bool = True) -> None:
     if db:
         p.add_argument("--database-url", help=f"Postgres URL (default ${DATABASE_URL_ENV})")
+        p.add_argument("--database-url-file", metavar="PATH",
+                       help=f"read the Postgres URL from this file (default ${DATABASE_URL_ENV}_FILE)")
     if nats:
         p.add_argument("--nats-url", help=f"NATS URL (default ${NATS_URL_ENV})")
+        p.add_argument("--nats-url-file", metavar="PATH",
+                       help=f"read the NATS URL from this file (default ${NATS_URL_ENV}_FILE)")
     p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
 
 

@@ -50,7 +50,7 @@ def test_one_image_built_from_the_repo_dockerfile():
 def test_dependencies_and_health_checks_are_consistent():
     for name, service in SERVICES.items():
         assert "restart" in service, f"{name} has no restart policy"
-        if name != "migrate":
+        if service["restart"] != "no":  # one-shot jobs (migrate, roles) have nothing to probe
             assert "healthcheck" in service, f"{name} has no health check"
         for dependency, rule in service.get("depends_on", {}).items():
             assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
@@ -59,8 +59,9 @@ def test_dependencies_and_health_checks_are_consistent():
                 assert "healthcheck" in SERVICES[dependency]
             if condition == "service_completed_successfully":
                 assert SERVICES[dependency]["restart"] == "no"
-    for name in ("router", "tick"):
-        assert SERVICES[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    for name in ("router", "tick", "web"):
+        assert SERVICES[name]["depends_on"]["roles"]["condition"] == "service_completed_successfully"
+    assert SERVICES["roles"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
 def test_mounted_federation_config_is_valid_and_names_the_agents():
@@ -79,3 +80,56 @@ def test_the_dashboard_reads_its_operator_token_from_a_secret_file():
     assert "IRISFED_WEB_OPERATOR_TOKEN" not in web.get("environment", {})
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert "deploy/secrets/" in ignored  # a token made for compose is never committed
+
+
+def _secret_file(service: dict, env: str) -> str:
+    """The file (under deploy/secrets) that ``env`` (…_FILE) names in ``service``."""
+    mounted = service["environment"][env]
+    name = mounted.removeprefix("/run/secrets/")
+    assert name in service["secrets"], (env, service["secrets"])
+    return COMPOSE["secrets"][name]["file"].removeprefix("./deploy/secrets/")
+
+
+def test_every_service_connects_as_its_own_role_and_user_from_secret_files(tmp_path):
+    from services.cli.compose_secrets import service_roles, write_secrets
+
+    config = load_config(ROOT / "deploy" / "federation.toml")
+    write_secrets(config, tmp_path)
+    roles = service_roles(config)
+    connecting = {name: svc for name, svc in SERVICES.items()
+                  if svc.get("image") == "irisfed:latest" and name not in ("migrate", "roles")}
+    assert set(connecting) == set(roles)  # one service per role: router, tick, web, an agent per peer
+    seen_users = set()
+    for name, service in connecting.items():
+        role, user = roles[name]
+        env = service["environment"]
+        assert "IRISFED_DATABASE_URL" not in env and "IRISFED_NATS_URL" not in env  # no URL in the clear
+        db_url = (tmp_path / _secret_file(service, "IRISFED_DATABASE_URL_FILE")).read_text()
+        nats_url = (tmp_path / _secret_file(service, "IRISFED_NATS_URL_FILE")).read_text()
+        assert db_url.startswith(f"postgresql://{role}:"), (name, db_url.split(":")[1])
+        assert nats_url.startswith(f"nats://{user}:"), name
+        seen_users.add(user)
+    assert len(seen_users) == len(connecting)
+    for name in ("migrate", "roles"):  # only these two hold the owner's URL
+        assert _secret_file(SERVICES[name], "IRISFED_DATABASE_URL_FILE") == "admin.database-url"
+    assert not any("admin_database_url" in svc.get("secrets", []) for svc in connecting.values())
+    for secret in COMPOSE["secrets"].values():
+        assert (tmp_path / secret["file"].removeprefix("./deploy/secrets/")).exists(), secret
+
+
+def test_no_password_is_written_in_compose():
+    text = (ROOT / "compose.yaml").read_text()
+    assert "irisfed:irisfed" not in text and "POSTGRES_PASSWORD:" not in text
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    assert "/run/secrets/nats_conf" in SERVICES["nats"]["command"]
+    assert SERVICES["roles"]["command"][:3] == ["irisfed", "db-roles", "--passwords"]
+
+
+def test_secret_files_are_private_and_kept_when_run_again(tmp_path):
+    from services.cli.compose_secrets import write_secrets
+
+    config = load_config(ROOT / "deploy" / "federation.toml")
+    first = {p.name: p.read_text() for p in write_secrets(config, tmp_path)}
+    again = {p.name: p.read_text() for p in write_secrets(config, tmp_path)}
+    assert first == again
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in tmp_path.iterdir())

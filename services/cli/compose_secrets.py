@@ -1,0 +1,107 @@
+"""``irisfed compose-secrets``: every secret compose.yaml mounts, as files (0600).
+
+compose.yaml runs with auth on, the way production does: one NATS user per service
+(``irisfed nats-auth``'s roles) and one Postgres login role per service
+(``irisfed db-roles``' roles), each service reading its own URLs from secret files
+(``IRISFED_DATABASE_URL_FILE``, ``IRISFED_NATS_URL_FILE``). This writes them all into
+one folder (``deploy/secrets/``, gitignored), keeping any file already there, so it
+can be run again after adding a peer:
+
+- ``postgres-password``: the database owner's (the image reads POSTGRES_PASSWORD_FILE);
+- ``admin.database-url``: that owner's URL, for ``migrate`` and ``roles`` only;
+- ``db-credentials.json``: each login role's password (``irisfed db-roles --passwords``
+  sets exactly these);
+- ``nats.conf``: the NATS server's users and permissions (``nats-server -c``);
+- ``<service>.database-url`` and ``<service>.nats-url`` per service (router, tick, web,
+  ``agent-<peer>``), each with that service's own role and user; ``operator.nats-url``
+  for the health checks that ask a service over NATS;
+- ``web-operator-token``: the dashboard's operator token.
+
+Run as root, it gives the files irisfed's containers read to the image's user
+(uid 10001); otherwise run ``sudo chown 10001 deploy/secrets/*`` afterwards except
+``postgres-password`` and ``nats.conf``, which those images read as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from services.common.db_roles import login_roles, peer_role
+from services.common.nats_auth import render_server_config, role_permissions, with_credentials
+from shared.config import FederationConfig
+
+DATABASE = "irisfed"
+OWNER = "irisfed"  # the database owner (the postgres image's POSTGRES_USER)
+# The image's user (Dockerfile). Compose mounts file secrets as they are on the host,
+# so the files irisfed containers read must belong to it (they stay 0600).
+IMAGE_UID = 10001
+# Read by other images' root processes (postgres, nats): left to the host's root.
+NOT_OURS = ("postgres-password", "nats.conf")
+
+
+def service_roles(config: FederationConfig) -> dict[str, tuple[str, str]]:
+    """Service → (its Postgres login role, its NATS user)."""
+    services = {"router": ("irisfed_svc_router", "router"), "tick": ("irisfed_svc_tick", "tick"),
+                "web": ("irisfed_svc_web", "web")}
+    services.update({f"agent-{peer}": (peer_role(peer), f"agent-{peer}") for peer in config.peer_ids})
+    return services
+
+
+def _keep_or_write(path: Path, make) -> str:
+    """The file's text when it exists, else ``make()`` written there (0600)."""
+    if path.exists():
+        return path.read_text()
+    text = make()
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+    return text
+
+
+def write_secrets(config: FederationConfig, out: Path, database: str = f"postgresql://postgres:5432/{DATABASE}",
+                  nats: str = "nats://nats:4222", owner: int | None = None) -> list[Path]:
+    """Write (or keep) every secret file of compose.yaml under ``out``; the files' paths.
+    ``owner``: give the files irisfed's containers read to this uid (needs root)."""
+    out.mkdir(parents=True, exist_ok=True)
+    out.chmod(0o700)
+    before = set(out.iterdir())
+    owner_password = _keep_or_write(out / "postgres-password", lambda: secrets.token_urlsafe(24)).strip()
+    db_base = database  # without credentials: each file adds its own
+    _keep_or_write(out / "admin.database-url", lambda: with_credentials(db_base, OWNER, owner_password) + "\n")
+
+    roles = login_roles(config)
+    stored = json.loads(_keep_or_write(out / "db-credentials.json", lambda: "{}"))
+    if set(roles) - set(stored):  # a new peer: its role gets a password, the others keep theirs
+        stored.update({role: secrets.token_urlsafe(24) for role in roles if role not in stored})
+        (out / "db-credentials.json").write_text(json.dumps(stored, indent=2) + "\n")
+
+    permissions = role_permissions(config.subject_prefix, config.peer_ids)
+    nats_passwords_file = out / "nats-credentials.json"
+    nats_passwords = json.loads(_keep_or_write(nats_passwords_file, lambda: "{}"))
+    if set(permissions) - set(nats_passwords):
+        nats_passwords.update({r: secrets.token_urlsafe(24) for r in permissions if r not in nats_passwords})
+        nats_passwords_file.write_text(json.dumps(nats_passwords, indent=2) + "\n")
+    (out / "nats.conf").write_text(render_server_config(permissions, nats_passwords))
+    (out / "nats.conf").chmod(0o600)
+
+    nats_base = nats
+    for service, (role, user) in {**service_roles(config), "operator": (None, "operator")}.items():
+        if role is not None:
+            _write(out / f"{service}.database-url", with_credentials(db_base, role, stored[role]))
+        _write(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]))
+    _keep_or_write(out / "web-operator-token", lambda: secrets.token_urlsafe(32) + "\n")
+    written = sorted(set(out.iterdir()) | before)
+    if owner is not None:
+        for path in written:
+            if path.name not in NOT_OURS:
+                os.chown(path, owner, owner)
+    return written
+
+
+def _write(path: Path, text: str) -> None:
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text + "\n")
