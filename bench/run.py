@@ -3,8 +3,9 @@
 Every figure stands beside a baseline from the same run, as a ratio, because
 absolute numbers drift on shared machines. Servers are started here (Postgres
 with fsync on, NATS), like the tests do. The parts: ``baselines``,
-``sections`` (irisfed's figures), ``deployment`` (a database and services per
-figure), ``load`` (closed and open loop), ``report`` (figures, table, JSON).
+``sections`` (irisfed's figures), ``engines`` (real Slurm and Ray), ``web`` (the
+dashboard), ``deployment`` (a database and services per figure), ``load`` (closed
+and open loop), ``report`` (figures, table, JSON).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bench.sections import (
     submit_bench,
     tick_section,
 )
+from bench.web import web_section
 from tooling.federation import Supervisor
 from tooling.servers import start_nats, start_postgres
 
@@ -36,6 +38,7 @@ SECTIONS = {
     "heartbeat": ("heartbeat fan-in", heartbeat_bench),
     "scale": ("scale curve", scale_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
+    "web": ("web dashboard (jobs page, live viewers)", web_section),
 }
 # Left out of a --quick run that names no sections (CI's smoke run): they need root,
 # Slurm and Ray, and take minutes. `--quick --sections engines` runs them at quick sizes.

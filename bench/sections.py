@@ -18,7 +18,15 @@ from datetime import UTC, datetime
 import msgspec
 import nats
 
-from bench.deployment import GPU_PEERS, Deployment, cpu_seconds, is_ack, routed, submit_body
+from bench.deployment import (
+    GPU_PEERS,
+    Deployment,
+    PeerSpec,
+    cpu_seconds,
+    is_ack,
+    routed,
+    submit_body,
+)
 from bench.load import Run, closed_loop, median, open_loop, spread
 from bench.report import Bench, Figure
 from services.common.bus import connect_client
@@ -66,56 +74,80 @@ async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
         bench.add(Figure("submit", "jobs committed (all acked submits)", jobs, "rows"))
 
 
-async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int = 500) -> None:
-    peers = [("home", {"device_type": "cpu"}, 1000)] + [(f"gpu{i}", {"device_type": "gpu"}, 1000) for i in range(2)]
-    dep = Deployment(bench, admin_url, nats_url, "dispatch", peers, interval=0.5, ttl=3.0)
-    await dep.create()
-    dep.start("router")
-    dep.start("tick")
-    for peer_id, _, _ in peers:
-        dep.start(peer_id)
-    nc = await connect_client(nats_url)
-    sent: dict[str, float] = {}
-    seen: dict[str, dict[str, float]] = {JobState.QUEUED: {}, JobState.ASSIGNED: {}, JobState.RUNNING: {}}
-    running = seen[JobState.RUNNING]
-    all_running = asyncio.Event()
-    expected = [0]  # known once every submit is out
+DISPATCH_PEERS: list[PeerSpec] = [("home", {"device_type": "cpu"}, 1000)] + [
+    (f"gpu{i}", {"device_type": "gpu"}, 1000) for i in range(2)]
 
-    async def on_event(msg) -> None:
+
+@dataclasses.dataclass
+class Dispatched:
+    """One measured window of submit → running: the latencies (s), how many were sent,
+    submit errors, each hop's median (text) and each service's CPU (fraction of a core)."""
+
+    run: Run
+    sent: int
+    errors: int
+    hops: list[str]
+    cpu: dict[str, float]
+
+    def note(self) -> str:
+        return (f"{self.run.done}/{self.sent} reached running, {self.errors} submit errors; "
+                f"hop p50 ms: {' '.join(self.hops)}; "
+                f"CPU % core: {', '.join(f'{k} {v * 100:.0f}' for k, v in self.cpu.items())}")
+
+
+class DispatchProbe:
+    """Submit → running through a running deployment (router, tick, agents): open-loop
+    submits at ``rate``, each job's stages timed from the events the services publish."""
+
+    def __init__(self, dep: Deployment, nc: nats.NATS, rate: int) -> None:
+        self.dep, self.nc, self.rate = dep, nc, rate
+        self.seen: dict[str, dict[str, float]] = {JobState.QUEUED: {}, JobState.ASSIGNED: {}, JobState.RUNNING: {}}
+        self.expected = 0  # known once every submit is out
+        self.all_running = asyncio.Event()
+
+    async def on_event(self, msg) -> None:
         event = msgspec.json.decode(msg.data)
-        stage = seen.get(event["state"])
+        stage = self.seen.get(event["state"])
         if stage is not None and event["job_id"] not in stage:
             stage[event["job_id"]] = time.perf_counter()
-            if expected[0] and len(running) >= expected[0]:
-                all_running.set()
+            if self.expected and len(self.seen[JobState.RUNNING]) >= self.expected:
+                self.all_running.set()
 
-    try:
-        await nc.subscribe(f"{dep.prefix}.events.*", cb=on_event)
-        await dep.wait_router(nc)
+    async def open(self, peers: int) -> None:
+        """Subscribe to the deployment's events; wait for the router and ``peers`` agents."""
+        await self.nc.subscribe(f"{self.dep.prefix}.events.*", cb=self.on_event)
+        await self.dep.wait_router(self.nc)
         for _ in range(200):  # every agent advertising
-            rows = await dep.store.peer_heartbeat_list()
-            if len([r for r in rows if r.reachable]) == len(peers):
+            rows = await self.dep.store.peer_heartbeat_list()
+            if len([r for r in rows if r.reachable]) == peers:
                 break
             await asyncio.sleep(0.05)
+
+    async def measure(self, seconds: float, label: str) -> Dispatched:
+        """Warm up for 0.5 s (not measured), then ``seconds`` of submits with ids ``<label>-<i>``."""
+        dep, nc, rate, seen = self.dep, self.nc, self.rate, self.seen
+        running = seen[JobState.RUNNING]
+        self.expected = 0
+        self.all_running.clear()
         # Warm up (connections, prepared statements, first placements), then measure.
-        warm = await open_loop(nc, f"{dep.prefix}.submit", submit_body("warm"), rate, 0.5, check=is_ack)
+        warm = await open_loop(nc, f"{dep.prefix}.submit", submit_body(f"{label}w"), rate, 0.5, check=is_ack)
         for _ in range(200):
-            if sum(1 for j in running if j.startswith("warm-")) >= warm.done:
+            if sum(1 for j in running if j.startswith(f"{label}w-")) >= warm.done:
                 break
             await asyncio.sleep(0.05)
         for stage in seen.values():
             stage.clear()
-        seconds = bench.profile.s(3, 10)
+        sent: dict[str, float] = {}
         cpu_before = {name: cpu_seconds(p.pid) for name, p in dep.processes.items()}
         started = time.perf_counter()
-        acks = await open_loop(nc, f"{dep.prefix}.submit", submit_body("d"), rate, seconds,
-                               sent_at=lambda i, at: sent.__setitem__(f"d-{i}", at), check=is_ack)
+        acks = await open_loop(nc, f"{dep.prefix}.submit", submit_body(label), rate, seconds,
+                               sent_at=lambda i, at: sent.__setitem__(f"{label}-{i}", at), check=is_ack)
         cpu = {name: (cpu_seconds(p.pid) - cpu_before[name]) / (time.perf_counter() - started)
                for name, p in dep.processes.items()}
-        expected[0] = len(sent)
+        self.expected = len(sent)
         if len(running) < len(sent):
             try:
-                await asyncio.wait_for(all_running.wait(), timeout=30)
+                await asyncio.wait_for(self.all_running.wait(), timeout=30)
             except TimeoutError:
                 pass
         missing = [j for j in sent if j not in running]
@@ -124,7 +156,6 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
                                         "WHERE job_id = ANY($1::text[]) LIMIT 5", missing)
             print(f"  not seen running: {len(missing)}, e.g. {[tuple(r) for r in rows]}", flush=True)
         latencies = sorted(running[j] - sent[j] for j in sent if j in running)
-        run = Run(len(latencies), seconds, latencies)
         # Where the time goes: the median of each hop, from the events each service publishes.
         hops, previous = [], sent
         for state, times in seen.items():
@@ -132,10 +163,30 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
             if gaps:
                 hops.append(f"→{state} {Run(len(gaps), 1, gaps).pct(0.5) * 1e3:.1f}")
             previous = times
+        return Dispatched(Run(len(latencies), seconds, latencies), len(sent), acks.errors, hops, cpu)
+
+
+async def dispatch_deployment(bench: Bench, admin_url: str, nats_url: str, name: str) -> Deployment:
+    """A deployment for submit → running: router, tick and the DISPATCH_PEERS' agents started."""
+    dep = Deployment(bench, admin_url, nats_url, name, DISPATCH_PEERS, interval=0.5, ttl=3.0)
+    await dep.create()
+    dep.start("router")
+    dep.start("tick")
+    for peer_id, _, _ in DISPATCH_PEERS:
+        dep.start(peer_id)
+    return dep
+
+
+async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int = 500) -> None:
+    dep = await dispatch_deployment(bench, admin_url, nats_url, "dispatch")
+    nc = await connect_client(nats_url)
+    try:
+        probe = DispatchProbe(dep, nc, rate)
+        await probe.open(len(DISPATCH_PEERS))
+        result = await probe.measure(bench.profile.s(3, 10), "d")
+        run = result.run
         bench.add(Figure("dispatch", f"submit → running p50 at {rate}/s", run.pct(0.5) * 1e3, "ms",
-                         target="≤ 10 ms", met=run.pct(0.5) <= 0.010,
-                         note=f"{len(latencies)}/{len(sent)} reached running, {acks.errors} submit errors; hop p50 ms: {' '.join(hops)}; "
-                              f"CPU % core: {', '.join(f'{k} {v * 100:.0f}' for k, v in cpu.items())}"))
+                         target="≤ 10 ms", met=run.pct(0.5) <= 0.010, note=result.note()))
         bench.add(Figure("dispatch", f"submit → running p99 at {rate}/s", run.pct(0.99) * 1e3, "ms",
                          target="≤ 50 ms", met=run.pct(0.99) <= 0.050))
     finally:

@@ -3,7 +3,8 @@
 Pages render whole, or only their live fragment when htmx asks (``HX-Request``:
 the page re-fetches it on a live-update event). Every response, errors and static
 files included, carries the Content-Security-Policy and its companions (the outer
-``_Secured`` wrapper sees every response start, even Starlette's own 500). Behind a
+``_Secured`` wrapper sees every response start, even Starlette's own 500), and a
+``Server-Timing`` header with the time the app spent on it (``_Timed``). Behind a
 reverse proxy (``--root-path /prefix``) requests are accepted with or without the
 prefix (the proxy may strip it or not) and every link, form, static and stream URL
 is built from it.
@@ -101,6 +102,29 @@ class _Secured:
         await self.app(scope, receive, secured)
 
 
+class _Timed:
+    """``Server-Timing: app;dur=<ms>`` on every response: from the request reaching the
+    app to its response starting (for a page: its reads and its rendering), so a client
+    or ``irisfed bench`` can tell the server's time from the network's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                spent_ms = (time.perf_counter() - started) * 1e3
+                MutableHeaders(scope=message).append("server-timing", f"app;dur={spent_ms:.2f}")
+            await send(message)
+
+        await self.app(scope, receive, timed)
+
+
 class _Rooted:
     """Serves under ``root`` whether or not the proxy in front stripped it."""
 
@@ -171,7 +195,7 @@ class Pages:
                                finalize=present.visible, trim_blocks=True, lstrip_blocks=True)
         self.env.globals.update(
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
-            fmt_time=present.fmt_time, states=STATES, is_terminal=present.is_terminal,
+            fmt_time=present.fmt_time, rows_html=present.job_rows_html, states=STATES, is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
         )
         self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs)
@@ -387,4 +411,4 @@ def build_app(web: WebService) -> ASGIApp:
     app = Starlette(routes=routes, exception_handlers={
         404: pages.not_found, 405: pages.not_found, Unavailable: pages.unavailable, Exception: pages.failed,
     })
-    return _Rooted(_Secured(app), web.settings.root_path)
+    return _Rooted(_Secured(_Timed(app)), web.settings.root_path)

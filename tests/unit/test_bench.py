@@ -68,3 +68,98 @@ def test_engines_section_says_why_it_skips(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "skipped the Slurm figures: no slurmd here" in out and "skipped the Ray figures: no ray here" in out
     assert bench.figures == []
+
+
+def test_web_rows_are_valid_jobs_newest_last_with_a_realistic_mix():
+    import json
+    import re
+    from collections import Counter
+    from datetime import UTC, datetime
+
+    import msgspec
+
+    from bench.web import COPY_COLUMNS, LABEL_FILTER, STATE_FILTER, live_window, web_jobs
+    from shared.lifecycle import JobState
+    from shared.messages import JOB_ID_PATTERN, SubmitRequest
+
+    total, newest = 20_000, datetime(2026, 12, 1, tzinfo=UTC)
+    rows = [dict(zip(COPY_COLUMNS, row, strict=True)) for row in web_jobs(total, newest)]
+    assert len({r["job_id"] for r in rows}) == total
+    assert all(re.fullmatch(JOB_ID_PATTERN, r["job_id"]) for r in rows)
+    assert rows[-1]["submitted_at"] == newest
+    assert all(a["submitted_at"] <= b["submitted_at"] for a, b in zip(rows, rows[1:], strict=False))
+    assert len({r["submitted_at"] for r in rows}) < total  # some share an instant: the cursor's tiebreak matters
+    states = Counter(r["state"] for r in rows)
+    assert set(states) == {s.value for s in JobState}
+    live = {JobState.QUEUED, JobState.ASSIGNED, JobState.RUNNING}
+    assert all(r["state"] in live for r in rows[-live_window(total):])
+    assert not any(r["state"] in live for r in rows[:-live_window(total)])
+    assert 0.05 < states[STATE_FILTER] / total < 0.15
+    for r in rows[:500]:
+        spec = msgspec.json.decode(r["spec"], type=SubmitRequest)  # what a submit would have stored
+        assert json.loads(r["submit_reply"])["job_id"] == r["job_id"]
+        assert (r["owner_peer_id"] is None) == (r["state"] in ("queued", "rejected", "unschedulable"))
+        assert (r["exit_code"] == 0) == (r["state"] == "succeeded")
+        assert spec.name and set(spec.labels) == {"team", "project", "env"}
+    share = sum(1 for r in rows if json.loads(r["spec"])["labels"][LABEL_FILTER[0]] == LABEL_FILTER[1]) / total
+    assert share == 1 / 8
+
+
+def test_server_timing_header_is_read_back():
+    from bench.web import server_time_ms
+
+    assert server_time_ms("app;dur=4.25") == 4.25
+    assert server_time_ms("db;dur=1, app;desc=\"page\";dur=12") == 12.0
+    assert server_time_ms("db;dur=1") is None
+    assert server_time_ms(None) is None and server_time_ms("") is None
+
+
+def test_event_counter_counts_events_however_the_stream_is_cut():
+    from bench.web import EventCounter
+    from services.web.live import RETRY_MS, Batch, sse_event, sse_lines
+
+    stream = (f"retry: {RETRY_MS}\n\n" + sse_event("mode", {"live": True}) + ": keepalive\n\n"
+              + sse_lines(Batch(jobs=("a", "b"), peers=True)) + sse_lines(Batch(all_jobs=True, resync=True))).encode()
+    for cut in range(1, 24):
+        counter = EventCounter()
+        for i in range(0, len(stream), cut):
+            counter.feed(stream[i:i + cut])
+        assert counter.events == {"mode": 1, "jobs": 2, "peers": 1, "resync": 1}, cut
+        assert counter.total == 5
+
+
+def test_web_page_cases_read_one_page_newest_first():
+    from bench.web import PAGE, PageCase
+    from services.web.filters import JobFilter
+
+    case = PageCase("state=failed", "state = $1", ("failed",), JobFilter(state="failed"))
+    assert case.bare_sql.endswith(f"FROM jobs WHERE state = $1 ORDER BY submitted_at DESC, job_id DESC LIMIT {PAGE}")
+    assert "WHERE" not in PageCase("first page", "", (), JobFilter()).bare_sql
+
+
+def test_web_section_is_registered_and_in_quick_runs():
+    from bench.run import SECTIONS, chosen_sections
+
+    assert "web" in SECTIONS and "web" in chosen_sections(True, set(SECTIONS))
+
+
+def test_dashboard_responses_say_their_server_time():
+    """The header the web section reads (services.web.app._Timed)."""
+    import asyncio
+
+    from bench.web import server_time_ms
+    from services.web.app import _Timed
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(_Timed(app)({"type": "http", "path": "/jobs"}, None, send))
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-type"] == b"text/plain"
+    assert server_time_ms(headers[b"server-timing"].decode()) >= 0
