@@ -13,7 +13,9 @@ first within a priority):
   resources (an older agent) is judged by slots only. Free slots are the advertised
   total minus the jobs live there (``live``); free resources are the advertised
   totals minus what live jobs use (``used``; without it, the advertised free). Each
-  placement made here takes its share, so a run never over-commits.
+  placement made here takes its share, so a run never over-commits; a run placing
+  the queue batch by batch (``PlacementRun``) keeps the shares, and what it learnt
+  about the queue, from one batch to the next.
 - A pinned job goes only to its pinned peer, and only while that peer is reachable
   and one of its backends has room (capability checks are skipped for pins; a
   backend matching the constraints is preferred when there is one).
@@ -32,11 +34,11 @@ first within a priority):
   room *holds* the backend where it would fit soonest: of the backends it could ever
   fit on (by their totals) and not already held, the one with the smallest
   shortfall (the sum of what it lacks as fractions of each total, a missing slot
-  counting 1/slots). For the rest of the run (``reservations`` carries it across a
-  run's batches) no later job may be placed there unless it leaves at least the
-  held job's request free, in a slot and in every resource the held job asks for.
-  The backend drains of whatever the held job lacks, and the held job, first in
-  order, takes it as soon as it fits.
+  counting 1/slots). For the rest of the run (a PlacementRun keeps it across its
+  batches; ``reservations`` carries it across calls) no later job may be placed
+  there unless it leaves at least the held job's request free, in a slot and in
+  every resource the held job asks for. The backend drains of whatever the held
+  job lacks, and the held job, first in order, takes it as soon as it fits.
 
 Jobs left waiting carry the rule that held them and a verdict per peer, naming the
 resources a backend lacks.
@@ -232,6 +234,17 @@ class _Room:
             self._update_left()
         self.version += 1
 
+    def give(self, units: tuple[tuple[str, int], ...]) -> None:
+        """Undo a ``take`` (a placement given back)."""
+        self.slots += 1
+        if not self.legacy:
+            free = self.free
+            for name, amount in units:
+                if name in free:
+                    free[name] += amount
+            self._update_left()
+        self.version += 1
+
     def shortfall(self, units: tuple[tuple[str, int], ...]) -> float:
         """How far from fitting, as fractions of the totals (0: it fits now)."""
         short = max(0, 1 - self.slots) / max(1, self.slot_total)
@@ -252,10 +265,11 @@ class _Kind:
     except under pack on a room that advertises resources, where it gets better
     (less left). Worse ranks are fixed lazily: a stale entry reaching the top is
     re-pushed with its current rank. Better ranks cannot wait (the room would sink
-    below where it belongs), so such rooms are logged in ``changes`` and each kind
-    pushes their fresh entries when it next looks (from ``seen`` on), dropping the
-    stale ones as they surface. Rooms without room for this kind any more are dropped
-    for the rest of the run: free amounts only shrink during a run, holds only grow.
+    below where it belongs), so such rooms are logged in the run's ``changed`` and
+    each kind pushes their fresh entries when it next looks (the changes after
+    ``seen``), dropping the stale ones as they surface. Rooms without room for this
+    kind any more are dropped for the rest of the run: free amounts only shrink during
+    a run, holds only grow. (A release breaks that: the run then rebuilds its kinds.)
     """
 
     __slots__ = ("ask", "heap", "holdable", "members", "prefs", "seen", "sign", "units")
@@ -282,12 +296,21 @@ class _Kind:
     def rank(self, room: _Room) -> tuple:
         return self.entry(room)[:6]
 
-    def replay(self, changes: list[_Room]) -> None:
-        members, units, heap = self.members, self.units, self.heap
-        for room in set(changes[self.seen:]):
-            if room in members and room.fits(units):
-                heappush(heap, self.entry(room))
-        self.seen = len(changes)
+    def replay(self, changed: Mapping[_Room, int], seq: int) -> None:
+        """Push fresh entries for the improving rooms changed since change ``seen``."""
+        members, units, heap, seen = self.members, self.units, self.heap, self.seen
+        for room, at in reversed(changed.items()):  # newest first: stop at the first already seen
+            if at <= seen:
+                break
+            if room in members:
+                # Often the room this kind would take next: then its stale entry is the
+                # top, and replacing it spares a push now and a pop later.
+                stale_top = heap and heap[0][7] is room
+                if room.fits(units):
+                    (heapreplace if stale_top else heappush)(heap, self.entry(room))
+                elif stale_top:
+                    heappop(heap)
+        self.seen = seq
 
     def best(self, holds: Mapping[tuple[str, str], Hold], job_id: str) -> _Room | None:
         heap, units = self.heap, self.units
@@ -330,100 +353,185 @@ def assign_queued(
     backend's advertised free amounts instead. ``policy``: ``pack`` or ``spread``.
     ``reserve_after_s``: wait after which a job holds a backend (None: never).
 
-    A caller placing several batches in one run passes the same ``matched`` (which
-    backends each constraint set matches) and ``reservations`` (backends held for
-    starving jobs) to all, and adds each batch's placements to ``live`` and ``used``.
+    One :class:`PlacementRun` placing one batch. A caller placing several batches in
+    one run should keep a PlacementRun for the run instead (it keeps what it learnt
+    between batches); calling this per batch works too, passing the same ``matched``
+    (which backends each constraint set matches) and ``reservations`` (backends held
+    for starving jobs) to all and adding each batch's placements to ``live`` and ``used``.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
-    sign = 1.0 if policy == PACK else -1.0
-    if matched is None:
-        matched = {}
-    holds = reservations if reservations is not None else {}
-    holder = {hold.job_id: key for key, hold in holds.items()}  # job → the backend held for it
-    reachable = [peer for peer in peers if peer.is_reachable(now)]
-    slots = free_slots(reachable, live)
-    rooms: dict[tuple[str, str], _Room] = {}
-    rooms_of_peer: dict[str, list[_Room]] = {}
-    for peer in reachable:
-        for backend in peer.backends:
-            key = (peer.peer_id, backend.name)
-            room = rooms[key] = _Room(peer.peer_id, backend, slots[key],
-                                      None if used is None else used.get(key, {}), sign)
-            rooms_of_peer.setdefault(peer.peer_id, []).append(room)
-    # Jobs mostly share a few kinds: match each against the peers once, and keep its
-    # candidates in a heap so each placement costs log(backends).
-    kinds: dict[tuple, _Kind] = {}
-    changes: list[_Room] = []  # improving rooms that changed, in order; kinds replay what they missed
-    # Room only shrinks during a run, so a kind of job that had to wait once would wait
-    # again for the same reasons: explain it once (again when holds change).
-    explained: dict[tuple, Waiting] = {}
-    no_hold: set[tuple] = set()  # kinds that found every backend they could hold taken
-    placements: list[Placement] = []
-    waiting: list[Waiting] = []
-    last = (None, None, None)
-    kind: _Kind | None = None
-    for job in jobs:
-        resources = job.resources
-        if resources.__class__ is not Resources:
-            resources = as_resources(resources)
-        units = resources.units
-        if job.pinned_peer_id:
-            choice = _place_pinned(job, units, rooms_of_peer.get(job.pinned_peer_id), holds, sign)
-        else:
-            # Consecutive jobs are mostly of one kind: identity checks skip the lookup.
-            if last[0] is not job.constraints or last[1] is not resources or last[2] is not job.preferences:
-                kind_key = (job.constraints, resources, job.preferences)
-                kind = kinds.get(kind_key)
-                if kind is None:
-                    matching = matched.get(job.constraints)
-                    if matching is None:
-                        matching = matched[job.constraints] = [
-                            (peer.peer_id, backend.name)
-                            for peer in reachable
-                            for backend in peer.backends
-                            if matches_all(job.constraints, backend.attributes)
-                        ]
-                    kind = kinds[kind_key] = _Kind([rooms[m] for m in matching if m in rooms], units,
-                                                   job.preferences, sign, len(changes))
-                last = (job.constraints, resources, job.preferences)
-            if kind.seen != len(changes):
-                kind.replay(changes)
-            if job.avoid_peers:
-                choice = _place_avoiding(job, kind, holds)
+    run = PlacementRun(peers, live, now, used=used, policy=policy, reserve_after_s=reserve_after_s,
+                       reservations=reservations, matched=matched)
+    return run.place(jobs)
+
+
+class PlacementRun:
+    """One placement run over a fixed view of the peers: ``place`` the queue batch by batch.
+
+    Rooms (what each reachable backend has free) are built once, from ``live`` and
+    ``used`` (read here, never written), and every placement takes its share of its
+    room, so each batch sees what the earlier ones took without the caller counting.
+    What the run learns — each kind of job's candidates in a heap, why a kind had to
+    wait, which kinds found nothing to hold, the holds themselves (``reservations``,
+    kept in the dict passed, if any) — lives as long as the run, not a batch: placing
+    a queue in several batches gives exactly what placing it in one call gives.
+
+    ``release`` gives back a placement the caller could not commit (its compare-and-set
+    lost). Rooms then grow, which the cached heaps and explanations assume they never
+    do, so those are dropped and rebuilt as the next jobs need them; releases are rare.
+    """
+
+    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_seq", "holder", "holds", "matched",
+                 "now", "peers", "reachable", "reserve_after_s", "rooms", "rooms_of_peer", "sign")
+
+    def __init__(
+        self,
+        peers: Sequence[FederationPeer],
+        live: Mapping[tuple[str, str | None], int],
+        now: float,
+        *,
+        used: Mapping[tuple[str, str | None], Mapping[str, float]] | None = None,
+        policy: str = PACK,
+        reserve_after_s: float | None = RESERVE_AFTER_S,
+        reservations: dict[tuple[str, str], Hold] | None = None,
+        matched: dict[tuple[Constraint, ...], list[tuple[str, str]]] | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.sign = sign = 1.0 if policy == PACK else -1.0
+        self.peers = peers
+        self.now = now
+        self.reserve_after_s = reserve_after_s
+        self.matched = matched if matched is not None else {}
+        self.holds = holds = reservations if reservations is not None else {}
+        self.holder = {hold.job_id: key for key, hold in holds.items()}  # job → the backend held for it
+        self.reachable = reachable = [peer for peer in peers if peer.is_reachable(now)]
+        slots = free_slots(reachable, live)
+        self.rooms: dict[tuple[str, str], _Room] = {}
+        self.rooms_of_peer: dict[str, list[_Room]] = {}
+        for peer in reachable:
+            for backend in peer.backends:
+                key = (peer.peer_id, backend.name)
+                room = self.rooms[key] = _Room(peer.peer_id, backend, slots[key],
+                                               None if used is None else used.get(key, {}), sign)
+                self.rooms_of_peer.setdefault(peer.peer_id, []).append(room)
+        # Jobs mostly share a few kinds: match each against the peers once, and keep its
+        # candidates in a heap so each placement costs log(backends).
+        self._kinds: dict[tuple, _Kind] = {}
+        # The same, by the identity of (constraints, resources, preferences): claimed rows
+        # share these objects (their decoders cache them), and ids hash cheaper than values.
+        # Each entry keeps its objects alive, so their ids stay theirs.
+        self._by_id: dict[tuple[int, int, int], tuple[_Kind, tuple]] = {}
+        # Improving rooms that changed (see _Kind), oldest first, each with the number of
+        # the newest such change; kinds replay those after the one they saw last.
+        self._changed: dict[_Room, int] = {}
+        self._seq = 0
+        # Room only shrinks during a run, so a kind of job that had to wait once would wait
+        # again for the same reasons: explain it once (again when holds change).
+        self._explained: dict[tuple, Waiting] = {}
+        self._no_hold: set[tuple] = set()  # kinds that found every backend they could hold taken
+
+    def has_room(self) -> bool:
+        """Does any reachable backend still have a free slot?"""
+        return any(room.slots > 0 for room in self.rooms.values())
+
+    def release(self, placement: Placement, resources: Resources | Mapping[str, object] | None = None) -> None:
+        """Give back the slot and ``resources`` (the job's request; None: the default) of
+        ``placement``, made by this run, whose commit failed: later batches may use them."""
+        room = self.rooms.get((placement.peer_id, placement.backend))
+        if room is None:
+            return
+        room.give(as_resources(resources).units)
+        # Rooms only shrank until now; the heaps, explanations and the rooms dropped from
+        # heaps relied on it. Holds and what no kind could hold depend on totals: kept.
+        self._kinds.clear()
+        self._by_id.clear()
+        self._changed.clear()
+        self._explained.clear()
+
+    def place(self, jobs: Iterable[QueuedJob]) -> tuple[list[Placement], list[Waiting]]:
+        """Place ``jobs`` in order after everything placed before; return placements and jobs left waiting."""
+        rooms, rooms_of_peer, holds, holder, sign = self.rooms, self.rooms_of_peer, self.holds, self.holder, self.sign
+        kinds, by_id, changed, explained = self._kinds, self._by_id, self._changed, self._explained
+        reserve_after_s = self.reserve_after_s
+        placements: list[Placement] = []
+        waiting: list[Waiting] = []
+        last = (None, None, None)
+        kind: _Kind | None = None
+        for job in jobs:
+            resources = job.resources
+            if resources.__class__ is not Resources:
+                resources = as_resources(resources)
+            units = resources.units
+            pinned = job.pinned_peer_id
+            if pinned:
+                choice = _place_pinned(job, units, rooms_of_peer.get(pinned), holds, sign)
             else:
-                choice = kind.best(holds, job.job_id)
-        if choice is None:
-            holding = None
-            if reserve_after_s is not None and job.waited_s >= reserve_after_s:
-                holding = holder.get(job.job_id) or _reserve(job, units, kind, rooms_of_peer, holds, no_hold)
+                # Consecutive jobs are mostly of one kind: identity checks skip the lookup.
+                constraints, preferences = job.constraints, job.preferences
+                if last[0] is not constraints or last[1] is not resources or last[2] is not preferences:
+                    last = (constraints, resources, preferences)
+                    found = by_id.get((id(constraints), id(resources), id(preferences)))
+                    if found is None:
+                        kind = kinds.get(last)
+                        if kind is None:
+                            kind = kinds[last] = self._kind(constraints, units, preferences)
+                        by_id[(id(constraints), id(resources), id(preferences))] = (kind, last)
+                    else:
+                        kind = found[0]
+                if kind.seen != self._seq:
+                    kind.replay(changed, self._seq)
+                if job.avoid_peers:
+                    choice = _place_avoiding(job, kind, holds)
+                else:
+                    choice = kind.best(holds, job.job_id)
+            if choice is None:
+                holding = None
+                if reserve_after_s is not None and job.waited_s >= reserve_after_s:
+                    holding = holder.get(job.job_id) or _reserve(job, units, kind, rooms_of_peer, holds,
+                                                                 self._no_hold)
+                    if holding is not None:
+                        holder[job.job_id] = holding
+                if pinned or job.avoid_peers:
+                    key = (job.constraints, resources, pinned, job.avoid_peers, len(holds))
+                else:
+                    key = (kind, len(holds))  # (kinds are per run, hashed by identity: cheap)
+                why = explained.get(key)
+                if why is None:
+                    why = explained[key] = _explain(job, units, self.peers, rooms, self.now, holds)
+                rule = why.rule
                 if holding is not None:
-                    holder[job.job_id] = holding
-            if job.pinned_peer_id or job.avoid_peers:
-                key = (job.constraints, resources, job.pinned_peer_id, job.avoid_peers, len(holds))
-            else:
-                key = (kind, len(holds))  # (kinds are per run, hashed by identity: cheap)
-            why = explained.get(key)
-            if why is None:
-                why = explained[key] = _explain(job, units, peers, rooms, now, holds)
-            rule = why.rule
-            if holding is not None:
-                rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
-                        f"(waiting {reserve_after_s:g}s or more)")
-            waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
-            continue
-        choice.take(units)
-        if choice.improves:
-            changes.append(choice)
-        if not job.pinned_peer_id and not job.avoid_peers and kind.seen >= len(changes) - choice.improves:
-            # The usual case: this kind chose its heap's top; re-rank it in place.
-            if choice.slots > 0 and (choice.legacy or choice.fits(units)):
-                heapreplace(kind.heap, kind.entry(choice))
-            else:
-                heappop(kind.heap)
-            kind.seen = len(changes)
-        placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
-    return placements, waiting
+                    rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
+                            f"(waiting {reserve_after_s:g}s or more)")
+                waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
+                continue
+            choice.take(units)
+            improves = choice.improves
+            if improves:
+                seq = self._seq = self._seq + 1
+                changed.pop(choice, None)  # (re-added last: the dict stays in order of change)
+                changed[choice] = seq
+            if not pinned and not job.avoid_peers and kind.seen >= self._seq - improves:
+                # The usual case: this kind chose its heap's top; re-rank it in place.
+                if choice.slots > 0 and (choice.legacy or choice.fits(units)):
+                    heapreplace(kind.heap, kind.entry(choice))
+                else:
+                    heappop(kind.heap)
+                kind.seen = self._seq
+            placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
+        return placements, waiting
+
+    def _kind(self, constraints: tuple[Constraint, ...], units: tuple[tuple[str, int], ...],
+              preferences: tuple[Constraint, ...]) -> _Kind:
+        matching = self.matched.get(constraints)
+        if matching is None:
+            matching = self.matched[constraints] = [
+                (peer.peer_id, backend.name)
+                for peer in self.reachable
+                for backend in peer.backends
+                if matches_all(constraints, backend.attributes)
+            ]
+        rooms = self.rooms
+        return _Kind([rooms[m] for m in matching if m in rooms], units, preferences, self.sign, self._seq)
 
 
 def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold],

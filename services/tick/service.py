@@ -8,9 +8,9 @@ Each run: (1) queued jobs past ``deadline_s`` become ``unschedulable``;
 (2) live jobs of peers unreachable for longer than the grace period are
 recovered (requeued, or failed when out of retries; pinned jobs never move);
 (3) queued jobs are claimed in priority order, in batches, with ``FOR UPDATE
-SKIP LOCKED``, placed by the pure ``assign_queued`` on reachable matching peers
-with free slots, committed with a compare-and-set that bumps the epoch, and only
-then announced on ``assign.<peer>``.
+SKIP LOCKED``, placed by one pure ``PlacementRun`` per run (shared/placement.py)
+on reachable matching peers with room, committed with a compare-and-set that
+bumps the epoch, and only then announced on ``assign.<peer>``.
 """
 
 from __future__ import annotations
@@ -45,10 +45,8 @@ from shared.placement import (
     POLICIES,
     RESERVE_AFTER_S,
     Placement,
+    PlacementRun,
     Waiting,
-    add_usage,
-    assign_queued,
-    free_slots,
 )
 from shared.records import AssignedJob, ClaimedJob
 from shared.resources import Resources
@@ -110,16 +108,6 @@ class _Batch:
     def cursor(self) -> tuple[int, datetime, str]:
         last = self.rows[-1]
         return (-last.priority, last.submitted_at, last.job_id)
-
-
-@dataclass
-class _Run:
-    """What every batch of one placement run shares (see assign_queued)."""
-
-    live: dict  # slots in use per (peer, backend)
-    used: dict  # resources in use per (peer, backend)
-    matched: dict = field(default_factory=dict)  # constraint set → matching backends
-    reservations: dict = field(default_factory=dict)  # backends held for starving jobs, fresh per run
 
 
 class Tick(Service):
@@ -303,25 +291,28 @@ class Tick(Service):
         now = self.clock.monotonic()
         if not any(p.is_reachable(now) for p in peers):
             return
-        # Slots in use are counted once per run; placements this run makes are added
-        # as they go, so each batch costs its own rows, not a scan of every live job.
+        # Slots and resources in use are counted once per run; the run's placement state
+        # takes each placement's share as it goes (and gets back those whose CAS lost),
+        # so each batch costs its own rows, not a scan of every live job. Kinds, holds
+        # and explanations live for the run, not a batch.
         live = dict(await self.store.job_count_live())
-        run = _Run(live, await self.store.job_sum_live_usage())
+        run = PlacementRun(peers, live, now, used=await self.store.job_sum_live_usage(),
+                           policy=self.settings.policy, reserve_after_s=self.settings.reserve_after_s)
         # The second batch in flight needs a second connection; a pool of one cannot.
         pipelined = self.store.max_connections > 1
         batch = following = None
         async with contextlib.AsyncExitStack() as connections:
             try:
                 batch = await self._claim_batch(await connections.enter_async_context(self.store.connection()),
-                                                None, peers, run, now)
+                                                None, run)
                 spare = None  # the second connection, taken only when a second batch is needed
                 while batch is not None:
                     following = None
-                    more = len(batch.rows) == self.settings.batch_size and self._slots_left(peers, live, now)
+                    more = len(batch.rows) == self.settings.batch_size and run.has_room()
                     if more and pipelined:
                         spare = spare or await connections.enter_async_context(self.store.connection())
                         committed, claimed = await asyncio.gather(
-                            self._commit_batch(batch), self._claim_batch(spare, batch.cursor, peers, run, now),
+                            self._commit_batch(batch), self._claim_batch(spare, batch.cursor, run),
                             return_exceptions=True)
                         if not isinstance(claimed, BaseException):
                             following = claimed
@@ -334,19 +325,14 @@ class Tick(Service):
                     else:
                         committed = await self._commit_batch(batch)
                         await self._announce_batch(batch, committed, run, result)
-                        batch = (await self._claim_batch(batch.store, batch.cursor, peers, run, now)
-                                 if more else None)
+                        batch = await self._claim_batch(batch.store, batch.cursor, run) if more else None
             finally:
                 # Whatever stopped us (an error, shutdown), no claim stays open.
                 for left in (batch, following):
                     if left is not None and not left.claim.finished:
                         await left.claim.rollback_quietly()
 
-    @staticmethod
-    def _slots_left(peers, live, now: float) -> bool:
-        return sum(free_slots([p for p in peers if p.is_reachable(now)], live).values()) > 0
-
-    async def _claim_batch(self, bound: Store, cursor, peers, run: _Run, now: float) -> _Batch | None:
+    async def _claim_batch(self, bound: Store, cursor, run: PlacementRun) -> _Batch | None:
         """Open a transaction on ``bound``'s connection, claim the next batch after ``cursor``
         and place it (None: queue drained)."""
         claim = await bound.begin()
@@ -356,18 +342,11 @@ class Tick(Service):
                 await claim.rollback()
                 return None
             jobs = [queued_job_from_row(r) for r in rows]
-            placements, waiting = assign_queued(
-                jobs, peers, run.live, now, run.matched, used=run.used, policy=self.settings.policy,
-                reserve_after_s=self.settings.reserve_after_s, reservations=run.reservations)
+            placements, waiting = run.place(jobs)
         except BaseException:
             await claim.rollback_quietly()
             raise
-        resources = {job.job_id: job.resources for job in jobs}
-        for p in placements:
-            key = (p.peer_id, p.backend)
-            run.live[key] = run.live.get(key, 0) + 1
-            add_usage(run.used, key, resources[p.job_id])
-        return _Batch(bound, claim, rows, placements, waiting, resources)
+        return _Batch(bound, claim, rows, placements, waiting, {job.job_id: job.resources for job in jobs})
 
     async def _commit_batch(self, batch: _Batch) -> list[AssignedJob]:
         """Assign (CAS on epoch, changelog in the same statement), explain the rest, commit."""
@@ -384,16 +363,14 @@ class Tick(Service):
         await batch.claim.commit()
         return moved
 
-    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], run: _Run,
+    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], run: PlacementRun,
                               result: TickResult) -> None:
         """After commit: give back slots and resources of lost CASes, then tell agents and watchers."""
         crash_point("tick_after_commit")
         result.waiting += len(batch.waiting)
         placed = {p.job_id: p for p in batch.placements}
         for job_id in placed.keys() - {row.job_id for row in moved}:
-            p = placed[job_id]
-            run.live[(p.peer_id, p.backend)] -= 1
-            add_usage(run.used, (p.peer_id, p.backend), batch.resources[job_id], -1)
+            run.release(placed[job_id], batch.resources[job_id])
         priority_of = {r.job_id: r.priority for r in batch.rows}
         now_dt = self.clock.now()
         for row in moved:

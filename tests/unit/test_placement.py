@@ -621,3 +621,158 @@ def test_a_job_is_never_blocked_by_its_own_hold():
     _, waiting = assign_queued([job("big", {"cpu": 8}, waited_s=1000)], peers, {}, NOW, reservations=held,
                                used={("a", "main"): {"cpu": 1}})
     assert waiting[0].holding == ("a", "main") and len(held) == 1
+
+
+# ---------------------------------------------------------------- one run, many batches (PlacementRun)
+
+from shared.placement import Placement, PlacementRun  # noqa: E402
+
+
+def split(draw, jobs):
+    """``jobs`` cut into consecutive batches at drawn points (empty batches included)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(jobs)), max_size=4)))
+    return [jobs[a:b] for a, b in zip([0, *cuts], [*cuts, len(jobs)], strict=True)]
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_a_run_placed_in_batches_places_exactly_what_one_call_does(data):
+    peers, live, used = data.draw(federations())
+    jobs = data.draw(queues([p.peer_id for p in peers]))
+    policy = data.draw(st.sampled_from(["pack", "spread"]))
+    used = used if data.draw(st.booleans()) else None
+    held_once: dict = {}
+    placed, waiting = assign_queued(jobs, peers, live, NOW, used=used, policy=policy, reservations=held_once)
+    held_run: dict = {}
+    run = PlacementRun(peers, live, NOW, used=used, policy=policy, reservations=held_run)
+    placed_run, waiting_run = [], []
+    for batch in split(data.draw, jobs):
+        p, w = run.place(batch)
+        placed_run += p
+        waiting_run += w
+    assert placed_run == placed
+    assert waiting_run == waiting  # rules, verdicts and holds too
+    assert held_run == held_once
+
+
+def test_a_run_never_reads_live_or_used_again():
+    peers = [sized_peer("a", slots=3, cpu=4)]
+    live, used = {("a", "main"): 1}, {("a", "main"): {"cpu": 1}}
+    run = PlacementRun(peers, live, NOW, used=used)
+    placed, _ = run.place([job("j0", {"cpu": 2})])
+    assert [p.job_id for p in placed] == ["j0"] and run.has_room()
+    assert live == {("a", "main"): 1} and used == {("a", "main"): {"cpu": 1}}  # not written
+    placed, waiting = run.place([job("j1", {"cpu": 2}), job("j2", {"cpu": 1})])
+    assert [p.job_id for p in placed] == ["j2"]  # 1 cpu left after j0: j1 waits
+    assert waiting[0].verdicts[0].detail == "matches but is short now: cpu: asked 2, 1 free (backend main)"
+    assert not run.has_room()  # 3 slots: 1 live, j0, j2
+
+
+def test_release_gives_the_room_back_to_later_batches():
+    peers = [sized_peer("a", slots=2, cpu=4), sized_peer("b", slots=5, cpu=2)]
+    run = PlacementRun(peers, {}, NOW, used={})
+    first, _ = run.place([job("big", {"cpu": 4}), job("s1")])
+    assert [(p.job_id, p.peer_id) for p in first] == [("big", "a"), ("s1", "b")]
+    # a is out of cpus: a job of the same kind waits, its kind's heap drops a, its wait is explained.
+    _, waiting = run.place([job("big2", {"cpu": 4})])
+    assert waiting[0].rule == "matching peers are full; waiting for free cpu"
+    run.release(first[0], Resources({"cpu": 4}))  # big's compare-and-set lost
+    placed, waiting = run.place([job("big3", {"cpu": 4}), job("big4", {"cpu": 4})])
+    assert [(p.job_id, p.peer_id) for p in placed] == [("big3", "a")]
+    assert waiting[0].job_id == "big4" and waiting[0].verdicts[0].code == "no_free_capacity"
+    # Slots come back too (a legacy backend counts only slots).
+    legacy = PlacementRun([make_peer("old", total=1)], {}, NOW)
+    one, _ = legacy.place([job("x")])
+    assert not legacy.has_room()
+    legacy.release(one[0])
+    assert legacy.has_room()
+    assert [p.job_id for p in legacy.place([job("y")])[0]] == ["y"]
+    # A placement on a backend the run does not know (gone since) is ignored.
+    legacy.release(Placement("z", 0, "nowhere", "main"))
+
+
+def test_release_lets_a_held_backend_take_its_job():
+    peers = [sized_peer("a", cpu=8)]
+    run = PlacementRun(peers, {}, NOW, used={})
+    small, _ = run.place([job("s", {"cpu": 6})])
+    _, waiting = run.place([job("big", {"cpu": 8}, waited_s=1000)])
+    assert waiting[0].holding == ("a", "main")
+    run.release(small[0], Resources({"cpu": 6}))
+    # The hold stays for the run; released room fits the held job (here, one requeued in a later batch).
+    placed, _ = run.place([job("other", {"cpu": 1}), job("big", {"cpu": 8}, waited_s=1000)])
+    assert [p.job_id for p in placed] == ["big"]
+
+
+def apply(placements, jobs, live, used):
+    """``live`` and ``used`` with ``placements`` added, as the tick counted them before PlacementRun."""
+    live, used = dict(live), {key: dict(amounts) for key, amounts in used.items()}
+    by_id = {j.job_id: j for j in jobs}
+    for p in placements:
+        key = (p.peer_id, p.backend)
+        live[key] = live.get(key, 0) + 1
+        add_usage(used, key, by_id[p.job_id].resources)
+    return live, used
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_after_releases_a_batch_places_as_a_fresh_run_with_what_was_kept(data):
+    # A run that gave back some placements places the next batch exactly as a fresh
+    # call that counts only the kept ones as live (the holds carried over).
+    peers, live, used = data.draw(federations())
+    ids = [p.peer_id for p in peers]
+    first = data.draw(queues(ids))
+    second = [j._replace(job_id=f"next-{j.job_id}") for j in data.draw(queues(ids))]
+    policy = data.draw(st.sampled_from(["pack", "spread"]))
+    held: dict = {}
+    run = PlacementRun(peers, live, NOW, used=used, policy=policy, reservations=held)
+    placed, _ = run.place(first)
+    lost = data.draw(st.lists(st.sampled_from(placed), unique=True)) if placed else []
+    by_id = {j.job_id: j for j in first}
+    for p in lost:
+        run.release(p, by_id[p.job_id].resources)
+    kept_live, kept_used = apply([p for p in placed if p not in lost], first, live, used)
+    expected = assign_queued(second, peers, kept_live, NOW, used=kept_used, policy=policy,
+                             reservations=dict(held))
+    got = run.place(second)
+    assert got[0] == expected[0]
+    assert [(w.job_id, w.holding) for w in got[1]] == [(w.job_id, w.holding) for w in expected[1]]
+    if lost:  # explanations are recomputed after a release, so they agree too
+        assert got[1] == expected[1]
+
+
+@given(st.data())
+@settings(max_examples=100, deadline=None)
+def test_placements_never_exceed_what_is_free_across_batches_and_releases(data):
+    peers, live, used = data.draw(federations())
+    jobs = data.draw(queues([p.peer_id for p in peers]))
+    policy = data.draw(st.sampled_from(["pack", "spread"]))
+    used = used if data.draw(st.booleans()) else None
+    run = PlacementRun(peers, live, NOW, used=used, policy=policy)
+    free = free_at_start(peers, live, used)
+    by_id = {j.job_id: j for j in jobs}
+    kept: list = []
+    for batch in split(data.draw, jobs):
+        placed, waiting = run.place(batch)
+        assert sorted([p.job_id for p in placed] + [w.job_id for w in waiting]) == sorted(j.job_id for j in batch)
+        kept += placed
+        if kept and data.draw(st.booleans()):
+            lost = data.draw(st.sampled_from(kept))
+            run.release(lost, by_id[lost.job_id].resources)
+            kept.remove(lost)
+        taken: dict = {}
+        for p in kept:
+            key = (p.peer_id, p.backend)
+            assert key in free
+            slots_taken, units_taken = taken.setdefault(key, [0, {}])
+            taken[key][0] += 1
+            for name, amount in by_id[p.job_id].resources.units:
+                units_taken[name] = units_taken.get(name, 0) + amount
+        for key, (slots_taken, units_taken) in taken.items():
+            slots_free, units_free = free[key]
+            assert slots_taken <= slots_free
+            if units_free is not None:
+                for name, amount in units_taken.items():
+                    assert amount <= units_free.get(name, 0), (key, name)
+    assert run.has_room() == any(slots - sum(1 for p in kept if (p.peer_id, p.backend) == key) > 0
+                                 for key, (slots, _) in free.items())
