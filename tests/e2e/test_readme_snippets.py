@@ -43,7 +43,6 @@ CI_HAS = {"node", "npm"}
 
 # What each snippet that runs must print (regular expressions, searched line by line).
 EXPECTED: dict[str, list[str]] = {
-    "producer-nats-cli": [r'"disposition":\s*"queue"'],
     "producer-node-run": [r"^\S+: queue$"],
     "python-client-run": [
         r"^\S+: queue \(rule 3",                   # submitted, queued for a GPU peer
