@@ -90,7 +90,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(path.read_text(errors="replace"))
     except OSError:
-        print(f"irisfed: logs are on peer {job.owner_peer_id} at {path}", file=sys.stderr)
+        from services.cli.views import printable
+
+        # The peer wrote log_dir: no terminal control from it.
+        print(printable(f"irisfed: logs are on peer {job.owner_peer_id} at {path}"), file=sys.stderr)
         return 1
     return 0
 

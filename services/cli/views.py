@@ -73,7 +73,9 @@ class Out:
         if self.mode == "table":
             self.console.print(Text.assemble(*parts))
             return
-        text = "".join(part.plain if isinstance(part, Text) else part for part in parts)
+        # One line whatever a producer put in a name or reason (``lit`` keeps tabs and
+        # newlines): a line break here would start a line a tool reads as a row.
+        text = _one_line("".join(part.plain if isinstance(part, Text) else part for part in parts))
         print(f"# {text.strip()}" if self.mode == "tsv" else text)
 
     def grid(self, grid: Grid) -> None:

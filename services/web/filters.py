@@ -14,7 +14,7 @@ import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 from shared.federation.peer import PEER_ID_PATTERN
@@ -145,4 +145,8 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise bad from None
     if at.tzinfo is None:
         raise bad
+    try:  # Postgres compares it in UTC: 9999-12-31T23:59-14:00 has no UTC datetime
+        at.astimezone(UTC)
+    except OverflowError:
+        raise bad from None
     return at, job_id

@@ -231,3 +231,76 @@ async def test_a_head_that_does_not_answer(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         await backend.discover()
     await backend.close()
+
+
+async def test_a_forged_submission_under_our_name_is_never_taken_for_our_run(
+        ray_head: RayHead, backends, tmp_path: Path) -> None:
+    """Anyone who reaches the dashboard may submit ``irisfed-<job>-e<epoch>`` with metadata
+    naming our peer (job ids and epochs are easy to guess). Found by attack: launch took
+    such a job, made before ours, for the run (idempotent launch) and reported its
+    outcome as the job's, whose command never ran; a restarted agent adopted one made
+    while it was down. Only what this peer submitted (the nonce in its run folder) is ours."""
+    from services.peer_agent.backends import ray_text
+
+    client = ray_head.job_client()
+    backend, restarted = backends(), backends()
+    forged_first, forged_while_down = job_id("forged"), job_id("forged-down")
+    for forged, epoch in ((forged_first, 1), (forged_while_down, 2)):
+        await asyncio.to_thread(client.submit_job, entrypoint="echo forged", metadata=ray_text.metadata(
+            "peer-a", forged, epoch), submission_id=ray_text.submission_id(forged, epoch), entrypoint_num_cpus=0.1)
+
+    with pytest.raises(LaunchError, match="not this peer's run"):
+        await backend.launch(RunSpec(forged_first, 1, ["sh", "-c", "exit 3"], resources={"cpu": 0.5}))
+    # The agent accepted (job, 2) and died before it submitted anything: nothing to adopt.
+    assert await restarted.adopt(LiveRun(forged_while_down, 2, "")) is None
+
+    # What this peer did submit stays its own: a second launch and a restarted agent find it.
+    ours = RunSpec(job_id("ours"), 1, ["sh", "-c", "exit 4"], resources={"cpu": 0.5})
+    handle = await backend.launch(ours)
+    assert (await backend.launch(ours)).submission_id == handle.submission_id
+    adopted = await restarted.adopt(LiveRun(ours.job_id, 1, ""))
+    assert adopted is not None and await adopted.wait() == 4
+
+
+async def test_a_head_that_accepts_and_never_answers_holds_only_the_backends_own_threads(tmp_path: Path) -> None:
+    """Found by attack: with a dashboard that accepts connections and never answers, the
+    agent's discovery loop (giving up after two heartbeat intervals) started one more
+    blocking request per interval, each holding a thread of the event loop's default
+    executor for the 30 s call timeout: within seconds every ``to_thread`` of the agent
+    (run folders, logs, other backends, host name lookups of a reconnect) waited ~26 s."""
+    import socket
+    import threading
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    backend = RayBackend(f"http://127.0.0.1:{silent.getsockname()[1]}", tmp_path, "peer-a", call_timeout_s=30)
+    heartbeat_s = 0.1
+    loop = asyncio.get_running_loop()
+    try:
+        until = loop.time() + 3.0
+        while loop.time() < until:  # what the agent's discovery loop does
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(backend.discover(), timeout=2 * heartbeat_s)
+            await asyncio.sleep(heartbeat_s)
+        listing = asyncio.ensure_future(backend.list_runs())  # a call to the head: waits in the backend's threads
+        started = loop.time()
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), timeout=5) == "free"
+        assert loop.time() - started < 1.0
+        assert len(accepted) <= 2  # one discovery request in flight, however many heartbeats passed
+        listing.cancel()
+    finally:
+        await backend.close()
+        silent.close()
+        for conn in accepted:
+            conn.close()

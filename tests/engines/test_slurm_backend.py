@@ -317,3 +317,57 @@ async def test_a_hung_or_missing_command_is_a_clear_error(tmp_path: Path, monkey
     hang.unlink()
     with pytest.raises(LaunchError, match="cannot run squeue"):
         await backend.launch(_spec(["true"]))
+
+
+async def test_a_failed_sbatch_that_created_its_job_is_followed_but_a_refused_one_is_not(
+    backend: SlurmBackend, slurm_env: SlurmCluster, peer_id: str,
+) -> None:
+    """sbatch may fail after slurmctld took the job (its answer lost): that job is the run.
+    A submission Slurm refused is also listed (FAILED, Reason=BadConstraints): no run."""
+    taken, refused = _spec(["true"]), _spec(["true"])
+    comment = f"--comment=irisfed:{peer_id}"
+    quiet = ["-D", "/tmp", "-o", "/dev/null", "-c", "1", "--mem=64"]
+    slurm_env.run("sbatch", "-J", job_name(taken.job_id, 1), comment, *quiet, "--wrap", "true")
+    slurm_env.run("sbatch", "-J", job_name(refused.job_id, 1), comment, *quiet, "--gres=gpu:h100:99",
+                  "--wrap", "true", check=False)
+    lost = SlurmError("sbatch exited 1: Socket timed out on send/recv operation")
+
+    made = await backend._submitted_anyway(job_name(taken.job_id, 1), lost)
+    assert made is not None and made.job_id == taken.job_id
+    assert await _ended(backend.follow(made.slurm_id, taken.job_id, 1)) == 0
+    assert await backend._submitted_anyway(job_name(refused.job_id, 1), lost) is None
+    assert await backend._submitted_anyway(job_name("never-submitted", 1), lost) is None
+
+
+async def test_a_job_another_user_names_as_our_run_is_never_taken_for_it(
+    backend: SlurmBackend, slurm_env: SlurmCluster, peer_id: str,
+) -> None:
+    """Another user of the cluster submits ``irisfed-<job>-e<epoch>`` with our comment
+    before we launch it: the backend lists only its own user's jobs (``squeue --me``),
+    so it never lists, adopts, kills or follows that job, and launches its own."""
+    import os
+    import subprocess
+
+    spec = _spec(["sh", "-c", "exit 5"])
+    for folder in slurm_env.conf_path.parents:  # the user `nobody` must reach the config and munge
+        if folder == Path("/tmp") or folder == Path("/"):
+            break
+        os.chmod(folder, os.stat(folder).st_mode | 0o001)
+    forged = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sbatch", "--parsable",
+         "-J", job_name(spec.job_id, 1), f"--comment=irisfed:{peer_id}", "-D", "/tmp", "-o", "/dev/null",
+         "-c", "1", "--mem=64", "--wrap", "sleep 20"],
+        env=slurm_env.client_env(), capture_output=True, text=True, timeout=60, check=False)
+    if forged.returncode != 0:
+        pytest.skip(f"cannot submit as another user here: {forged.stderr.strip()}")
+    forged_id = forged.stdout.strip().split(";")[0]
+    try:
+        assert await backend.list_runs() == []
+        assert await backend.adopt(LiveRun(spec.job_id, 1, "")) is None
+        assert await backend.kill_leftover(spec.job_id, 1) is False
+        handle = await backend.launch(spec)
+        assert handle.slurm_id != forged_id
+        assert await _ended(handle) == 5
+        assert _job(slurm_env, forged_id)["JobState"] in ("PENDING", "RUNNING", "COMPLETED")  # untouched
+    finally:
+        slurm_env.run("scancel", forged_id, check=False)

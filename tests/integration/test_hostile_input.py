@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from services.common import db as dbmod
 from services.common.bus import connect_client
 from services.router.service import Router
-from shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES
+from shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES, SubmitRequest, decode_request
 from tests.infra.factories import make_config
 
 ERROR_CODES = {"invalid_request", "conflict", "unknown_peer", "unavailable", "not_found"}
@@ -93,13 +93,22 @@ bad_ops = st.text(max_size=12).filter(
     lambda s: s not in {"eq", "ne", "exists", "not_exists", "gt", "ge", "lt", "le", "in"})
 unknown_pins = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True).filter(lambda s: s not in PEERS)
 
+def _not_a_valid_submit(data: bytes) -> bool:
+    """Random bytes can spell a valid submit (hypothesis once found ``{"command":["!"]}``)."""
+    try:
+        decode_request(SubmitRequest, data)
+    except Exception:  # noqa: BLE001 - any refusal is what we want here
+        return True
+    return False
+
+
 hostile_submits = st.one_of(
-    st.binary(max_size=300),
+    st.binary(max_size=300).filter(_not_a_valid_submit),
     st.builds(lambda v: {"command": v}, not_a_command),
     st.builds(lambda v, k: {"command": ["x"], k: v}, json_values,
               st.text(min_size=1, max_size=12).filter(lambda k: k not in {
                   "command", "job_id", "name", "env", "constraints", "cluster_pin", "priority",
-                  "max_retries", "deadline_s", "labels"})),
+                  "max_retries", "deadline_s", "labels", "resources", "preferences"})),
     st.builds(lambda n: {"command": ["x"] * n}, st.integers(257, 2000)),
     st.builds(lambda n: {"command": ["x" * n]}, st.integers(4097, 20_000)),
     st.builds(lambda d: '{"command": ["x"], "env": ' + "[" * d + "]" * d + "}", st.integers(50, 3000)),
@@ -179,3 +188,43 @@ def test_a_nul_submit_never_fails_the_batch_it_arrives_with(router):
     assert_error(replies.pop(10), {"invalid_request"})
     assert all(r.get("state") in {"queued", "assigned", "rejected"} for r in replies), replies
     assert router.rows() == 40  # 20 jobs and their changelog rows; nothing of the NUL one
+
+
+async def test_a_producer_cannot_squat_the_ids_the_router_will_generate(pool, servers, subject_prefix):
+    """Found by attack: a generated id was the time, a tag fixed per router process and a
+    counter, so one reply told a producer every id the router would make in the next
+    seconds. Submitting those ids first (as its own job_ids) made every other producer's
+    submit in that window fail with ``conflict`` for an id it never chose (and the same
+    guesses name other producers' jobs for ``cancel``)."""
+    from shared.ids import ALPHABET, TIME_CHARS
+
+    def base32(value: int) -> str:
+        return "".join(ALPHABET[(value >> (5 * i)) & 31] for i in reversed(range(TIME_CHARS)))
+
+    service_nc, client = await connect_client(servers.nats_url), await connect_client(servers.nats_url)
+    router = Router(make_config(subject_prefix=subject_prefix), pool, service_nc)
+    await router.start()
+
+    async def submit(body: dict) -> dict:
+        reply = await client.request(f"{subject_prefix}.submit", json.dumps(body).encode(), timeout=10)
+        return json.loads(reply.data)
+
+    try:
+        mine = (await submit({"command": ["true"], "cluster_pin": "home"}))["job_id"]
+        made_ms = sum(ALPHABET.index(c) << (5 * i) for i, c in enumerate(reversed(mine[:TIME_CHARS])))
+        rest = mine[TIME_CHARS:]  # the tag and the counter: the same for the next ids, but the count 0
+        guesses = [base32(ms) + rest[:-3] + "000" for ms in range(made_ms + 1500, made_ms + 6000)]
+        for start in range(0, len(guesses), 250):
+            await asyncio.gather(*(submit({"job_id": g, "command": ["squat"], "cluster_pin": "home"})
+                                   for g in guesses[start:start + 250]))
+        victims = []
+        for _ in range(20):  # other producers, in the window the squatter covered
+            victims.append(await submit({"command": ["echo", "victim"], "cluster_pin": "home"}))
+            await asyncio.sleep(0.1)
+        assert [v.get("error") for v in victims] == [None] * 20, victims
+        assert all(not v["duplicate"] for v in victims)
+        assert len({v["job_id"] for v in victims}) == 20
+    finally:
+        await router.close()
+        await service_nc.close()
+        await client.close()

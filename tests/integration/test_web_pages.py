@@ -279,6 +279,8 @@ async def test_filters_and_pagination_return_the_right_rows_in_order(client, poo
     "after=PHNjcmlwdD4",  # base64 of "<script>"
     "after=MjAyNi0wMS0wMXxqb2I",  # "2026-01-01|job": no time zone
     "after=MjAyNi0wMS0wMVQwMDowMDowMCswMDowMHw8c2NyaXB0Pg",  # a job id that is no job id
+    "after=OTk5OS0xMi0zMVQyMzo1OTo1OS0xNDowMHxqb2I",  # 9999-12-31T23:59:59-14:00: past the end of time in UTC (was a 500)
+    "after=MDAwMS0wMS0wMVQwMDowMDowMCsxNDowMHxqb2I",  # 0001-01-01T00:00:00+14:00: before its start (was a 500)
     "state=queued&state=running",
     "&".join(f"label=k{i}%3Dv" for i in range(9)),
 ])

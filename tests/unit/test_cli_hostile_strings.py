@@ -114,3 +114,21 @@ def test_top_dashboard_shows_strings_literally():
     text = render(frame)
     assert_literal(text)
     assert "queued=1" in text
+
+
+def test_logs_elsewhere_names_the_peers_folder_without_terminal_control(monkeypatch, capsys):
+    # Found by attack: the agent writes log_dir; `irisfed logs` printed it raw on stderr.
+    import argparse
+
+    from services.cli import reads
+
+    job = job_row(log_dir=f"/nowhere/{ESC}\u202e/x", owner_peer_id="gpu-west", state=JobState.RUNNING)
+
+    async def fake_with_store(args, read):
+        return job
+
+    monkeypatch.setattr(reads, "with_store", fake_with_store)
+    assert reads.cmd_logs(argparse.Namespace(job_id="j1", stderr=False)) == 1
+    err = capsys.readouterr().err
+    assert "logs are on peer gpu-west" in err
+    assert "\x1b" not in err and "\u202e" not in err and "\\x1b[31mred" in err

@@ -73,3 +73,39 @@ def test_job_lines_become_comments_in_tsv(capsys):
     out = views.Out("tsv")
     out.line("  owner       ", views.lit("gpu-west"))
     assert capsys.readouterr().out == "# owner       gpu-west\n"
+
+
+# Producers choose names, labels, commands and reasons; peers choose explanation details.
+HOSTILE_CELL = "a\tb\nFAKE\trow\r\x1b[31m\u202eevil\u2028x\x85y"
+
+
+@pytest.mark.parametrize("mode", ["plain", "tsv"])
+def test_hostile_job_and_explain_lines_stay_one_line_each(mode, capsys):
+    # Found by attack: a name holding "\n" and "\t" printed a line of its own that read
+    # like a TSV row (no "# "), so `irisfed job X -o tsv | ...` could be fed fake rows.
+    from tests.infra import rows
+
+    spec = {"command": ["echo", HOSTILE_CELL], "name": HOSTILE_CELL, "labels": {HOSTILE_CELL: HOSTILE_CELL}}
+    explanation = {"by": HOSTILE_CELL, "rule": HOSTILE_CELL, "more": {HOSTILE_CELL: 2},
+                   "peers": [{"peer_id": HOSTILE_CELL, "code": HOSTILE_CELL, "detail": HOSTILE_CELL}]}
+    job = rows.job_row(spec=spec, reason=HOSTILE_CELL, state="running", explanation=explanation)
+    history = [rows.changelog_entry(detail=HOSTILE_CELL, actor=HOSTILE_CELL, peer_id=HOSTILE_CELL)]
+    views.print_job(job, history, views.Out(mode))
+    views.print_explain(job, history, views.Out(mode))
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\r\u202e\u2028\x85"), repr(out)
+    lines = out.split("\n")
+    assert lines.pop() == ""
+    assert sum("FAKE" in line for line in lines) >= 8  # every hostile value shown, each on its own line ...
+    assert not any(line.startswith("FAKE") for line in lines)  # ... never starting a line of its own
+    if mode == "tsv":
+        headers = {"seq\tat\tfrom\tto\tpeer\tepoch\tby\tdetail": 8, "peer\tverdict\tdetail": 3}
+        width = None
+        for line in lines:  # comments, a header, then rows as wide as their header
+            if line.startswith("# "):
+                assert "\t" not in line, line
+                width = None
+            elif line in headers:
+                width = headers[line]
+            else:
+                assert width is not None and len(line.split("\t")) == width, line

@@ -1,11 +1,12 @@
-"""Generated job ids: short, valid on the wire, increasing, never repeated by one generator."""
+"""Generated job ids: short, valid on the wire, increasing, never repeated by one
+generator, and not guessable from the ids a producer sees."""
 
 import re
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.ids import ALPHABET, MAX_COUNT, JobIds
+from shared.ids import ALPHABET, FIRST_SPAN, MAX_STEP, SPAN, TIME_CHARS, JobIds
 from shared.messages import JOB_ID_PATTERN
 
 
@@ -22,7 +23,7 @@ def test_ids_of_one_generator_strictly_increase_even_when_the_clock_stalls_or_go
     def clock():
         return now[0]
 
-    ids = JobIds(clock, tag=7)
+    ids = JobIds(clock)
     made = []
     for step in steps:
         now[0] += step - 1  # -1: back, 0: the same millisecond, more: forward
@@ -31,12 +32,29 @@ def test_ids_of_one_generator_strictly_increase_even_when_the_clock_stalls_or_go
 
 
 def test_more_than_a_milliseconds_worth_borrows_the_next_millisecond():
-    ids = JobIds(lambda: 1_000, tag=0)
-    made = [ids() for _ in range(MAX_COUNT + 2)]
+    ids = JobIds(lambda: 1_000, randbelow=lambda n: n - 1)  # the largest start and steps: the fewest ids
+    made = [ids() for _ in range((SPAN - FIRST_SPAN) // MAX_STEP + 2)]
     assert len(set(made)) == len(made) and made == sorted(made)
-    assert made[-1][:9] != made[0][:9]  # moved on to the next millisecond
+    assert made[-1][:TIME_CHARS] != made[0][:TIME_CHARS]  # moved on to the next millisecond
 
 
 def test_ids_sort_by_time_across_generators():
-    early, late = JobIds(lambda: 1_000, tag=31), JobIds(lambda: 1_001, tag=0)
+    early, late = JobIds(lambda: 1_000, randbelow=lambda n: n - 1), JobIds(lambda: 1_001, randbelow=lambda n: 0)
     assert early() < late()
+
+
+def test_what_follows_an_id_is_not_in_the_id():
+    # Found by attack (tests/integration/test_hostile_input.py): the part after the time
+    # was the same for every id of one router, so a producer could name the next ones.
+    now = [5_000]
+    ids = JobIds(lambda: now[0])
+    first = ids()
+    same_ms = {ids()[TIME_CHARS:] for _ in range(50)}
+    now[0] += 1
+    next_ms = {ids()[TIME_CHARS:] for _ in range(1)}
+    assert len(same_ms) == 50 and first[TIME_CHARS:] not in same_ms | next_ms
+    later = set()
+    for _ in range(200):  # each millisecond starts afresh
+        now[0] += 1
+        later.add(ids()[TIME_CHARS:])
+    assert len(later) == 200

@@ -87,6 +87,17 @@ HOSTILE = ["$(touch {pwned})", "`touch {pwned}`", "a b", "'quoted'", '"dq"', "se
            "new\nline", "*", "~", "$HOME", ""]
 
 
+def test_a_run_is_our_submission_only_when_it_carries_the_nonce_its_run_folder_recorded() -> None:
+    ours = text.metadata("peer-a", "job-1", 2, nonce="n0nce")
+    forged = text.metadata("peer-a", "job-1", 2)  # the name and metadata are no secret; the nonce is
+    assert text.owned_run("irisfed-job-1-e2", ours, "peer-a") == text.owned_run("irisfed-job-1-e2", forged, "peer-a")
+    assert text.submitted_by_us(ours, "n0nce")
+    assert not text.submitted_by_us(forged, "n0nce")
+    assert not text.submitted_by_us({**ours, text.META_NONCE: "guess"}, "n0nce")
+    assert not text.submitted_by_us(ours, None) and not text.submitted_by_us(forged, None)  # never submitted
+    assert text.submitted_by_us(forged, "") and not text.submitted_by_us(ours, "")  # a folder from before nonces
+
+
 def test_the_entrypoint_quotes_every_argument(tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"
     args = [arg.format(pwned=pwned) for arg in HOSTILE]

@@ -1,17 +1,22 @@
 """The ``ray`` backend: each run a job of a Ray cluster, through the Ray Jobs API.
 
-Every call to the head (``JobSubmissionClient``, blocking HTTP) runs in a thread
-with a timeout, so a slow or silent head never stalls the agent's loop; the client
+Every call to the head (``JobSubmissionClient``, blocking HTTP) runs in one of the
+backend's own threads (``CALL_THREADS``) with a timeout, so a slow or silent head never
+stalls the agent's loop nor takes the threads the rest of the agent uses; the client
 is made on first use (making it asks the head its version) and ``ray`` is imported
 only here (it is an optional extra). ``tooling/engines/ray.py`` records how the
 API behaves; ``ray_text.py`` holds the pure mapping both ways.
 
 - Launch submits ``irisfed-<job_id>-e<epoch>`` with metadata naming our peer, job
-  and epoch (peers sharing a cluster never list, adopt or kill each other's jobs),
+  and epoch (peers sharing a cluster never list, adopt or kill each other's jobs) and
+  a nonce first kept in the run folder (``NONCE_FILE``): anyone who reaches the
+  dashboard can submit a job with that name and metadata, so launch and ``adopt``
+  take only a job carrying the recorded nonce for our run (``ray_text.submitted_by_us``),
   the command as one quoted shell line, the job's environment (never the agent's)
   and its resources as entrypoint resources. A request no node could ever hold is
   refused here (``LaunchError``): Ray itself would keep it pending for 15 minutes
-  and then fail it. A submission id Ray already has is that run: launch returns it.
+  and then fail it. A submission id Ray already has with our nonce is that run:
+  launch returns it; without it, launch fails (someone else's job).
 - One poller task, started on the first launch or adoption and ended when nothing
   is left to follow (or by ``close``), asks ``list_jobs`` once per interval for all
   runs together, never once per run. ``engine_calls`` counts every call by name.
@@ -42,9 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
+import secrets
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +73,12 @@ log = EventLogger("peer-agent")
 # How long one call to the head may take (a generous bound on a busy head, not an
 # expectation: calls take well under a second).
 CALL_TIMEOUT_S = 30.0
+# Threads for calls to the head, the backend's own: a head that accepts connections and
+# never answers holds each call's thread for CALL_TIMEOUT_S, and must not hold the
+# event loop's default executor (file writes, host name lookups for reconnects).
+CALL_THREADS = 4
+# In a run's folder, written before it is submitted: the nonce in its Ray metadata.
+NONCE_FILE = "ray-submission"
 
 
 def _make_client(address: str, timeout_s: float) -> Any:
@@ -87,6 +102,30 @@ def _get_json(url: str, timeout_s: float) -> Any:
 def _not_found(error: BaseException) -> bool:
     """Whether a Jobs API call failed because the head has no such job (HTTP 404)."""
     return "status code 404" in str(error)
+
+
+def _prepare_run_dir(run_dir: Path) -> str:
+    """Make the run folder and its nonce (kept: a second launch of the run reuses it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / NONCE_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    nonce = secrets.token_hex(16)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(nonce)
+    return nonce
+
+
+def _recorded_nonce(run_dir: Path) -> str | None:
+    """The nonce a run folder recorded; "" for a folder without one (an older agent's),
+    None when there is no folder (this peer never submitted that run)."""
+    try:
+        return (run_dir / NONCE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return "" if run_dir.is_dir() else None
 
 
 def _write_outputs(run_dir: Path, stdout: str, stderr: str) -> None:
@@ -184,6 +223,8 @@ class RayBackend:
         self.polls = 0  # poller rounds: one list_jobs each, whatever the number of runs
         self._client: Any = None
         self._connecting = asyncio.Lock()
+        self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix=f"irisfed-ray-{peer_id}")
+        self._discovery: asyncio.Future[Discovered] | None = None  # the one in flight
         self._runs: dict[str, _RayRun] = {}  # followed, by submission id
         self._poller: asyncio.Task[None] | None = None
         self._report: text.ClusterReport | None = None
@@ -202,7 +243,7 @@ class RayBackend:
                 self.engine_calls["connect"] += 1
                 # Twice the call timeout: importing ray takes seconds on a busy machine.
                 self._client = await asyncio.wait_for(
-                    asyncio.to_thread(_make_client, self.address, self.call_timeout_s),
+                    self._in_thread(_make_client, self.address, self.call_timeout_s),
                     timeout=2 * self.call_timeout_s)
         return self._client
 
@@ -210,8 +251,12 @@ class RayBackend:
         """``JobSubmissionClient.<name>(...)`` in a thread, within the call timeout."""
         client = await self._connect()
         self.engine_calls[name] += 1
-        return await asyncio.wait_for(asyncio.to_thread(getattr(client, name), *args, **kwargs),
+        return await asyncio.wait_for(self._in_thread(getattr(client, name), *args, **kwargs),
                                       timeout=self.call_timeout_s)
+
+    def _in_thread(self, function: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """``function(...)`` in one of the backend's own threads (``CALL_THREADS``)."""
+        return asyncio.get_running_loop().run_in_executor(self._threads, functools.partial(function, *args, **kwargs))
 
     async def _job_info(self, submission_id: str) -> Any | None:
         """The head's ``JobDetails`` of a job, None when it has no such job."""
@@ -250,20 +295,20 @@ class RayBackend:
         if problem is not None:
             raise LaunchError(problem)
         try:
-            await asyncio.to_thread(self.run_dir(spec.job_id, spec.epoch).mkdir, parents=True, exist_ok=True)
+            nonce = await asyncio.to_thread(_prepare_run_dir, self.run_dir(spec.job_id, spec.epoch))
         except OSError as exc:
             raise LaunchError(f"cannot make the run folder: {exc.strerror or exc}") from exc
         try:
             await self.call(
                 "submit_job", entrypoint=entrypoint, submission_id=submission_id,
                 runtime_env={"env_vars": text.job_env(spec.env, spec.job_id, spec.epoch)},
-                metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch),
+                metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch, nonce),
                 **text.submit_resources(spec.resources, report.ray_names),
             )
         except Exception as exc:  # noqa: BLE001 - any failure to submit is a launch error
             if not text.already_exists(exc):
                 raise LaunchError(f"Ray did not take job {submission_id}: {exc!r}") from exc
-            try:  # launched before (by us, or by an earlier agent run): that is the run
+            try:  # launched before by this peer (the nonce says so): that is the run
                 handle = await self.adopt(LiveRun(spec.job_id, spec.epoch, submission_id))
             except Exception as info_exc:  # noqa: BLE001
                 raise LaunchError(f"Ray has job {submission_id} but cannot say whose: {info_exc!r}") from exc
@@ -343,6 +388,11 @@ class RayBackend:
         info = await self._job_info(submission_id)
         if not self._ours(info, submission_id, run.job_id, run.epoch):
             return None
+        recorded = await asyncio.to_thread(_recorded_nonce, self.run_dir(run.job_id, run.epoch))
+        if not text.submitted_by_us(info.metadata, recorded):
+            log.warning("ray_job_not_adopted", submission_id=submission_id, job_id=run.job_id, epoch=run.epoch,
+                        why="not submitted by this peer (no matching nonce in its run folder)")
+            return None
         state = text.job_state(info)
         if not state.terminal:
             return self.track(submission_id, run.job_id, run.epoch)
@@ -377,10 +427,19 @@ class RayBackend:
 
     async def discover(self) -> Discovered:
         """What the cluster has now, from ``GET /api/cluster_status`` (no driver needed);
-        kept for launch's check that a request fits."""
+        kept for launch's check that a request fits. One request at a time: a caller that
+        gives up (the agent's discovery loop does, after two heartbeat intervals) leaves
+        it to finish, and the next caller waits for that one instead of starting another
+        (a silent head would otherwise take one more thread per heartbeat)."""
+        if self._discovery is None or self._discovery.done():
+            self._discovery = asyncio.ensure_future(self._discover_once())
+            self._discovery.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return await asyncio.shield(self._discovery)
+
+    async def _discover_once(self) -> Discovered:
         self.engine_calls["cluster_status"] += 1
         payload = await asyncio.wait_for(
-            asyncio.to_thread(_get_json, self.address + "/api/cluster_status", self.call_timeout_s),
+            self._in_thread(_get_json, self.address + "/api/cluster_status", self.call_timeout_s),
             timeout=self.call_timeout_s)
         self._report = text.cluster_report(payload)
         return self._report.discovered
@@ -392,3 +451,6 @@ class RayBackend:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+        if self._discovery is not None:
+            self._discovery.cancel()
+        self._threads.shutdown(wait=False, cancel_futures=True)  # a call still hung ends by its own timeout

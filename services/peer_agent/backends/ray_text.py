@@ -19,6 +19,7 @@ See tooling/engines/ray.py for the measured behaviour of the API these follow.
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import re
 import shlex
@@ -31,6 +32,9 @@ from shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, SLOTS, 
 
 PREFIX = "irisfed-"
 META_PEER, META_JOB, META_EPOCH = "irisfed_peer", "irisfed_job", "irisfed_epoch"
+# A random value per run, kept in its run folder before it is submitted: anyone who
+# reaches the dashboard can submit a job with our name and metadata, but not this.
+META_NONCE = "irisfed_nonce"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 MIB = 1024 * 1024
 TPU = "tpu"
@@ -59,8 +63,21 @@ def parse_submission_id(text: str | None) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
-def metadata(peer_id: str, job_id: str, epoch: int) -> dict[str, str]:
-    return {META_PEER: peer_id, META_JOB: job_id, META_EPOCH: str(epoch)}
+def metadata(peer_id: str, job_id: str, epoch: int, nonce: str = "") -> dict[str, str]:
+    meta = {META_PEER: peer_id, META_JOB: job_id, META_EPOCH: str(epoch)}
+    return {**meta, META_NONCE: nonce} if nonce else meta
+
+
+def submitted_by_us(meta: Mapping[str, str] | None, recorded: str | None) -> bool:
+    """Whether a Ray job whose metadata names our run was submitted by this peer, given
+    the nonce its run folder ``recorded`` before submitting ("": a folder without one,
+    made by an agent that predates nonces; None: no run folder, so never submitted).
+    A job someone else made under our name (the name and metadata are no secret)
+    carries no nonce, or another one."""
+    if recorded is None:
+        return False
+    given = (meta or {}).get(META_NONCE, "")
+    return hmac.compare_digest(given.encode(), recorded.encode())
 
 
 def owned_run(sub_id: str | None, meta: Mapping[str, str] | None, peer_id: str) -> tuple[str, int] | None:

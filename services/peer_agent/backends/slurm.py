@@ -6,7 +6,9 @@ How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
 
 - the job ``irisfed-<job_id>-e<epoch>`` with comment ``irisfed:<peer_id>``: the
   name finds a run again after an agent restart (``list_runs``, ``adopt``,
-  idempotent ``launch``), the comment keeps peers sharing a cluster apart;
+  idempotent ``launch``, and a failed ``sbatch`` that created the job all the same),
+  the comment keeps peers sharing a cluster apart; only the agent's own Unix user's
+  jobs are ever listed (``squeue --me``), so other users cannot pass for our runs;
 - a batch script in the run's folder ``work_root/<job_id>/epoch-<n>`` (also the
   job's working directory, with its ``stdout`` and ``stderr``: the folder must be
   reachable from the compute nodes) that exports the job's environment and
@@ -63,6 +65,7 @@ from services.peer_agent.backends.slurm_text import (
     outcome,
     output_path,
     parse_nodes,
+    parse_scontrol_line,
     parse_scontrol_lines,
     parse_squeue,
     resource_args,
@@ -212,11 +215,22 @@ class SlurmBackend:
                 request = slurm_request(spec.resources, DEFAULT_MEMORY_MB_PER_CPU)
                 partition = await self._check_fits(request)
                 script = await asyncio.to_thread(self._write_script, spec)
-                stdout = await self._run(
-                    "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
-                    "-D", str(script.parent), "-o", output_path(str(script.parent / "stdout")),
-                    "-e", output_path(str(script.parent / "stderr")), "--export=ALL",
-                    *resource_args(request), str(script))
+                try:
+                    stdout = await self._run(
+                        "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
+                        "-D", str(script.parent), "-o", output_path(str(script.parent / "stdout")),
+                        "-e", output_path(str(script.parent / "stderr")), "--export=ALL",
+                        *resource_args(request), str(script))
+                except SlurmError as exc:
+                    # sbatch may fail (or time out) after slurmctld took the job ("Socket
+                    # timed out on send/recv"): that job is this run, started or not. Failing
+                    # the launch would hand the job back and run its command twice.
+                    made = await self._submitted_anyway(name, exc)
+                    if made is None:
+                        raise
+                    log.warning("slurm_submit_answer_lost", job_id=spec.job_id, epoch=spec.epoch,
+                                slurm_job=made.slurm_id, error=str(exc))
+                    return self.follow(made.slurm_id, spec.job_id, spec.epoch)
                 slurm_id = sbatch_job_id(stdout)
             except (SlurmError, ScriptError, ValueError) as exc:
                 raise LaunchError(str(exc)) from exc
@@ -225,6 +239,25 @@ class SlurmBackend:
         log.debug("slurm_job_submitted", job_id=spec.job_id, epoch=spec.epoch, slurm_job=slurm_id,
                   partition=partition)
         return self.follow(slurm_id, spec.job_id, spec.epoch)
+
+    async def _submitted_anyway(self, name: str, failure: SlurmError) -> SlurmJob | None:
+        """The job a failed ``sbatch`` of ``name`` created all the same, if Slurm lists one
+        (none was live before it ran: ``launch`` checked); None when it lists none or cannot
+        be asked (then the leftover scan cancels any that shows up later)."""
+        try:
+            made = choose_run(await self._jobs(name))
+            return made if made is not None and await self._ran(made) else None
+        except SlurmError as exc:
+            log.warning("slurm_submit_unconfirmed", slurm_job_name=name, error=str(failure), lookup=str(exc))
+            return None
+
+    async def _ran(self, job: SlurmJob) -> bool:
+        """Whether a listed job is a run (live, or ended after it started) and not a
+        submission Slurm refused: it keeps those as FAILED with Reason=BadConstraints."""
+        if job.live:
+            return True
+        fields = parse_scontrol_line(await self._run("scontrol", "show", "job", "-o", job.slurm_id))
+        return fields.get("Reason") != "BadConstraints"
 
     async def _check_fits(self, request: dict[str, int]) -> str:
         """The partition's name, once sure one of its nodes can hold ``request``."""
@@ -310,9 +343,12 @@ class SlurmBackend:
 
     async def adopt(self, run: LiveRun) -> _SlurmRun | None:
         """Follow (job, epoch)'s Slurm job, live or ended while no agent watched (then its
-        outcome comes with the next poll); None when Slurm knows no such job of ours."""
+        outcome comes with the next poll); None when Slurm knows no such job of ours, or
+        only a submission it refused (an agent killed before it handed the job back)."""
         chosen = choose_run(await self._jobs(job_name(run.job_id, run.epoch)), run.handle)
-        return None if chosen is None else self.follow(chosen.slurm_id, run.job_id, run.epoch)
+        if chosen is None or not await self._ran(chosen):
+            return None  # a refused submission is no run: the job is handed back and retried
+        return self.follow(chosen.slurm_id, run.job_id, run.epoch)
 
     async def kill_run(self, run: LiveRun) -> bool:
         live = [job for job in await self._jobs(job_name(run.job_id, run.epoch))
