@@ -31,6 +31,7 @@ from pathlib import Path
 
 from services.common.db_roles import login_roles, peer_role
 from services.common.nats_auth import render_server_config, role_permissions, with_credentials
+from services.common.private import write_private
 from shared.config import FederationConfig
 
 DATABASE = "irisfed"
@@ -55,9 +56,7 @@ def _keep_or_write(path: Path, make) -> str:
     if path.exists():
         return path.read_text()
     text = make()
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(text)
+    write_private(path, text)
     return text
 
 
@@ -84,14 +83,13 @@ def write_secrets(config: FederationConfig, out: Path, database: str = f"postgre
     if set(permissions) - set(nats_passwords):
         nats_passwords.update({r: secrets.token_urlsafe(24) for r in permissions if r not in nats_passwords})
         nats_passwords_file.write_text(json.dumps(nats_passwords, indent=2) + "\n")
-    (out / "nats.conf").write_text(render_server_config(permissions, nats_passwords))
-    (out / "nats.conf").chmod(0o600)
+    write_private(out / "nats.conf", render_server_config(permissions, nats_passwords))
 
     nats_base = nats
     for service, (role, user) in {**service_roles(config), "operator": (None, "operator")}.items():
         if role is not None:
-            _write(out / f"{service}.database-url", with_credentials(db_base, role, stored[role]))
-        _write(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]))
+            write_private(out / f"{service}.database-url", with_credentials(db_base, role, stored[role]) + "\n")
+        write_private(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]) + "\n")
     _keep_or_write(out / "web-operator-token", lambda: secrets.token_urlsafe(32) + "\n")
     written = sorted(set(out.iterdir()) | before)
     if owner is not None:
@@ -100,8 +98,3 @@ def write_secrets(config: FederationConfig, out: Path, database: str = f"postgre
                 os.chown(path, owner, owner)
     return written
 
-
-def _write(path: Path, text: str) -> None:
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(text + "\n")

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from services.common import db
+from services.common.private import write_private
 from services.common.redact import redact
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 from tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
@@ -50,17 +51,13 @@ NATS_PORT = 4222  # NATS's own default, so clients find it; else any free port, 
 
 def _write_private(path: Path, data: dict) -> None:
     """``data`` as JSON in ``path``, mode 0600 before any secret goes in."""
-    path.touch()
-    path.chmod(0o600)
-    path.write_text(json.dumps(data, indent=2))
+    write_private(path, json.dumps(data, indent=2))
 
 
 def _operator_token(path: Path) -> Path:
     """The dashboard's operator token file (0600), made once and kept across runs."""
     if not path.exists():
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-        path.write_text(secrets.token_urlsafe(32) + "\n")
+        write_private(path, secrets.token_urlsafe(32) + "\n")
     return path
 
 

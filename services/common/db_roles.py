@@ -14,6 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from services.common.private import write_private
 from services.common.store import Store
 from shared.config import FederationConfig
 
@@ -44,6 +45,4 @@ async def apply_roles(conn: Any, config: FederationConfig, given: dict[str, str]
 
 
 def write_passwords(path: Path, passwords: dict[str, str]) -> None:
-    path.touch()
-    path.chmod(0o600)
-    path.write_text(json.dumps(passwords, indent=2))
+    write_private(path, json.dumps(passwords, indent=2))

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from services.common.private import write_private
+
 # The NATS default; used when a URL names no user (or one that is not a plain subject token).
 DEFAULT_INBOX_PREFIX = "_INBOX"
 # Overrides the derived prefix, for NATS servers whose users follow another scheme.
@@ -152,7 +154,5 @@ class NatsAuth:
         folder.mkdir(parents=True, exist_ok=True)
         conf, creds = folder / "nats-auth.conf", folder / "nats-credentials.json"
         for path, text in ((conf, self.server_config()), (creds, json.dumps(self.passwords, indent=2))):
-            path.touch()
-            path.chmod(0o600)  # before the secret goes in
-            path.write_text(text)
+            write_private(path, text)
         return conf, creds
