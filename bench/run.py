@@ -3,7 +3,8 @@
 Every figure stands beside a baseline from the same run, as a ratio, because
 absolute numbers drift on shared machines. Servers are started here (Postgres
 with fsync on, NATS), like the tests do. The parts: ``baselines``,
-``sections`` (irisfed's figures), ``engines`` (real Slurm and Ray), ``web`` (the
+``sections`` (irisfed's figures), ``pgqueuer`` (the local queue a team might use
+instead, beside dispatch and submit), ``engines`` (real Slurm and Ray), ``web`` (the
 dashboard), ``deployment`` (a database and services per figure), ``load`` (closed
 and open loop), ``report`` (figures, table, JSON).
 """
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from bench.baselines import nats_baseline, postgres_baselines
 from bench.engines import engines_section
-from bench.report import Bench, Figure, Profile, print_table, write_json
+from bench.pgqueuer import missing as pgqueuer_missing
+from bench.pgqueuer import pgqueuer_section
+from bench.report import Bench, Figure, Profile, judge, print_table, write_json
 from bench.sections import (
     dispatch_bench,
     heartbeat_bench,
@@ -32,6 +35,7 @@ from tooling.servers import start_nats, start_postgres
 
 # Section name → (what it prints as it starts, the section), in the order they run.
 SECTIONS = {
+    "pgqueuer": ("pgqueuer (peer baseline: enqueue → start, concurrent enqueues)", pgqueuer_section),
     "submit": ("submit", submit_bench),
     "dispatch": ("dispatch", dispatch_bench),
     "tick": ("tick", tick_section),
@@ -43,6 +47,8 @@ SECTIONS = {
 # Left out of a --quick run that names no sections (CI's smoke run): they need root,
 # Slurm and Ray, and take minutes. `--quick --sections engines` runs them at quick sizes.
 NOT_IN_QUICK_DEFAULT = {"engines"}
+# What pgqueuer is compared with: choosing either brings it along, like the baselines.
+BESIDE_PGQUEUER = {"submit", "dispatch"}
 
 
 async def _run(bench: Bench, admin_url: str, nats_url: str, sections: set[str]) -> None:
@@ -57,18 +63,28 @@ async def _run(bench: Bench, admin_url: str, nats_url: str, sections: set[str]) 
 
 def chosen_sections(quick: bool, sections: set[str]) -> set[str]:
     """The sections to run: all of ``sections``, except that a --quick run of every
-    section (no --sections given) leaves out NOT_IN_QUICK_DEFAULT."""
-    if quick and sections == set(SECTIONS):
-        return sections - NOT_IN_QUICK_DEFAULT
-    return set(sections)
+    section (no --sections given) leaves out NOT_IN_QUICK_DEFAULT; ``pgqueuer`` too
+    when ``submit`` or ``dispatch`` runs, as their same-run peer baseline."""
+    chosen = set(sections)
+    if quick and chosen == set(SECTIONS):
+        chosen -= NOT_IN_QUICK_DEFAULT
+    if chosen & BESIDE_PGQUEUER:
+        chosen.add("pgqueuer")
+    return chosen
 
 
 def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]:
     chosen = chosen_sections(quick, sections)
-    if chosen != sections:
+    if sections - chosen:
         left_out = ",".join(sorted(sections - chosen))
         print(f"--quick leaves out {left_out} (irisfed bench --quick --sections {left_out} runs it)", flush=True)
-        sections = chosen
+    if "pgqueuer" in chosen - sections:
+        print("pgqueuer runs too: submit and dispatch are compared with it", flush=True)
+    sections = chosen
+    if "pgqueuer" in sections and (reason := pgqueuer_missing()) is not None:
+        # A clear stop before any server starts, not a table silently short of its peer rows.
+        raise SystemExit(f"irisfed bench: {reason}; the pgqueuer section, and submit and dispatch "
+                         "beside it, need it")
     folder = Path(tempfile.mkdtemp(prefix="irisfed-bench-"))
     os.chmod(folder, 0o755)
     bench = Bench(Profile(quick), folder)
@@ -77,6 +93,7 @@ def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]
         nats_server = servers.add_server(start_nats(folder / "nats", jetstream=False))
         postgres = servers.add_server(start_postgres(folder / "pg", durable=True))  # fsync on: the real cost of a commit
         asyncio.run(_run(bench, postgres.url, nats_server.url, sections))
+        judge(bench)
     finally:
         servers.close()
         shutil.rmtree(folder, ignore_errors=True)
