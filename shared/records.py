@@ -12,6 +12,7 @@ to attributes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,26 @@ import msgspec
 from shared.lifecycle import JobState
 
 # ---------------------------------------------------------------- rows handed to the store
+
+
+class Explanation:
+    """One distinct explanation of where jobs are (``job_explanations``), keyed by its content.
+
+    Built once per routing or placement decision and shared by every job it
+    explains: the store writes it once (if new) in the same statement as its jobs,
+    whose rows hold only the key. In a job's JSON it is its key (the store's encoder).
+    """
+
+    __slots__ = ("doc", "key", "verdicts")
+
+    def __init__(self, doc: bytes, verdicts: bytes | None = None) -> None:
+        self.doc = doc  # shared.explain's stored form, as JSON
+        self.verdicts = verdicts  # a rejected submit's reply verdicts (every peer), as JSON
+        digest = hashlib.sha256(doc)
+        if verdicts is not None:
+            digest.update(b"\n")
+            digest.update(verdicts)
+        self.key = digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +62,7 @@ class NewJob:
     priority: int
     deadline_s: float | None
     reason: str
-    explanation_json: str | None  # shared.explain's stored form, as JSON text
-    submit_reply_json: str  # the first reply, returned again to duplicates
+    explanation: Explanation | None  # stored once per decision; the row holds its key
     resources_json: str = '{"cpu":1}'  # the normalised request (shared.resources), as JSON text
 
 
@@ -132,8 +152,7 @@ class JobRow(Row, frozen=True, array_like=True):
     exit_code: int | None
     log_dir: str | None
     reason: str
-    explanation: dict[str, Any] | None
-    submit_reply: dict[str, Any]
+    explanation: dict[str, Any] | None  # job_explanations' document (joined)
     cancel_requested: bool
     cancel_requested_at: datetime | None
 
@@ -157,11 +176,17 @@ class JobSummary(Row, frozen=True, array_like=True):
 
 
 class SubmittedJob(Row, frozen=True, array_like=True):
-    """What answers a resubmission (``job_get_submitted``)."""
+    """What answers a resubmission (``job_get_submitted``): the job's spec hash and what its
+    first reply said, from the row and its first changelog row (which never change)."""
 
     job_id: str
     spec_hash: str
-    submit_reply: dict[str, Any]
+    disposition: str
+    pinned_peer_id: str | None
+    first_state: str  # the state it was created in
+    first_peer_id: str | None  # its owner then (LOCAL: the local cluster)
+    first_reason: str
+    verdicts: list[dict[str, Any]] | None  # a rejected job's, every peer
 
 
 class JobToCancel(Row, frozen=True, array_like=True):

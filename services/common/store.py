@@ -39,6 +39,7 @@ from shared.records import (
     ChartCount,
     ClaimedJob,
     ExpiredJob,
+    Explanation,
     FinishedJob,
     JobListRow,
     JobPageQuery,
@@ -82,6 +83,22 @@ _checked: set[str] = set()  # queries whose columns were checked against their r
 
 def _json(value: object) -> str:
     return _encoder.encode(value).decode()
+
+
+def _explanation_key(value: object) -> str:
+    # A job's JSON names its explanation by key; the document goes once per batch.
+    if isinstance(value, Explanation):
+        return value.key
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+_jobs_encoder = msgspec.json.Encoder(enc_hook=_explanation_key)
+
+
+def _explanations_json(explanations: Mapping[str, Explanation]) -> str:
+    return _json([{"key": key, "explanation": msgspec.Raw(e.doc),
+                   "verdicts": None if e.verdicts is None else msgspec.Raw(e.verdicts)}
+                  for key, e in explanations.items()])
 
 
 def _rows(name: str, kind: type[_R], records: Sequence[asyncpg.Record]) -> list[_R]:
@@ -212,8 +229,11 @@ class Store:
     # ------------------------------------------------------------ jobs: router
 
     async def job_insert_batch(self, jobs: Sequence[NewJob], statement_timeout_s: float | None = None) -> set[str]:
-        """Insert ``jobs`` (skipping existing ids); return the ids actually created."""
-        rows = await self._fetch("job_insert_batch", _json(jobs), limit_s=statement_timeout_s)
+        """Insert ``jobs`` (skipping existing ids) and their explanations not stored yet;
+        return the ids actually created."""
+        explanations = {j.explanation.key: j.explanation for j in jobs if j.explanation is not None}
+        rows = await self._fetch("job_insert_batch", _jobs_encoder.encode(jobs).decode(),
+                                 _explanations_json(explanations), limit_s=statement_timeout_s)
         return {r["job_id"] for r in rows}
 
     async def job_get_submitted(self, job_ids: Sequence[str],
@@ -314,7 +334,16 @@ class Store:
         if not explained:
             return
         job_ids, docs, reasons = zip(*explained, strict=True)
-        await self._execute("job_explain_batch", list(job_ids), [_json(d) for d in docs], list(reasons))
+        by_json: dict[bytes, Explanation] = {}  # a batch's waiting jobs share few explanations
+        keys = []
+        for doc in docs:
+            encoded = _encoder.encode(doc)
+            known = by_json.get(encoded)
+            if known is None:
+                known = by_json[encoded] = Explanation(encoded)
+            keys.append(known.key)
+        await self._execute("job_explain_batch", list(job_ids), keys, list(reasons),
+                            [e.key for e in by_json.values()], [e.doc.decode() for e in by_json.values()])
 
     async def job_expire_deadlines(self, limit: int = 1000) -> list[ExpiredJob]:
         return await self._all("job_expire_deadlines", ExpiredJob, limit)

@@ -13,7 +13,7 @@ from shared.federation.peer import Backend
 from shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
 from shared.lifecycle import CancelOutcome, JobState
 from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
-from shared.records import NewJob
+from shared.records import Explanation, NewJob, SubmittedJob
 from shared.resources import DEFAULT_RESOURCES, Resources
 
 # LOCAL jobs are created already assigned to the local agent, under this first epoch.
@@ -45,7 +45,7 @@ class Routed:
     backend: str | None
     epoch: int
     verdicts: tuple[PeerVerdictMsg, ...]  # in the reply of rejected jobs
-    explanation_json: str
+    explanation: Explanation  # stored once, however many jobs share it
 
 
 def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -> Routed:
@@ -61,21 +61,41 @@ def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -
         state, peer_id = JobState.QUEUED, plan.pinned_peer_id
     else:
         state, peer_id = JobState.REJECTED, ""
-    verdicts = tuple(PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts)
-    return Routed(
-        plan=plan, state=state, peer_id=peer_id, owner_peer_id=owner, backend=backend, epoch=epoch,
-        verdicts=verdicts if disposition is SubmitDisposition.REJECT else (),
-        explanation_json=encoder.encode(explanation("router", plan.reason, plan.verdicts)).decode(),
-    )
+    rejected = disposition is SubmitDisposition.REJECT
+    verdicts = tuple(PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts) if rejected else ()
+    # A rejected job's reply lists every peer's verdict and a duplicate must repeat it,
+    # so those are stored with the explanation (which lists only the first few).
+    stored = Explanation(encoder.encode(explanation("router", plan.reason, plan.verdicts)),
+                         encoder.encode(verdicts) if rejected else None)
+    return Routed(plan=plan, state=state, peer_id=peer_id, owner_peer_id=owner, backend=backend, epoch=epoch,
+                  verdicts=verdicts, explanation=stored)
+
+
+def submit_reply(job_id: str, disposition: str, state: str, peer_id: str, reason: str,
+                 verdicts: Sequence[PeerVerdictMsg], duplicate: bool = False) -> bytes:
+    """A submit's success reply (JSON): the first one, and the same again for duplicates."""
+    return encoder.encode(SubmitReply(job_id=job_id, disposition=disposition, state=state, peer_id=peer_id,
+                                      duplicate=duplicate, reason=reason, verdicts=list(verdicts)))
+
+
+def original_reply(row: SubmittedJob) -> bytes:
+    """The reply a job's first submit got, marked ``duplicate`` (invariant 2), rebuilt
+    from what never changes: the row's disposition and pin, its first changelog row
+    (the state, owner and reason it was created with) and a rejected job's verdicts."""
+    if row.disposition == SubmitDisposition.LOCAL.value:
+        peer_id = row.first_peer_id or ""  # the local cluster it was created on
+    else:
+        peer_id = row.pinned_peer_id or ""
+    verdicts = [PeerVerdictMsg(v["peer_id"], v["code"], v.get("detail", "")) for v in row.verdicts or ()]
+    return submit_reply(row.job_id, row.disposition, row.first_state, peer_id, row.first_reason, verdicts,
+                        duplicate=True)
 
 
 def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[NewJob, bytes]:
     """The row to insert and the reply (JSON) to send once it is committed."""
     plan = routed.plan
-    reply = encoder.encode(SubmitReply(
-        job_id=job_id, disposition=plan.disposition.value, state=routed.state.value,
-        peer_id=routed.peer_id, duplicate=False, reason=plan.reason, verdicts=list(routed.verdicts),
-    ))
+    reply = submit_reply(job_id, plan.disposition.value, routed.state.value, routed.peer_id, plan.reason,
+                         routed.verdicts)
     spec = request.canonical_spec()
     resources = request.resource_request()
     job = NewJob(
@@ -92,8 +112,7 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
         priority=request.priority,
         deadline_s=request.deadline_s,
         reason=plan.reason,
-        explanation_json=routed.explanation_json,
-        submit_reply_json=reply.decode(),
+        explanation=routed.explanation,
         resources_json=encoder.encode(resources.as_dict()).decode(),
     )
     return job, reply

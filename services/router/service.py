@@ -33,6 +33,7 @@ from services.router.plan import (
     Routed,
     cancel_decision,
     local_backend_for,
+    original_reply,
     plan_new_job,
     route,
 )
@@ -314,7 +315,8 @@ class Router(Service):
         if not repeats:
             return
         # Rows that already existed are committed (ON CONFLICT waited for them) and
-        # their spec and first reply never change, so reading them afterwards is exact.
+        # their spec and what their first reply said never change, so reading them
+        # afterwards is exact.
         existing = await held.job_get_submitted([i.job.job_id for i in repeats],
                                                 statement_timeout_s=self._left(deadline))
         for item in repeats:
@@ -325,7 +327,7 @@ class Router(Service):
                 await self._answer(item, error_reply(exc.code, exc.message))
             else:
                 metrics.SUBMIT_DUPLICATES.inc()
-                await self._answer(item, encoder.encode({**row.submit_reply, "duplicate": True}))
+                await self._answer(item, original_reply(row))
 
     async def _answer(self, item: _Pending, body: bytes) -> None:
         item.answered = True

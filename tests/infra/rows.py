@@ -18,7 +18,7 @@ def job_row(command: list[str] | None = None, **overrides: Any) -> JobRow:
         disposition="queue", pinned_peer_id=None, owner_peer_id=None, backend=None, epoch=0, attempts=0,
         max_retries=2, priority=0, avoid_peers=[], submitted_at=now, updated_at=now, assigned_at=None,
         started_at=None, finished_at=None, deadline_at=None, exit_code=None, log_dir=None, reason="",
-        explanation=None, submit_reply={}, cancel_requested=False, cancel_requested_at=None)
+        explanation=None, cancel_requested=False, cancel_requested_at=None)
     fields.update(overrides)
     return JobRow(**fields)
 

@@ -51,8 +51,8 @@ async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
             await gpu_pool.execute("UPDATE jobs SET owner_peer_id = 'tpu-east' WHERE job_id = $1", mine)
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await gpu_pool.execute(
-                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
-                "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
+                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition) "
+                "VALUES ('x', '{}', 'h', 'queued', 'queue')")
         with pytest.raises(PermanentStoreError) as refused:  # the store's words for it
             await gpu.peer_heartbeat_upsert("tpu-east", "r", 1, [], 6.0, datetime.now(UTC))
         assert (refused.value.sqlstate, refused.value.error_class) == ("42501", "InsufficientPrivilegeError")
@@ -83,8 +83,8 @@ async def test_router_and_tick_roles_have_only_what_they_use(database_url, pool,
     try:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await tick.execute(
-                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
-                "VALUES ('x', '{}', 'h', 'queued', 'queue', '{}')")
+                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition) "
+                "VALUES ('x', '{}', 'h', 'queued', 'queue')")
     finally:
         await tick.close()
     assert set(roles) == {"irisfed_svc_router", "irisfed_svc_tick", "irisfed_svc_web", "irisfed_peer_home",

@@ -19,8 +19,8 @@ async def test_each_test_gets_an_empty_database(pool, attempt):
     # Both runs insert the same primary key: that only works if neither sees the other's row.
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
     await pool.execute(
-        "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
-        "VALUES ($1, '{}', 'h', 'queued', 'queue', '{}')", MARK,
+        "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition) "
+        "VALUES ($1, '{}', 'h', 'queued', 'queue')", MARK,
     )
     assert (await pool.fetchval("SELECT current_database()")).startswith("t_")
 

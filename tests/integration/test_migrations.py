@@ -1,14 +1,16 @@
 """Migrations against real Postgres: up, down, up again; the start-up schema check."""
 
 import asyncio
+import json
 
 import asyncpg
 import pytest
 
 from services.common import db as dbmod
+from services.common.store import Store
 from shared.errors import SchemaMismatch
 
-TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles"}
+TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations"}
 
 
 async def _tables(url: str) -> set[str]:
@@ -62,8 +64,8 @@ async def test_head_database_is_accepted(database_url):
 
 async def test_changelog_is_append_only(pool):
     await pool.execute(
-        "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
-        "VALUES ('j', '{}', 'h', 'queued', 'queue', '{}')"
+        "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition) "
+        "VALUES ('j', '{}', 'h', 'queued', 'queue')"
     )
     await pool.execute(
         "INSERT INTO federation_changelog (job_id, to_state, epoch, actor) VALUES ('j', 'queued', 0, 'test')"
@@ -75,6 +77,52 @@ async def test_changelog_is_append_only(pool):
 async def test_database_rejects_unknown_states(pool):
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute(
-            "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, submit_reply) "
-            "VALUES ('j', '{}', 'h', 'paused', 'queue', '{}')"
+            "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition) "
+            "VALUES ('j', '{}', 'h', 'paused', 'queue')"
         )
+
+
+async def test_0008_moves_explanations_out_of_job_rows_and_back(empty_database_url):
+    url = empty_database_url
+    await asyncio.to_thread(dbmod.migrate, url, "0007")
+    conn = await asyncpg.connect(url)
+    verdicts = [{"peer_id": "gpu-west", "code": "missing_attribute", "detail": "no device_type"}]
+    shared_doc = {"by": "router", "rule": "rule 3: reachable peers can host it", "peers": []}
+    rejected_doc = {"by": "router", "rule": "rule 4: no peer", "peers": verdicts}
+    try:
+        for job_id, state, disposition, doc, reply_verdicts in (
+                ("q1", "queued", "queue", shared_doc, []), ("q2", "assigned", "queue", shared_doc, []),
+                ("r1", "rejected", "reject", rejected_doc, verdicts)):
+            reply = {"job_id": job_id, "disposition": disposition, "state": "queued" if disposition == "queue"
+                     else "rejected", "peer_id": "", "duplicate": False, "reason": doc["rule"],
+                     "verdicts": reply_verdicts}
+            await conn.execute(
+                "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, explanation, submit_reply, reason) "
+                "VALUES ($1, '{}', 'h', $2, $3, $4::text::jsonb, $5::text::jsonb, $6)",
+                job_id, state, disposition, json.dumps(doc), json.dumps(reply), doc["rule"])
+            await conn.execute("INSERT INTO federation_changelog (job_id, to_state, epoch, actor, detail) "
+                               "VALUES ($1, $2, 0, 'router', $3)", job_id, reply["state"], doc["rule"])
+        before = {r["job_id"]: json.loads(r["submit_reply"]) for r in await conn.fetch(
+            "SELECT job_id, submit_reply::text FROM jobs")}
+        await conn.close()
+        await asyncio.to_thread(dbmod.migrate, url)
+        conn = await asyncpg.connect(url)
+        assert await conn.fetchval("SELECT count(*) FROM job_explanations") == 2  # one per distinct document
+        pool = await dbmod.connect(url)
+        try:
+            store = Store(pool)
+            assert (await store.job_get("q1")).explanation == shared_doc
+            assert (await store.job_get("r1")).explanation == rejected_doc
+            submitted = await store.job_get_submitted(["q1", "q2", "r1"])
+            assert submitted["r1"].verdicts == verdicts and submitted["q2"].first_state == "queued"
+        finally:
+            await pool.close()
+        await conn.close()
+        await asyncio.to_thread(dbmod.downgrade, url, "0007")
+        conn = await asyncpg.connect(url)
+        after = {r["job_id"]: (json.loads(r["submit_reply"]), json.loads(r["explanation"])) for r in await conn.fetch(
+            "SELECT job_id, submit_reply::text, explanation::text FROM jobs")}
+        assert {job_id: reply for job_id, (reply, _) in after.items()} == before
+        assert after["r1"][1] == rejected_doc and after["q2"][1] == shared_doc
+    finally:
+        await conn.close()

@@ -44,7 +44,7 @@ def job_row(job_id: str = "j", attempts: int = 1, max_retries: int = 2) -> JobRo
                   disposition="queue", pinned_peer_id=None, owner_peer_id="p", backend="main", epoch=1,
                   attempts=attempts, max_retries=max_retries, priority=0, avoid_peers=[], submitted_at=at,
                   updated_at=at, assigned_at=at, started_at=at, finished_at=None, deadline_at=None,
-                  exit_code=None, log_dir=None, reason="", explanation=None, submit_reply={},
+                  exit_code=None, log_dir=None, reason="", explanation=None,
                   cancel_requested=False, cancel_requested_at=None)
 
 

@@ -282,3 +282,29 @@ def test_build_peers_reads_backend_resources():
     for bad in ({"GPU": 1}, {"gpu": -2}, {"slots": 3}):
         with pytest.raises(ConfigError):
             build_peers([{"id": "a", "backends": [{"name": "main", "resources": bad}]}])
+
+
+def test_a_rejected_duplicate_repeats_every_verdict_from_the_stored_decision():
+    # The reply of a rejected job names all 301 peers; its stored explanation only 10.
+    # A duplicate is rebuilt from what the row keeps (the decision's verdicts, stored
+    # once with its explanation) and must equal the first reply but `duplicate`.
+    import msgspec
+
+    from services.router.plan import original_reply, plan_new_job, route
+    from shared.messages import SubmitRequest
+    from shared.records import SubmittedJob
+
+    many = [peer(f"g{i:03}", device_type="gpu") for i in range(300)] + [peer("home", device_type="cpu")]
+    plan = make_router(*many).classify(RoutingRequest([Constraint("device_type", ConstraintOp.EQ, "tpu")],
+                                                      local_feasible=False))
+    routed = route(plan, "home", None)
+    request = msgspec.json.decode(b'{"command": ["true"], "job_id": "r"}', type=SubmitRequest)
+    job, first = plan_new_job(request, routed, "r")
+    stored = SubmittedJob("r", job.spec_hash, job.disposition, job.pinned_peer_id, job.state, job.owner_peer_id,
+                          job.reason, msgspec.json.decode(job.explanation.verdicts))
+    assert original_reply(stored) == first.replace(b'"duplicate":false', b'"duplicate":true')
+    assert len(msgspec.json.decode(first)["verdicts"]) == 301
+    # Same decision, same stored row; another decision, another key.
+    assert route(plan, "home", None).explanation.key == routed.explanation.key
+    queued = make_router(*many).classify(RoutingRequest(GPU, local_feasible=False))
+    assert route(queued, "home", None).explanation.key != routed.explanation.key

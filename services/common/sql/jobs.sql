@@ -5,22 +5,28 @@
 -- job_insert_batch --
 -- Create many jobs (one router group-commit batch) with their first changelog rows.
 -- Existing job_ids are skipped; the caller answers those as duplicates or conflicts.
+-- The batch's distinct explanations ($2) are stored once each, in the same statement,
+-- so a job's explanation_key always names a stored row.
 WITH input AS (
     -- One JSON array of row objects (the NewJob fields), encoded in C by msgspec:
     -- far cheaper for the router than fifteen array parameters built in Python.
     SELECT * FROM json_to_recordset($1::text::json) AS t(
         job_id text, spec_json text, spec_hash text, state text, disposition text,
         pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
-        priority int, deadline_s double precision, reason text, explanation_json text,
-        submit_reply_json text, resources_json text)
+        priority int, deadline_s double precision, reason text, explanation text, resources_json text)
+), explained AS (
+    INSERT INTO job_explanations (key, explanation, verdicts)
+    SELECT key, explanation, verdicts
+    FROM json_to_recordset($2::text::json) AS e(key text, explanation jsonb, verdicts jsonb)
+    ON CONFLICT (key) DO NOTHING
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
-                      backend, epoch, max_retries, priority, deadline_at, reason, explanation,
-                      submit_reply, assigned_at, finished_at, resources)
+                      backend, epoch, max_retries, priority, deadline_at, reason, explanation_key,
+                      assigned_at, finished_at, resources)
     SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
-           reason, explanation_json::jsonb, submit_reply_json::jsonb,
+           reason, explanation,
            CASE WHEN state = 'assigned' THEN now() END,
            CASE WHEN state = 'rejected' THEN now() END,
            COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb)
@@ -34,16 +40,27 @@ WITH input AS (
 SELECT job_id FROM inserted;
 
 -- job_get_submitted --
--- The spec hash and first reply of existing jobs, to answer resubmissions.
-SELECT job_id, spec_hash, submit_reply FROM jobs WHERE job_id = ANY($1::text[]);
+-- What answers resubmissions of existing jobs: the spec hash and what the first reply
+-- said, from the row's fixed columns and its first changelog row (the state, owner
+-- and reason it was created with), and a rejected job's verdicts.
+SELECT j.job_id, j.spec_hash, j.disposition, j.pinned_peer_id, first.to_state AS first_state,
+       first.peer_id AS first_peer_id, first.detail AS first_reason,
+       CASE WHEN j.disposition = 'reject' THEN e.verdicts END AS verdicts
+FROM jobs j
+CROSS JOIN LATERAL (
+    SELECT to_state, peer_id, detail FROM federation_changelog c
+    WHERE c.job_id = j.job_id ORDER BY seq LIMIT 1) first
+LEFT JOIN job_explanations e ON e.key = j.explanation_key AND j.disposition = 'reject'
+WHERE j.job_id = ANY($1::text[]);
 
 -- job_get --
--- One whole job (every column, in table order), or no row.
-SELECT job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id, backend, epoch,
-       attempts, max_retries, priority, avoid_peers, submitted_at, updated_at, assigned_at, started_at,
-       finished_at, deadline_at, exit_code, log_dir, reason, explanation, submit_reply,
-       cancel_requested, cancel_requested_at
-FROM jobs WHERE job_id = $1;
+-- One whole job (every column, in table order, its explanation joined), or no row.
+SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.backend,
+       j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
+       j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
+       e.explanation, j.cancel_requested, j.cancel_requested_at
+FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
+WHERE j.job_id = $1;
 
 -- job_get_for_update --
 -- Lock one job while deciding what a cancel does to it.
@@ -163,12 +180,18 @@ WITH input AS (
 SELECT job_id, owner_peer_id, epoch FROM moved;
 
 -- job_explain_batch --
--- Record why claimed jobs stay queued. Rows whose explanation did not change are
--- not written at all, so a long-waiting queue costs no writes per tick.
-UPDATE jobs SET explanation = input.explanation::jsonb, reason = input.reason
-FROM unnest($1::text[], $2::text[], $3::text[]) AS input(job_id, explanation, reason)
+-- Record why claimed jobs stay queued: each distinct explanation stored once ($4:
+-- keys, $5: documents), each job pointing at its own by key. Rows whose explanation
+-- did not change are not written at all, so a long-waiting queue costs no writes per tick.
+WITH explained AS (
+    INSERT INTO job_explanations (key, explanation)
+    SELECT key, doc::jsonb FROM unnest($4::text[], $5::text[]) AS d(key, doc)
+    ON CONFLICT (key) DO NOTHING
+)
+UPDATE jobs SET explanation_key = input.key, reason = input.reason
+FROM unnest($1::text[], $2::text[], $3::text[]) AS input(job_id, key, reason)
 WHERE jobs.job_id = input.job_id AND jobs.state = 'queued'
-  AND jobs.explanation IS DISTINCT FROM input.explanation::jsonb;
+  AND jobs.explanation_key IS DISTINCT FROM input.key;
 
 -- job_expire_deadlines --
 -- Queued jobs past their deadline become unschedulable.
