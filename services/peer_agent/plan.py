@@ -12,7 +12,9 @@
 - ``job_resources`` / ``free_resources``: what a run's job asked, and what each
   backend advertises free (its configured totals less what its runs asked).
 - ``orphan_move`` / ``launch_error_move``: how a job ends when its run was lost or
-  never started — the infrastructure-failure rule of ``shared.retry``.
+  never started — the infrastructure-failure rule of ``shared.retry``;
+  ``outcome_unknown_move``: when it started and its engine lost how it ended (failed,
+  never retried: it may have done its work).
 """
 
 from __future__ import annotations
@@ -210,3 +212,12 @@ def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: Jo
     return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(epoch),
                 reason=f"{'run lost' if lost else 'launch failed'}: {error}" + ("; retrying" if failure.retrying else ""))
+
+
+def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool) -> Move:
+    """End a job whose run started but whose outcome its engine lost (``RunOutcomeUnknown``):
+    failed, never retried, since it may have done its work and a retry could run it
+    twice (the user's failure class, not an infrastructure failure); killed when a
+    cancel was requested. ``why`` is the reason recorded."""
+    return Move(job_id, JobState.RUNNING, JobState.KILLED if cancelled else JobState.FAILED, epoch, actor=peer_id,
+                owner_peer_id=peer_id, reason=why)

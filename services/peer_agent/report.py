@@ -1,8 +1,8 @@
 """What a peer agent writes about its runs, and announces once it is written.
 
 Finished runs are reported in batches (one statement for all normal endings);
-launch errors and orphans (running rows with no run here) end their job through
-``job_end_run``; a fenced copy
+launch errors, runs whose outcome their engine lost, and orphans (running rows with
+no run here) end their job through ``job_end_run``; a fenced copy
 leaves a note in this peer's sync state. Only ``Unavailable`` (Postgres away) is
 retried — the results are kept until Postgres answers. Any other failure of a
 write sets that one run aside (logged, counted, not retried) and never holds back
@@ -24,7 +24,7 @@ from services.common.bus import publish
 from services.common.log import EventLogger
 from services.common.store import Store
 from services.peer_agent.backends import RunHandle
-from services.peer_agent.plan import launch_error_move, orphan_move
+from services.peer_agent.plan import launch_error_move, orphan_move, outcome_unknown_move
 from shared.clock import Clock
 from shared.errors import PermanentStoreError, Unavailable
 from shared.lifecycle import JobState
@@ -57,6 +57,7 @@ class Run:
     fenced: bool = False
     launch_error: str = ""  # why it could not start, or (lost) why its engine lost it
     lost: bool = False
+    outcome_unknown: bool = False  # it started and its engine lost how it ended: failed, not retried
     resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised)
 
 
@@ -191,9 +192,12 @@ class Reports:
                                          exit_code=run.exit_code, reason=row.reason))
 
     async def _report_launch_error(self, run: Run) -> None:
-        job = await self.store.job_get(run.job_id)
-        if not await self.end_run(launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job,
-                                                      lost=run.lost)):
+        if run.outcome_unknown:
+            move = outcome_unknown_move(self.peer_id, run.job_id, run.epoch, run.launch_error, run.cancel_requested)
+        else:
+            job = await self.store.job_get(run.job_id)
+            move = launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job, lost=run.lost)
+        if not await self.end_run(move):
             self._refused(run.job_id, run.epoch)
 
     def _refused(self, job_id: str, epoch: int) -> None:

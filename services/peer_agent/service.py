@@ -36,6 +36,7 @@ from services.peer_agent.backends import (
     LaunchError,
     LiveRun,
     RunLost,
+    RunOutcomeUnknown,
     RunSpec,
     make_backend,
 )
@@ -375,6 +376,10 @@ class PeerAgent(Service):
             except RunLost as exc:  # the engine's fault, not the job's: handed back like a launch error
                 run.launch_error, run.lost, run.exit_code = str(exc), True, -1
                 log.warning("run_lost", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
+            except RunOutcomeUnknown as exc:  # it may have done its work: failed, never run again
+                run.launch_error, run.outcome_unknown, run.exit_code = str(exc), True, -1
+                log.warning("run_outcome_unknown", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=str(exc))
             except Exception as exc:  # noqa: BLE001 - not followed any more: found again by reconcile
                 # The run may still be alive in its engine: forget it here so the next
                 # reconcile finds the row without a run and adopts it again.

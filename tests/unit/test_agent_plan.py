@@ -15,6 +15,7 @@ from services.peer_agent.plan import (
     launch_error_move,
     merge_noticed,
     orphan_move,
+    outcome_unknown_move,
     plan_leftovers,
     plan_reconcile,
 )
@@ -171,3 +172,13 @@ def test_a_launch_error_is_retried_like_any_infrastructure_failure():
     assert (final.to_state, final.owner_peer_id, final.reason) == (JobState.FAILED, "p", "launch failed: boom")
     unreadable = launch_error_move("p", "j", 1, "boom", None)  # the row is no longer ours to read
     assert unreadable.to_state is JobState.FAILED
+
+
+def test_a_run_whose_outcome_its_engine_lost_fails_and_is_never_retried():
+    why = "Slurm forgot job 12 after it started; its outcome is unknown (no exit status in /w/j/epoch-3)"
+    failed = outcome_unknown_move("p", "j", 3, why, cancelled=False)
+    assert (failed.from_state, failed.to_state, failed.epoch, failed.new_epoch, failed.owner_peer_id,
+            failed.reason, failed.exit_code) == (JobState.RUNNING, JobState.FAILED, 3, None, "p", why, None)
+    assert failed.actor == "p"
+    killed = outcome_unknown_move("p", "j", 3, why, cancelled=True)
+    assert (killed.to_state, killed.new_epoch, killed.reason) == (JobState.KILLED, None, why)

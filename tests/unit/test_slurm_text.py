@@ -14,6 +14,8 @@ import pytest
 
 from services.peer_agent.backends import KILLED_EXIT_CODE
 from services.peer_agent.backends.slurm_text import (
+    EXIT_STATUS_FILE,
+    STARTED_MARKER,
     Outcome,
     ScriptError,
     SlurmJob,
@@ -22,6 +24,7 @@ from services.peer_agent.backends.slurm_text import (
     choose_run,
     comment_for,
     default_partition,
+    forgotten_outcome,
     job_name,
     misfit,
     node_usable,
@@ -192,6 +195,37 @@ def test_infrastructure_endings_are_lost(state: str) -> None:
     assert state in ended.lost and "12" in ended.lost
 
 
+@pytest.mark.parametrize("exit_status, code", [
+    ("0\n", 0), ("3\n", 3), ("255", 255), ("-15\n", -15), (" 7 \n", 7),
+])
+def test_a_forgotten_run_with_an_exit_status_ends_with_it(exit_status: str, code: int) -> None:
+    assert forgotten_outcome("12", "12\n", exit_status, "/w/j/epoch-1") == Outcome(code)
+    assert forgotten_outcome("12", None, exit_status, "/w/j/epoch-1") == Outcome(code)  # marker gone: still ended
+
+
+def test_a_forgotten_run_that_started_without_an_exit_status_has_an_unknown_outcome() -> None:
+    ended = forgotten_outcome("12", "12\n", None, "/w/j/epoch-1")
+    assert ended == Outcome(None, unknown="Slurm forgot job 12 after it started; its outcome is unknown "
+                                          "(no exit status in /w/j/epoch-1)")
+    # Adopted with no Slurm id at hand: the started marker names the job.
+    assert "Slurm forgot job 34 after it started" in forgotten_outcome("", "34\n", None, "/d").unknown
+    assert "Slurm forgot the job after it started" in forgotten_outcome("", "", None, "/d").unknown
+    assert "Slurm forgot the job" in forgotten_outcome("", "$(x)\n", None, "/d").unknown
+
+
+@pytest.mark.parametrize("exit_status", ["", "ok", "1e3", "256", "-65", "12345", "0x1", "\u0661"])
+def test_an_unreadable_exit_status_is_an_unknown_outcome_never_a_retry(exit_status: str) -> None:
+    for started in ("12\n", None):
+        ended = forgotten_outcome("12", started, exit_status, "/d")
+        assert ended.exit_code is None and not ended.lost
+        assert "outcome is unknown (unreadable exit status" in ended.unknown
+
+
+def test_a_forgotten_run_that_never_started_is_lost() -> None:
+    ended = forgotten_outcome("12", None, None, "/w/j/epoch-1")
+    assert ended == Outcome(None, "Slurm no longer knows job 12, and it never started (nothing in /w/j/epoch-1)")
+
+
 # ---------------------------------------------------------------- GRES and nodes
 
 
@@ -297,7 +331,7 @@ HOSTILE = {
 
 def _run_script(tmp_path: Path, command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     script = tmp_path / "job.sh"
-    script.write_text(batch_script(command, env))
+    script.write_text(batch_script(command, env, str(tmp_path)))
     script.chmod(0o700)
     return subprocess.run([str(script)], capture_output=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
                           timeout=30, check=False)
@@ -323,18 +357,112 @@ def test_script_arguments_are_literal(tmp_path: Path) -> None:
 
 
 def test_script_has_no_carriage_return_and_no_directive_before_its_first_command() -> None:
-    text = batch_script(["echo", "#SBATCH\r\n"], {"A": "\n#SBATCH --gres=gpu:4\r\n"})
+    text = batch_script(["echo", "#SBATCH\r\n"], {"A": "\n#SBATCH --gres=gpu:4\r\n"}, "/w/j/epoch-1")
     assert "\r" not in text
     lines = text.splitlines()
-    assert lines[0] == "#!/bin/sh" and lines[1].startswith("# Written by") and lines[2].startswith("export A=")
+    assert lines[0] == "#!/bin/sh" and lines[1].startswith("# Written by")
+    assert lines[2].startswith(f"printf '%s\\n' \"${{SLURM_JOB_ID-}}\" > /w/j/epoch-1/{STARTED_MARKER} ||")
+    assert lines[3].startswith("export A=")
+
+
+def _command_line(text: str) -> str:
+    lines = text.splitlines()
+    return lines[lines.index("trap 'irisfed_signal=15' TERM") + 1]
 
 
 def test_script_uses_env_only_for_names_sh_cannot_export() -> None:
-    plain = batch_script(["prog", "x"], {"A": "1"})
-    assert plain.splitlines()[-1] == "exec prog x"
-    odd = batch_script(["prog"], {"A": "1", "b-c": "2"})
-    assert odd.splitlines()[-1] == "exec /usr/bin/env -- b-c=2 prog"
-    assert batch_script(["-dash"], {}).splitlines()[-1] == "exec /usr/bin/env -- -dash"
+    plain = batch_script(["prog", "x"], {"A": "1"}, "/d")
+    assert _command_line(plain) == "(exec prog x)"
+    odd = batch_script(["prog"], {"A": "1", "b-c": "2"}, "/d")
+    assert _command_line(odd) == "(exec /usr/bin/env -- b-c=2 prog)"
+    assert _command_line(batch_script(["-dash"], {}, "/d")) == "(exec /usr/bin/env -- -dash)"
+
+
+@pytest.mark.parametrize("command, code", [
+    (["sh", "-c", "echo ran > ran; exit 0"], 0),
+    (["sh", "-c", "echo ran > ran; exit 3"], 3),
+    (["sh", "-c", "echo ran > ran; kill -9 $$"], 137),  # as sh reports a signal: 128 + N
+])
+def test_script_records_start_and_exit_status_and_exits_with_it(tmp_path: Path, command: list[str],
+                                                                code: int) -> None:
+    done = subprocess.run([str(_write(tmp_path, command, {}))], capture_output=True, cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "42"}, timeout=30, check=False)
+    assert done.returncode == code, done.stderr
+    assert (tmp_path / "ran").exists()
+    assert (tmp_path / STARTED_MARKER).read_text() == "42\n"
+    assert (tmp_path / EXIT_STATUS_FILE).read_text() == f"{code}\n"
+    assert not (tmp_path / f"{EXIT_STATUS_FILE}.tmp").exists()
+
+
+def _write(tmp_path: Path, command: list[str], env: dict[str, str], run_dir: Path | None = None) -> Path:
+    script = tmp_path / "job.sh"
+    script.write_text(batch_script(command, env, str(run_dir or tmp_path)))
+    script.chmod(0o700)
+    return script
+
+
+def test_a_command_ended_by_sigterm_is_recorded_as_minus_15_and_the_shell_ends_by_it(tmp_path: Path) -> None:
+    """Slurm's SIGTERM may reach the command before the shell: killed by it (143 to sh)
+    is recorded as -15, and the shell ends by SIGTERM, as the command did."""
+    script = _write(tmp_path, ["sh", "-c", "echo ran > ran; kill -TERM $$"], {})
+    done = subprocess.run([str(script)], capture_output=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
+                          timeout=30, check=False)
+    assert done.returncode == -15, done.stderr
+    assert (tmp_path / "ran").exists()
+    assert (tmp_path / EXIT_STATUS_FILE).read_text() == "-15\n"
+
+
+def test_script_runs_a_program_never_a_shell_builtin_and_the_job_env_cannot_break_its_records(
+    tmp_path: Path,
+) -> None:
+    """``echo`` is a program here (sh's builtin would turn ``\\n`` into a newline); a job
+    ``PATH`` with no ``mv``, an ``IFS`` and variables named like the script's own change
+    nothing in what it records."""
+    env = {"PATH": "/nowhere", "IFS": "0123456789-", "irisfed_signal": "9", "irisfed_status": "x",
+           "irisfed_code": "y"}
+    script = _write(tmp_path, ["/bin/echo", "a\\nb"], env)
+    done = subprocess.run([str(script)], capture_output=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"a\\nb\n"
+    assert (tmp_path / EXIT_STATUS_FILE).read_text() == "0\n"
+    plain = _write(tmp_path, ["echo", "a\\nb"], {})
+    assert subprocess.run([str(plain)], capture_output=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
+                          timeout=30, check=False).stdout == b"a\\nb\n"
+
+
+def test_script_runs_nothing_when_it_cannot_record_the_start(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
+    script = _write(tmp_path, ["sh", "-c", f"touch {tmp_path}/ran"], {}, run_dir=missing)
+    done = subprocess.run([str(script)], capture_output=True, cwd=tmp_path, env={"PATH": os.environ["PATH"]},
+                          timeout=30, check=False)
+    assert done.returncode == 1
+    assert b"the command was not run" in done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_script_killed_by_sigterm_records_minus_15_and_dies_by_it_after_its_command(tmp_path: Path) -> None:
+    """As Slurm cancels or times out a job: SIGTERM to every process of it (here its
+    process group). The command gets it and ends; the shell records -15 and ends by
+    SIGTERM itself, so Slurm sees the wait status it always did."""
+    import signal
+    import time
+
+    command = ["sh", "-c", "trap 'echo got-term > term; exit 0' TERM; touch ready; while :; do sleep 0.1; done"]
+    process = subprocess.Popen([str(_write(tmp_path, command, {}))], cwd=tmp_path, start_new_session=True,
+                               env={"PATH": os.environ["PATH"]})
+    try:
+        for _ in range(300):  # a bound on a slow machine, not an expectation
+            if (tmp_path / "ready").exists():
+                break
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert (tmp_path / "term").read_text() == "got-term\n"
+    assert (tmp_path / EXIT_STATUS_FILE).read_text() == "-15\n"
 
 
 @pytest.mark.parametrize("command, env, message", [
@@ -348,11 +476,11 @@ def test_script_uses_env_only_for_names_sh_cannot_export() -> None:
 ])
 def test_script_refuses_what_cannot_be_passed(command: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ScriptError, match=message):
-        batch_script(command, env)
+        batch_script(command, env, "/d")
 
 
 def test_program_with_equals_is_fine_without_odd_names() -> None:
-    assert batch_script(["./a=b"], {"A": "1"}).splitlines()[-1] == "exec ./a=b"
+    assert _command_line(batch_script(["./a=b"], {"A": "1"}, "/d")) == "(exec ./a=b)"
 
 
 def test_shell_word() -> None:

@@ -46,6 +46,13 @@ class RunLost(Exception):
     ``RunHandle.wait``."""
 
 
+class RunOutcomeUnknown(Exception):
+    """A run started, then its engine forgot it, and nothing recorded how it ended
+    (Slurm after ``MinJobAge`` with no exit status in the run folder). It may have
+    done its work, so it must not run again: the job fails (killed when a cancel was
+    requested), never retried. Raised by ``RunHandle.wait``."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What to run: the job's command, environment and labels, under one epoch."""
@@ -65,7 +72,8 @@ class RunHandle(Protocol):
 
     async def wait(self) -> int:
         """The run's exit code once it ended (``KILLED_EXIT_CODE`` when killed);
-        raises ``RunLost`` when it ended through no fault of the job."""
+        raises ``RunLost`` when it ended through no fault of the job, and
+        ``RunOutcomeUnknown`` when it started and how it ended is lost."""
         ...
 
     async def kill(self, grace_s: float) -> None: ...
@@ -162,5 +170,5 @@ from services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E40
 from services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV, SubprocessBackend  # noqa: E402
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "Backend", "Discovered",
-           "LaunchError", "LiveRun", "RunHandle", "RunLost", "RunSpec", "SimulatedBackend", "SubprocessBackend",
-           "make_backend"]
+           "LaunchError", "LiveRun", "RunHandle", "RunLost", "RunOutcomeUnknown", "RunSpec", "SimulatedBackend",
+           "SubprocessBackend", "make_backend"]

@@ -11,9 +11,10 @@ How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
   jobs are ever listed (``squeue --me``), so other users cannot pass for our runs;
 - a batch script in the run's folder ``work_root/<job_id>/epoch-<n>`` (also the
   job's working directory, with its ``stdout`` and ``stderr``: the folder must be
-  reachable from the compute nodes) that exports the job's environment and
-  ``exec``s its command, every value single-quoted: nothing is ever interpreted
-  by a shell. Slurm's commands run with ``client_env`` (``PASSED_THROUGH_ENV`` and
+  reachable from the compute nodes) that marks the run started, exports the job's
+  environment, runs its command and records its exit code, every value
+  single-quoted: nothing is ever interpreted by a shell. Slurm's commands run with
+  ``client_env`` (``PASSED_THROUGH_ENV`` and
   Slurm's own settings), which ``--export=ALL`` hands to the job: the agent's own
   variables (database and NATS credentials) never reach a job;
 - resources as ``-c`` (whole cpus), ``--mem`` (``DEFAULT_MEMORY_MB_PER_CPU`` per
@@ -22,9 +23,15 @@ How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
 Status: one background task asks ``squeue --me -t all`` once per poll interval
 about every run it follows, however many there are (``squeue``'s ``exit_code``
 field holds the wait status, so no per-job ``scontrol`` call is needed), and
-settles each run that ended (``slurm_text.outcome``). A run Slurm no longer lists
-at all (it forgets finished jobs ``MinJobAge`` seconds after they end, 300 by
-default) is lost. ``engine_calls`` counts the commands run, ``polls`` the polls.
+settles each run that ended (``slurm_text.outcome``).
+
+Slurm forgets a finished job ``MinJobAge`` seconds after it ends (300 by default;
+no ``sacct`` is assumed), so an agent down longer than that, or a run missing from
+``MISSES_BEFORE_LOST`` polls, is settled from its run folder instead
+(``slurm_text.forgotten_outcome``): the exit code its batch script recorded; a run
+that started but recorded none fails (``RunOutcomeUnknown``: it may have done its
+work, and is never run again); only a run that never started is lost (retried).
+``engine_calls`` counts the commands run, ``polls`` the polls.
 
 Capacity (``discover``): one ``scontrol show node -o -d`` call, kept to the nodes
 whose ``Partitions`` name the partition (so nodes added to it later count without
@@ -37,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,10 +57,14 @@ from services.peer_agent.backends import (
     LaunchError,
     LiveRun,
     RunLost,
+    RunOutcomeUnknown,
     RunSpec,
 )
 from services.peer_agent.backends.slurm_text import (
+    EXIT_STATUS_FILE,
     SQUEUE_FORMAT,
+    STARTED_MARKER,
+    Outcome,
     ScriptError,
     SlurmJob,
     batch_script,
@@ -60,6 +72,7 @@ from services.peer_agent.backends.slurm_text import (
     choose_run,
     comment_for,
     default_partition,
+    forgotten_outcome,
     job_name,
     misfit,
     outcome,
@@ -105,6 +118,45 @@ class SlurmError(Exception):
     """A Slurm command failed or did not answer; the message says which and why."""
 
 
+# The most of a marker file read: an exit code or a job id fits many times over.
+MARKER_MAX_BYTES = 64
+
+
+def read_marker(path: Path) -> str | None:
+    """The text of a marker the batch script wrote (its first ``MARKER_MAX_BYTES``);
+    None when there is none; ``""`` when something else is there (a symlink, a FIFO,
+    a folder: the job's own doing), which still shows the run started. Never follows
+    a symlink nor blocks. Other OSErrors (folder unreadable, file system away)
+    propagate: the caller cannot tell, and asks again later."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if os.path.lexists(path):
+            return ""
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, MARKER_MAX_BYTES).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def run_evidence(slurm_id: str, run_dir: Path) -> Outcome:
+    """How a run Slurm forgot ended, from its run folder (file I/O: call it in a thread)."""
+    run_dir = run_dir.resolve()
+    return forgotten_outcome(slurm_id, read_marker(run_dir / STARTED_MARKER),
+                             read_marker(run_dir / EXIT_STATUS_FILE), str(run_dir))
+
+
+def _result(ended: Outcome) -> int | RunLost | RunOutcomeUnknown:
+    if ended.exit_code is not None:
+        return ended.exit_code
+    return RunOutcomeUnknown(ended.unknown) if ended.unknown else RunLost(ended.lost)
+
+
 class _SlurmRun:
     """A Slurm job this backend follows: ``wait`` resolves when a poll sees it end."""
 
@@ -120,8 +172,9 @@ class _SlurmRun:
 
     async def kill(self, grace_s: float) -> None:
         """``scancel`` (SIGTERM, then SIGKILL after the cluster's KillWait, not ``grace_s``);
-        returns once a poll sees the job end."""
-        await self.backend.scancel(self.slurm_id)
+        returns once a poll sees the job end. Nothing to do for a run that has ended."""
+        if not self.done.done():
+            await self.backend.scancel(self.slurm_id)
         await asyncio.wait({self.done})
 
 
@@ -144,6 +197,7 @@ class SlurmBackend:
         self.engine_calls: Counter[str] = Counter()  # command name → times run
         self.polls = 0  # polls that got an answer, one squeue call each
         self._followed: dict[str, asyncio.Future[int]] = {}  # Slurm job id → its outcome
+        self._run_dirs: dict[str, Path] = {}  # Slurm job id → its run folder (read once Slurm forgets it)
         self._misses: Counter[str] = Counter()
         self._poller: asyncio.Task[None] | None = None
         self._poll_failing = False
@@ -273,8 +327,8 @@ class SlurmBackend:
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
         env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
-        text = batch_script(spec.command, env)
         run_dir = self.run_dir(spec.job_id, spec.epoch).resolve()
+        text = batch_script(spec.command, env, str(run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
         script = run_dir / "job.sh"
         script.write_text(text)
@@ -289,6 +343,7 @@ class SlurmBackend:
         if done is None:
             done = asyncio.get_running_loop().create_future()
             self._followed[slurm_id] = done
+            self._run_dirs[slurm_id] = self.run_dir(job_id, epoch)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll_forever(), name="slurm-poller")
         return _SlurmRun(self, slurm_id, self.log_dir(job_id, epoch), done)
@@ -310,28 +365,44 @@ class SlurmBackend:
                 self._poll_failing = False
 
     async def poll(self) -> None:
-        """One squeue call; settle every followed run it shows ended, or no longer shows."""
+        """One squeue call; settle every followed run it shows ended, or no longer shows
+        (from its run folder, read in a thread)."""
         asked = list(self._followed)  # runs followed before the call: Slurm knew them then
         jobs = {job.slurm_id: job for job in await self._jobs()}
         self.polls += 1
+        forgotten = []
         for slurm_id in asked:
             job = jobs.get(slurm_id)
             if job is None:
                 self._misses[slurm_id] += 1
                 if self._misses[slurm_id] >= MISSES_BEFORE_LOST:
-                    self._settle(slurm_id, RunLost(f"Slurm no longer knows job {slurm_id}"))
+                    forgotten.append(slurm_id)
                 continue
             self._misses.pop(slurm_id, None)
             ended = outcome(job.state, job.wait_status, slurm_id, KILLED_EXIT_CODE)
             if ended is not None:
-                self._settle(slurm_id, RunLost(ended.lost) if ended.exit_code is None else ended.exit_code)
+                self._settle(slurm_id, _result(ended))
+        for slurm_id in forgotten:
+            run_dir = self._run_dirs.get(slurm_id)
+            if run_dir is None:
+                continue  # settled meanwhile
+            try:
+                ended = await asyncio.to_thread(run_evidence, slurm_id, run_dir)
+            except OSError as exc:  # cannot tell how it ended: the next poll reads again
+                log.warning("slurm_run_folder_unreadable", slurm_job=slurm_id, run_dir=str(run_dir),
+                            error=str(exc))
+                continue
+            log.warning("slurm_job_forgotten", slurm_job=slurm_id, run_dir=str(run_dir),
+                        exit_code=ended.exit_code, why=ended.unknown or ended.lost)
+            self._settle(slurm_id, _result(ended))
 
-    def _settle(self, slurm_id: str, result: int | RunLost) -> None:
+    def _settle(self, slurm_id: str, result: int | RunLost | RunOutcomeUnknown) -> None:
         done = self._followed.pop(slurm_id, None)
         self._misses.pop(slurm_id, None)
+        self._run_dirs.pop(slurm_id, None)
         if done is None or done.done():
             return
-        if isinstance(result, RunLost):
+        if isinstance(result, Exception):
             done.set_exception(result)
         else:
             done.set_result(result)
@@ -343,12 +414,34 @@ class SlurmBackend:
 
     async def adopt(self, run: LiveRun) -> _SlurmRun | None:
         """Follow (job, epoch)'s Slurm job, live or ended while no agent watched (then its
-        outcome comes with the next poll); None when Slurm knows no such job of ours, or
-        only a submission it refused (an agent killed before it handed the job back)."""
+        outcome comes with the next poll). When Slurm knows no such job of ours (it may
+        have forgotten it), the run folder says how it ended: a handle already settled
+        with the recorded exit code, or with ``RunOutcomeUnknown`` when it started and
+        recorded none. None when the folder shows it never started, or Slurm lists only
+        a submission it refused (an agent killed before it handed the job back)."""
         chosen = choose_run(await self._jobs(job_name(run.job_id, run.epoch)), run.handle)
-        if chosen is None or not await self._ran(chosen):
+        if chosen is None:
+            return await self._from_folder(run.job_id, run.epoch)
+        if not await self._ran(chosen):
             return None  # a refused submission is no run: the job is handed back and retried
         return self.follow(chosen.slurm_id, run.job_id, run.epoch)
+
+    async def _from_folder(self, job_id: str, epoch: int) -> _SlurmRun | None:
+        """A handle settled from (job, epoch)'s run folder; None when it never started.
+        An unreadable folder raises (OSError): the agent asks again at its next reconcile."""
+        run_dir = self.run_dir(job_id, epoch)
+        ended = await asyncio.to_thread(run_evidence, "", run_dir)
+        if ended.lost:
+            return None
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        result = _result(ended)
+        if isinstance(result, Exception):
+            done.set_exception(result)
+        else:
+            done.set_result(result)
+        log.warning("slurm_job_forgotten", job_id=job_id, epoch=epoch, run_dir=str(run_dir),
+                    exit_code=ended.exit_code, why=ended.unknown)
+        return _SlurmRun(self, "", self.log_dir(job_id, epoch), done)
 
     async def kill_run(self, run: LiveRun) -> bool:
         live = [job for job in await self._jobs(job_name(run.job_id, run.epoch))

@@ -11,8 +11,11 @@ are those of Slurm 22.05, measured in ``tooling/engines/slurm.py``'s docstring:
   wait status (``exit_code``, as ``wait(2)`` encodes it: ``768`` is exit 3, ``9``
   SIGKILL), name and comment, ``|``-separated, the free-text comment last;
 - nodes come from ``scontrol show node -o -d``: one ``KEY=VALUE ...`` line each;
-- the batch script sets the job's environment and ``exec``s its command without
-  ever letting the shell interpret a value (each word single-quoted).
+- the batch script records in the run folder that the run started
+  (``STARTED_MARKER``), sets the job's environment, runs its command without ever
+  letting the shell interpret a value (each word single-quoted) and records its
+  exit code (``EXIT_STATUS_FILE``): once Slurm forgot a job, that folder alone says
+  how the run ended (``forgotten_outcome``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ COMMENT_PREFIX = "irisfed:"
 # `squeue -O`: a field's suffix is printed after it, and a field without a width is
 # printed whole (no padding, no truncation). The comment, free text, comes last.
 SQUEUE_FORMAT = "JobID:|,State:|,exit_code:|,Name:|,Comment:"
+# What the batch script leaves in its run folder: the run started (holding Slurm's
+# job id), and how its command ended (an exit code). Names a job is unlikely to use.
+STARTED_MARKER = "irisfed-started"
+EXIT_STATUS_FILE = "irisfed-exit-status"
 
 # JobState values that may still change (`squeue` %T, `scontrol` JobState).
 LIVE_STATES = frozenset({
@@ -183,10 +190,12 @@ def _int(text: str) -> int:
 
 
 class Outcome(NamedTuple):
-    """How a terminal Slurm job ended: the run's exit code, or why it was lost."""
+    """How a terminal Slurm job ended: the run's exit code, why it was lost, or why
+    how it ended is unknown."""
 
     exit_code: int | None
-    lost: str = ""  # set when the infrastructure, not the job, ended it
+    lost: str = ""  # set when the infrastructure, not the job, ended it (retried)
+    unknown: str = ""  # set when it started and nothing says how it ended (never retried)
 
 
 def outcome(state: str, wait_status: int, slurm_id: str, killed_exit_code: int) -> Outcome | None:
@@ -207,6 +216,42 @@ def outcome(state: str, wait_status: int, slurm_id: str, killed_exit_code: int) 
     if state in LOST_STATES:
         return Outcome(None, f"Slurm job {slurm_id} ended {state}: not the job's fault")
     return None
+
+
+def forgotten_outcome(slurm_id: str, started: str | None, exit_status: str | None, run_dir: str) -> Outcome:
+    """The outcome of a run Slurm no longer knows, from what its batch script left in
+    its run folder ``run_dir``: ``started``, the text of its ``STARTED_MARKER`` and
+    ``exit_status``, of its ``EXIT_STATUS_FILE`` (None: no such file; ``""``: something
+    is there that is not a readable file).
+
+    An exit status → that exit code (the run ended; it must not run again). Started
+    (or an unreadable exit status) but no exit status → unknown: it may have done its
+    work, so it is failed, never retried. Nothing → lost: it never started, and
+    running it elsewhere runs it once. ``slurm_id`` names the job in the reasons (""
+    when the caller does not know it: the started marker's, when it holds one).
+    """
+    if not slurm_id and started and started.strip().isdigit() and started.strip().isascii():
+        slurm_id = started.strip()
+    job = f"job {slurm_id}" if slurm_id else "the job"
+    code = _exit_code(exit_status) if exit_status is not None else None
+    if code is not None:
+        return Outcome(code)
+    if exit_status is not None:
+        return Outcome(None, unknown=f"Slurm forgot {job} after it started; its outcome is unknown "
+                                     f"(unreadable exit status {exit_status[:40]!r} in {run_dir})")
+    if started is not None:
+        return Outcome(None, unknown=f"Slurm forgot {job} after it started; its outcome is unknown "
+                                     f"(no exit status in {run_dir})")
+    return Outcome(None, f"Slurm no longer knows {job}, and it never started (nothing in {run_dir})")
+
+
+def _exit_code(text: str) -> int | None:
+    """The exit code an ``EXIT_STATUS_FILE`` holds (0-255, or -signal), None when it holds none."""
+    word = text.strip()
+    if not re.fullmatch(r"-?[0-9]{1,3}", word):
+        return None
+    code = int(word)
+    return code if -64 <= code <= 255 else None
 
 
 # ---------------------------------------------------------------- GRES
@@ -371,15 +416,28 @@ def shell_word(value: str) -> str:
     return "\"$(printf '\\r')\"".join(shlex.quote(part) for part in value.split("\r"))
 
 
-def batch_script(command: Sequence[str], env: Mapping[str, str]) -> str:
-    """A ``/bin/sh`` batch script that sets ``env`` and ``exec``s ``command``.
+def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) -> str:
+    """A ``/bin/sh`` batch script that records in ``run_dir`` that the run started,
+    sets ``env``, runs ``command`` and records its exit code there.
 
-    Names that are shell identifiers are exported; any other name goes through
-    ``env -- 'NAME=VALUE' ... command`` (as does a program whose name starts with
-    ``-``, which sh's ``exec`` would take for an option); the program's name then
-    must not hold ``=``, or env would take it for a variable. No job-controlled text is on a
-    line before the first command, so no value can be read as an ``#SBATCH``
-    directive. Raises ScriptError for what cannot be passed.
+    ``STARTED_MARKER`` (Slurm's job id) is written first; the command is not run
+    when it cannot be. Names that are shell identifiers are exported; any other
+    name goes through ``env -- 'NAME=VALUE' ... command`` (as does a program whose
+    name starts with ``-``); the program's name then must not hold ``=``, or env
+    would take it for a variable. The command is ``exec``ed in a subshell (a
+    program, never a shell builtin; the shell's trap is reset there), as the
+    shell's child, so that the shell outlives it and writes ``EXIT_STATUS_FILE``
+    (tmp file, then ``mv``: a reader sees all of it or nothing): its exit status,
+    or ``-15`` when the job got SIGTERM (``scancel``, the time limit: Slurm signals
+    every process of the job, in no set order, so the command gets it too; a
+    command that sh says ended by SIGTERM, 143, counts the same). The shell then
+    ends as the command did, or by SIGTERM itself, so Slurm still says COMPLETED,
+    FAILED, CANCELLED or TIMEOUT with the same status as before (a command killed
+    by another signal exits ``128 + N``, as sh reports it). The shell's own
+    words use builtins, ``command -p`` and quoted expansions only, so the job's
+    ``PATH`` or ``IFS`` cannot change them. No job-controlled text is on a line
+    before the first command, so no value can be read as an ``#SBATCH`` directive.
+    Raises ScriptError for what cannot be passed.
     """
     if not command:
         raise ScriptError("the job has no command")
@@ -389,17 +447,32 @@ def batch_script(command: Sequence[str], env: Mapping[str, str]) -> str:
     bad = [name for name in env if not name or "=" in name]
     if bad:
         raise ScriptError(f"environment variable name {bad[0]!r} is empty or holds '='")
-    lines = ["#!/bin/sh", "# Written by the irisfed peer agent: the job's environment, then its command."]
+    folder = run_dir.rstrip("/") or "/"
+    started, status = (shell_word(f"{folder}/{name}") for name in (STARTED_MARKER, EXIT_STATUS_FILE))
+    status_tmp = shell_word(f"{folder}/{EXIT_STATUS_FILE}.tmp")
+    lines = ["#!/bin/sh",
+             "# Written by the irisfed peer agent: a start marker, the job's environment, its command, its exit.",
+             f"printf '%s\\n' \"${{SLURM_JOB_ID-}}\" > {started} || {{ printf 'irisfed: cannot write %s: "
+             f"the command was not run\\n' {started} >&2; exit 1; }}"]
     lines += [f"export {name}={shell_word(value)}" for name, value in env.items()
               if _SHELL_NAME.fullmatch(name)]
     others = [f"{name}={value}" for name, value in env.items() if not _SHELL_NAME.fullmatch(name)]
-    if others or command[0].startswith("-"):  # sh's exec takes neither, env does
+    if others or command[0].startswith("-"):  # sh would take neither for a command, env does
         if "=" in command[0]:
             why = (f"the environment names {others[0].split('=')[0]!r}, not a shell name" if others
                    else "it starts with '-'")
             raise ScriptError(f"the program {command[0]!r} holds '=' and must be started through env "
                               f"({why}), which would read it as a variable")
-        lines.append(" ".join(["exec /usr/bin/env --", *map(shell_word, others), *map(shell_word, command)]))
-    else:
-        lines.append(" ".join(["exec", *map(shell_word, command)]))
+        run = " ".join(["(exec /usr/bin/env --", *map(shell_word, others), *map(shell_word, command)]) + ")"
+    else:  # exec in a subshell: a program, never a builtin of the same name (echo, kill ...)
+        run = " ".join(["(exec", *map(shell_word, command)]) + ")"
+    # After the exports: a job variable of the same name cannot preset them.
+    lines += ["irisfed_signal=", "trap 'irisfed_signal=15' TERM", run, "irisfed_status=$?",
+              # Killed by SIGTERM (sh says 143) is Slurm's TERM whichever process it reached first.
+              '[ "$irisfed_status" != 143 ] || irisfed_signal=15',
+              'irisfed_code=$irisfed_status',
+              '[ -z "$irisfed_signal" ] || irisfed_code=-$irisfed_signal',
+              f"printf '%s\\n' \"$irisfed_code\" > {status_tmp} && command -p mv -f {status_tmp} {status}",
+              '[ -z "$irisfed_signal" ] || { trap - TERM; kill -s TERM "$$"; }',
+              'exit "$irisfed_status"']
     return "\n".join(lines) + "\n"
