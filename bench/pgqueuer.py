@@ -111,7 +111,7 @@ async def consumer(args: list[str]):
 async def consume(url: str) -> None:
     """``pgq run bench.pgqueuer:consumer -- URL`` through its Python API
     (``pgqueuer.run``); SIGTERM stops it. (The CLI itself logs to stdout, where the
-    start times go, and 1.6's ``--log-level`` fails on any value.)"""
+    start times go, and 1.6's ``--log-level WARNING`` fails as it parses the level.)"""
     import functools
     import signal
 
