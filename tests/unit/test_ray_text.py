@@ -6,7 +6,6 @@ while a job held 1 CPU, 1 TPU and 512 MiB."""
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -98,15 +97,22 @@ def test_a_run_is_our_submission_only_when_it_carries_the_nonce_its_run_folder_r
     assert text.submitted_by_us(forged, "") and not text.submitted_by_us(ours, "")  # a folder from before nonces
 
 
+def _run(line: str, job_env: dict[str, str], cwd: Path, path: str = "/usr/bin:/bin") -> subprocess.CompletedProcess:
+    """``line`` as Ray runs an entrypoint: ``/bin/sh -c``, with the node's variables
+    (here only PATH and one the job does not name) plus the job's ``env_vars``."""
+    env = {"PATH": path, "NODE_ONLY": "kept", **job_env}
+    return subprocess.run(["/bin/sh", "-c", line], env=env, capture_output=True, cwd=cwd)
+
+
 def test_the_entrypoint_quotes_every_argument(tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"
     args = [arg.format(pwned=pwned) for arg in HOSTILE]
     line = text.entrypoint(["printf", "%s\\0", *args])
-    assert shlex.split(line)[3:] == ["printf", "%s\\0", *args]  # after python3 -c UNWRAP
+    assert line.endswith(" " + shlex.join(["printf", "%s\\0", *args]))  # readable in Ray's job list
     # Ray runs the entrypoint through a shell: the arguments reach the program literally.
-    env = {"PATH": "/usr/bin:/bin", **text.job_env({}, "j", 1)}
-    out = subprocess.run(["sh", "-c", line], env=env, capture_output=True, check=True, cwd=tmp_path).stdout
-    assert out.decode().split("\0")[:-1] == args
+    out = _run(line, text.job_env({}, "j", 1), tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().split("\0")[:-1] == args
     assert not pwned.exists()
 
 
@@ -115,23 +121,75 @@ def test_an_empty_command_is_refused() -> None:
         text.entrypoint([])
 
 
+def test_what_no_process_can_be_given_is_refused() -> None:
+    for env in ({"": "x"}, {"A=B": "x"}):
+        with pytest.raises(ValueError, match="empty or holds '='"):
+            text.entrypoint(["true"], env)
+        with pytest.raises(ValueError, match="empty or holds '='"):
+            text.job_env(env, "j", 1)
+    with pytest.raises(ValueError, match="NUL"):
+        text.job_env({"A": "a\0b"}, "j", 1)
+    with pytest.raises(ValueError, match="NUL"):
+        text.entrypoint(["echo", "a\0b"])
+    # A name export cannot take sends the command through env, which would read X=1 as a variable.
+    with pytest.raises(ValueError, match="holds '='"):
+        text.entrypoint(["X=1"], {"my.var": "v"})
+    assert text.entrypoint(["X=1"], {"A": "v"}).endswith(" X=1")  # exec'd directly: no env in the way
+
+
 def test_the_job_env_is_the_jobs_own_plus_its_identity_encoded_beyond_rays_expansion() -> None:
     env = text.job_env({"A": "$(x) $HOME ${B}", "IRISFED_EPOCH": "forged"}, "job-1", 4)
+    assert set(env) == {text.ENV_VARIABLE, "IRISFED_JOB_ID", "IRISFED_EPOCH"}
     assert "$" not in "".join(env.values())  # nothing Ray could expand
-    decoded = json.loads(base64.b64decode(env[text.ENV_VARIABLE]))
-    assert decoded == {"A": "$(x) $HOME ${B}", "IRISFED_JOB_ID": "job-1", "IRISFED_EPOCH": "4"}
     assert (env["IRISFED_JOB_ID"], env["IRISFED_EPOCH"]) == ("job-1", "4")
+    assert "$(x) $HOME ${B}" in base64.b64decode(env[text.ENV_VARIABLE]).decode()
 
 
-def test_the_entrypoint_unwraps_the_env_and_execs_the_command_verbatim(tmp_path) -> None:
-    import subprocess
+def _environ(out: subprocess.CompletedProcess) -> dict[str, str]:
+    assert out.returncode == 0, out.stderr
+    seen = dict(entry.split("=", 1) for entry in out.stdout.decode().split("\0")[:-1])
+    seen.pop("PWD", None)  # the shell's own (dash exports it)
+    return seen
+
+
+def test_the_entrypoint_sets_the_env_verbatim_and_execs_the_command(tmp_path: Path) -> None:
+    pwned = tmp_path / "pwned"
+    values = [value.format(pwned=pwned) for value in HOSTILE]
+    env = {f"V{i}": value for i, value in enumerate(values)}
+    env |= {"IRISFED_EPOCH": "forged", "PS4": f"$(touch {pwned})", "IFS": "x"}
+    line = text.entrypoint(["/usr/bin/env", "-0"], env)
+    seen = _environ(_run(line, text.job_env(env, "j", 4), tmp_path))
+    assert seen == {**env, "PATH": "/usr/bin:/bin", "NODE_ONLY": "kept", "IRISFED_JOB_ID": "j", "IRISFED_EPOCH": "4"}
+    assert not pwned.exists()
 
     args = ["$(touch pwned)", "it's", "${HOME}"]
-    line = text.entrypoint(["sh", "-c", 'printf "%s|" "$A" "$@"', "sh", *args])
-    env = {"PATH": "/usr/bin:/bin", **text.job_env({"A": "${HOME} $(x)"}, "j", 1)}
-    out = subprocess.run(["sh", "-c", line], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert out.stdout == "${HOME} $(x)|$(touch pwned)|it's|${HOME}|"
+    line = text.entrypoint(["sh", "-c", 'printf "%s|" "$A" "$@"', "sh", *args], {"A": "${HOME} $(x)"})
+    out = _run(line, text.job_env({"A": "${HOME} $(x)"}, "j", 1), tmp_path)
+    assert out.stdout.decode() == "${HOME} $(x)|$(touch pwned)|it's|${HOME}|"
     assert not (tmp_path / "pwned").exists()
+
+
+def test_names_export_cannot_take_reach_the_command_through_env(tmp_path: Path) -> None:
+    env = {"my.var": "$HOME 'q'", "1st": "${NOT_SET}", "with space": "a b", "A": "plain"}
+    line = text.entrypoint(["/usr/bin/env", "-0"], env)
+    seen = _environ(_run(line, text.job_env(env, "j", 1), tmp_path))
+    assert seen == {**env, "PATH": "/usr/bin:/bin", "NODE_ONLY": "kept", "IRISFED_JOB_ID": "j", "IRISFED_EPOCH": "1"}
+    # A program named with a leading '-' is a program, not an option of exec.
+    (tmp_path / "-prog").write_text("#!/bin/sh\necho ran \"$1\"\n")
+    (tmp_path / "-prog").chmod(0o755)
+    out = _run(text.entrypoint(["-prog", "$x"]), text.job_env({}, "j", 1), tmp_path, path=f"{tmp_path}:/usr/bin:/bin")
+    assert (out.returncode, out.stdout) == (0, b"ran $x\n"), out.stderr
+
+
+def test_a_failed_decode_never_runs_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    line = text.entrypoint(["/usr/bin/touch", str(marker)], {"A": "1"})
+    out = _run(line, text.job_env({"A": "1"}, "j", 1), tmp_path, path=str(tmp_path))  # no base64 on PATH
+    assert out.returncode != 0 and b"base64" in out.stderr
+    out = _run(line, {text.ENV_VARIABLE: "not base64!"}, tmp_path)
+    assert out.returncode != 0
+    assert not marker.exists()
+    assert _run(line, text.job_env({"A": "1"}, "j", 1), tmp_path).returncode == 0 and marker.exists()
 
 
 def test_resources_become_entrypoint_resources() -> None:

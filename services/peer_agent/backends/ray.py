@@ -34,9 +34,9 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
 
 Limits (measured with ray 2.60): a job sees the environment of the Ray node that
 runs it plus its own variables. Ray expands ``$NAME`` and ``${NAME}`` in
-``runtime_env.env_vars`` values, so those travel base64-encoded and a small Python
-wrapper (``python3`` on the node) sets them verbatim before it ``exec``s the
-command (``ray_text.entrypoint``). Anyone who can reach the dashboard reads a
+``runtime_env.env_vars`` values, so those travel base64-encoded and the entrypoint's
+shell decodes them (``base64 -d`` on the node) and sets them verbatim before it
+``exec``s the command (``ray_text.entrypoint``). Anyone who can reach the dashboard reads a
 job's variables (``list_jobs``). The
 fit check counts the nodes the cluster has now: an autoscaler's nodes not yet
 started do not count. ``list_jobs`` answers with every job since the head started,
@@ -280,7 +280,8 @@ class RayBackend:
     async def launch(self, spec: RunSpec) -> _RayRun:
         submission_id = text.submission_id(spec.job_id, spec.epoch)
         try:
-            entrypoint = text.entrypoint(spec.command)
+            entrypoint = text.entrypoint(spec.command, spec.env)
+            env_vars = text.job_env(spec.env, spec.job_id, spec.epoch)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         report = self._report
@@ -301,7 +302,7 @@ class RayBackend:
         try:
             await self.call(
                 "submit_job", entrypoint=entrypoint, submission_id=submission_id,
-                runtime_env={"env_vars": text.job_env(spec.env, spec.job_id, spec.epoch)},
+                runtime_env={"env_vars": env_vars},
                 metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch, nonce),
                 **text.submit_resources(spec.resources, report.ray_names),
             )

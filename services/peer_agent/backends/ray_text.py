@@ -5,7 +5,8 @@
   another peer (or none) is never ours, whatever its id says.
 - Submission: the command as one shell line (``shlex.join``: Ray runs the
   entrypoint through a shell, so every argument is quoted and reaches the program
-  literally), the job's environment plus ``IRISFED_JOB_ID``/``IRISFED_EPOCH``, and
+  literally) after a shell-only prefix that sets the job's environment plus
+  ``IRISFED_JOB_ID``/``IRISFED_EPOCH`` verbatim (``entrypoint``, ``job_env``), and
   its resources as Ray's entrypoint resources (``submit_resources``). Ray never
   refuses a job it can never run (it waits PENDING, then fails it after 15
   minutes): ``too_big`` says so before submitting.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -97,28 +97,73 @@ def owned_run(sub_id: str | None, meta: Mapping[str, str] | None, peer_id: str) 
 
 
 # Ray expands ``$NAME`` and ``${NAME}`` in ``runtime_env.env_vars`` values (and drops
-# unknown ``${NAME}``), so the job's own variables travel base64-encoded in one
-# variable (no ``$`` in that alphabet) and this wrapper, any Python 3 on the node,
-# puts them in place verbatim and then becomes the command (``execvp``).
+# unknown ``${NAME}``), so the job's own variables travel in one variable, base64 (no
+# ``$`` in that alphabet) of shell text that sets them (``_env_script``). The
+# entrypoint's shell decodes it with ``base64 -d`` (coreutils or busybox on the node),
+# ``eval``s it and ``exec``s the command: builtins and one small process, where a
+# Python wrapper started an interpreter before every job (340 ms, 940 ms through a
+# pyenv shim, against 9 ms for ``sh -c true`` on 2 loaded cores). A failed decode
+# stops the line (``&&``): the command never runs without its variables.
 ENV_VARIABLE = "IRISFED_ENV_B64"
-_UNWRAP = ("import base64,json,os,sys;"
-           f"os.environ.update(json.loads(base64.b64decode(os.environ.pop('{ENV_VARIABLE}'))));"
-           "os.execvp(sys.argv[1],sys.argv[1:])")
+_DECODED = "irisfed_env"  # the shell variable holding the decoded text (unset by it)
+_UNWRAP = f'{_DECODED}=$(printf %s "${ENV_VARIABLE}" | base64 -d) && eval "${_DECODED}" && exec'
+# Names ``export`` takes; any other goes to ``env`` as a NAME=VALUE argument.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def entrypoint(command: Sequence[str]) -> str:
-    """The shell line Ray runs: the unwrapper, then the command, each argument quoted,
-    so none is expanded by the shell."""
+def _check(command: Sequence[str], env: Mapping[str, str]) -> None:
+    """Raises ValueError for what no process can be given (the message says why)."""
     if not command:
         raise ValueError("the job has no command")
-    return shlex.join(["python3", "-c", _UNWRAP, *command])
+    if any("\0" in word for word in [*command, *env, *env.values()]):
+        raise ValueError("a NUL character cannot be passed to a job (command or environment)")
+    bad = [name for name in env if not name or "=" in name]
+    if bad:
+        raise ValueError(f"environment variable name {bad[0]!r} is empty or holds '='")
+
+
+def _through_env(command: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether the command starts through ``/usr/bin/env``: for a name ``export`` cannot
+    set, or a program whose name starts with ``-`` (``exec`` would take it for an option)."""
+    return command[0].startswith("-") or any(not _SHELL_NAME.fullmatch(name) for name in env)
+
+
+def entrypoint(command: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The shell line Ray runs: set the job's variables ``env`` from ``ENV_VARIABLE``
+    (``job_env``), then ``exec`` the command, each argument quoted so none is
+    expanded by the shell. Raises ValueError for what cannot be passed."""
+    env = env or {}
+    _check(command, env)
+    if not _through_env(command, env):
+        return f"{_UNWRAP} {shlex.join(command)}"
+    if "=" in command[0]:
+        raise ValueError(f"the program {command[0]!r} holds '=' and must be started through env (an "
+                         "environment name that is not a shell name, or a leading '-'), which would "
+                         "read it as a variable")
+    return f'{_UNWRAP} /usr/bin/env -- "$@" {shlex.join(command)}'
+
+
+def _env_script(variables: Mapping[str, str]) -> str:
+    """Shell text that sets ``variables`` verbatim: ``export NAME='VALUE'`` for shell
+    names, the rest as ``NAME=VALUE`` words in ``"$@"`` for ``/usr/bin/env``. It first
+    unsets the encoded variable and itself, so the command sees neither (unless the
+    job names them)."""
+    lines = [f"unset {_DECODED} {ENV_VARIABLE}"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in variables.items()
+              if _SHELL_NAME.fullmatch(name)]
+    others = [shlex.quote(f"{name}={value}") for name, value in variables.items() if not _SHELL_NAME.fullmatch(name)]
+    if others:
+        lines.append("set -- " + " ".join(others))
+    return "\n".join(lines) + "\n"
 
 
 def job_env(env: Mapping[str, str], job_id: str, epoch: int) -> dict[str, str]:
     """What goes in ``runtime_env.env_vars``: the job's own variables and its identity,
-    encoded (see ``ENV_VARIABLE``); nothing of the agent's environment."""
+    encoded (see ``ENV_VARIABLE``); nothing of the agent's environment. Raises
+    ValueError for a variable no process can be given."""
+    _check(["-"], env)
     variables = {**env, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
-    encoded = base64.b64encode(json.dumps(variables).encode()).decode()
+    encoded = base64.b64encode(_env_script(variables).encode()).decode()
     return {ENV_VARIABLE: encoded, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
 
 
