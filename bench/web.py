@@ -205,7 +205,14 @@ async def fill_jobs(database_url: str, total: int) -> float:
             "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass)")
         for row in indexes:
             await conn.execute(f'DROP INDEX "{row["indexname"]}"')
-        await conn.copy_records_to_table("jobs", records=web_jobs(total, datetime.now(UTC)), columns=COPY_COLUMNS)
+        # Only the columns this schema has (a later migration may move one, e.g. the
+        # explanation into its own table; the list page reads neither).
+        present = {r["column_name"] for r in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'jobs'")}
+        keep = [i for i, name in enumerate(COPY_COLUMNS) if name in present]
+        records = (tuple(row[i] for i in keep) for row in web_jobs(total, datetime.now(UTC)))
+        await conn.copy_records_to_table("jobs", records=records, columns=[COPY_COLUMNS[i] for i in keep])
         await conn.execute("SET maintenance_work_mem = '256MB'")
         for row in indexes:
             await conn.execute(row["indexdef"])
@@ -222,7 +229,7 @@ async def page_cases(pool: asyncpg.Pool, total: int) -> list[PageCase]:
     deep_at, deep_id = await pool.fetchrow(
         "SELECT submitted_at, job_id FROM jobs ORDER BY submitted_at DESC, job_id DESC OFFSET $1 LIMIT 1",
         total * 9 // 10)
-    label = json.dumps(dict([LABEL_FILTER]))
+    label = dict([LABEL_FILTER])  # the pool's codec encodes jsonb (a JSON string here would match nothing)
     return [
         PageCase("first page", "", (), JobFilter()),
         PageCase("page 90% deep (cursor)", "(submitted_at, job_id) < ($1, $2)", (deep_at, deep_id),
@@ -242,6 +249,7 @@ class PageTimes:
     server_ms: list[float] = field(default_factory=list)  # GET /jobs: the app's Server-Timing
     client_ms: list[float] = field(default_factory=list)  # GET /jobs: the whole HTTP round trip
     rows: set[int] = field(default_factory=set)  # rows on the pages served
+    bare_rows: set[int] = field(default_factory=set)  # rows the bare SELECT returned
     errors: int = 0
 
 
@@ -251,21 +259,22 @@ async def measure_case(case: PageCase, dep: Deployment, client: httpx.AsyncClien
     the other, so a burst of load elsewhere on the machine falls on all three alike."""
     for _ in range(count):
         started = time.perf_counter()
-        await dep.pool.fetch(case.bare_sql, *case.bare_args)
+        bare = await dep.pool.fetch(case.bare_sql, *case.bare_args)
         bare_done = time.perf_counter()
         await job_page(dep.store, case.jobs, PAGE)
         store_done = time.perf_counter()
         response = await client.get(url)
         done = time.perf_counter()
         server = server_time_ms(response.headers.get("server-timing"))
-        if response.status_code != 200 or server is None:
-            times.errors += 1
+        if response.status_code != 200 or server is None or len(bare) != PAGE:
+            times.errors += 1  # a bare SELECT short of a page would be no baseline
         elif measured:
             times.bare_ms.append((bare_done - started) * 1e3)
             times.store_ms.append((store_done - bare_done) * 1e3)
             times.server_ms.append(server)
             times.client_ms.append((done - store_done) * 1e3)
             times.rows.add(response.text.count('data-testid="job-row"'))
+            times.bare_rows.add(len(bare))
 
 
 async def wait_web(client: httpx.AsyncClient, base: str, patience_s: float = 60) -> dict:
@@ -321,11 +330,12 @@ async def jobs_page_bench(bench: Bench, admin_url: str, nats_url: str, calls: in
         ratio = p50(got.server_ms) / p50(got.bare_ms)
         bench.add(Figure(
             "web", f"/jobs server time p50, {case.name}, {total:,} rows", p50(got.server_ms), "ms",
-            f"bare keyset SELECT, {case.name}", ratio, "≤ 3× bare keyset", ratio <= 3,
+            f"bare keyset SELECT, {case.name}", ratio, "≤ 3× bare keyset", ratio <= 3 and not got.errors,
             f"{len(got.server_ms)} requests",
             f"Server-Timing p99 {p99(got.server_ms):.2f} ms; bare SELECT p50 {p50(got.bare_ms):.2f} ms; the "
             f"dashboard's read (job_page, this process) p50 {p50(got.store_ms):.2f} ms; whole HTTP round trip "
-            f"(httpx) p50 {p50(got.client_ms):.2f} ms; rows per page {sorted(got.rows)}; errors {got.errors}"))
+            f"(httpx) p50 {p50(got.client_ms):.2f} ms; rows per page {sorted(got.rows)} (bare SELECT "
+            f"{sorted(got.bare_rows)}); errors {got.errors}"))
 
 
 # ---------------------------------------------------------------- live viewers against dispatch
@@ -335,8 +345,9 @@ class SseClient:
     """One ``/events`` stream over a raw socket, its events counted (a browser's EventSource,
     without the browser: no page re-fetches)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, address: str) -> None:
         self.host, self.port = host, port
+        self.address = address  # the browser's, as a proxy in front would forward it
         self.counter = EventCounter()
         self.status = 0
         self.ended = False
@@ -347,7 +358,7 @@ class SseClient:
         reader, writer = await asyncio.open_connection(self.host, self.port)
         self._writer = writer
         writer.write(f"GET /events HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: text/event-stream\r\n"
-                     "Cache-Control: no-cache\r\n\r\n".encode())
+                     f"X-Forwarded-For: {self.address}\r\nCache-Control: no-cache\r\n\r\n".encode())
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
         self.status = int(head.split(b" ", 2)[1])
@@ -376,7 +387,9 @@ class SseClient:
 
 async def open_viewers(base: str, count: int) -> list[SseClient]:
     host, port = base.removeprefix("http://").rsplit(":", 1)
-    viewers = [SseClient(host, int(port)) for _ in range(count)]
+    # Each stream from its own browser (the dashboard allows a few streams per client
+    # address; uvicorn takes it from X-Forwarded-For when the connection is local).
+    viewers = [SseClient(host, int(port), f"10.0.{n // 250}.{n % 250 + 1}") for n in range(count)]
     await asyncio.gather(*(v.open() for v in viewers))
     refused = [v.status for v in viewers if v.status != 200]
     if refused:

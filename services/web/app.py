@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.common.log import EventLogger
 from services.web import present
 from services.web.filters import MAX_LABELS, STATES, FilterError, parse_filters
+from services.web.live import Refused
 from services.web.reads import job_page, job_story
 from services.web.security import (
     CSRF_FIELD,
@@ -65,6 +66,7 @@ HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 MAX_FORM_BYTES = 8 * 1024
+REFUSED_RETRY_S = 30  # a refused live stream: when to try again (app.js polls meanwhile)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 CANCEL_ERRORS = {
     ErrorCode.NOT_FOUND.value: "the router knows no such job",
@@ -191,11 +193,13 @@ class Pages:
         self.web = web
         self.root = web.settings.root_path
         self.version = _version(STATIC)
+        # auto_reload off: the templates are the package's own and never change while it
+        # runs (on, every render stats each template file).
         self.env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
-                               finalize=present.visible, trim_blocks=True, lstrip_blocks=True)
+                               finalize=present.visible, trim_blocks=True, lstrip_blocks=True, auto_reload=False)
         self.env.globals.update(
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
-            fmt_time=present.fmt_time, rows_html=present.job_rows_html, states=STATES, is_terminal=present.is_terminal,
+            fmt_time=present.fmt_time, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
         )
         self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs)
@@ -286,7 +290,8 @@ class Pages:
         template = "_job.html" if self.fragment(request) else "job.html"
         return self.render(request, template, page="jobs", story=story, job=job, notice=notice,
                            spec=present.spec_view(job.spec), steps=present.timeline(story.history),
-                           why=present.explained(job.explanation, story.history))
+                           why=present.explained(story.odd_explanation if story.odd_explanation is not None
+                                                 else job.explanation, story.history))
 
     async def cancel(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -313,10 +318,17 @@ class Pages:
         return JSONResponse(await self.web.charts.get())
 
     async def events(self, request: Request) -> Response:
-        viewer = self.web.broker.join()
+        broker, client = self.web.broker, _client(request)
+        viewer = broker.join(client)
         if viewer is None:
-            return Response("too many live viewers; the page still works without live updates\n", 503,
-                            media_type="text/plain")
+            # The page then refreshes itself every little while instead (app.js).
+            if broker.refusal(client) is Refused.CLIENT_FULL:
+                log.warning("events_refused", client=client, open=broker.viewers_per_client)
+                return Response(f"too many live streams from your address (at most {broker.viewers_per_client}); "
+                                "close a tab or two: this page refreshes itself meanwhile\n", 429,
+                                media_type="text/plain", headers={"retry-after": str(REFUSED_RETRY_S)})
+            return Response("too many live viewers; the page refreshes itself meanwhile\n", 503,
+                            media_type="text/plain", headers={"retry-after": str(REFUSED_RETRY_S)})
         return StreamingResponse(self.web.broker.stream(viewer, self.web.settings.keepalive_s),
                                  media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 

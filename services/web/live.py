@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
 
 from prometheus_client import Counter, Gauge
 
@@ -90,6 +92,7 @@ def sse_event(name: str, data: object) -> str:
     return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+@lru_cache(maxsize=8)  # every viewer is sent the same batch: format it once
 def sse_lines(batch: Batch) -> str:
     """A batch as server-sent events: ``mode``, ``resync``, ``jobs``, ``peers``."""
     out = []
@@ -107,10 +110,11 @@ def sse_lines(batch: Batch) -> str:
 
 
 class Viewer:
-    """One open stream: its bounded queue of batches (None: the stream ends)."""
+    """One open stream (of ``client``): its bounded queue of batches (None: the stream ends)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, client: str = "-") -> None:
         self.queue: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=size)
+        self.client = client
         self.dropped = 0
 
     def offer(self, batch: Batch) -> None:
@@ -131,14 +135,27 @@ class Viewer:
         self.queue.put_nowait(last)
 
 
+class Refused(Enum):
+    """Why a new stream was not opened."""
+
+    FULL = "full"  # max_viewers streams are open
+    CLIENT_FULL = "client_full"  # this client holds viewers_per_client of them already
+
+
 class Broker:
-    """Gathers changes and fans them out to every viewer, at most once per ``flush_s``."""
+    """Gathers changes and fans them out to every viewer, at most once per ``flush_s``.
+
+    At most ``max_viewers`` streams at once, and ``viewers_per_client`` of them per
+    client (its address), so one client cannot take every slot of the live view.
+    """
 
     def __init__(self, flush_s: float = 0.5, queue_batches: int = 16, max_viewers: int = 200,
-                 live: bool = False) -> None:
+                 live: bool = False, viewers_per_client: int | None = None) -> None:
         self.flush_s = flush_s
         self.queue_batches = queue_batches
         self.max_viewers = max_viewers
+        self.viewers_per_client = viewers_per_client or max_viewers
+        self._per_client: dict[str, int] = {}
         self.live = live
         LIVE.set(1 if live else 0)
         self._pending = Pending()
@@ -189,11 +206,14 @@ class Broker:
                 viewer.offer(batch)
         return batch
 
-    async def run(self) -> None:
-        """Flush whenever something changed, at most once per ``flush_s``."""
+    async def run(self, before_flush: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Flush whenever something changed, at most once per ``flush_s`` (after awaiting
+        ``before_flush``: the service renews a spent NATS subscription there)."""
         while not self._closed:
             await self._wake.wait()
             self._wake.clear()
+            if before_flush is not None:
+                await before_flush()
             self.flush()
             await asyncio.sleep(self.flush_s)
 
@@ -203,17 +223,34 @@ class Broker:
     def viewers(self) -> int:
         return len(self._viewers)
 
-    def join(self) -> Viewer | None:
-        """A new viewer, or None when ``max_viewers`` are open (or the broker closed)."""
-        if self._closed or len(self._viewers) >= self.max_viewers:
+    def join(self, client: str = "-") -> Viewer | None:
+        """A new viewer for ``client``, or None when it may not have one (``refusal`` says
+        why): the broker is closed or full, or the client holds its share."""
+        if self.refusal(client) is not None:
             return None
-        viewer = Viewer(self.queue_batches)
+        viewer = Viewer(self.queue_batches, client)
         self._viewers.add(viewer)
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         VIEWERS.set(len(self._viewers))
         return viewer
 
+    def refusal(self, client: str = "-") -> Refused | None:
+        """Why ``client`` may not open a stream now (None: it may)."""
+        if self._closed or len(self._viewers) >= self.max_viewers:
+            return Refused.FULL
+        if self._per_client.get(client, 0) >= self.viewers_per_client:
+            return Refused.CLIENT_FULL
+        return None
+
     def leave(self, viewer: Viewer) -> None:
+        if viewer not in self._viewers:
+            return
         self._viewers.discard(viewer)
+        left = self._per_client.get(viewer.client, 0) - 1
+        if left > 0:
+            self._per_client[viewer.client] = left
+        else:
+            self._per_client.pop(viewer.client, None)
         VIEWERS.set(len(self._viewers))
 
     def close(self) -> None:

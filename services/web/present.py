@@ -9,12 +9,15 @@ left out, never fails the page), and strings that may carry a URL with a passwor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 from markupsafe import Markup, escape
 
 from services.common.redact import redact
@@ -24,6 +27,7 @@ from shared.lifecycle import TERMINAL_STATES, JobState
 from shared.records import ChangelogEntry
 from shared.resources import fmt_amount, from_units, offer_units
 
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote() leaves as it is (every job id)
 STEP = 5  # bar widths come in 5% steps: one CSS class each (no inline styles under the CSP)
 
 
@@ -46,7 +50,7 @@ def text(value: Any, limit: int | None = None) -> str:
 
 def path_part(value: str) -> str:
     """``value`` as one URL path segment."""
-    return quote(value, safe="")
+    return value if _URL_SAFE.fullmatch(value) else quote(value, safe="")
 
 
 def fmt_age(seconds: float | None) -> str:
@@ -204,11 +208,22 @@ def command_line(command: Any, limit: int = 80) -> str:
     """A list-row's command, joined and cut (redacted)."""
     if not isinstance(command, list):
         return text(command, limit)
-    return text(redact(" ".join(text(a) for a in command)), limit)
+    try:
+        joined = " ".join(command)
+    except TypeError:  # not all strings
+        joined = " ".join(text(a) for a in command)
+    return text(redact(joined), limit)
 
 
 def label_pairs(labels: Any) -> list[tuple[str, str]]:
-    return sorted((text(k), text(v)) for k, v in labels.items()) if isinstance(labels, Mapping) else []
+    if not isinstance(labels, Mapping):
+        return []
+    # Keys are distinct, so sorting the pairs never compares values of mixed types.
+    return [(text(k), v if isinstance(v, str) else text(v)) for k, v in sorted(labels.items(), key=_first)]
+
+
+def _first(pair: tuple[Any, Any]) -> str:
+    return text(pair[0])
 
 
 @dataclass(frozen=True)
@@ -261,6 +276,7 @@ class Explained:
     verdicts: list[Verdict]
     more: list[tuple[str, int]]
     placed: str  # "on X at epoch N (by)" for the last placement, else ""
+    raw: str = ""  # a stored explanation that is not an object, as (redacted) JSON text
 
 
 def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Explained:
@@ -282,7 +298,17 @@ def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Expla
     placed = [row for row in history if row.to_state == JobState.ASSIGNED]
     where = (f"on {text(placed[-1].peer_id) or '-'} at epoch {placed[-1].epoch} ({text(placed[-1].actor)})"
              if placed else "")
-    return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where)
+    raw = "" if explanation is None or isinstance(explanation, Mapping) else odd_text(explanation)
+    return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where, raw)
+
+
+def odd_text(value: Any, limit: int = 2000) -> str:
+    """A stored value of an unexpected shape, as JSON text (redacted, cut)."""
+    try:
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        shown = text(value)
+    return text(redact(shown), limit)
 
 
 def is_terminal(state: str) -> bool:
@@ -292,31 +318,79 @@ def is_terminal(state: str) -> bool:
 STATES = [s.value for s in JobState]
 
 
-def job_rows_html(rows: Any, job_url: Any) -> Markup:
-    """The Jobs page's rows, built here rather than in the template: a page is 50 rows of
-    ~20 values, and Jinja's per-expression cost made rendering most of the page's time.
-    Every value is escaped (``_cell``) exactly as the template's autoescape and finalize
-    would; tests/browser and tests/integration/test_web_pages.py check hostile strings."""
-    out = []
-    for row in rows:
-        job_id, state = _cell(row.job_id), _cell(row.state)
-        owner = row.owner_peer_id or (f"pinned {row.pinned_peer_id}" if row.pinned_peer_id else "-")
-        when = fmt_time(row.submitted_at)
-        labels = "".join(f'<code class="label">{_cell(text(k, 40))}={_cell(text(v, 40))}</code> '
-                         for k, v in label_pairs(row.labels))
-        out.append(
-            f'<tr id="job-{job_id}" data-testid="job-row" data-job-id="{job_id}">'
-            f'<th scope="row"><a href="{_cell(job_url(row.job_id))}" data-testid="job-link">{job_id}</a></th>'
-            f"<td>{_cell(text(row.name, 60))}</td>"
+class JobRows:
+    """The Jobs page's rows as HTML, built here rather than in the template: a page is 50
+    rows of ~20 values, and Jinja's per-expression cost made rendering most of the page's
+    time. Every value is escaped exactly as the template's autoescape and finalize would
+    (``_cells``: a row's values at once); tests/browser, tests/unit/test_web_limits.py and
+    tests/integration/test_web_pages.py check hostile strings.
+
+    A row's HTML is kept (the last ``keep`` rows, keyed by the row's whole content): every
+    viewer re-fetches the same page on each live update, and most rows of it are as
+    they were."""
+
+    def __init__(self, job_url: Callable[[str], str], keep: int = 4096) -> None:
+        self.job_url = job_url
+        self.keep = keep
+        self._kept: dict[bytes, str] = {}
+
+    def __call__(self, rows: Iterable[Any]) -> Markup:
+        out = []
+        kept = self._kept
+        for row in rows:
+            key = _row_key(row)
+            html = kept.get(key)
+            if html is None:
+                html = kept[key] = job_row_html(row, self.job_url)
+                if len(kept) > self.keep:
+                    del kept[next(iter(kept))]  # the oldest
+            out.append(html)
+        return Markup("".join(out))
+
+
+_row_key = msgspec.msgpack.Encoder().encode
+
+
+def job_rows_html(rows: Iterable[Any], job_url: Callable[[str], str]) -> Markup:
+    """Rows as HTML, none kept (``JobRows`` keeps them)."""
+    return Markup("".join(job_row_html(row, job_url) for row in rows))
+
+
+def job_row_html(row: Any, job_url: Callable[[str], str]) -> str:
+    """One row of the Jobs page (a ``JobListRow``), every value escaped."""
+    owner = row.owner_peer_id or (f"pinned {row.pinned_peer_id}" if row.pinned_peer_id else "-")
+    iso = row.submitted_at.isoformat()
+    values = [row.job_id, job_url(row.job_id), text(row.name, 60), row.state, owner, str(row.epoch),
+              str(row.attempts), iso, iso[:19].replace("T", " "), command_line(row.command, 80),
+              text(redact(text(row.reason)), 100)]
+    for key, value in label_pairs(row.labels):
+        values += (text(key, 40), text(value, 40))
+    job_id, url, name, state, owner, epoch, attempts, iso, when, command, reason, *pairs = _cells(values)
+    label_html = "".join(f'<code class="label">{pairs[i]}={pairs[i + 1]}</code> ' for i in range(0, len(pairs), 2))
+    return (f'<tr id="job-{job_id}" data-testid="job-row" data-job-id="{job_id}">'
+            f'<th scope="row"><a href="{url}" data-testid="job-link">{job_id}</a></th>'
+            f"<td>{name}</td>"
             f'<td data-testid="job-state" data-state="{state}"><span class="state state-{state}">{state}</span></td>'
-            f"<td>{_cell(owner)}</td>"
-            f'<td class="num">{_cell(row.epoch)}</td>'
-            f'<td class="num">{_cell(row.attempts)}</td>'
-            f'<td><time datetime="{_cell(row.submitted_at.isoformat())}" title="{when}">{when}</time></td>'
-            f"<td><code>{_cell(command_line(row.command, 80))}</code></td>"
-            f"<td>{labels}</td>"
-            f"<td>{_cell(text(row.reason, 100))}</td></tr>\n")
-    return Markup("".join(out))
+            f"<td>{owner}</td>"
+            f'<td class="num">{epoch}</td>'
+            f'<td class="num">{attempts}</td>'
+            f'<td><time datetime="{iso}" title="{when}">{when}</time></td>'
+            f"<td><code>{command}</code></td>"
+            f"<td>{label_html}</td>"
+            f"<td>{reason}</td></tr>\n")
+
+
+# Joins a row's values so they are checked and escaped in one call each: printable, and
+# left alone by HTML escaping. A value holding one itself takes the per-value path.
+_SEP = "\u00a6"
+
+
+def _cells(values: list[str]) -> list[str]:
+    """``values`` as ``_cell`` prints each (control characters shown, then HTML-escaped)."""
+    joined = _SEP.join(values)
+    if joined.isprintable() and joined.count(_SEP) == len(values) - 1:
+        return str(escape(joined)).split(_SEP)
+    return [_cell(value) for value in values]
 
 
 def _cell(value: Any) -> str:

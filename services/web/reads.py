@@ -16,7 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import msgspec
 
 from services.common.store import Store
 from services.web import charts
@@ -118,6 +120,9 @@ class JobStory:
     job: JobRow
     history: list[ChangelogEntry]
     logs: list[LogTail]
+    # The stored explanation when it is not an object (an older version or a hand wrote
+    # it): ``job.explanation`` is then None and the page shows this as text.
+    odd_explanation: Any = None
 
     @property
     def logs_readable(self) -> bool:
@@ -125,12 +130,34 @@ class JobStory:
 
 
 async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | None:
-    job = await store.job_get(job_id)
+    odd = None
+    try:
+        job = await store.job_get(job_id)
+    except msgspec.ValidationError:
+        found = await job_with_odd_explanation(store, job_id)
+        if found is None:
+            raise  # not the explanation's fault
+        job, odd = found
     if job is None:
         return None
     history = await store.changelog_list_for_job(job_id)
     logs = await read_logs(job.log_dir, tail_bytes) if job.log_dir else []
-    return JobStory(job, history, logs)
+    return JobStory(job, history, logs, odd)
+
+
+async def job_with_odd_explanation(store: Store, job_id: str) -> tuple[JobRow | None, Any] | None:
+    """``job_get``'s row when its explanation is not an object (which ``JobRow`` refuses):
+    the row without it, and the explanation as stored (None: the explanation is not
+    what is odd about the row)."""
+    record = await store._fetchrow("job_get", job_id)  # the same named query, read raw
+    if record is None:
+        return None, None
+    values = dict(record.items())
+    odd = values.get("explanation")
+    if odd is None or isinstance(odd, dict):
+        return None
+    values["explanation"] = None
+    return JobRow.from_record([values[name] for name in JobRow.__struct_fields__]), odd
 
 
 async def read_logs(log_dir: str, tail_bytes: int) -> list[LogTail]:

@@ -5,7 +5,14 @@ and Postgres polling when NATS is away.
   on a socket bound at start (a port in use is a clear error, not a crash) and stops
   on SIGTERM with the other tasks (the runtime owns signals, not uvicorn).
 - Live: ``events.*`` and ``heartbeat.*`` feed the broker (``live.py``) and the peer
-  view. The service starts without NATS and connects in the background.
+  view. The service starts without NATS and connects in the background. Job events
+  come fast (several per job: thousands a second under load) and a batch names at
+  most ``MAX_IDS`` jobs, so the ``events.*`` subscription asks NATS for only
+  ``EVENTS_PER_FLUSH`` messages: once they are in, the batch says "many jobs
+  changed", NATS sends no more, and the broker renews the subscription just before
+  its next flush (anything published in between falls in the batch being flushed).
+  The dashboard so reads at most ~``EVENTS_PER_FLUSH / flush_s`` messages a second,
+  however busy the federation is, and leaves the CPU to the services.
 - Fallback: while NATS is not connected, every ``poll_s`` the changelog's new rows
   and the stored heartbeats stand in for the messages (and every ``live_poll_s``
   while it is, so a lost message still reaches the pages); pages say which.
@@ -32,7 +39,7 @@ from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import WAIT_OUT, Service
 from services.web.app import build_app
-from services.web.live import Broker, ChangeTail
+from services.web.live import MAX_IDS, Broker, ChangeTail
 from services.web.reads import ChartSource, FederationReads
 from services.web.security import LoginThrottle, Signer
 from services.web.settings import WebSettings
@@ -44,6 +51,7 @@ from shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
 log = EventLogger("web")
 
 _JOB_ID = re.compile(JOB_ID_PATTERN)
+EVENTS_PER_FLUSH = MAX_IDS + 1  # job events read per flush; one more than a batch names
 CHANGES_PER_POLL = 2000  # changelog rows read per poll; more at once are "many jobs changed"
 STOP_WAIT_S = 5.0  # for the HTTP server to finish its responses on shutdown
 
@@ -92,7 +100,8 @@ class WebService(Service):
         super().__init__(config, pool, nc, settings, clock)
         self._connect_nats = connect_nats
         self.view = PeerView(config, self.clock.monotonic)
-        self.broker = Broker(settings.flush_s, settings.queue_batches, settings.max_viewers, live=False)
+        self.broker = Broker(settings.flush_s, settings.queue_batches, settings.max_viewers, live=False,
+                             viewers_per_client=settings.viewers_per_client)
         token = settings.operator_token
         self.signer = Signer.for_token(token.reveal(), settings.session_ttl_s) if token else None
         self.login_throttle = LoginThrottle()
@@ -105,6 +114,7 @@ class WebService(Service):
         self._heard: dict[str, tuple[str, int]] = {}
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
+        self._events_spent = False  # the events subscription took its messages: renew before the next flush
 
     # ------------------------------------------------------------ lifecycle
 
@@ -121,7 +131,7 @@ class WebService(Service):
         elif self._connect_nats is not None:
             self.tasks.spawn(self._connect_later(), name="web-nats-connect")
         self.broker.set_live(self.live)
-        self.tasks.spawn(self.broker.run(), name="web-broker")
+        self.tasks.spawn(self.broker.run(self._renew_events), name="web-broker")
         self.tasks.spawn(self._poll_loop(), name="web-poll")
         if listen:
             self._serve()
@@ -170,11 +180,47 @@ class WebService(Service):
         log.info("web_live", prefix=self.subjects.prefix)
 
     async def _subscribe(self) -> None:
-        await self.nc.subscribe(self.subjects.events(), cb=self.on_event)
+        await self._subscribe_events()
         await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
         await self.nc.flush()
 
-    async def on_event(self, msg: Any) -> None:
+    async def _subscribe_events(self) -> None:
+        """Subscribe to ``events.*`` for the next ``EVENTS_PER_FLUSH`` messages (NATS
+        itself stops sending after them)."""
+        left = EVENTS_PER_FLUSH  # this subscription's own count: a late message of an old one counts there
+
+        async def on_event(msg: Any) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                self._events_spent = True
+                self.broker.all_jobs_changed()  # NATS sends no more until the renewal
+            elif left > 0:
+                self.on_event(msg)
+
+        self._events_spent = False
+        sub = await self.nc.subscribe(self.subjects.events(), cb=on_event)
+        try:
+            await sub.unsubscribe(limit=EVENTS_PER_FLUSH)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            raise
+
+    async def _renew_events(self) -> None:
+        """Before a flush: a spent events subscription is renewed (NATS has it, the flush's
+        round trip, before the batch is taken)."""
+        if not self._events_spent or not self.live:
+            return
+        try:
+            await self._subscribe_events()
+            await self.nc.flush()
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            log.warning("events_resubscribe_failed", error=repr(exc)[:300])
+            self._events_spent = True  # again before the next flush; the Postgres poll covers meanwhile
+            self.broker.all_jobs_changed()
+
+    def on_event(self, msg: Any) -> None:
         """``events.<job_id>``: that job moved (the subject says which; the body is not needed)."""
         job_id = msg.subject[len(self.subjects.events("")):]
         if _JOB_ID.fullmatch(job_id):

@@ -62,6 +62,9 @@ class WebSettings:
     flush_s: float = 0.5
     queue_batches: int = 16
     max_viewers: int = 200  # concurrent /events streams; more are answered 503
+    # ... and per client address (behind a proxy: the X-Forwarded-For uvicorn trusts,
+    # from FORWARDED_ALLOW_IPS, default 127.0.0.1); more are answered 429.
+    viewers_per_client: int = 8
     keepalive_s: float = 15.0
     log_tail_bytes: int = 64 * 1024  # of each of a job's stdout and stderr
     cancel_timeout_s: float = 5.0  # for the router's reply
@@ -79,7 +82,7 @@ class WebSettings:
         if root and root.split("/")[1] in OWN_PATHS:
             raise ConfigError(f"web setting root_path (--root-path) must not start with one of the dashboard's "
                               f"own paths ({', '.join(OWN_PATHS)}), got {root!r}")
-        for name in ("page_size", "queue_batches", "max_viewers", "log_tail_bytes"):
+        for name in ("page_size", "queue_batches", "max_viewers", "viewers_per_client", "log_tail_bytes"):
             require_count("web", name, getattr(self, name))
         for name in ("poll_s", "live_poll_s", "snapshot_s", "totals_s", "charts_s", "flush_s", "keepalive_s",
                      "cancel_timeout_s", "session_ttl_s"):

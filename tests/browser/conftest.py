@@ -94,7 +94,8 @@ class _Watch:
         self.expected.append((path, status))
 
     def console_error(self, text: str, url: str) -> None:
-        found = re.fullmatch(r"Failed to load resource: the server responded with a status of (\d{3}).*", text)
+        found = (re.fullmatch(r"Failed to load resource: the server responded with a status of (\d{3}).*", text)
+                 or re.fullmatch(r"EventSource's response has a status (\d{3}) that is not 200\..*", text))
         if found and (urlsplit(url).path, int(found.group(1))) in self.expected:
             return
         self.problems.append(f"console error: {text} ({url})")

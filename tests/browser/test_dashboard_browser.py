@@ -15,9 +15,11 @@ import signal
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import Page, expect
 
+from services.web.settings import WebSettings
 from tests.browser.conftest import ARTIFACTS, Dashboard, update_screenshots
 from tests.infra.waiting import wait_for
 
@@ -452,6 +454,36 @@ async def test_every_page_loads_and_updates_live_without_errors_and_charts_draw(
             await expect(page.get_by_test_id("charts-error")).to_be_hidden()
         if path == "/login":
             await expect(page.get_by_test_id("login-form")).to_be_visible()
+
+
+# ---------------------------------------------------------------- 6b. a refused live stream
+
+
+async def test_a_browser_refused_a_live_stream_refreshes_by_itself_and_streams_again_later(dashboard: Dashboard,
+                                                                                          page: Page, watch):
+    """This address holds its share of streams (from the test, as many tabs would): the
+    page's own stream is refused (429), it says so and refreshes itself; once a slot is
+    free its next try streams again."""
+    share = WebSettings().viewers_per_client
+    watch.expect_status("/events", 429)
+    async with httpx.AsyncClient(timeout=30) as http, contextlib.AsyncExitStack() as held:
+        for _ in range(share):
+            stream = await held.enter_async_context(http.stream("GET", dashboard.url("/events")))
+            assert stream.status_code == 200
+        async with page.expect_response(lambda r: r.url.endswith("/events") and r.status == 429):
+            await page.goto(dashboard.url("/jobs"))
+        await expect(page.get_by_test_id("poll-banner")).to_be_visible()
+        await expect(page.get_by_test_id("stream-banner")).to_be_hidden()
+        await page.evaluate(RECORD_STATES, ["#job-polled-1 [data-testid=job-state]", "state"])
+        await dashboard.fed.submit({"job_id": "polled-1", "command": ["true"], "name": "polled"})
+        # Refreshed by the page's own timer (every 10 s), without a reload.
+        await expect(page.locator("#job-polled-1 [data-testid=job-state]")).to_have_attribute(
+            "data-state", "succeeded", timeout=60_000)
+        states = await page.evaluate("window.__states")  # still there: the page never reloaded
+        assert states and states[-1] == "succeeded", states
+    # The held streams are closed: the page's next try (every 30 s) is let in.
+    await expect(page.get_by_test_id("poll-banner")).to_be_hidden(timeout=90_000)
+    await expect(page.get_by_test_id("stream-banner")).to_be_hidden()
 
 
 # ---------------------------------------------------------------- 7. the screenshot in the docs

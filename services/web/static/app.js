@@ -10,11 +10,19 @@
 //   mode   -> shows or hides the "polling Postgres" banner
 // Each DOM event fires at most once a second per target, and always once more after
 // the last change (no update is lost to the throttle).
+//
+// A stream the dashboard refuses (too many open: 429 for this browser's address, 503
+// for everyone) is closed for good by the browser: the page then re-fetches its
+// fragments every REFUSED_POLL_MS, says so, and asks for a stream again after
+// REFUSED_RETRY_MS.
 (function () {
   "use strict";
   var body = document.body;
   var THROTTLE_MS = 1000;
+  var REFUSED_POLL_MS = 10000;
+  var REFUSED_RETRY_MS = 30000;
   var timers = new Map();
+  var polling = null;
 
   function fire(target, name) {
     var key = target === body ? name : name + "\u0000" + (target.dataset.liveJob || "");
@@ -41,6 +49,21 @@
     });
   }
 
+  function refresh() {
+    fire(body, "irisfed-resync");
+    liveJobs([], true);
+  }
+
+  function startPolling() {
+    setHidden("poll-banner", false);
+    if (polling === null) { polling = setInterval(refresh, REFUSED_POLL_MS); }
+  }
+
+  function stopPolling() {
+    setHidden("poll-banner", true);
+    if (polling !== null) { clearInterval(polling); polling = null; }
+  }
+
   function connect() {
     var url = body.dataset.events;
     if (!url || !window.EventSource) { return; }
@@ -48,10 +71,17 @@
     var broken = false;
     source.addEventListener("open", function () {
       setHidden("stream-banner", true);
+      stopPolling();
       if (broken) { broken = false; fire(body, "irisfed-resync"); }
     });
     source.addEventListener("error", function () {
       broken = true;
+      if (source.readyState === EventSource.CLOSED) {  // refused: the browser will not retry
+        setHidden("stream-banner", true);
+        startPolling();
+        setTimeout(connect, REFUSED_RETRY_MS);
+        return;
+      }
       setHidden("stream-banner", false);
     });
     source.addEventListener("mode", function (e) {
@@ -64,10 +94,7 @@
       liveJobs(Array.isArray(data.ids) ? data.ids : [], data.all === true);
     });
     source.addEventListener("peers", function () { fire(body, "irisfed-peers"); });
-    source.addEventListener("resync", function () {
-      fire(body, "irisfed-resync");
-      liveJobs([], true);
-    });
+    source.addEventListener("resync", refresh);
   }
 
   // ------------------------------------------------------------ charts (uPlot)
