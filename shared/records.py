@@ -45,9 +45,9 @@ class Explanation:
         self.key = digest.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    """One row for ``job_insert_batch``, built by the router."""
+class NewJob(msgspec.Struct, frozen=True):
+    """One row for ``job_insert_batch``, built by the router (a Struct: one per submit,
+    built and encoded in C)."""
 
     job_id: str
     spec_json: str  # the canonical JSON of the request without job_id

@@ -46,6 +46,7 @@ class Routed:
     epoch: int
     verdicts: tuple[PeerVerdictMsg, ...]  # in the reply of rejected jobs
     explanation: Explanation  # stored once, however many jobs share it
+    reply_tail: bytes  # the reply after its job_id (see first_reply)
 
 
 def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -> Routed:
@@ -67,8 +68,21 @@ def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -
     # so those are stored with the explanation (which lists only the first few).
     stored = Explanation(encoder.encode(explanation("router", plan.reason, plan.verdicts)),
                          encoder.encode(verdicts) if rejected else None)
+    # Every field of the reply but the first, job_id, follows from the decision.
+    blank = submit_reply("", disposition.value, state.value, peer_id, plan.reason, verdicts)
+    assert blank.startswith(_REPLY_HEAD + b'""')
     return Routed(plan=plan, state=state, peer_id=peer_id, owner_peer_id=owner, backend=backend, epoch=epoch,
-                  verdicts=verdicts, explanation=stored)
+                  verdicts=verdicts, explanation=stored, reply_tail=blank[len(_REPLY_HEAD) + 2:])
+
+
+_REPLY_HEAD = b'{"job_id":'
+_DEFAULT_RESOURCES_JSON = encoder.encode(DEFAULT_RESOURCES.as_dict()).decode()
+
+
+def first_reply(routed: Routed, job_id: str) -> bytes:
+    """``submit_reply`` for a new job routed as ``routed``: the same bytes, spliced
+    around the job_id instead of encoded whole (this runs for every submit)."""
+    return _REPLY_HEAD + encoder.encode(job_id) + routed.reply_tail
 
 
 def submit_reply(job_id: str, disposition: str, state: str, peer_id: str, reason: str,
@@ -94,10 +108,8 @@ def original_reply(row: SubmittedJob) -> bytes:
 def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[NewJob, bytes]:
     """The row to insert and the reply (JSON) to send once it is committed."""
     plan = routed.plan
-    reply = submit_reply(job_id, plan.disposition.value, routed.state.value, routed.peer_id, plan.reason,
-                         routed.verdicts)
+    reply = first_reply(routed, job_id)
     spec = request.canonical_spec()
-    resources = request.resource_request()
     job = NewJob(
         job_id=job_id,
         spec_json=spec.decode(),
@@ -113,7 +125,8 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
         deadline_s=request.deadline_s,
         reason=plan.reason,
         explanation=routed.explanation,
-        resources_json=encoder.encode(resources.as_dict()).decode(),
+        resources_json=(encoder.encode(request.resource_request().as_dict()).decode() if request.resources
+                        else _DEFAULT_RESOURCES_JSON),
     )
     return job, reply
 

@@ -41,6 +41,14 @@ async def test_peer_role_changes_only_its_own_jobs(database_url, pool, roles):
         # invisible: the CAS finds no row
         assert await gpu.job_start_batch("gpu-west", [(theirs, 1, None, "stolen")]) == {}
         assert await gpu.job_get(theirs) is None
+        # job_get joins the explanations: it works for an agent, which sees none of them
+        # (they name other peers and what they lack).
+        own = await gpu.job_get(mine)
+        assert own is not None and own.explanation is None
+        assert (await admin.job_get(mine)).explanation is not None
+        assert await gpu_pool.fetchval("SELECT count(*) FROM job_explanations") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await gpu_pool.execute("INSERT INTO job_explanations (key, explanation) VALUES ('k', '{}')")
         assert [r.job_id for r in await gpu.job_list_live_for_owner("tpu-east")] == []
         # Jobs change only through the agent functions (migration 0004), never directly.
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -77,6 +85,9 @@ async def test_router_and_tick_roles_have_only_what_they_use(database_url, pool,
             await router.execute("UPDATE peer_heartbeat SET seq = 0")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await router.execute("SELECT * FROM federation_sync_state")
+        await router.execute("INSERT INTO job_explanations (key, explanation) VALUES ('r', '{}')")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await router.execute("DELETE FROM job_explanations")
     finally:
         await router.close()
     tick = await asyncpg.connect(as_role(database_url, "irisfed_svc_tick"))
@@ -103,11 +114,13 @@ async def test_the_web_role_reads_every_row_and_writes_none(database_url, pool, 
         assert {r["job_id"] for r in await web.fetch("SELECT job_id FROM jobs")} == {theirs, queued.job_id}
         assert await web.fetchval("SELECT count(*) FROM federation_changelog") >= 3
         assert await web.fetchval("SELECT count(*) FROM peer_heartbeat") == 1
+        assert await web.fetchval("SELECT count(*) FROM job_explanations") >= 1  # the dashboard's job page joins it
         await web.fetch("SELECT * FROM federation_sync_state")
         for statement in ("UPDATE jobs SET reason = 'x'", "DELETE FROM jobs",
                           f"INSERT INTO federation_changelog (job_id, to_state, epoch, actor) "
                           f"VALUES ('{theirs}', 'killed', 1, 'web')",
                           "UPDATE peer_heartbeat SET seq = 0", "DELETE FROM federation_sync_state",
+                          "INSERT INTO job_explanations (key, explanation) VALUES ('w', '{}')",
                           "CREATE TABLE web_was_here (x int)"):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await web.execute(statement)

@@ -308,3 +308,17 @@ def test_a_rejected_duplicate_repeats_every_verdict_from_the_stored_decision():
     assert route(plan, "home", None).explanation.key == routed.explanation.key
     queued = make_router(*many).classify(RoutingRequest(GPU, local_feasible=False))
     assert route(queued, "home", None).explanation.key != routed.explanation.key
+
+
+def test_the_spliced_first_reply_is_the_encoded_reply():
+    # first_reply splices the job_id into bytes built once per decision; it must be
+    # exactly what encoding the whole reply gives, for every kind of decision.
+    from services.router.plan import first_reply, route, submit_reply
+
+    for plan in (make_router(peer("gpu-west", device_type="gpu")).classify(RoutingRequest(GPU, local_feasible=False)),
+                 make_router(peer("home", device_type="cpu")).classify(RoutingRequest(GPU, local_feasible=False)),
+                 make_router(peer("home")).classify(RoutingRequest([], local_feasible=True))):
+        routed = route(plan, "home", None)
+        for job_id in ("a", "x.y-z_1", "q" * 128):
+            assert first_reply(routed, job_id) == submit_reply(
+                job_id, plan.disposition.value, routed.state.value, routed.peer_id, plan.reason, routed.verdicts)
