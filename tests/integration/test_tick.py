@@ -208,3 +208,29 @@ async def test_a_failed_batch_leaves_no_claim_behind(pool, monkeypatch):
         claimable = await tx.job_claim_queued(1000)
     assert len(claimable) == 60
     await assert_changelog_replays(store)
+
+
+async def test_capacity_in_use_is_counted_with_one_connection_or_many(pool, database_url):
+    # The counts of what is in use run beside the first claim when the pool has
+    # connections to spare, and before it on the one connection otherwise: either
+    # way a run sees the slots already taken and fills only what is left.
+    from services.common import db as dbmod
+
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=3)
+    taken = [make_job() for _ in range(2)]
+    await insert_jobs(store, taken)
+    await assign_jobs(store, taken, "gpu-west")
+    for size in (1, 4):
+        waiting = [make_job() for _ in range(3)]
+        await insert_jobs(store, waiting)
+        own = await dbmod.connect(database_url, min_size=1, max_size=size)
+        try:
+            tick = Tick(make_config(), own, None)
+            await tick.refresh_view()
+            result = await tick.run_once()
+        finally:
+            await own.close()
+        assert len(result.assigned) == (1 if size == 1 else 0), size  # 3 slots, 2 then 3 in use
+        assert result.waiting == (2 if size == 1 else 5)  # the first round's two still wait
+    await assert_changelog_replays(store)
