@@ -305,10 +305,13 @@ async def ray_submit_to_start(bench: Bench, admin_url: str, nats_url: str, head)
         await fed.start(["--backend", "ray", "--ray-address", head.address,
                          "--poll-interval", str(AGENT_POLL_INTERVAL_S)], head.env, limit_s=120)
 
+        submitted: dict[str, str] = {}  # direct: name → Ray's submission id
+
         async def direct(path: Path, name: str) -> float:
             # 1 cpu, as irisfed's backend asks for a job that names no resources.
             sent = time.time()
-            await asyncio.to_thread(client.submit_job, entrypoint=_stamp_command(path), entrypoint_num_cpus=1)
+            submitted[name] = await asyncio.to_thread(
+                client.submit_job, entrypoint=_stamp_command(path), entrypoint_num_cpus=1)
             return sent
 
         async def idle() -> None:
@@ -318,5 +321,32 @@ async def ray_submit_to_start(bench: Bench, admin_url: str, nats_url: str, head)
             await _wait_for(done, "every Ray job to end", 120, 0.25)
 
         await _compare(bench, "Ray", count, direct, fed, idle)
+        _ray_entrypoint_figure(bench, head, count, submitted)
     finally:
         await fed.close()
+
+
+def _ray_entrypoint_figure(bench: Bench, head, count: int, submitted: dict[str, str]) -> None:
+    """Where a Ray job's start goes: from its supervisor spawning the entrypoint (the
+    moment Ray wrote ``Running entrypoint ...``, its driver log's last write: these
+    jobs print nothing) to the job's stamp, irisfed's runs against the direct ones.
+    What is left of submit → start is Ray's: a new worker process for the job's
+    supervisor actor, every job, either way."""
+    if head.temp_dir is None:
+        return
+    logs = head.temp_dir / "session_latest" / "logs"
+    stamps = bench.folder / "ray-stamps"
+    spans: dict[str, list[float]] = {"direct": [], "irisfed": []}
+    for i in range(1, count + 1):
+        for way, sub_id in (("direct", submitted.get(f"direct-{i}")), ("irisfed", f"irisfed-irisfed-{i}-e1")):
+            with contextlib.suppress(OSError, ValueError):
+                spawned = (logs / f"job-driver-{sub_id}.log").stat().st_mtime
+                spans[way].append(float((stamps / f"{way}-{i}").read_text()) - spawned)
+    if not spans["direct"] or not spans["irisfed"]:
+        return
+    direct_p50, ours_p50 = statistics.median(spans["direct"]), statistics.median(spans["irisfed"])
+    bench.add(Figure("engines", "Ray: entrypoint spawned → job start p50 (irisfed)", ours_p50 * 1e3, "ms",
+                     runs=f"{len(spans['irisfed'])} runs",
+                     note=f"direct submits {direct_p50 * 1e3:,.0f} ms; irisfed's entrypoint sets the job's env "
+                          "(base64 -d, eval) and runs `sh -c`; the rest of submit → start is Ray starting a "
+                          "worker for the job's supervisor, for both"))
