@@ -37,6 +37,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", help="ray backend: the Ray dashboard, http://HOST:8265")
     p.add_argument("--poll-interval", type=float,
                    help="slurm/ray backends: seconds between status polls (one engine call for all runs)")
+    p.add_argument("--engine-timeout", type=float,
+                   help="slurm/ray backends: seconds an engine call may take before it counts as hung (default 30)")
 
 
 def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
@@ -74,6 +76,10 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
         if not args.poll_interval > 0:
             raise ConfigError(f"--poll-interval must be a positive number of seconds, got {args.poll_interval}")
         options["poll_interval_s"] = str(args.poll_interval)
+    if args.engine_timeout is not None:
+        if not 0 < args.engine_timeout < float("inf"):
+            raise ConfigError(f"--engine-timeout must be a positive number of seconds, got {args.engine_timeout}")
+        options["call_timeout_s"] = str(args.engine_timeout)
     return AgentSettings(
         peer_id=args.peer_id,
         backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots, resources=resources,

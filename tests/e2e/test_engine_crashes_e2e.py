@@ -11,7 +11,7 @@ time the agent is started again as it would be in production, and the job must e
 once, as its run did, with one engine job for its (job, epoch) and nothing launched
 twice. Hangs: a stand-in ``squeue``/``sbatch`` that never answers while a marker
 exists, and a stalled TCP proxy in front of the Ray dashboard, each for longer than
-the backend's 30 s call timeout.
+the backend's call timeout (``--engine-timeout``, 30 s by default; 5 s here).
 """
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ from tests.e2e.test_engines_e2e import _configure, _job_id, _ray_engine, _slurm_
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
+
+# The hang tests' engine call timeout, and how long the engine stays hung: well past
+# the timeout (calls give up and are asked again), so what the default
+# 30 s would show, a short one shows in a fraction of the time.
+ENGINE_TIMEOUT_S = 5.0
+HUNG_FOR_S = 2.5 * ENGINE_TIMEOUT_S
 
 
 @pytest.fixture
@@ -207,14 +213,15 @@ printf '%s\\n' "$out"; exit $rc
 
 @pytest.mark.parametrize("hung", ["squeue", "sbatch"])
 async def test_a_hung_slurm_never_stops_heartbeats_nor_launches_twice(federation, slurm, tmp_path, hung):
-    """``squeue`` (or ``sbatch``) stops answering for longer than the agent's 30 s command
-    timeout, then comes back: the peer stays reachable throughout, the run it followed is
+    """``squeue`` (or ``sbatch``) stops answering for longer than the agent's command
+    timeout (``--engine-timeout``), then comes back: the peer stays reachable throughout, the run it followed is
     reported once, and a job assigned meanwhile runs once."""
     _, engine = slurm
     hang = tmp_path / "hang"
     stand_in(tmp_path / "bin", hung, f"""[ -e {hang} ] && exec sleep 3600
 exec /usr/bin/{hung} "$@"
 """)
+    engine.agent_args = [*engine.agent_args, "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
     before, during = _job_id("before-hang"), _job_id("during-hang")
     await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
@@ -222,9 +229,9 @@ exec /usr/bin/{hung} "$@"
     await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
     hang.touch()
     await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
-                             "max_retries": 5})
+                             "max_retries": 20})  # each launch that times out is one
     loop = asyncio.get_running_loop()
-    until = loop.time() + 40
+    until = loop.time() + HUNG_FOR_S
     while loop.time() < until:  # past the command timeout: heartbeats go on all along
         peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
         assert peers[engine.peer_id].reachable, "the agent stopped heartbeating while Slurm hung"
@@ -240,7 +247,7 @@ exec /usr/bin/{hung} "$@"
 
 async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_twice(federation, ray_head):
     """The Ray peer's dashboard accepts connections and moves no byte for longer than the
-    backend's 30 s call timeout (a proxy in front of it, stalled), then answers again."""
+    backend's call timeout (a proxy in front of it, stalled), then answers again."""
     from tooling.proxy import TcpProxy
 
     engine = _ray_engine(ray_head)
@@ -248,7 +255,7 @@ async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_tw
     proxy = TcpProxy(host, int(port))
     federation.supervisor.proxies.append(proxy)  # closed with the federation
     engine.agent_args = ["--backend", "ray", "--ray-address", f"http://127.0.0.1:{proxy.port}",
-                         "--poll-interval", "0.25"]
+                         "--poll-interval", "0.25", "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, None))
     before, during = _job_id("before-stall"), _job_id("during-stall")
     await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
@@ -256,9 +263,9 @@ async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_tw
     await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
     proxy.stall()
     await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
-                             "max_retries": 5})
+                             "max_retries": 20})  # each launch that times out is one
     loop = asyncio.get_running_loop()
-    until = loop.time() + 40
+    until = loop.time() + HUNG_FOR_S
     while loop.time() < until:
         peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
         assert peers[engine.peer_id].reachable, "the agent stopped heartbeating while Ray hung"

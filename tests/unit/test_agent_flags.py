@@ -81,3 +81,22 @@ def test_submit_refuses_a_bad_resource_flag_before_sending_anything(flag, monkey
     with pytest.raises(ConfigError, match="--resource"):
         client.cmd_submit(args)
     assert sent == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
+def test_an_engine_timeout_must_be_a_positive_finite_number(bad):
+    with pytest.raises(ConfigError, match="--engine-timeout"):
+        _settings(["--peer-id", "hpc", "--backend", "slurm", "--engine-timeout", str(bad)], [{"id": "hpc"}])
+
+
+def test_the_engine_timeout_reaches_the_slurm_and_ray_backends(tmp_path):
+    from services.peer_agent.backends import make_backend
+
+    flagged = _settings(["--peer-id", "hpc", "--backend", "slurm", "--engine-timeout", "4.5"], [{"id": "hpc"}])
+    options = flagged.backends[0].options
+    assert options["call_timeout_s"] == "4.5"
+    assert make_backend("slurm", tmp_path, options=options, peer_id="hpc").command_timeout_s == 4.5
+    assert make_backend("slurm", tmp_path, peer_id="hpc").command_timeout_s == 30.0
+    ray = make_backend("ray", tmp_path, options={"address": "http://127.0.0.1:1", "call_timeout_s": "2"},
+                       peer_id="ml")
+    assert ray.call_timeout_s == 2.0

@@ -146,8 +146,9 @@ class Backend(Protocol):
 def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
                  options: Mapping[str, str] | None = None, peer_id: str = "") -> Backend:
     """The backend of ``kind``: ``simulated``; ``subprocess`` (under ``work_root``);
-    ``slurm`` (``options``: ``partition``, ``poll_interval_s``; output files under
-    ``work_root``); ``ray`` (``options``: ``address``, ``poll_interval_s``). Engine
+    ``slurm`` (``options``: ``partition``, ``poll_interval_s``, ``call_timeout_s``; output
+    files under ``work_root``); ``ray`` (``options``: ``address``, ``poll_interval_s``,
+    ``call_timeout_s``). Engine
     backends tag their runs with ``peer_id`` so that peers sharing one cluster never
     list, adopt or kill each other's runs."""
     options = options or {}
@@ -157,13 +158,20 @@ def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
         from services.peer_agent.backends.slurm import SlurmBackend
 
         return SlurmBackend(work_root, peer_id, partition=options.get("partition", ""),
-                            poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)))
+                            poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
+                            **_timeout(options, "command_timeout_s"))
     if kind == "ray":
         from services.peer_agent.backends.ray import RayBackend  # imports ray: only when asked for
 
         return RayBackend(options["address"], work_root, peer_id,
-                          poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)))
+                          poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
+                          **_timeout(options, "call_timeout_s"))
     return SubprocessBackend(work_root)
+
+
+def _timeout(options: Mapping[str, str], parameter: str) -> dict[str, float]:
+    """``--engine-timeout`` as the engine backend's own keyword; absent: its default."""
+    return {parameter: float(options["call_timeout_s"])} if "call_timeout_s" in options else {}
 
 
 from services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402 - they implement the above
