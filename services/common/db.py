@@ -17,11 +17,8 @@ from typing import Any
 
 import asyncpg
 import msgspec
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
-from migrations import MIGRATIONS_DIR
+from migrations import MIGRATIONS_DIR, head_revision
 from shared.errors import IrisfedError, PermanentStoreError, SchemaMismatch, Unavailable
 
 # Errors that mean "Postgres is not there right now", as opposed to a bug or bad data.
@@ -98,8 +95,14 @@ class TimedPool(asyncpg.Pool):
         return super().acquire(timeout=timeout if timeout is not None else self.acquire_timeout)
 
 
-def alembic_config(database_url: str) -> Config:
+# Alembic (and SQLAlchemy under it) is imported only to migrate: every service checks
+# the schema at start, and importing them costs each process a large part of a second.
+
+
+def alembic_config(database_url: str):
     """An Alembic config for our migrations pointed at ``database_url``."""
+    from alembic.config import Config
+
     config = Config(str(MIGRATIONS_DIR / "alembic.ini"))
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     # Alembic's ini parser treats '%' as interpolation.
@@ -109,17 +112,20 @@ def alembic_config(database_url: str) -> Config:
 
 def schema_head() -> str:
     """The newest migration revision: the schema this code was built for."""
-    script = ScriptDirectory(str(MIGRATIONS_DIR))
-    return script.get_current_head()
+    return head_revision()
 
 
 def migrate(database_url: str, revision: str = "head") -> None:
     """Upgrade the database to ``revision``. Blocking: call outside the event loop."""
+    from alembic import command
+
     command.upgrade(alembic_config(database_url), revision)
 
 
 def downgrade(database_url: str, revision: str = "base") -> None:
     """Downgrade the database to ``revision``. Blocking: call outside the event loop."""
+    from alembic import command
+
     command.downgrade(alembic_config(database_url), revision)
 
 

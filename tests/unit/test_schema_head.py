@@ -1,0 +1,31 @@
+"""The schema head services check at start is read without Alembic, and agrees with it."""
+
+import subprocess
+import sys
+
+import pytest
+from alembic.script import ScriptDirectory
+
+from migrations import MIGRATIONS_DIR, head_revision
+
+
+def test_the_head_read_from_the_files_is_alembics_head():
+    assert head_revision() == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+
+
+def test_two_heads_are_an_error(tmp_path):
+    for name, revision, down in [("a", "0001", "None"), ("b", "0002", '"0001"'), ("c", "0003", '"0001"')]:
+        (tmp_path / f"{name}.py").write_text(f'revision = "{revision}"\ndown_revision = {down}\n')
+    with pytest.raises(RuntimeError, match="2 heads"):
+        head_revision(tmp_path)
+    (tmp_path / "c.py").write_text('revision: str = "0003"\ndown_revision: str | None = "0002"\n')
+    assert head_revision(tmp_path) == "0003"
+
+
+def test_a_service_starts_without_importing_alembic():
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, services.router.service, services.tick.service, "
+         "services.peer_agent.service, services.common.db as db; db.schema_head(); "
+         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'sqlalchemy')))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
