@@ -127,6 +127,7 @@ async def test_gpu_job_gets_its_gres_and_is_killed(backend: SlurmBackend, slurm_
     tres = set(job["TRES"].split(","))
     assert "cpu=1" in tres and tres & {"mem=1024M", "mem=1G"}, job
     assert job["Comment"] == backend.comment
+    assert job["Requeue"] == "0", job  # a node failure ends it (irisfed retries), never reruns it in place
     stdout = Path(handle.log_dir) / "stdout"
     await _eventually(lambda: asyncio.to_thread(lambda: stdout.exists() and stdout.read_text()),
                       "the job to start")

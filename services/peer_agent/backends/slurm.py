@@ -274,6 +274,9 @@ class SlurmBackend:
                         "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
                         "-D", str(script.parent), "-o", output_path(str(script.parent / "stdout")),
                         "-e", output_path(str(script.parent / "stderr")), "--export=ALL",
+                        # irisfed retries elsewhere; Slurm's own requeue (after a node failure,
+                        # JobRequeue=1 by default) would run the command again in the same folder.
+                        "--no-requeue",
                         *resource_args(request), str(script))
                 except SlurmError as exc:
                     # sbatch may fail (or time out) after slurmctld took the job ("Socket
