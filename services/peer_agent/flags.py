@@ -73,7 +73,7 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
     if kind == "ray":
         options["address"] = args.ray_address or peer.ray_address
     if args.poll_interval is not None:
-        if not args.poll_interval > 0:
+        if not 0 < args.poll_interval < float("inf"):  # inf: no run would ever be seen to end
             raise ConfigError(f"--poll-interval must be a positive number of seconds, got {args.poll_interval}")
         options["poll_interval_s"] = str(args.poll_interval)
     if args.engine_timeout is not None:

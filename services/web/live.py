@@ -13,6 +13,7 @@ triggers on).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -142,6 +143,22 @@ class Refused(Enum):
     CLIENT_FULL = "client_full"  # this client holds viewers_per_client of them already
 
 
+def client_key(host: str) -> str:
+    """Whose share of the live streams a client address counts against: an IPv6
+    client by its /64 (one host or home network gets a whole /64, so counting each
+    address alone let one client take every slot), an IPv4-mapped IPv6 address as
+    the IPv4 one; anything else (``-``, a name) as it is."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 class Broker:
     """Gathers changes and fans them out to every viewer, at most once per ``flush_s``.
 
@@ -226,6 +243,7 @@ class Broker:
     def join(self, client: str = "-") -> Viewer | None:
         """A new viewer for ``client``, or None when it may not have one (``refusal`` says
         why): the broker is closed or full, or the client holds its share."""
+        client = client_key(client)
         if self.refusal(client) is not None:
             return None
         viewer = Viewer(self.queue_batches, client)
@@ -238,7 +256,7 @@ class Broker:
         """Why ``client`` may not open a stream now (None: it may)."""
         if self._closed or len(self._viewers) >= self.max_viewers:
             return Refused.FULL
-        if self._per_client.get(client, 0) >= self.viewers_per_client:
+        if self._per_client.get(client_key(client), 0) >= self.viewers_per_client:
             return Refused.CLIENT_FULL
         return None
 
