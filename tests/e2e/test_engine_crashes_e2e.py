@@ -211,6 +211,23 @@ printf '%s\\n' "$out"; exit $rc
     assert len(runs) == 1, runs
 
 
+async def hang_while_jobs_run(federation, engine, before: str, during: str, hang) -> None:
+    """``before`` runs, then the engine hangs (``hang()``) and ``during`` is submitted;
+    for HUNG_FOR_S, well past the engine timeout, the peer must stay reachable."""
+    await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
+                             "cluster_pin": engine.peer_id})
+    await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
+    hang()
+    await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
+                             "max_retries": 20})  # each launch that times out is one
+    loop = asyncio.get_running_loop()
+    until = loop.time() + HUNG_FOR_S
+    while loop.time() < until:
+        peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
+        assert peers[engine.peer_id].reachable, f"the agent stopped heartbeating while {engine.kind} hung"
+        await asyncio.sleep(0.5)
+
+
 @pytest.mark.parametrize("hung", ["squeue", "sbatch"])
 async def test_a_hung_slurm_never_stops_heartbeats_nor_launches_twice(federation, slurm, tmp_path, hung):
     """``squeue`` (or ``sbatch``) stops answering for longer than the agent's command
@@ -224,18 +241,7 @@ exec /usr/bin/{hung} "$@"
     engine.agent_args = [*engine.agent_args, "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
     before, during = _job_id("before-hang"), _job_id("during-hang")
-    await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
-                             "cluster_pin": engine.peer_id})
-    await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
-    hang.touch()
-    await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
-                             "max_retries": 20})  # each launch that times out is one
-    loop = asyncio.get_running_loop()
-    until = loop.time() + HUNG_FOR_S
-    while loop.time() < until:  # past the command timeout: heartbeats go on all along
-        peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
-        assert peers[engine.peer_id].reachable, "the agent stopped heartbeating while Slurm hung"
-        await asyncio.sleep(0.5)
+    await hang_while_jobs_run(federation, engine, before, during, hang.touch)
     assert federation.supervisor.running(engine.peer_id)
     hang.unlink()
     for job_id in (before, during):
@@ -258,18 +264,7 @@ async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_tw
                          "--poll-interval", "0.25", "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, None))
     before, during = _job_id("before-stall"), _job_id("during-stall")
-    await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
-                             "cluster_pin": engine.peer_id})
-    await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
-    proxy.stall()
-    await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
-                             "max_retries": 20})  # each launch that times out is one
-    loop = asyncio.get_running_loop()
-    until = loop.time() + HUNG_FOR_S
-    while loop.time() < until:
-        peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
-        assert peers[engine.peer_id].reachable, "the agent stopped heartbeating while Ray hung"
-        await asyncio.sleep(0.5)
+    await hang_while_jobs_run(federation, engine, before, during, proxy.stall)
     proxy.restore()
     for job_id in (before, during):
         done, runs, _ = await ended_once(federation, engine, job_id, timeout=180)

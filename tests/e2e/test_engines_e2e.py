@@ -151,11 +151,13 @@ async def _advertised(federation, peer_id: str) -> dict[str, dict[str, float]]:
     return peers[peer_id]["backends"][0]["resources"] if peer_id in peers else {}
 
 
-async def test_an_accelerator_job_runs_on_the_engine_with_what_it_asked(federation, engine):
+async def test_an_accelerator_job_runs_on_the_engine_with_what_it_asked(federation, engine, tmp_path):
     await _start(federation, engine)
     job_id = _job_id("accel")
+    release = tmp_path / "release"  # the job holds its resources until the test has looked (at most 2 min)
     reply = await federation.submit({
-        "job_id": job_id, "command": ["sh", "-c", "echo ran $IRISFED_JOB_ID; sleep 4"],
+        "job_id": job_id, "command": ["sh", "-c", 'echo ran $IRISFED_JOB_ID; for i in $(seq 600); do '
+                                      '[ -e "$0" ] && break; sleep 0.2; done', str(release)],
         "resources": {"cpu": 1, engine.accelerator: 2}})
     assert reply["disposition"] == "queue", reply  # home has no accelerator
     running = await federation.wait_state(job_id, "running", timeout=120)
@@ -178,6 +180,7 @@ async def test_an_accelerator_job_runs_on_the_engine_with_what_it_asked(federati
         return (advertised, free) if ok and free[engine.accelerator] <= totals[engine.accelerator] - 2 else None
     await wait_for(advertised_matches_engine, "irisfed peers to show the engine's own free amounts while it runs",
                    timeout=60, interval=0.5)
+    release.touch()
 
     done = await federation.wait_state(job_id, "succeeded", "failed", timeout=120)
     assert (done.state, done.exit_code) == ("succeeded", 0), done
