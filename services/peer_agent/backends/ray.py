@@ -308,7 +308,12 @@ class RayBackend:
             )
         except Exception as exc:  # noqa: BLE001 - any failure to submit is a launch error
             if not text.already_exists(exc):
-                raise LaunchError(f"Ray did not take job {submission_id}: {exc!r}") from exc
+                # The head may have taken the job all the same (its answer lost or late):
+                # failing the launch would hand the job back and run its command twice.
+                made = await self._submitted_anyway(spec, submission_id, exc)
+                if made is None:
+                    raise LaunchError(f"Ray did not take job {submission_id}: {exc!r}") from exc
+                return made
             try:  # launched before by this peer (the nonce says so): that is the run
                 handle = await self.adopt(LiveRun(spec.job_id, spec.epoch, submission_id))
             except Exception as info_exc:  # noqa: BLE001
@@ -317,6 +322,20 @@ class RayBackend:
                 raise LaunchError(f"Ray job {submission_id} exists and is not this peer's run") from exc
             return handle
         return self.track(submission_id, spec.job_id, spec.epoch)
+
+    async def _submitted_anyway(self, spec: RunSpec, submission_id: str, failure: Exception) -> _RayRun | None:
+        """Our run of ``spec`` when a failed ``submit_job`` created it all the same (the
+        nonce in its run folder says it is ours); None when the head has none or cannot
+        be asked (then the leftover scan stops any that shows up later)."""
+        try:
+            made = await self.adopt(LiveRun(spec.job_id, spec.epoch, submission_id))
+        except Exception as exc:  # noqa: BLE001 - cannot tell: the launch fails
+            log.warning("ray_submit_unconfirmed", submission_id=submission_id, error=repr(failure), lookup=repr(exc))
+            return None
+        if made is not None:
+            log.warning("ray_submit_answer_lost", submission_id=submission_id, job_id=spec.job_id,
+                        epoch=spec.epoch, error=repr(failure))
+        return made
 
     # ------------------------------------------------------------ following runs
 

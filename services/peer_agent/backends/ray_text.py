@@ -106,6 +106,16 @@ def owned_run(sub_id: str | None, meta: Mapping[str, str] | None, peer_id: str) 
 # stops the line (``&&``): the command never runs without its variables.
 ENV_VARIABLE = "IRISFED_ENV_B64"
 _DECODED = "irisfed_env"  # the shell variable holding the decoded text (unset by it)
+# The most one argument may hold (Linux MAX_ARG_STRLEN, 128 KiB with its NUL): Ray
+# runs the entrypoint as ``sh -c <line>``, and starts its job supervisor's worker with
+# the whole runtime env (``env_vars`` included) serialised in one argument. Past it the
+# exec fails (E2BIG), and Ray retries the worker for minutes before it fails the job
+# (JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE), which would count as lost and be retried. So
+# a longer entrypoint, or an encoded env beyond ``ENV_MAX_CHARS`` (room left for the
+# rest of that argument), is refused before submitting. Quoting for the shell can make
+# a value five times longer (each ``'`` is ``'"'"'``): a 64 KB submit may not fit.
+ARG_MAX_CHARS = 128 * 1024 - 1
+ENV_MAX_CHARS = 96 * 1024
 _UNWRAP = f'{_DECODED}=$(printf %s "${ENV_VARIABLE}" | base64 -d) && eval "${_DECODED}" && exec'
 # Names ``export`` takes; any other goes to ``env`` as a NAME=VALUE argument.
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -131,16 +141,22 @@ def _through_env(command: Sequence[str], env: Mapping[str, str]) -> bool:
 def entrypoint(command: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """The shell line Ray runs: set the job's variables ``env`` from ``ENV_VARIABLE``
     (``job_env``), then ``exec`` the command, each argument quoted so none is
-    expanded by the shell. Raises ValueError for what cannot be passed."""
+    expanded by the shell. Raises ValueError for what cannot be passed (a line
+    longer than ``ARG_MAX_CHARS``)."""
     env = env or {}
     _check(command, env)
     if not _through_env(command, env):
-        return f"{_UNWRAP} {shlex.join(command)}"
-    if "=" in command[0]:
+        line = f"{_UNWRAP} {shlex.join(command)}"
+    elif "=" in command[0]:
         raise ValueError(f"the program {command[0]!r} holds '=' and must be started through env (an "
                          "environment name that is not a shell name, or a leading '-'), which would "
                          "read it as a variable")
-    return f'{_UNWRAP} /usr/bin/env -- "$@" {shlex.join(command)}'
+    else:
+        line = f'{_UNWRAP} /usr/bin/env -- "$@" {shlex.join(command)}'
+    if len(line.encode()) > ARG_MAX_CHARS:
+        raise ValueError(f"the command is {len(line.encode())} bytes once quoted for Ray's shell; "
+                         f"a Ray entrypoint may hold at most {ARG_MAX_CHARS}")
+    return line
 
 
 def _env_script(variables: Mapping[str, str]) -> str:
@@ -164,6 +180,9 @@ def job_env(env: Mapping[str, str], job_id: str, epoch: int) -> dict[str, str]:
     _check(["-"], env)
     variables = {**env, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
     encoded = base64.b64encode(_env_script(variables).encode()).decode()
+    if len(encoded) > ENV_MAX_CHARS:
+        raise ValueError(f"the job's environment is {len(encoded)} characters once quoted and encoded for "
+                         f"Ray; at most {ENV_MAX_CHARS} fit (Ray passes it to a process as one argument)")
     return {ENV_VARIABLE: encoded, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch)}
 
 
