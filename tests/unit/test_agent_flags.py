@@ -100,3 +100,19 @@ def test_the_engine_timeout_reaches_the_slurm_and_ray_backends(tmp_path):
     ray = make_backend("ray", tmp_path, options={"address": "http://127.0.0.1:1", "call_timeout_s": "2"},
                        peer_id="ml")
     assert ray.call_timeout_s == 2.0
+
+
+def test_a_ray_backend_imports_ray_when_it_is_made_not_in_its_first_launch(tmp_path):
+    """Importing Ray holds the GIL for about a second: at agent start, before the first
+    heartbeat, never inside a running agent's first launch."""
+    import subprocess
+    import sys
+
+    made = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from services.peer_agent.backends import make_backend; "
+         "before = 'ray.job_submission' in sys.modules; "
+         f"make_backend('ray', Path({str(tmp_path)!r}), options={{'address': 'http://127.0.0.1:1'}}, peer_id='ml'); "
+         "print(before, 'ray.job_submission' in sys.modules)"],
+        capture_output=True, text=True, check=True)
+    assert made.stdout.split() == ["False", "True"]

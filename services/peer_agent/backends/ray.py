@@ -67,6 +67,7 @@ from services.peer_agent.backends import (
     RunSpec,
 )
 from services.peer_agent.backends import ray_text as text
+from shared.errors import ConfigError
 
 log = EventLogger("peer-agent")
 
@@ -84,7 +85,7 @@ NONCE_FILE = "ray-submission"
 def _make_client(address: str, timeout_s: float) -> Any:
     """A ``JobSubmissionClient`` whose every HTTP request times out: the client sets
     none, and a request that never returns would hold its thread for ever."""
-    from ray.job_submission import JobSubmissionClient  # ray is an optional extra
+    JobSubmissionClient = _job_submission_client()
 
     class _Client(JobSubmissionClient):
         def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
@@ -92,6 +93,15 @@ def _make_client(address: str, timeout_s: float) -> Any:
             return super()._do_request(method, endpoint, **kwargs)
 
     return _Client(address)
+
+
+def _job_submission_client() -> type:
+    """Ray's ``JobSubmissionClient`` class (Ray is an optional extra: a clear error without it)."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as exc:
+        raise ConfigError("the ray backend needs Ray: pip install 'irisfed[ray]'") from exc
+    return JobSubmissionClient
 
 
 def _get_json(url: str, timeout_s: float) -> Any:
@@ -228,6 +238,10 @@ class RayBackend:
         self._runs: dict[str, _RayRun] = {}  # followed, by submission id
         self._poller: asyncio.Task[None] | None = None
         self._report: text.ClusterReport | None = None
+        # Importing Ray takes about a second of CPU holding the GIL: done here, while the
+        # agent starts and before its first heartbeat, not inside the first launch, where
+        # it would starve the event loop (and its heartbeats) of a running agent.
+        _job_submission_client()
 
     def run_dir(self, job_id: str, epoch: int) -> Path:
         return self.work_root / job_id / f"epoch-{epoch}"
