@@ -211,7 +211,7 @@ def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = Fals
     request = msgspec.convert(raw, SubmitRequest)
     new, _ = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="bench"), "p0", None),
                           f"{state[0]}{i}")
-    return new if state == JobState.QUEUED else dataclasses.replace(new, state=state)
+    return new if state == JobState.QUEUED else msgspec.structs.replace(new, state=state)
 
 
 async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED,

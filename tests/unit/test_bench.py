@@ -163,3 +163,13 @@ def test_dashboard_responses_say_their_server_time():
     headers = dict(sent[0]["headers"])
     assert headers[b"content-type"] == b"text/plain"
     assert server_time_ms(headers[b"server-timing"].decode()) >= 0
+
+
+def test_bench_filler_jobs_take_the_state_asked_for():
+    """The scale section fills `jobs` with finished rows (a NewJob is a msgspec Struct)."""
+    from bench.sections import _bench_job
+    from shared.lifecycle import JobState
+
+    queued, done = _bench_job(7), _bench_job(7, JobState.SUCCEEDED)
+    assert (queued.state, done.state) == (JobState.QUEUED, JobState.SUCCEEDED)
+    assert done.job_id != queued.job_id and done.priority == queued.priority
