@@ -76,6 +76,24 @@ async def connect_nats(
             delay = min(5.0, delay * 2)
 
 
+async def close_quietly(nc: Client) -> None:
+    """Close ``nc`` while cleaning up after another failure, which must stay the one raised.
+
+    nats-py's ``close`` can itself fail when the server went away meanwhile (its
+    transport's ``wait_closed`` then raises CancelledError, though nobody cancelled
+    us); only a cancellation of this task is passed on.
+    """
+    try:
+        await nc.close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("nats_close_failed", error="CancelledError from the transport")
+    except Exception as exc:  # noqa: BLE001 - the caller's own failure is the one that matters
+        log.warning("nats_close_failed", error=redact(repr(exc)))
+
+
 async def publish(nc: Client, subject: str, message: msgspec.Struct) -> None:
     """Publish one of our structs (fire and forget; Postgres already holds the truth)."""
     await nc.publish(subject, encoder.encode(message))

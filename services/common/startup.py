@@ -173,7 +173,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     and the service per start attempt, retried while Postgres is away.
     """
     from services.common import db, metrics
-    from services.common.bus import connect_nats
+    from services.common.bus import close_quietly, connect_nats
     from services.common.log import setup_logging
     from services.common.runtime import run_service, start_with_retry
 
@@ -212,7 +212,7 @@ def run(command: str, args: argparse.Namespace) -> int:
                 holder.pop("service", None)
                 await service.close()
                 if nc is not None:
-                    await nc.close()
+                    await close_quietly(nc)  # the start's own failure decides: retried or not
                 raise
             return service, nc
 
