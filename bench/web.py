@@ -402,7 +402,7 @@ async def open_viewers(base: str, count: int) -> list[SseClient]:
 
 
 async def viewers_bench(bench: Bench, admin_url: str, nats_url: str, rate: int = 500, viewers: int = 100) -> None:
-    pairs = bench.profile.n(1, 3)
+    pairs = bench.profile.n(3, 5)  # odd: the medians are real runs; pairs alternate which arm goes first
     seconds = bench.profile.s(3, 10)
     dep = await dispatch_deployment(bench, admin_url, nats_url, "webdispatch")
     nc = await connect_client(nats_url)
