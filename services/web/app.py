@@ -17,6 +17,7 @@ Routes: ``/`` (federation), ``/jobs``, ``/jobs/{job_id}``, ``POST /jobs/{job_id}
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 from pathlib import Path
@@ -66,7 +67,6 @@ HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 MAX_FORM_BYTES = 8 * 1024
-REFUSED_RETRY_S = 30  # a refused live stream: when to try again (app.js polls meanwhile)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
 CANCEL_ERRORS = {
     ErrorCode.NOT_FOUND.value: "the router knows no such job",
@@ -201,7 +201,10 @@ class Pages:
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
             fmt_time=present.fmt_time, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
+            refused_retry_ms=round(web.settings.refused_retry_s * 1000),  # app.js reads it from <body>
         )
+        # A refused live stream: when to try again (app.js polls meanwhile), whole seconds.
+        self.refused_retry_after = str(math.ceil(web.settings.refused_retry_s))
         self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs)
 
     # ------------------------------------------------------------ URLs
@@ -326,9 +329,9 @@ class Pages:
                 log.warning("events_refused", client=client, open=broker.viewers_per_client)
                 return Response(f"too many live streams from your address (at most {broker.viewers_per_client}); "
                                 "close a tab or two: this page refreshes itself meanwhile\n", 429,
-                                media_type="text/plain", headers={"retry-after": str(REFUSED_RETRY_S)})
+                                media_type="text/plain", headers={"retry-after": self.refused_retry_after})
             return Response("too many live viewers; the page refreshes itself meanwhile\n", 503,
-                            media_type="text/plain", headers={"retry-after": str(REFUSED_RETRY_S)})
+                            media_type="text/plain", headers={"retry-after": self.refused_retry_after})
         return StreamingResponse(self.web.broker.stream(viewer, self.web.settings.keepalive_s),
                                  media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 

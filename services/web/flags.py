@@ -22,6 +22,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--viewers-per-client", type=int, metavar="N",
                    help="live-update streams one client address may hold (default 8; raise it when many "
                         "people share one address and no proxy forwards theirs)")
+    p.add_argument("--refused-retry", type=float, metavar="SECONDS",
+                   help="a page refused a live-update stream (too many open) asks for one again after this "
+                        "long, refreshing itself meanwhile (default 30)")
     p.add_argument("--operator-token-file", metavar="PATH",
                    help="operators log in with the token in this file (default .irisfed/web-operator-token, "
                         "else $IRISFED_WEB_OPERATOR_TOKEN; none: view-only)")
@@ -32,7 +35,7 @@ def settings(args: argparse.Namespace, config):
 
     return WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
                        **given(args, host="host", port="port", root_path="root_path",
-                                viewers_per_client="viewers_per_client"))
+                                viewers_per_client="viewers_per_client", refused_retry_s="refused_retry"))
 
 
 # The dashboard's process runs at this niceness (at least): on a machine it shares with

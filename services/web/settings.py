@@ -20,6 +20,9 @@ DEFAULT_OPERATOR_TOKEN_FILE = Path(".irisfed") / "web-operator-token"
 # The dashboard's own first path segments: a --root-path must not start with one, or a
 # request could mean either (the app accepts paths with or without the prefix).
 OWN_PATHS = ("jobs", "charts", "api", "events", "login", "logout", "healthz", "static")
+# A browser's setTimeout holds at most ~24.8 days (2**31 - 1 ms) and fires at once
+# beyond: a longer wait for a refused stream would ask again at once, in a loop.
+MAX_REFUSED_RETRY_S = 24 * 3600
 # Shorter tokens can be guessed through the login form; `irisfed up` writes 32 random bytes.
 MIN_TOKEN_CHARS = 16
 
@@ -65,6 +68,9 @@ class WebSettings:
     # ... and per client address (behind a proxy: the X-Forwarded-For uvicorn trusts,
     # from FORWARDED_ALLOW_IPS, default 127.0.0.1); more are answered 429.
     viewers_per_client: int = 8
+    # A browser refused a stream (429/503) polls its page instead, and asks for a stream
+    # again this long after (also the refusal's Retry-After, rounded up to whole seconds).
+    refused_retry_s: float = 30.0
     keepalive_s: float = 15.0
     log_tail_bytes: int = 64 * 1024  # of each of a job's stdout and stderr
     cancel_timeout_s: float = 5.0  # for the router's reply
@@ -87,6 +93,10 @@ class WebSettings:
         for name in ("poll_s", "live_poll_s", "snapshot_s", "totals_s", "charts_s", "flush_s", "keepalive_s",
                      "cancel_timeout_s", "session_ttl_s"):
             require_seconds("web", name, getattr(self, name))
+        require_seconds("web", "refused_retry_s", self.refused_retry_s, flag="--refused-retry")
+        if self.refused_retry_s > MAX_REFUSED_RETRY_S:
+            raise ConfigError(f"web setting refused_retry_s (--refused-retry) must be at most {MAX_REFUSED_RETRY_S} "
+                              f"seconds, got {self.refused_retry_s!r}")
 
 
 def load_operator_token(path: str | None, env: Mapping[str, str] = os.environ) -> Secret | None:

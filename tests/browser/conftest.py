@@ -35,6 +35,8 @@ SHAPES = {
     "home": ["cpu=4", "memory_mb=8192"],
     "gpu-west": ["cpu=16", "memory_mb=65536", "gpu=2"],
 }
+# The dashboard's --refused-retry here (seconds).
+REFUSED_RETRY_S = 2
 # Waiting assertions retry up to this long: it bounds a hang on a slow shared machine.
 expect.set_options(timeout=15_000)
 
@@ -63,7 +65,10 @@ async def dashboard(federation: Federation, tmp_path: Path) -> Dashboard:  # noq
     federation.start("tick")
     for peer_id in SHAPES:
         federation.start(peer_id, *resource_flags(peer_id))
-    federation.start("web", "--port", str(port), "--operator-token-file", str(token_file))
+    # A page refused a live stream asks again after 2 s, not the default 30: the test of
+    # that waits for the next try.
+    federation.start("web", "--port", str(port), "--operator-token-file", str(token_file),
+                     "--refused-retry", str(REFUSED_RETRY_S))
     base = f"http://127.0.0.1:{port}"
 
     async def healthy():

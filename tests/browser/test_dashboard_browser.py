@@ -20,7 +20,7 @@ import pytest
 from playwright.async_api import Page, expect
 
 from services.web.settings import WebSettings
-from tests.browser.conftest import ARTIFACTS, Dashboard, update_screenshots
+from tests.browser.conftest import ARTIFACTS, REFUSED_RETRY_S, Dashboard, update_screenshots
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -472,6 +472,8 @@ async def test_a_browser_refused_a_live_stream_refreshes_by_itself_and_streams_a
             assert stream.status_code == 200
         async with page.expect_response(lambda r: r.url.endswith("/events") and r.status == 429):
             await page.goto(dashboard.url("/jobs"))
+        # The dashboard's --refused-retry reaches the page (its next try comes that long after).
+        await expect(page.locator("body")).to_have_attribute("data-refused-retry-ms", str(REFUSED_RETRY_S * 1000))
         await expect(page.get_by_test_id("poll-banner")).to_be_visible()
         await expect(page.get_by_test_id("stream-banner")).to_be_hidden()
         await page.evaluate(RECORD_STATES, ["#job-polled-1 [data-testid=job-state]", "state"])
@@ -481,7 +483,7 @@ async def test_a_browser_refused_a_live_stream_refreshes_by_itself_and_streams_a
             "data-state", "succeeded", timeout=60_000)
         states = await page.evaluate("window.__states")  # still there: the page never reloaded
         assert states and states[-1] == "succeeded", states
-    # The held streams are closed: the page's next try (every 30 s) is let in.
+    # The held streams are closed: the page's next try (every REFUSED_RETRY_S) is let in.
     await expect(page.get_by_test_id("poll-banner")).to_be_hidden(timeout=90_000)
     await expect(page.get_by_test_id("stream-banner")).to_be_hidden()
 

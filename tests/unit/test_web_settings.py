@@ -27,6 +27,8 @@ def test_defaults_and_flags(tmp_path, monkeypatch):
     settings = flags.settings(args, None)
     assert (settings.host, settings.port, settings.root_path, settings.page_size) == ("0.0.0.0", 9000, "/irisfed", 50)
     assert settings.operator_token is None
+    assert settings.refused_retry_s == 30.0
+    assert flags.settings(service_parser("web").parse_args(["--refused-retry", "2.5"]), None).refused_retry_s == 2.5
     cli = build_parser().parse_args(["web", "--port", "0"])
     assert cli.command == "web" and cli.port == 0
     health = build_parser().parse_args(["health", "web", "--url", "http://127.0.0.1:9000/irisfed"])
@@ -37,6 +39,7 @@ def test_defaults_and_flags(tmp_path, monkeypatch):
     {"port": 70000}, {"port": -1}, {"host": ""}, {"root_path": "irisfed"}, {"root_path": "/irisfed/"},
     {"root_path": "/a b"}, {"root_path": '/x"><script>'}, {"root_path": "//evil"}, {"root_path": "/jobs"},
     {"root_path": "/static/x"}, {"page_size": 0}, {"poll_s": 0}, {"flush_s": float("nan")},
+    {"refused_retry_s": 0}, {"refused_retry_s": float("inf")}, {"refused_retry_s": 30 * 86400},
 ])
 def test_settings_that_cannot_work_are_refused(fields):
     with pytest.raises(ConfigError):

@@ -14,13 +14,13 @@
 // A stream the dashboard refuses (too many open: 429 for this browser's address, 503
 // for everyone) is closed for good by the browser: the page then re-fetches its
 // fragments every REFUSED_POLL_MS, says so, and asks for a stream again after
-// REFUSED_RETRY_MS.
+// REFUSED_RETRY_MS (the dashboard's --refused-retry, from <body data-refused-retry-ms>).
 (function () {
   "use strict";
   var body = document.body;
   var THROTTLE_MS = 1000;
   var REFUSED_POLL_MS = 10000;
-  var REFUSED_RETRY_MS = 30000;
+  var REFUSED_RETRY_MS = Number(body.dataset.refusedRetryMs) || 30000;
   var timers = new Map();
   var polling = null;
 
