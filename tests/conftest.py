@@ -12,7 +12,12 @@ from hypothesis import HealthCheck, settings
 
 from services.common import db as dbmod
 from services.common.bus import connect_client
-from tests.engines.fixtures import chromium, ray_head, slurm_cluster  # noqa: F401 - session engines for every test folder
+from tests.engines.fixtures import (  # noqa: F401 - session engines for every test folder
+    chromium,
+    ray_head,
+    slurm_cluster,
+    slurm_time_limited_run,
+)
 from tests.infra.provision import Servers, provision_servers, with_database
 
 # Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.

@@ -7,20 +7,36 @@ An existing cluster when the environment names one (``SLURM_CONF`` for Slurm,
 temporary folder by ``tooling.engines`` and stopped by PID at the end. When the
 engine is not installed the tests are skipped, except in CI (``CI=true``), where
 that is a failure: CI must install them.
+
+``slurm_time_limited_run``: a run submitted with a one-minute time limit as soon as
+a Slurm backend test first asks for the cluster (``slurm_env`` requests it), so the
+minute or more Slurm takes to end it (it checks limits every 30 s, a hard-coded
+period) passes while the other tests run, rather than in the one test that reads its
+end. Our own cluster has a spare CPU for it, so the others still find the machine's
+CPUs free.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from services.peer_agent.backends import RunSpec
+from services.peer_agent.backends.slurm import SlurmBackend
+from services.peer_agent.backends.slurm_text import comment_for, job_name, output_path
 from tooling.engines.chromium import Chromium, chromium_available, start_chromium
 from tooling.engines.ray import RayHead, connect_ray, ray_available, start_ray
 from tooling.engines.slurm import SlurmCluster, connect_slurm, slurm_available, start_slurm
 
 RAY_ADDRESS_ENV = "IRISFED_TEST_RAY_ADDRESS"
+# A CPU the machine lacks, declared by our own test cluster: the time-limited run
+# holds it for its minute, so no test waits behind it or finds the node fuller.
+SLURM_SPARE_CPUS = 1
 
 
 def _unavailable(reason: str) -> None:
@@ -46,8 +62,38 @@ def _engine(given: str | None, connect, available, start, folder: Path):
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
     given = os.environ.get("SLURM_CONF")
-    yield from _engine(given and Path(given), connect_slurm, slurm_available(), start_slurm,
+    yield from _engine(given and Path(given), connect_slurm, slurm_available(),
+                       functools.partial(start_slurm, spare_cpus=SLURM_SPARE_CPUS),
                        tmp_path_factory.mktemp("slurm"))
+
+
+@dataclass(frozen=True)
+class TimeLimitedRun:
+    """A ``sleep 600`` run of (``job_id``, epoch 1) for ``peer_id``, its folder under
+    ``work_root`` as a ``SlurmBackend`` lays it out, that Slurm ``slurm_id`` was told
+    to end after one minute (``sbatch -t 1``): irisfed sets no time limit, a site's
+    partition may."""
+
+    work_root: Path
+    peer_id: str
+    job_id: str
+    slurm_id: str
+
+
+@pytest.fixture(scope="session")
+def slurm_time_limited_run(slurm_cluster: SlurmCluster,
+                           tmp_path_factory: pytest.TempPathFactory) -> TimeLimitedRun:
+    work_root = tmp_path_factory.mktemp("slurm-time-limit") / "work"
+    peer_id = f"peer-{uuid.uuid4().hex[:8]}"  # no other test's peer: never in their listings
+    spec = RunSpec(f"job-{uuid.uuid4().hex[:8]}", 1, ["sleep", "600"])
+    script = SlurmBackend(work_root, peer_id)._write_script(spec)  # the script a launch writes
+    out = output_path(str(script.parent / "stdout"))
+    slurm_id = slurm_cluster.run(
+        "sbatch", "--parsable", "-J", job_name(spec.job_id, 1), f"--comment={comment_for(peer_id)}",
+        "-D", str(script.parent), "-o", out, "-e", out, "-c", "1", "--mem=64", "-t", "1", str(script),
+    ).strip().split(";")[0]
+    yield TimeLimitedRun(work_root, peer_id, spec.job_id, slurm_id)
+    slurm_cluster.run("scancel", slurm_id, check=False)  # ended already, unless its test did not run
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,11 @@
 """The Slurm backend against a real Slurm (services/peer_agent/backends/slurm.py).
 
 Each test has a peer id of its own, so runs of earlier tests (and of other peers on a
-shared cluster) are never its runs. The node has 2 CPUs here and each run takes one:
-a third run waits in PENDING. Timeouts bound a hang; nothing here is timed.
+shared cluster) are never its runs. Each run takes one CPU. The node has one CPU more
+than the machine (2 here), which the time-limited run (``slurm_time_limited_run``,
+submitted when the first test asks for Slurm, read by the last test) holds for its
+first minute or so: the tests find the machine's CPUs free either way. Timeouts bound
+a hang; nothing here is timed.
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ from services.peer_agent.backends.slurm import SlurmBackend, SlurmError
 from services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
     STARTED_MARKER,
-    comment_for,
     job_name,
-    output_path,
     parse_gres,
 )
+from tests.engines.fixtures import TimeLimitedRun
 from tooling.engines.slurm import SlurmCluster
 
 # A bound on a hang of a slow shared machine, not an expectation (a job takes ~3 s).
@@ -44,7 +46,10 @@ WAIT_FOR_GO = ["sh", "-c", "while [ ! -e go ]; do sleep 0.2; done; exit 7"]
 
 
 @pytest.fixture
-def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch,
+              slurm_time_limited_run: TimeLimitedRun) -> SlurmCluster:
+    """The cluster, in the environment; its time-limited run started (its minute runs
+    while the tests do: ``test_a_run_past_its_time_limit_...``, last here, reads it)."""
     for name, value in slurm_cluster.env.items():
         monkeypatch.setenv(name, value)
     return slurm_cluster
@@ -293,7 +298,7 @@ async def test_sbatch_refusal_and_unknown_partition_are_launch_errors(
 async def test_runs_in_flight_are_polled_with_one_call_per_interval(
     backend: SlurmBackend, slurm_env: SlurmCluster,
 ) -> None:
-    handles = [await backend.launch(_spec(["sleep", "30"])) for _ in range(3)]  # 2 run, 1 pends
+    handles = [await backend.launch(_spec(["sleep", "30"])) for _ in range(3)]  # 2 or 3 run, as CPUs allow
     await _running(slurm_env, handles[0].slurm_id)
     calls, polls = dict(backend.engine_calls), backend.polls
 
@@ -349,23 +354,6 @@ async def test_a_cancelled_run_still_ends_cancelled_its_command_got_sigterm_and_
     assert _job(slurm_env, handle.slurm_id)["JobState"] == "CANCELLED"
     assert (run_dir / "term").read_text() == "got-term\n"  # signals reach the command, not only the shell
     assert (run_dir / EXIT_STATUS_FILE).read_text() == "-15\n"
-
-
-async def test_a_run_past_its_time_limit_still_ends_timeout_with_sigterm(
-    backend: SlurmBackend, slurm_env: SlurmCluster, peer_id: str,
-) -> None:
-    """irisfed sets no time limit; a site's partition may. The script, submitted with
-    one (``-t 1``, checked by Slurm about every 30 s), ends TIMEOUT by SIGTERM: -15."""
-    spec = _spec(["sleep", "600"])
-    script = await asyncio.to_thread(backend._write_script, spec)
-    out = output_path(str(script.parent / "stdout"))
-    slurm_id = slurm_env.run("sbatch", "--parsable", "-J", job_name(spec.job_id, 1), f"--comment={comment_for(peer_id)}",
-                             "-D", str(script.parent), "-o", out, "-e", out, "-c", "1", "--mem=64", "-t", "1",
-                             str(script)).strip()
-
-    assert await _ended(backend.follow(slurm_id, spec.job_id, 1)) == -15
-    assert _job(slurm_env, slurm_id)["JobState"] == "TIMEOUT"
-    assert (script.parent / EXIT_STATUS_FILE).read_text() == "-15\n"
 
 
 async def _real_run_folder(backend: SlurmBackend, code: int) -> Path:
@@ -514,3 +502,22 @@ async def test_a_job_another_user_names_as_our_run_is_never_taken_for_it(
         assert _job(slurm_env, forged_id)["JobState"] in ("PENDING", "RUNNING", "COMPLETED")  # untouched
     finally:
         slurm_env.run("scancel", forged_id, check=False)
+
+
+# ---------------------------------------------------------------- last: the run with a time limit
+
+
+async def test_a_run_past_its_time_limit_still_ends_timeout_with_sigterm(
+    slurm_env: SlurmCluster, slurm_time_limited_run: TimeLimitedRun,
+) -> None:
+    """irisfed sets no time limit; a site's partition may. The script, submitted with
+    one (``-t 1``, checked by Slurm about every 30 s) before the tests above ran, ends
+    TIMEOUT by SIGTERM: -15."""
+    run = slurm_time_limited_run
+    backend = SlurmBackend(run.work_root, run.peer_id, poll_interval_s=POLL_S)
+    try:
+        assert await _ended(backend.follow(run.slurm_id, run.job_id, 1)) == -15
+    finally:
+        await backend.close()
+    assert _job(slurm_env, run.slurm_id)["JobState"] == "TIMEOUT"
+    assert (backend.run_dir(run.job_id, 1) / EXIT_STATUS_FILE).read_text() == "-15\n"

@@ -14,12 +14,14 @@ Measured here (Slurm 22.05.8 and munge 0.5.15 from Debian 12, 2 cores):
 ``apt-get install -y slurm-wlm munge`` ~18 s (43 packages, ~10 MB, 46 MB on disk);
 start to idle node 0.4-0.7 s; ``sbatch --wrap true`` to COMPLETED 2.7-3.3 s.
 
-The cluster: one node (``slurmd -C``'s name, CPUs and memory) in partition
-``debug``, ``Gres=gpu:h100:4`` backed by ``gpus/gpuN`` symlinks to /dev/null (slurmd
-wants character devices: with plain files it logs an error per GPU and jobs get
-no CUDA_VISIBLE_DEVICES), ``select/cons_tres`` with CR_Core_Memory,
-``proctrack/linuxproc`` and ``task/none`` (no cgroups), no slurmdbd,
-``DefMemPerCPU=256``, ``MinJobAge=3600``, ``KillWait=5``, ``EnforcePartLimits=ALL``.
+The cluster: one node (``slurmd -C``'s name, CPUs and memory; with ``spare_cpus``,
+that many CPUs more than the machine has, declared one core each on one socket with
+``SlurmdParameters=config_overrides``) in partition ``debug``, ``Gres=gpu:h100:4``
+backed by ``gpus/gpuN`` symlinks to /dev/null (slurmd wants character devices:
+with plain files it logs an error per GPU and jobs get no CUDA_VISIBLE_DEVICES),
+``select/cons_tres`` with CR_Core_Memory, ``proctrack/linuxproc`` and ``task/none``
+(no cgroups), no slurmdbd, ``DefMemPerCPU=256``, ``MinJobAge=3600``, ``KillWait=5``,
+``EnforcePartLimits=ALL``.
 
 What a backend runs and parses (with ``SLURM_CONF`` in the environment; the
 config names munged's socket in ``AuthInfo``, so clients need nothing else):
@@ -281,12 +283,14 @@ def connect_slurm(conf_path: Path) -> SlurmCluster:
 
 def start_slurm(
     folder: Path, *, gpus: int = 4, gpu_type: str = "h100", partition: str = "debug",
-    timeout: float = START_TIMEOUT_S,
+    spare_cpus: int = 0, timeout: float = START_TIMEOUT_S,
 ) -> SlurmCluster:
     """Start munged, slurmctld and slurmd (as root, each in its own process group) with
     config, state, logs and sockets all in ``folder``, on free ports; return once the
     node is idle. The node has this machine's CPUs and memory and ``gpus`` fake GPUs of
-    type ``gpu_type`` (GRES backed by symlinks to /dev/null).
+    type ``gpu_type`` (GRES backed by symlinks to /dev/null), plus ``spare_cpus`` CPUs
+    the machine lacks: room for a long idle job (the tests' time-limit run) that leaves
+    the machine's CPUs to the rest.
     """
     available = slurm_available()
     if not available:
@@ -294,7 +298,7 @@ def start_slurm(
     folder = folder.resolve()  # slurmctld/slurmd want an absolute -f
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o755)
-    hardware = _hardware()
+    hardware = _declared(_hardware(), spare_cpus)
     node_name = hardware["NodeName"]
     cluster_name = "irisfed" + uuid.uuid4().hex[:8]  # also tags job processes, for stop()
     munge_dir = folder / "munge"
@@ -318,7 +322,7 @@ def start_slurm(
     conf.write_text(_slurm_conf(
         folder=folder, cluster_name=cluster_name, node_name=node_name, hardware=hardware,
         socket_path=socket_path, ctld_port=free_port(), slurmd_port=free_port(),
-        gres=f"gpu:{gpu_type}:{gpus}" if gpus else "", partition=partition,
+        gres=f"gpu:{gpu_type}:{gpus}" if gpus else "", partition=partition, spare_cpus=spare_cpus,
     ))
     gres_lines = [f"NodeName={node_name} Name=gpu Type={gpu_type} File={f}" for f in gpu_files]
     (folder / "gres.conf").write_text("AutoDetect=off\n" + "".join(f"{g}\n" for g in gres_lines))
@@ -369,11 +373,26 @@ def _hardware() -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", done.stdout.splitlines()[0]))
 
 
+def _declared(hardware: dict[str, str], spare_cpus: int) -> dict[str, str]:
+    """The node line to declare: the machine's, or with ``spare_cpus`` more CPUs, laid
+    out one core each on one socket (the machine's layout cannot grow by one CPU)."""
+    if spare_cpus <= 0:
+        return hardware
+    cpus = str(int(hardware["CPUs"]) + spare_cpus)
+    return {**hardware, "CPUs": cpus, "Boards": "1", "SocketsPerBoard": "1", "CoresPerSocket": cpus,
+            "ThreadsPerCore": "1"}
+
+
 def _slurm_conf(
     *, folder: Path, cluster_name: str, node_name: str, hardware: dict[str, str],
     socket_path: Path, ctld_port: int, slurmd_port: int, gres: str, partition: str,
+    spare_cpus: int = 0,
 ) -> str:
     log = folder / "log"
+    # With spare CPUs, slurmd must take the node line as written instead of draining a
+    # node that has fewer CPUs than it declares.
+    overrides = (f"# {spare_cpus} CPU(s) more than the machine has: room for a long idle test job.\n"
+                 "SlurmdParameters=config_overrides\n") if spare_cpus > 0 else ""
     node = " ".join(
         f"{key}={hardware[key]}"
         for key in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
@@ -421,7 +440,7 @@ ReturnToService=2
 # has), instead of leaving it PENDING (Reason=PartitionConfig) forever.
 EnforcePartLimits=ALL
 SchedulerType=sched/backfill
-NodeName={node_name} NodeAddr=127.0.0.1 {node}{f" Gres={gres}" if gres else ""} State=UNKNOWN
+{overrides}NodeName={node_name} NodeAddr=127.0.0.1 {node}{f" Gres={gres}" if gres else ""} State=UNKNOWN
 PartitionName={partition} Nodes={node_name} Default=YES MaxTime=INFINITE State=UP
 """
 
