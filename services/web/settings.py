@@ -23,6 +23,10 @@ OWN_PATHS = ("jobs", "charts", "api", "events", "login", "logout", "healthz", "s
 # A browser's setTimeout holds at most ~24.8 days (2**31 - 1 ms) and fires at once
 # beyond: a longer wait for a refused stream would ask again at once, in a loop.
 MAX_REFUSED_RETRY_S = 24 * 3600
+# ... and a wait of a few milliseconds is the same loop (every refused tab asking again
+# and again; under 0.5 ms the page even read 0 and fell back to 30 s, while Retry-After
+# said 1): at least the one second Retry-After can say.
+MIN_REFUSED_RETRY_S = 1
 # Shorter tokens can be guessed through the login form; `irisfed up` writes 32 random bytes.
 MIN_TOKEN_CHARS = 16
 
@@ -94,9 +98,9 @@ class WebSettings:
                      "cancel_timeout_s", "session_ttl_s"):
             require_seconds("web", name, getattr(self, name))
         require_seconds("web", "refused_retry_s", self.refused_retry_s, flag="--refused-retry")
-        if self.refused_retry_s > MAX_REFUSED_RETRY_S:
-            raise ConfigError(f"web setting refused_retry_s (--refused-retry) must be at most {MAX_REFUSED_RETRY_S} "
-                              f"seconds, got {self.refused_retry_s!r}")
+        if not MIN_REFUSED_RETRY_S <= self.refused_retry_s <= MAX_REFUSED_RETRY_S:
+            raise ConfigError(f"web setting refused_retry_s (--refused-retry) must be {MIN_REFUSED_RETRY_S} to "
+                              f"{MAX_REFUSED_RETRY_S} seconds, got {self.refused_retry_s!r}")
 
 
 def load_operator_token(path: str | None, env: Mapping[str, str] = os.environ) -> Secret | None:

@@ -107,9 +107,9 @@ async def test_0009_drops_the_key_for_a_trigger_and_its_downgrade_puts_it_back(e
         finally:
             await conn.close()
 
-    await asyncio.to_thread(dbmod.migrate, empty_database_url)
+    await asyncio.to_thread(dbmod.migrate, empty_database_url, "0009")
     assert await schema() == ({"federation_sync_state_job_id_fkey"}, {"jobs_deleted_drop_history"})
     await asyncio.to_thread(dbmod.downgrade, empty_database_url, "0008")
     assert await schema() == ({"federation_sync_state_job_id_fkey", "federation_changelog_job_id_fkey"}, set())
-    await asyncio.to_thread(dbmod.migrate, empty_database_url)
+    await asyncio.to_thread(dbmod.migrate, empty_database_url, "0009")
     assert await schema() == ({"federation_sync_state_job_id_fkey"}, {"jobs_deleted_drop_history"})
