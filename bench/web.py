@@ -8,8 +8,8 @@
   label filter. Target: the page's server time ≤ 3× the bare SELECT of the same page.
 - *Live viewers against dispatch.* Submit → running at 500/s (``DispatchProbe``,
   as in ``dispatch``) without the dashboard, and with ``irisfed web`` running and
-  100 server-sent-event clients on ``/events`` (raw sockets in this process, every
-  event counted). Target: the p50 with viewers ≤ 1.10× the p50 without.
+  100 server-sent-event clients on ``/events`` (raw sockets in a process of their
+  own, ``bench.viewers``, every event counted). Target: the p50 with viewers ≤ 1.10× the p50 without.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from functools import lru_cache
 import asyncpg
 import httpx
 
-from bench.deployment import Deployment
+from bench.deployment import Deployment, bench_env
 from bench.load import Run, median
 from bench.report import Bench, Figure
 from bench.sections import DISPATCH_PEERS, Dispatched, DispatchProbe, dispatch_deployment
+from bench.viewers import ViewerProcess
 from services.common.bus import connect_client
 from services.web.filters import JobFilter
 from services.web.reads import job_page
@@ -141,27 +142,6 @@ def server_time_ms(header: str | None) -> float | None:
         return None
     found = _SERVER_TIMING.search(header)
     return float(found.group(1)) if found else None
-
-
-class EventCounter:
-    """Counts server-sent events in a byte stream read in arbitrary pieces: each event
-    has one ``event: <name>`` line (see ``services.web.live``)."""
-
-    def __init__(self) -> None:
-        self.events: dict[str, int] = {}
-        self._partial = b""
-
-    def feed(self, data: bytes) -> None:
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if line.startswith(b"event: "):
-                name = line[7:].strip().decode("ascii", "replace")
-                self.events[name] = self.events.get(name, 0) + 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.events.values())
 
 
 def p50(values: list[float]) -> float:
@@ -341,66 +321,6 @@ async def jobs_page_bench(bench: Bench, admin_url: str, nats_url: str, calls: in
 # ---------------------------------------------------------------- live viewers against dispatch
 
 
-class SseClient:
-    """One ``/events`` stream over a raw socket, its events counted (a browser's EventSource,
-    without the browser: no page re-fetches)."""
-
-    def __init__(self, host: str, port: int, address: str) -> None:
-        self.host, self.port = host, port
-        self.address = address  # the browser's, as a proxy in front would forward it
-        self.counter = EventCounter()
-        self.status = 0
-        self.ended = False
-        self._task: asyncio.Task | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def open(self) -> None:
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        self._writer = writer
-        writer.write(f"GET /events HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: text/event-stream\r\n"
-                     f"X-Forwarded-For: {self.address}\r\nCache-Control: no-cache\r\n\r\n".encode())
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        self.status = int(head.split(b" ", 2)[1])
-        self._task = asyncio.create_task(self._read(reader))
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        # Chunked transfer encoding: chunk-size lines never start with "event: ", so the
-        # counter can read the raw body.
-        try:
-            while data := await reader.read(65536):
-                self.counter.feed(data)
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        self.ended = True
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-
-
-async def open_viewers(base: str, count: int) -> list[SseClient]:
-    host, port = base.removeprefix("http://").rsplit(":", 1)
-    # Each stream from its own browser (the dashboard allows a few streams per client
-    # address; uvicorn takes it from X-Forwarded-For when the connection is local).
-    viewers = [SseClient(host, int(port), f"10.0.{n // 250}.{n % 250 + 1}") for n in range(count)]
-    await asyncio.gather(*(v.open() for v in viewers))
-    refused = [v.status for v in viewers if v.status != 200]
-    if refused:
-        raise RuntimeError(f"{len(refused)} of {count} /events streams refused: {refused[:5]}")
-    for _ in range(100):  # each stream opens with its "mode" event
-        if all(v.counter.total for v in viewers):
-            break
-        await asyncio.sleep(0.05)
-    return viewers
-
-
 async def viewers_bench(bench: Bench, admin_url: str, nats_url: str, rate: int = 500, viewers: int = 100) -> None:
     pairs = bench.profile.n(3, 5)  # odd: the medians are real runs; pairs alternate which arm goes first
     seconds = bench.profile.s(3, 10)
@@ -419,19 +339,20 @@ async def viewers_bench(bench: Bench, admin_url: str, nats_url: str, rate: int =
                         without.append(await probe.measure(seconds, f"n{pair}"))
                         continue
                     base = start_web(dep)
-                    await wait_web(client, base)
-                    streams = await open_viewers(base, viewers)
                     try:
-                        before = [dict(v.counter.events) for v in streams]
-                        watched.append(await probe.measure(seconds, f"v{pair}"))
-                        got = [v.counter.total - sum(b.values()) for v, b in zip(streams, before, strict=True)]
-                        jobs = [v.counter.events.get("jobs", 0) - b.get("jobs", 0)
-                                for v, b in zip(streams, before, strict=True)]
-                        still_open = sum(1 for v in streams if not v.ended)
+                        await wait_web(client, base)
+                        streams = await ViewerProcess.start(base, viewers, bench_env())
+                        try:
+                            before, _ = await streams.snapshot()
+                            watched.append(await probe.measure(seconds, f"v{pair}"))
+                            after, ended = await streams.snapshot()
+                        finally:
+                            await streams.close()
                     finally:
-                        for v in streams:
-                            await v.close()
                         dep.services.supervisor.stop("web")
+                    got = [sum(a.values()) - sum(b.values()) for a, b in zip(after, before, strict=True)]
+                    jobs = [a.get("jobs", 0) - b.get("jobs", 0) for a, b in zip(after, before, strict=True)]
+                    still_open = ended.count(False)
                     receiving = sum(1 for n in jobs if n > 0)
                     received.append(f"{receiving}/{viewers} clients got jobs events, {min(got)}–{max(got)} events "
                                     f"each ({sum(got):,} in all), {still_open} streams still open")
