@@ -16,6 +16,7 @@ a federation on this machine the same way:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ from tooling.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL after this long
+DUMP_WAIT_S = 1.0  # after asking an overrunning child for its stacks, before SIGKILL
 
 # ---------------------------------------------------------------- the TOML file
 
@@ -132,6 +135,20 @@ class Launch:
     restarts: int = 0
 
 
+class StopOverrun(UserWarning):
+    """A child did not exit within its stop timeout of SIGTERM and was SIGKILLed."""
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A child the supervisor had to SIGKILL after SIGTERM (its stacks are in its log)."""
+
+    name: str
+    pid: int
+    argv: list[str]
+    log_path: Path
+
+
 class Supervisor:
     """Child processes by name, stopped by their own PID; the proxies and servers handed to it.
 
@@ -147,6 +164,7 @@ class Supervisor:
         self.launches: dict[str, Launch] = {}
         self.proxies: list[TcpProxy] = []
         self.servers: list[ServerProcess] = []
+        self.overruns: list[Overrun] = []  # children SIGKILLed by stop/stop_all: a shutdown bug
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None,
               log_path: Path | None = None) -> subprocess.Popen:
@@ -180,7 +198,7 @@ class Supervisor:
     def stop(self, name: str, timeout: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM, and SIGKILL if it is not gone within ``timeout``; its exit code."""
         process = self.processes.pop(name)
-        _terminate([process], timeout)
+        self._terminate({name: process}, timeout)
         return process.returncode
 
     def kill(self, name: str) -> None:
@@ -192,7 +210,7 @@ class Supervisor:
 
     def stop_all(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Every child at once: SIGTERM to all, then wait for each (SIGKILL after ``timeout``)."""
-        _terminate(list(self.processes.values()), timeout)
+        self._terminate(dict(self.processes), timeout)
         self.processes.clear()
 
     def proxy(self, url: str) -> TcpProxy:
@@ -223,17 +241,47 @@ class Supervisor:
             server.stop()
         self.servers.clear()
 
+    def _terminate(self, processes: Mapping[str, subprocess.Popen], timeout: float) -> None:
+        """:func:`_terminate`, and each child it had to SIGKILL recorded in :attr:`overruns`,
+        noted at the end of its log (after the stacks it wrote there) and warned about."""
+        names = {id(process): name for name, process in processes.items()}
+        for process in _terminate(list(processes.values()), timeout):
+            name = names[id(process)]
+            launch = self.launches.get(name)
+            log_path = launch.log_path if launch else self.log_dir / f"{name}.log"
+            overrun = Overrun(name, process.pid, [str(a) for a in process.args], log_path)
+            self.overruns.append(overrun)
+            with contextlib.suppress(OSError), open(log_path, "a") as log:
+                log.write(f"harness: SIGKILLed {name}: no exit within {timeout:g} s of SIGTERM\n")
+            warnings.warn(f"{name} (pid {process.pid}) did not exit within {timeout:g} s of SIGTERM and was "
+                          f"killed; its stacks are in {log_path}; argv {overrun.argv}", StopOverrun, stacklevel=3)
 
-def _terminate(processes: list[subprocess.Popen], timeout: float) -> None:
+
+def _terminate(processes: list[subprocess.Popen], timeout: float) -> list[subprocess.Popen]:
+    """SIGTERM to all, then wait for each (the timeout counts from the SIGTERM); those
+    still running then get SIGUSR1 and SIGUSR2 (stack dumps), then SIGKILL. Returns them."""
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    overran = []
     for process in processes:
         try:
-            process.wait(timeout=timeout)
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            overran.append(process)
+    for process in overran:
+        # Threads first (faulthandler, answered even by a blocked loop or a finished one);
+        # then the tasks, which a finished loop no longer answers (SIGUSR2 then ends it).
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=DUMP_WAIT_S / 2)
+        if process.poll() is None:
             process.kill()
-            process.wait()
+        process.wait()
+    return overran
 
 
 # ---------------------------------------------------------------- services

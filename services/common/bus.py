@@ -23,6 +23,11 @@ from shared.messages import encoder
 
 log = EventLogger("bus")
 
+# How long a service's drain at shutdown waits for the messages its handlers are still
+# on (nats-py's default is 30 s); then the connection closes, cancelling them: a
+# producer left without its answer retries, as it would after a crash.
+DRAIN_TIMEOUT_S = 2.0
+
 
 def server_list(url: str) -> list[str]:
     """``nats://a:4222,nats://b:4222`` → every server of a NATS cluster."""
@@ -64,6 +69,7 @@ async def connect_nats(
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 connect_timeout=2,
+                drain_timeout=DRAIN_TIMEOUT_S,
                 disconnected_cb=disconnected,
                 reconnected_cb=reconnected,
                 error_cb=error,

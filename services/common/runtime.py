@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,6 +22,27 @@ log = EventLogger("runtime")
 # What a loop waits out rather than reports as a bug: Postgres away (the store says
 # Unavailable) or a connection (NATS, Postgres while connecting) refused or timing out.
 WAIT_OUT = (Unavailable, OSError, TimeoutError)
+
+RECANCEL_S = 0.5  # TaskOwner.close: a task still running this long after a cancel is cancelled again
+CLOSE_WAIT_S = 5.0  # TaskOwner.close: tasks still running after this are logged and left
+
+
+async def wait_event(event: asyncio.Event, within_s: float) -> bool:
+    """Whether ``event`` is set within ``within_s`` seconds.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: on Python 3.11 that returns
+    normally when the task is cancelled just as the event is set (CPython gh-86296),
+    so a loop woken often (an agent flooded with assignments, a tick with heartbeats)
+    could lose the cancellation of its shutdown and run on; the agent then outlived
+    SIGTERM until the harness's SIGKILL. ``asyncio.timeout`` awaits in this task
+    itself: a cancellation always arrives.
+    """
+    try:
+        async with asyncio.timeout(within_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 class TaskOwner:
@@ -42,10 +64,21 @@ class TaskOwner:
             log.error("task_died", task=task.get_name(), error=repr(task.exception()))
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel every task and wait for it to end, cancelling again every
+        ``RECANCEL_S`` one that goes on: a cancellation can be lost (see
+        :func:`wait_event`), and a loop that lost one would otherwise run for ever and
+        hold the process past its SIGTERM. After ``CLOSE_WAIT_S`` the rest are named in
+        the log and left behind."""
+        pending = set(self._tasks)
+        deadline = asyncio.get_running_loop().time() + CLOSE_WAIT_S
+        while pending:
+            for task in pending:
+                task.cancel()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.error("tasks_ignore_cancel", tasks=",".join(sorted(t.get_name() for t in pending)))
+                return
+            _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
 
 
 class Service:
@@ -96,10 +129,7 @@ async def when_woken(
     """
     db_down = False
     while True:
-        try:
-            await asyncio.wait_for(wake.wait(), timeout=interval_s)
-        except TimeoutError:
-            pass
+        await wait_event(wake, interval_s)
         wake.clear()
         try:
             await step()
@@ -137,21 +167,36 @@ async def start_with_retry(attempt: Callable[[], Awaitable[Any]], stop: asyncio.
                 return None  # shutting down anyway
             metrics.DB_UNAVAILABLE.inc()
             log.warning("start_retry", service=name, error=repr(exc), retry_in_s=delay)
-        try:
-            await asyncio.wait_for(stop.wait(), delay)
+        if await wait_event(stop, delay):
             return None  # asked to stop while waiting to retry
-        except TimeoutError:
-            delay = min(max_delay, delay * 2)
+        delay = min(max_delay, delay * 2)
+
+
+def dump_tasks() -> None:
+    """Every asyncio task's stack to stderr: where each coroutine waits (SIGUSR2)."""
+    tasks = asyncio.all_tasks()
+    print(f"--- {len(tasks)} asyncio tasks (SIGUSR2) ---", file=sys.stderr)
+    for task in tasks:
+        print(f"{task!r}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
-    """Run ``main(stop)`` until SIGTERM/SIGINT sets ``stop``; return a process exit code."""
+    """Run ``main(stop)`` until SIGTERM/SIGINT sets ``stop``; return a process exit code.
+
+    Where a service that does not stop waits, it says on stderr: SIGUSR1 writes every
+    thread's stack (faulthandler, in C: it works while the loop is blocked or after it
+    has ended), SIGUSR2 every asyncio task's (while the loop runs).
+    """
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
         await main(stop)
 
     try:

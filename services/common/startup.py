@@ -30,6 +30,7 @@ from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, Federation
 from shared.errors import ConfigError, IrisfedError
 
 CONNECT_FILE = Path(".irisfed") / "connect.json"
+POOL_CLOSE_S = 2.0  # at shutdown: the Postgres pool's graceful close, then its connections are cut
 
 # The command that runs each service → the module with its flags (COMMAND, HELP,
 # add_flags(parser), settings(args, config), build(config, pool, nc, settings)). A
@@ -227,7 +228,12 @@ def run(command: str, args: argparse.Namespace) -> int:
         finally:
             if nc is not None:
                 await nc.drain() if nc.is_connected else await nc.close()
-            await pool.close()
+            try:
+                # A connection still held (a statement Postgres does not answer) would
+                # keep a graceful close waiting for ever: then its connections are cut.
+                await asyncio.wait_for(pool.close(), POOL_CLOSE_S)
+            except TimeoutError:
+                pool.terminate()
 
     return run_service(main)
 
