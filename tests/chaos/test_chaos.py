@@ -7,7 +7,9 @@ user forging heartbeats (tooling/chaos/ says what each checks).
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
-``--seed S --first I --schedules 1``.
+``--seed S --first I --schedules 1``. With ``IRISFED_CHAOS_TIMING=1`` each schedule's
+line is followed by its wall time by phase (set-up, each step, the gaps, convergence,
+stopping the services).
 """
 
 import os

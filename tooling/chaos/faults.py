@@ -132,7 +132,9 @@ class Faults:
         await self.submit(kind="pinned", pin=peer, min_s=0.5)
         await self.submit(kind="gpu", min_s=0.5)
         for _ in range(int(1.5 / SAMPLE_PERIOD_S)):  # its agent may be down or cut off: no run starts
-            if self.watcher.live_on(peer):
+            # A run started; or its agent is down (killed or exited), so none can start
+            # before mend_due restarts it: waiting on would only idle the schedule.
+            if self.watcher.live_on(peer) or not self.fed.running(peer):
                 break
             await asyncio.sleep(SAMPLE_PERIOD_S)
         self.fed.kill(peer)

@@ -17,6 +17,8 @@ class ScheduleResult:
     runs: int = 0  # real job processes seen
     fenced_overlaps: int = 0  # stale copies seen alive with a newer epoch, killed in the window
     converge_s: float = 0.0  # from "everything restored" to every acknowledged job ended
+    # Wall time by phase (set-up, each step, converge, teardown): where a schedule's time goes.
+    phases: list[tuple[str, float]] = field(default_factory=list)
 
     def fault(self, kind: str) -> None:
         self.faults += 1

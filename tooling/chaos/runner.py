@@ -52,6 +52,8 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
             fenced = f" fenced={result.fenced_overlaps}" if result.fenced_overlaps else ""
             say(f"  schedule {index}: faults={result.faults} ({kinds}) jobs={result.jobs} runs={result.runs}{fenced} "
                 f"{status} ({time.monotonic() - started:.1f}s, converged in {result.converge_s:.1f}s)")
+            if os.environ.get("IRISFED_CHAOS_TIMING"):  # where the schedule's wall time went
+                say("    " + " ".join(f"{name}={s:.2f}" for name, s in result.phases))
             for violation in result.violations:
                 say(f"    {violation}")
     finally:

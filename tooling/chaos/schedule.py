@@ -54,6 +54,14 @@ class Schedule:
         self.watcher = RunWatcher(self.run_log, folder / "work")
 
     async def run(self) -> ScheduleResult:
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            self.result.phases.append((name, now - mark))
+            mark = now
+
         prefix = f"c{self.index}x{self.rng.randrange(1 << 30):x}"
         dbname = f"chaos_{self.index}_{os.getpid()}"
         await self.servers.admin(f'DROP DATABASE IF EXISTS "{dbname}"')
@@ -62,6 +70,7 @@ class Schedule:
         (self.folder / "federation.toml").write_text(config_text(prefix))
         self.fed = ChaosFederation(self.folder, self._db_urls(database_url), self.servers.nats.url,
                                    self.servers.auth)
+        phase("database")
         self.watcher.start()
         for name in SERVICES:
             self.fed.start(name)
@@ -74,25 +83,30 @@ class Schedule:
         try:
             await self._wait_ready(database_url)
             await self.faults.listen_to_heartbeats()
+            phase("ready")
             for _ in range(self.steps):
-                await self.step()
+                action = await self.step()
+                phase(f"step:{action}")
                 self._restart_exited()
                 self.faults.mend_due()
                 await asyncio.sleep(self.rng.uniform(0.1, 0.6))
+                phase("gap")
             await self.faults.mend_all()
             await converge_and_check(database_url, self.result, self.acked, self.never_started, self.fed.down,
                                      self._restart_exited)
+            phase("converge+checks")
         finally:
             await self.faults.close()
             await self.nc.close()
             self.result.violations.extend(self.fed.reap())
             self.fed.close()
+            phase("stop")
             check_runs(self.watcher, self.result)
             check_logs(self.folder, self.result)
         return self.result
 
-    async def step(self) -> None:
-        """Producers submit or cancel, or one fault is injected (drawn by weight)."""
+    async def step(self) -> str:
+        """Producers submit or cancel, or one fault is injected (drawn by weight); which."""
         rng = self.rng
         action = rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
         if action == "submit" or not self.acked and action == "cancel":
@@ -103,6 +117,7 @@ class Schedule:
             await self._cancel(rng.choice(sorted(self.acked)))
         else:
             await self.faults.inject(action)
+        return action
 
     def _restart_exited(self) -> None:
         # Like a supervisor (restart: unless-stopped), start again what exited by
