@@ -54,6 +54,16 @@ async def start_jobs(store: Store, jobs: list[NewJob], peer: str, epoch: int = 1
     return await store.job_start_batch(peer, [(j.job_id, epoch, None, "started") for j in jobs])
 
 
+async def running_job(admin: Store, peer: str, agent: Store | None = None, **fields) -> str:
+    """A new job assigned to ``peer`` (epoch 1) and accepted by it (through ``agent``'s
+    role, else ``admin``'s); its id."""
+    job = make_job(**fields)
+    await insert_jobs(admin, [job])
+    await assign_jobs(admin, [job], peer)
+    assert job.job_id in await start_jobs(agent or admin, [job], peer)
+    return job.job_id
+
+
 async def advertise(store: Store, peer_id: str, slots: int = 2, run_id: str = "run-1", seq: int = 1,
                     ttl_s: float = 60.0, **attributes: str) -> None:
     backends = [{"name": "main", "attributes": {k: [v] for k, v in attributes.items()},

@@ -22,7 +22,13 @@ from services.peer_agent.report import Run
 from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
 from shared.errors import PermanentStoreError
 from shared.lifecycle import JobState
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, start_jobs
+from tests.infra.factories import (
+    assign_jobs,
+    insert_jobs,
+    make_config,
+    make_job,
+    running_job,
+)
 from tests.infra.waiting import wait_for
 from tests.integration.test_db_roles import as_role
 from tooling.invariants import assert_changelog_replays
@@ -33,15 +39,6 @@ async def gpu_pool(database_url, roles):
     pool = await dbmod.connect(as_role(database_url, peer_role("gpu-west")), max_size=4)
     yield pool
     await pool.close()
-
-
-async def _running(admin: Store, peer: str, agent: Store | None = None, **fields) -> str:
-    """A job assigned to ``peer`` (epoch 1) and accepted by it (through ``agent``'s role)."""
-    job = make_job(**fields)
-    await insert_jobs(admin, [job])
-    await assign_jobs(admin, [job], peer)
-    assert job.job_id in await start_jobs(agent or admin, [job], peer)
-    return job.job_id
 
 
 def _agent(pool, nats_client, subject_prefix, tmp_path: Path, peer: str = "gpu-west") -> PeerAgent:
@@ -68,10 +65,10 @@ async def _poison(admin_pool, job_id: str) -> None:
 async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
         pool, gpu_pool, nats_client, subject_prefix, tmp_path):
     admin, gpu = Store(pool), Store(gpu_pool)
-    retried = await _running(admin, "gpu-west", gpu, max_retries=1)
-    out_of_retries = await _running(admin, "gpu-west", gpu, max_retries=0)
-    cancelled = await _running(admin, "gpu-west", gpu, max_retries=3)
-    launch_failed = await _running(admin, "gpu-west", gpu, max_retries=2)
+    retried = await running_job(admin, "gpu-west", gpu, max_retries=1)
+    out_of_retries = await running_job(admin, "gpu-west", gpu, max_retries=0)
+    cancelled = await running_job(admin, "gpu-west", gpu, max_retries=3)
+    launch_failed = await running_job(admin, "gpu-west", gpu, max_retries=2)
     await admin.job_request_cancel(cancelled)
     agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
     # A restarted agent finds three running jobs it has no process for.
@@ -111,7 +108,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
 
 async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_pool):
     admin, gpu = Store(pool), Store(gpu_pool)
-    theirs = await _running(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     assigned = make_job()
     await insert_jobs(admin, [assigned])
     await assign_jobs(admin, [assigned], "tpu-east")
@@ -128,7 +125,7 @@ async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_
     assert await gpu.job_finish_batch("gpu-west", [(theirs, 1, 0, False)]) == {}
     # Only the moves an agent makes this way: not back to assigned, not succeeded (only
     # a finish with exit code 0 is), and nothing but a state name.
-    mine = await _running(admin, "gpu-west", gpu)
+    mine = await running_job(admin, "gpu-west", gpu)
     for bad in ("assigned", "running", "succeeded", "rejected", None):
         with pytest.raises(asyncpg.InvalidParameterValueError):
             await gpu_pool.fetchval("SELECT irisfed_job_end_run('gpu-west', $1, 1, $2, 'nope')", mine, bad)
@@ -143,8 +140,8 @@ async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_
 
 async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
     admin = Store(pool)
-    mine = await _running(admin, "gpu-west", Store(gpu_pool))
-    theirs = await _running(admin, "tpu-east")
+    mine = await running_job(admin, "gpu-west", Store(gpu_pool))
+    theirs = await running_job(admin, "tpu-east")
     await admin.job_request_cancel(mine)
     before = await admin.changelog_list_all()
     forgeries = [
@@ -179,9 +176,9 @@ async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
 async def test_report_loop_sets_a_permanent_error_aside_and_reports_the_rest(
         pool, gpu_pool, nats_client, subject_prefix, tmp_path):
     admin, gpu = Store(pool), Store(gpu_pool)
-    poisoned = await _running(admin, "gpu-west", gpu)
-    fine = await _running(admin, "gpu-west", gpu)
-    later = await _running(admin, "gpu-west", gpu)
+    poisoned = await running_job(admin, "gpu-west", gpu)
+    fine = await running_job(admin, "gpu-west", gpu)
+    later = await running_job(admin, "gpu-west", gpu)
     await _poison(pool, poisoned)
     agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
     errors = metrics.AGENT_REPORT_ERRORS.labels("finish")
@@ -214,8 +211,8 @@ async def _state_is(store: Store, job_id: str, state: str) -> bool:
 async def test_a_permanent_error_recovering_an_orphan_does_not_stop_the_agent(
         pool, gpu_pool, nats_client, subject_prefix, tmp_path):
     admin, gpu = Store(pool), Store(gpu_pool)
-    poisoned = await _running(admin, "gpu-west", gpu, max_retries=1)
-    fine = await _running(admin, "gpu-west", gpu, max_retries=1)
+    poisoned = await running_job(admin, "gpu-west", gpu, max_retries=1)
+    fine = await running_job(admin, "gpu-west", gpu, max_retries=1)
     await _poison(pool, poisoned)
     agent = _agent(gpu_pool, nats_client, subject_prefix, tmp_path)
     errors = metrics.AGENT_REPORT_ERRORS.labels("orphan")
@@ -272,7 +269,7 @@ async def test_a_migration_owner_without_superuser_may_act_for_any_peer(servers,
         pool = await dbmod.connect(url, max_size=2)
         try:
             store = Store(pool)
-            job_id = await _running(store, "tpu-east")
+            job_id = await running_job(store, "tpu-east")
             assert await store.job_end_run("tpu-east", job_id, 1, JobState.QUEUED, "handed back") is not None
             assert (await store.job_get(job_id)).epoch == 2
             async with pool.acquire() as conn:

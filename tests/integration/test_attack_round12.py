@@ -25,7 +25,7 @@ import pytest
 from services.common import db as dbmod
 from services.common.db_roles import peer_role
 from services.common.store import Store
-from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
+from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_job
 from tests.infra.waiting import wait_for
 from tests.integration.test_db_roles import as_role
 from tests.integration.test_web_pages import running_web
@@ -47,14 +47,6 @@ async def conns(database_url, roles):
         await conn.close()
 
 
-async def _running(admin: Store, peer: str) -> str:
-    job = make_job()
-    await insert_jobs(admin, [job])
-    await assign_jobs(admin, [job], peer)
-    assert job.job_id in await start_jobs(admin, [job], peer)
-    return job.job_id
-
-
 def _history_row(job_id: str, epoch: int = 1) -> str:
     return ("INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail) "
             f"VALUES ('{job_id}', 'running', 'succeeded', 'gpu-west', {epoch}, 'operator', 'forged')")
@@ -70,7 +62,7 @@ async def _refused(conn: asyncpg.Connection, sql: str) -> str | None:
 
 async def test_agent_and_web_roles_write_no_history_at_all(pool, conns):
     admin = Store(pool)
-    theirs = await _running(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     for name in ("agent", "web"):
         for job_id in ("no-such-job", theirs):
             assert await _refused(conns[name], _history_row(job_id)) is None, (name, job_id)
@@ -80,7 +72,7 @@ async def test_agent_and_web_roles_write_no_history_at_all(pool, conns):
 
 async def test_no_role_may_change_or_remove_history_nor_remove_jobs(pool, conns):
     admin = Store(pool)
-    theirs = await _running(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     for name, conn in conns.items():
         for sql in (f"UPDATE federation_changelog SET epoch = 9, to_state = 'succeeded' WHERE job_id = '{theirs}'",
                     f"DELETE FROM federation_changelog WHERE job_id = '{theirs}'",
@@ -116,7 +108,7 @@ async def test_the_history_trigger_functions_run_with_their_callers_rights(pool,
     """A role may make a temp table and hang the delete trigger's function on it: the
     function must not delete history on that role's behalf (not SECURITY DEFINER)."""
     admin = Store(pool)
-    victim = await _running(admin, "tpu-east")
+    victim = await running_job(admin, "tpu-east")
     assert await pool.fetchval("SELECT bool_or(prosecdef) FROM pg_proc WHERE proname IN "
                                "('jobs_deleted_drop_history', 'jobs_truncated_drop_history')") is False
     for name, conn in conns.items():
@@ -135,7 +127,7 @@ async def test_no_role_nor_the_owner_may_rename_a_job_away_from_its_history(pool
     """Before 0010 the router and tick roles (UPDATE on jobs) could: 'renamed: no
     changelog rows', '<id>: changelog rows for a job that does not exist'."""
     admin = Store(pool)
-    queued, running = make_job(), await _running(admin, "gpu-west")
+    queued, running = make_job(), await running_job(admin, "gpu-west")
     await insert_jobs(admin, [queued])
     for job_id in (queued.job_id, running):
         for name in ("router", "tick"):
@@ -154,12 +146,12 @@ async def test_no_role_nor_the_owner_may_rename_a_job_away_from_its_history(pool
 async def test_a_truncate_of_jobs_takes_history_along(pool):
     """Before 0010 ``TRUNCATE jobs CASCADE`` (the owner's) left every history row behind."""
     admin = Store(pool)
-    await _running(admin, "gpu-west")
+    await running_job(admin, "gpu-west")
     await insert_jobs(admin, [make_job()])
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 4
     await pool.execute("TRUNCATE jobs CASCADE")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
-    await _running(admin, "gpu-west")
+    await running_job(admin, "gpu-west")
     await pool.execute("TRUNCATE jobs, federation_sync_state")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
     await assert_changelog_replays(admin)
@@ -167,7 +159,7 @@ async def test_a_truncate_of_jobs_takes_history_along(pool):
 
 async def test_invariant_7_names_history_no_job_backs_and_forged_epochs(pool, conns):
     admin = Store(pool)
-    real = await _running(admin, "gpu-west")
+    real = await running_job(admin, "gpu-west")
     assert await changelog_violations(admin) == []
     # The owner plants an orphan row and a forged epoch on a real job.
     await pool.execute(_history_row("planted-by-owner"))
@@ -187,7 +179,7 @@ async def test_agent_functions_write_history_only_for_what_they_really_move(pool
     await insert_jobs(admin, jobs)
     await assign_jobs(admin, jobs, "gpu-west")
     a, b, c = (j.job_id for j in jobs)
-    theirs = await _running(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     start = "SELECT job_id FROM irisfed_job_start_batch('gpu-west', $1, $2, $3, $4)"
     finish = "SELECT job_id FROM irisfed_job_finish_batch('gpu-west', $1, $2, $3, $4)"
     # Ids that do not exist, another peer's, a duplicate, a NULL; epochs shorter than ids

@@ -14,11 +14,8 @@ from services.common.db_roles import peer_role
 from services.common.store import Store
 from tests.infra.factories import (
     advertise,
-    assign_jobs,
-    insert_jobs,
     make_config,
-    make_job,
-    start_jobs,
+    running_job,
 )
 from tests.integration.test_db_roles import as_role
 
@@ -30,19 +27,11 @@ async def gpu(database_url, roles):
     await conn.close()
 
 
-async def _running_on(admin: Store, peer: str) -> str:
-    job = make_job()
-    await insert_jobs(admin, [job])
-    await assign_jobs(admin, [job], peer)
-    assert job.job_id in await start_jobs(admin, [job], peer)
-    return job.job_id
-
-
 async def test_temp_peer_roles_table_does_not_make_a_peer_another(pool, gpu):
     """pg_temp is searched first for tables unless a function's search_path lists it:
     a session's own temp `peer_roles` must not decide who the session is."""
     admin = Store(pool)
-    theirs = await _running_on(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     await gpu.execute("CREATE TEMP TABLE peer_roles (role_name text, peer_id text)")
     await gpu.execute("INSERT INTO peer_roles VALUES (session_user, 'tpu-east')")
     assert await gpu.fetchval("SELECT irisfed_current_peer()") == "gpu-west"
@@ -55,7 +44,7 @@ async def test_temp_peer_roles_table_does_not_make_a_peer_another(pool, gpu):
 
 async def test_temp_objects_do_not_shadow_what_agent_functions_read(pool, gpu):
     admin = Store(pool)
-    theirs = await _running_on(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     for table in ("jobs", "federation_changelog", "federation_sync_state", "peer_roles", "pg_roles"):
         await gpu.execute(f"CREATE TEMP TABLE {table} (x int)")
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -65,7 +54,7 @@ async def test_temp_objects_do_not_shadow_what_agent_functions_read(pool, gpu):
 
 async def test_peer_cannot_move_write_or_read_another_peers_rows(pool, gpu):
     admin = Store(pool)
-    theirs = await _running_on(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     await advertise(admin, "tpu-east")
     for sql in (
         f"SELECT * FROM irisfed_job_finish_batch('tpu-east', ARRAY['{theirs}'], ARRAY[1::bigint], ARRAY[0], ARRAY[false])",
@@ -92,7 +81,7 @@ async def test_peer_cannot_move_write_or_read_another_peers_rows(pool, gpu):
 
 async def test_service_roles_cannot_call_agent_functions(pool, database_url, roles):
     admin = Store(pool)
-    theirs = await _running_on(admin, "tpu-east")
+    theirs = await running_job(admin, "tpu-east")
     for role in ("irisfed_svc_router", "irisfed_svc_tick"):
         conn = await asyncpg.connect(as_role(database_url, role))
         try:
