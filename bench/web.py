@@ -154,23 +154,28 @@ def p99(values: list[float]) -> float:
 
 # ---------------------------------------------------------------- the jobs page
 
-BARE_COLUMNS = ("job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, submitted_at, updated_at, "
-                "exit_code, spec->'command' AS command, spec->'labels' AS labels")
+BARE_COLUMNS = ("j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.submitted_at, "
+                "j.updated_at, j.exit_code, j.spec->'command' AS command, j.spec->'labels' AS labels")
 
 
 @dataclass
 class PageCase:
-    """One way into the job list: the bare SELECT (and its arguments) and the dashboard's filter."""
+    """One way into the job list: the bare SELECT (and its arguments) and the dashboard's filter.
+    ``via_listing``: the way in walks ``job_listing`` (l) and joins ``jobs`` (j) by key, as the
+    store's read does (migration 0011); otherwise it reads ``jobs`` (j) alone."""
 
     name: str  # in the figure's name
     bare_where: str
     bare_args: tuple
     jobs: JobFilter
+    via_listing: bool = True
 
     @property
     def bare_sql(self) -> str:
         where = f"WHERE {self.bare_where} " if self.bare_where else ""
-        return f"SELECT {BARE_COLUMNS} FROM jobs {where}ORDER BY submitted_at DESC, job_id DESC LIMIT {PAGE}"
+        source, key = ("job_listing l JOIN jobs j ON j.job_id = l.job_id", "l") if self.via_listing else ("jobs j", "j")
+        return (f"SELECT {BARE_COLUMNS} FROM {source} {where}"
+                f"ORDER BY {key}.submitted_at DESC, {key}.job_id DESC LIMIT {PAGE}")
 
 
 async def fill_jobs(database_url: str, total: int) -> float:
@@ -181,7 +186,8 @@ async def fill_jobs(database_url: str, total: int) -> float:
     conn = await asyncpg.connect(database_url)
     try:
         indexes = await conn.fetch(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'jobs' "
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename IN ('jobs', 'job_listing') "
             "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass)")
         for row in indexes:
             await conn.execute(f'DROP INDEX "{row["indexname"]}"')
@@ -193,12 +199,18 @@ async def fill_jobs(database_url: str, total: int) -> float:
         keep = [i for i, name in enumerate(COPY_COLUMNS) if name in present]
         records = (tuple(row[i] for i in keep) for row in web_jobs(total, datetime.now(UTC)))
         await conn.copy_records_to_table("jobs", records=records, columns=[COPY_COLUMNS[i] for i in keep])
+        # Each job's listing row, as the router's insert writes it (migration 0011).
+        await conn.execute(
+            "INSERT INTO job_listing (job_id, submitted_at, labels, search_text) "
+            "SELECT job_id, submitted_at, coalesce(spec->'labels', '{}'::jsonb), "
+            "job_id || ' ' || coalesce(spec->>'name', '') FROM jobs")
         await conn.execute("SET maintenance_work_mem = '256MB'")
         for row in indexes:
             await conn.execute(row["indexdef"])
         # A table that has been around: hint bits and the visibility map set, statistics
         # fresh, and the load's dirty pages written now rather than during a figure.
         await conn.execute("VACUUM (ANALYZE) jobs")
+        await conn.execute("VACUUM (ANALYZE) job_listing")
         await conn.execute("CHECKPOINT")
     finally:
         await conn.close()
@@ -207,15 +219,16 @@ async def fill_jobs(database_url: str, total: int) -> float:
 
 async def page_cases(pool: asyncpg.Pool, total: int) -> list[PageCase]:
     deep_at, deep_id = await pool.fetchrow(
-        "SELECT submitted_at, job_id FROM jobs ORDER BY submitted_at DESC, job_id DESC OFFSET $1 LIMIT 1",
+        "SELECT submitted_at, job_id FROM job_listing ORDER BY submitted_at DESC, job_id DESC OFFSET $1 LIMIT 1",
         total * 9 // 10)
     label = dict([LABEL_FILTER])  # the pool's codec encodes jsonb (a JSON string here would match nothing)
     return [
         PageCase("first page", "", (), JobFilter()),
-        PageCase("page 90% deep (cursor)", "(submitted_at, job_id) < ($1, $2)", (deep_at, deep_id),
+        PageCase("page 90% deep (cursor)", "(l.submitted_at, l.job_id) < ($1, $2)", (deep_at, deep_id),
                  JobFilter(after=(deep_at, deep_id))),
-        PageCase(f"state={STATE_FILTER.value}", "state = $1", (STATE_FILTER.value,), JobFilter(state=STATE_FILTER.value)),
-        PageCase(f"label {LABEL_FILTER[0]}={LABEL_FILTER[1]}", "spec->'labels' @> $1::jsonb", (label,),
+        PageCase(f"state={STATE_FILTER.value}", "j.state = $1", (STATE_FILTER.value,), JobFilter(state=STATE_FILTER.value),
+                 via_listing=False),
+        PageCase(f"label {LABEL_FILTER[0]}={LABEL_FILTER[1]}", "l.labels @> $1::jsonb", (label,),
                  JobFilter(labels=(LABEL_FILTER,))),
     ]
 

@@ -254,7 +254,9 @@ class Store:
         return await self._one("job_get", JobRow, job_id)
 
     async def job_list(self, state: str | None = None, limit: int = 100) -> list[JobSummary]:
-        return await self._all("job_list", JobSummary, state, limit)
+        if state is None:
+            return await self._all("job_list", JobSummary, limit)
+        return await self._all("job_list_by_state", JobSummary, state, limit)
 
     async def job_count_by_state(self) -> dict[str, int]:
         return {r["state"]: r["jobs"] for r in await self._fetch("job_count_by_state")}

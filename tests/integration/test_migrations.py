@@ -10,7 +10,7 @@ from services.common import db as dbmod
 from services.common.store import Store
 from shared.errors import SchemaMismatch
 
-TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations"}
+TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations", "job_listing"}
 
 
 async def _tables(url: str) -> set[str]:

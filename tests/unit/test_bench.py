@@ -136,9 +136,14 @@ def test_web_page_cases_read_one_page_newest_first():
     from bench.web import PAGE, PageCase
     from services.web.filters import JobFilter
 
-    case = PageCase("state=failed", "state = $1", ("failed",), JobFilter(state="failed"))
-    assert case.bare_sql.endswith(f"FROM jobs WHERE state = $1 ORDER BY submitted_at DESC, job_id DESC LIMIT {PAGE}")
-    assert "WHERE" not in PageCase("first page", "", (), JobFilter()).bare_sql
+    case = PageCase("state=failed", "j.state = $1", ("failed",), JobFilter(state="failed"), via_listing=False)
+    assert case.bare_sql.endswith(
+        f"FROM jobs j WHERE j.state = $1 ORDER BY j.submitted_at DESC, j.job_id DESC LIMIT {PAGE}")
+    first = PageCase("first page", "", (), JobFilter()).bare_sql
+    assert "WHERE" not in first
+    # As the store reads it (migration 0011): newest first from job_listing, each job by key.
+    assert first.endswith("FROM job_listing l JOIN jobs j ON j.job_id = l.job_id "
+                          f"ORDER BY l.submitted_at DESC, l.job_id DESC LIMIT {PAGE}")
 
 
 def test_web_section_is_registered_and_in_quick_runs():

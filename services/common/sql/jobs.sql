@@ -3,7 +3,8 @@
 -- state and its history can never disagree.
 
 -- job_insert_batch --
--- Create many jobs (one router group-commit batch) with their first changelog rows.
+-- Create many jobs (one router group-commit batch) with their first changelog rows
+-- and their job_listing rows.
 -- Existing job_ids are skipped; the caller answers those as duplicates or conflicts.
 -- The batch's distinct explanations ($2) are stored once each, in the same statement,
 -- so a job's explanation_key always names a stored row.
@@ -32,10 +33,16 @@ WITH input AS (
            COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb)
     FROM input
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING job_id, state, owner_peer_id, epoch, reason
+    RETURNING job_id, state, owner_peer_id, epoch, reason, submitted_at,
+              spec->'labels' AS labels, spec->>'name' AS name
 ), logged AS (
     INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
     SELECT job_id, NULL, state, owner_peer_id, epoch, 'router', reason FROM inserted
+), listed AS (
+    -- What the Jobs page searches, written once (migration 0011): never updated after.
+    INSERT INTO job_listing (job_id, submitted_at, labels, search_text)
+    SELECT job_id, submitted_at, coalesce(labels, '{}'::jsonb), job_id || ' ' || coalesce(name, '')
+    FROM inserted
 )
 SELECT job_id FROM inserted;
 
@@ -67,12 +74,20 @@ WHERE j.job_id = $1;
 SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs WHERE job_id = $1 FOR UPDATE;
 
 -- job_list --
--- The unified view: newest first, optionally one state.
+-- The unified view: newest first (a range of job_listing_newest, each job by its key).
+SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
+       j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+ORDER BY l.submitted_at DESC, l.job_id DESC
+LIMIT $1;
+
+-- job_list_by_state --
+-- job_list for one state ($1): a range of jobs_by_state_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
        submitted_at, updated_at, exit_code, reason, spec->'command' AS command
 FROM jobs
-WHERE ($1::text IS NULL OR state = $1)
-ORDER BY submitted_at DESC, job_id
+WHERE state = $1
+ORDER BY submitted_at DESC, job_id DESC
 LIMIT $2;
 
 -- job_count_by_state --
@@ -253,19 +268,20 @@ SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING co
 -- (submitted_at, job_id) of the last row shown (NULLs: the first page). Optional
 -- filters: state $1, owner $2, labels containing $3, id or name containing $4 (its
 -- LIKE metacharacters escaped by the caller). The cursor is a row comparison, so a
--- deep page costs what the first does. This form walks jobs_newest; the four below
--- lead with the one filter an index serves (the store picks which), the others are
--- the same conditions.
-SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
-       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels
-FROM jobs
-WHERE (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
-  AND ($1::text IS NULL OR state = $1)
-  AND ($2::text IS NULL OR owner_peer_id = $2)
-  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
-  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
-ORDER BY submitted_at DESC, job_id DESC
+-- deep page costs what the first does. This form walks job_listing_newest (written
+-- once per job, migration 0011) and joins each job by its key; the four below lead
+-- with the one filter an index serves (the store picks which), the others are the
+-- same conditions.
+SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
+       j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+WHERE (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR j.state = $1)
+  AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR l.labels @> $3::jsonb)
+  AND ($4::text IS NULL OR l.search_text ILIKE '%' || $4 || '%')
+ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $7;
 
 -- job_list_page_by_state --
@@ -297,32 +313,32 @@ ORDER BY submitted_at DESC, job_id DESC
 LIMIT $7;
 
 -- job_list_page_by_label --
--- job_list_page for jobs whose labels contain $3 (given): jobs_by_label (GIN), then sorted.
-SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
-       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels
-FROM jobs
-WHERE spec->'labels' @> $3::jsonb
-  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
-  AND ($1::text IS NULL OR state = $1)
-  AND ($2::text IS NULL OR owner_peer_id = $2)
-  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
-ORDER BY submitted_at DESC, job_id DESC
+-- job_list_page for jobs whose labels contain $3 (given): job_listing_by_label (GIN), then sorted.
+SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
+       j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+WHERE l.labels @> $3::jsonb
+  AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR j.state = $1)
+  AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($4::text IS NULL OR l.search_text ILIKE '%' || $4 || '%')
+ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $7;
 
 -- job_list_page_by_text --
--- job_list_page for ids or names containing $4 (given, 3 characters or more): jobs_by_text
--- (trigrams) when the server has pg_trgm, then sorted.
-SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
-       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels
-FROM jobs
-WHERE (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%'
-  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
-  AND ($1::text IS NULL OR state = $1)
-  AND ($2::text IS NULL OR owner_peer_id = $2)
-  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
-ORDER BY submitted_at DESC, job_id DESC
+-- job_list_page for ids or names containing $4 (given, 3 characters or more):
+-- job_listing_by_text (trigrams) when the server has pg_trgm, then sorted.
+SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
+       j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+WHERE l.search_text ILIKE '%' || $4 || '%'
+  AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR j.state = $1)
+  AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR l.labels @> $3::jsonb)
+ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $7;
 
 -- job_count_live_by_state --
@@ -338,7 +354,7 @@ ORDER BY submitted_at, job_id
 LIMIT 1;
 
 -- job_count_submitted_by_minute --
--- Jobs submitted per minute since $1 (a range of jobs_newest).
+-- Jobs submitted per minute since $1 (a range of job_listing_newest).
 SELECT date_trunc('minute', submitted_at) AS minute, count(*) AS jobs
-FROM jobs WHERE submitted_at >= $1
+FROM job_listing WHERE submitted_at >= $1
 GROUP BY 1;
