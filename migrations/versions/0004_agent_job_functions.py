@@ -59,6 +59,40 @@ def _logged_and_synced(from_state: str, to_state: str) -> str:
             )"""
 
 
+# As 0004 made it; 0012 replaces it and its downgrade puts this back.
+FINISH_BATCH = f"""
+        CREATE FUNCTION irisfed_job_finish_batch(
+            p_peer text, p_job_ids text[], p_epochs bigint[], p_exit_codes integer[], p_cancelled boolean[])
+        RETURNS TABLE (job_id text, state text, reason text)
+        LANGUAGE plpgsql VOLATILE SECURITY DEFINER {SEARCH_PATH}
+        AS $fn$
+        #variable_conflict use_column
+        BEGIN
+            PERFORM irisfed_check_caller(p_peer);
+            RETURN QUERY
+            WITH input AS (
+                SELECT * FROM unnest(p_job_ids, p_epochs, p_exit_codes, p_cancelled)
+                    AS t(job_id, epoch, exit_code, cancelled)
+            ), decided AS (
+                SELECT input.*,
+                       CASE WHEN input.cancelled OR jobs.cancel_requested THEN 'killed'
+                            WHEN input.exit_code = 0 THEN 'succeeded' ELSE 'failed' END AS to_state
+                FROM input JOIN jobs ON jobs.job_id = input.job_id AND jobs.owner_peer_id = p_peer
+            ), moved AS (
+                UPDATE jobs SET state = decided.to_state, exit_code = decided.exit_code,
+                                updated_at = now(), finished_at = now(),
+                                reason = CASE decided.to_state WHEN 'killed' THEN 'cancelled by request'
+                                              ELSE 'exit code ' || decided.exit_code END
+                FROM decided
+                WHERE jobs.job_id = decided.job_id AND jobs.state = 'running'
+                  AND jobs.epoch = decided.epoch AND jobs.owner_peer_id = p_peer
+                RETURNING jobs.job_id, jobs.epoch, jobs.state, jobs.reason
+{_logged_and_synced("'running'", 'moved.state')}
+            SELECT moved.job_id, moved.state, moved.reason FROM moved;
+        END $fn$
+    """
+
+
 def upgrade() -> None:
     op.execute(f"""
         CREATE FUNCTION irisfed_check_caller(p_peer text) RETURNS void
@@ -109,37 +143,7 @@ def upgrade() -> None:
             SELECT moved.job_id, moved.spec, moved.backend FROM moved;
         END $fn$
     """)
-    op.execute(f"""
-        CREATE FUNCTION irisfed_job_finish_batch(
-            p_peer text, p_job_ids text[], p_epochs bigint[], p_exit_codes integer[], p_cancelled boolean[])
-        RETURNS TABLE (job_id text, state text, reason text)
-        LANGUAGE plpgsql VOLATILE SECURITY DEFINER {SEARCH_PATH}
-        AS $fn$
-        #variable_conflict use_column
-        BEGIN
-            PERFORM irisfed_check_caller(p_peer);
-            RETURN QUERY
-            WITH input AS (
-                SELECT * FROM unnest(p_job_ids, p_epochs, p_exit_codes, p_cancelled)
-                    AS t(job_id, epoch, exit_code, cancelled)
-            ), decided AS (
-                SELECT input.*,
-                       CASE WHEN input.cancelled OR jobs.cancel_requested THEN 'killed'
-                            WHEN input.exit_code = 0 THEN 'succeeded' ELSE 'failed' END AS to_state
-                FROM input JOIN jobs ON jobs.job_id = input.job_id AND jobs.owner_peer_id = p_peer
-            ), moved AS (
-                UPDATE jobs SET state = decided.to_state, exit_code = decided.exit_code,
-                                updated_at = now(), finished_at = now(),
-                                reason = CASE decided.to_state WHEN 'killed' THEN 'cancelled by request'
-                                              ELSE 'exit code ' || decided.exit_code END
-                FROM decided
-                WHERE jobs.job_id = decided.job_id AND jobs.state = 'running'
-                  AND jobs.epoch = decided.epoch AND jobs.owner_peer_id = p_peer
-                RETURNING jobs.job_id, jobs.epoch, jobs.state, jobs.reason
-{_logged_and_synced("'running'", 'moved.state')}
-            SELECT moved.job_id, moved.state, moved.reason FROM moved;
-        END $fn$
-    """)
+    op.execute(FINISH_BATCH)
     op.execute(f"""
         CREATE FUNCTION irisfed_job_end_run(
             p_peer text, p_job_id text, p_epoch bigint, p_to_state text, p_reason text,
