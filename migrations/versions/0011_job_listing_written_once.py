@@ -33,7 +33,6 @@ branch_labels = None
 depends_on = None
 
 SEARCH_PATH = "SET search_path = pg_catalog, public, pg_temp"
-SERVICES = "irisfed_router, irisfed_tick"
 # 0007's trigram expression on jobs, for the downgrade.
 JOBS_TEXT = "(job_id || ' ' || coalesce(spec->>'name', ''))"
 
@@ -71,10 +70,12 @@ def upgrade() -> None:
     for name in ("jobs_newest", "jobs_by_label", "jobs_by_text"):
         op.execute(f"DROP INDEX IF EXISTS {name}")
 
-    op.execute(f"GRANT SELECT, INSERT ON job_listing TO {SERVICES}")
+    # Only the router writes it (with the job, from its insert); the dashboard reads it.
+    # The tick and agents never need it.
+    op.execute("GRANT SELECT, INSERT ON job_listing TO irisfed_router")
     op.execute("GRANT SELECT ON job_listing TO irisfed_web")
     op.execute("ALTER TABLE job_listing ENABLE ROW LEVEL SECURITY")
-    op.execute(f"CREATE POLICY job_listing_services ON job_listing TO {SERVICES} USING (true) WITH CHECK (true)")
+    op.execute("CREATE POLICY job_listing_router ON job_listing TO irisfed_router USING (true) WITH CHECK (true)")
     op.execute("CREATE POLICY job_listing_web_read ON job_listing FOR SELECT TO irisfed_web USING (true)")
 
     op.execute(f"""

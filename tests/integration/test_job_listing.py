@@ -6,8 +6,8 @@
 - no state change writes it again (that was the point: the search indexes are not
   paid for on every transition);
 - an operator's DELETE or TRUNCATE of jobs takes the listing rows along;
-- only the router and tick may add rows, nobody but the owner may change or remove
-  them, the dashboard reads them and agents cannot;
+- only the router may add rows, nobody but the owner may change or remove them,
+  the dashboard reads them, the tick and agents cannot;
 - 0011 fills the table from the jobs already there, and its downgrade puts the three
   indexes back on ``jobs``.
 """
@@ -112,7 +112,7 @@ async def test_roles_on_the_listing(pool, roles, database_url):
                         f"DELETE FROM job_listing WHERE job_id = '{job.job_id}'", "TRUNCATE job_listing",
                         "DROP TRIGGER jobs_deleted_drop_listing ON jobs"):
                 assert await _refused(conn, sql), (name, sql)
-            if name == "agent":  # an agent has no business with other peers' jobs' names
+            if name in ("agent", "tick"):  # neither needs it; an agent must not read other peers' job names
                 assert await _refused(conn, "SELECT 1 FROM job_listing LIMIT 1"), name
                 assert await _refused(conn, forged), name
             else:
