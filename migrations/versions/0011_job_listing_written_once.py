@@ -19,10 +19,20 @@ changes, 0010; its spec, submit time, labels and name never do). The page's ways
 that lead with those columns walk ``job_listing`` and join ``jobs`` by its key; the
 ways that lead with state or owner stay on ``jobs`` (those columns change).
 
-No key: the router's insert is the only writer and inserts each job once, and the
-page reads it only through ``job_listing_newest`` and the GIN indexes. An operator's
-DELETE or TRUNCATE of jobs takes the listing rows along (statement triggers, as
-0009 and 0010 do for history).
+No key on ``job_id``: the router's insert is the only writer and inserts each job once,
+and the page reads it only through ``job_listing_newest`` (unique: one row per
+(submit time, id)) and the GIN indexes, joining ``jobs`` on both id and submit time,
+so a listing row the router role forged for a time its job does not have lists
+nothing. An operator's DELETE or TRUNCATE of jobs takes the listing rows along
+(statement triggers, as 0009 and 0010 do for history).
+
+What the listing copied never changes on ``jobs`` either: a statement that sets
+``spec`` or ``submitted_at`` is refused, for every role (attack round 13: the router
+and tick roles hold UPDATE on jobs since 0003; moving a job's submit time made the
+page's cursor skip every job in between, and left its listing row behind when the job
+was deleted, so a resubmit listed it twice; changing its labels or name made the
+search find it by what it no longer has). Nothing in irisfed sets them; like 0010's
+id trigger it fires only for statements naming those columns.
 """
 
 from alembic import op
@@ -64,7 +74,7 @@ def upgrade() -> None:
                job_id || ' ' || coalesce(spec->>'name', '')
         FROM jobs
     """)
-    op.execute("CREATE INDEX job_listing_newest ON job_listing (submitted_at DESC, job_id DESC)")
+    op.execute("CREATE UNIQUE INDEX job_listing_newest ON job_listing (submitted_at DESC, job_id DESC)")
     op.execute("CREATE INDEX job_listing_by_label ON job_listing USING gin (labels jsonb_path_ops)")
     op.execute(_trigram_index("job_listing_by_text", "job_listing", "search_text"))
     for name in ("jobs_newest", "jobs_by_label", "jobs_by_text"):
@@ -107,9 +117,24 @@ def upgrade() -> None:
         CREATE TRIGGER jobs_truncated_drop_listing AFTER TRUNCATE ON jobs
         FOR EACH STATEMENT EXECUTE FUNCTION jobs_truncated_drop_listing()
     """)
+    op.execute(f"""
+        CREATE FUNCTION jobs_listed_never_change() RETURNS trigger
+        LANGUAGE plpgsql {SEARCH_PATH}
+        AS $fn$
+        BEGIN
+            RAISE EXCEPTION 'a job''s spec and submit time never change (job_listing copied them)'
+                USING ERRCODE = 'restrict_violation';
+        END $fn$
+    """)
+    op.execute("""
+        CREATE TRIGGER jobs_listed_never_change BEFORE UPDATE OF spec, submitted_at ON jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION jobs_listed_never_change()
+    """)
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER jobs_listed_never_change ON jobs")
+    op.execute("DROP FUNCTION jobs_listed_never_change()")
     op.execute("DROP TRIGGER jobs_truncated_drop_listing ON jobs")
     op.execute("DROP FUNCTION jobs_truncated_drop_listing()")
     op.execute("DROP TRIGGER jobs_deleted_drop_listing ON jobs")

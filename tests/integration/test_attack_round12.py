@@ -89,7 +89,7 @@ async def test_no_role_may_switch_off_or_replace_what_keeps_history_with_jobs(po
     triggers = {r["tgname"] for r in await pool.fetch(
         "SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal")}
     assert triggers == {"jobs_deleted_drop_history", "jobs_id_never_changes", "jobs_truncated_drop_history",
-                        "jobs_deleted_drop_listing", "jobs_truncated_drop_listing"}
+                        "jobs_deleted_drop_listing", "jobs_truncated_drop_listing", "jobs_listed_never_change"}
     for name, conn in conns.items():
         attempts = ["SET session_replication_role = replica", "ALTER TABLE jobs DISABLE TRIGGER ALL",
                     "CREATE OR REPLACE FUNCTION public.jobs_deleted_drop_history() RETURNS trigger "

@@ -75,9 +75,11 @@ SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs
 
 -- job_list --
 -- The unified view: newest first (a range of job_listing_newest, each job by its key).
+-- The join also matches the submit time: a listing row the router role forged for a
+-- time its job does not have lists nothing (at most one row per (time, id): unique).
 SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
        j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command
-FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id AND j.submitted_at = l.submitted_at
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $1;
 
@@ -275,7 +277,7 @@ SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING co
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
        j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
-FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id AND j.submitted_at = l.submitted_at
 WHERE (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
   AND ($2::text IS NULL OR j.owner_peer_id = $2)
@@ -317,7 +319,7 @@ LIMIT $7;
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
        j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
-FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id AND j.submitted_at = l.submitted_at
 WHERE l.labels @> $3::jsonb
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
@@ -332,7 +334,7 @@ LIMIT $7;
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
        j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
-FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
+FROM job_listing l JOIN jobs j ON j.job_id = l.job_id AND j.submitted_at = l.submitted_at
 WHERE l.search_text ILIKE '%' || $4 || '%'
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
