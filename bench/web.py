@@ -188,7 +188,8 @@ async def fill_jobs(database_url: str, total: int) -> float:
         indexes = await conn.fetch(
             "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
             "AND tablename IN ('jobs', 'job_listing') "
-            "AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass)")
+            "AND indexname NOT IN (SELECT conname FROM pg_constraint "
+            "WHERE conrelid IN ('jobs'::regclass, 'job_listing'::regclass))")
         for row in indexes:
             await conn.execute(f'DROP INDEX "{row["indexname"]}"')
         # Only the columns this schema has (a later migration may move one, e.g. the

@@ -17,8 +17,8 @@ Found and fixed (0011, jobs.sql):
   search found a job by labels it no longer had. 0011 now refuses statements setting
   either column (as 0010 does for the id);
 - the router role may INSERT listing rows (it writes them with each job), and one it
-  forged for an existing job listed that job twice. The page's reads now join on id
-  and submit time, and (submit time, id) is unique.
+  forged for an existing job listed that job twice. ``job_listing`` is now keyed by
+  the job's id, so a second row for a job is refused.
 """
 
 from __future__ import annotations
@@ -134,19 +134,18 @@ async def test_no_role_may_change_a_jobs_spec_or_submit_time_behind_its_listing_
 async def test_a_listing_row_the_router_forges_lists_no_job_twice_nor_by_false_labels(pool, conns):
     """FOUND: before the fix a forged row (an existing job's id, another time, a label
     the job does not have) made every way in list that job twice, and a search for the
-    forged label found it."""
+    forged label found it. job_listing is now keyed by job id."""
     store = Store(pool)
     real = make_job(name="real", labels={"team": "a"})
     await insert_jobs(store, [real])
     router = conns["router"]
     forged = ("INSERT INTO job_listing (job_id, submitted_at, labels, search_text) "
               "VALUES ($1, $2, '{\"team\": \"secret\"}', $1 || ' secret-name')")
-    for at in (datetime.now(UTC) + timedelta(days=1), datetime(2000, 1, 1, tzinfo=UTC)):
-        assert await router.execute(forged, real.job_id, at) == "INSERT 0 1"
-    # The exact (time, id) of its real row: refused (unique).
+    # A second row for a listed job, at any time, its own included: refused (job_listing's key).
     submitted = await pool.fetchval("SELECT submitted_at FROM jobs WHERE job_id = $1", real.job_id)
-    with pytest.raises(asyncpg.UniqueViolationError):
-        await router.execute(forged, real.job_id, submitted)
+    for at in (datetime.now(UTC) + timedelta(days=1), datetime(2000, 1, 1, tzinfo=UTC), submitted):
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await router.execute(forged, real.job_id, at)
     for jobs in (JobFilter(), JobFilter(text="real"), JobFilter(text="re"), JobFilter(labels=(("team", "a"),))):
         assert await _walk(store, jobs, 1) == [real.job_id], jobs
     for jobs in (JobFilter(labels=(("team", "secret"),)), JobFilter(text="secret-name")):
