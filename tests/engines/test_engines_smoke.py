@@ -71,7 +71,9 @@ def test_slurm_cancel_ends_a_running_job_as_cancelled(
 
     final = wait_until(lambda: _ended(slurm_cluster, job_id), f"Slurm job {job_id} to end",
                        JOB_TIMEOUT_S)
-    assert (final["JobState"], final["ExitCode"]) == ("CANCELLED", "0:15"), final
+    # scancel's SIGTERM reaches the batch shell and its `sleep` together: the shell either
+    # dies by the signal ("0:15") or sees its child killed and exits 128 + 15 ("143:0").
+    assert final["JobState"] == "CANCELLED" and final["ExitCode"] in ("0:15", "143:0"), final
 
 
 def _custom_resource(head: RayHead) -> str:

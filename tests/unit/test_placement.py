@@ -635,7 +635,7 @@ def split(draw, jobs):
 
 
 @given(st.data())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_a_run_placed_in_batches_places_exactly_what_one_call_does(data):
     peers, live, used = data.draw(federations())
     jobs = data.draw(queues([p.peer_id for p in peers]))
@@ -715,7 +715,7 @@ def apply(placements, jobs, live, used):
 
 
 @given(st.data())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_after_releases_a_batch_places_as_a_fresh_run_with_what_was_kept(data):
     # A run that gave back some placements places the next batch exactly as a fresh
     # call that counts only the kept ones as live (the holds carried over).
