@@ -6,9 +6,10 @@ and the owner are indexed), so each wrote an entry in every index of ``jobs`` ag
 among them three that serve only the dashboard and look only at what never changes,
 ``jobs_newest`` (submitted_at, job_id) and the two GIN indexes (labels, and trigrams
 of id and name, 0007). Measured at 500 submits/s through router, tick and agents
-(docs/performance.md, Dispatch path): without those three, Postgres spent 15% less
-CPU per job and wrote ~30% less WAL, and the agent's finish statement, which paid
-the GIN indexes' pending-list clean-ups, got 2-3x cheaper.
+(docs/performance.md, Dispatch path): with those three dropped, Postgres spent 15%
+less CPU per job and wrote ~30% less WAL. Here they are paid once, at submit: the
+tick's assign costs ~25% less per job and a 100k × 100 tick run is 17-30% faster
+(docs/performance.md, Tick).
 
 ``job_listing`` holds, per job, exactly what those indexes read: the id, the submit
 time, the labels and the searchable text (id and name). The router writes its row
