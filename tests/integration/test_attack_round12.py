@@ -335,18 +335,27 @@ async def test_a_router_killed_mid_insert_leaves_each_job_with_its_history_or_ne
     await _backend_gone(pool, backend)
     rows = dict(await pool.fetch("SELECT job_id, count(*) FROM federation_changelog GROUP BY job_id"))
     jobs = {j.job_id for j in await admin.job_list_states()}
-    # The statement is all or nothing: each job exists with its one history row, or neither does.
+    # The statement is all or nothing (its backend may finish it after the kill,
+    # unacknowledged): each job exists with its one history row and its one listing row
+    # at its own submit time (migration 0011), or none of them does.
     assert jobs == set(rows) and set(rows.values()) <= {1}, (jobs, rows)
     await assert_changelog_replays(admin)
-    # The producer's retry creates what is missing, once.
+    jobs_at = dict(await pool.fetch("SELECT job_id, submitted_at FROM jobs"))
+    assert dict(await pool.fetch("SELECT job_id, submitted_at FROM job_listing")) == jobs_at
+    assert await pool.fetchval("SELECT count(*) FROM job_listing") == len(jobs_at)
+    # The producer's retry creates what is missing, once, and a second retry nothing.
     router_pool = await dbmod.connect(as_role(database_url, ROLES["router"]), max_size=1)
     try:
-        await insert_jobs(Store(router_pool), [make_job(job_id=job_id) for job_id in ids])
+        for _ in range(2):
+            await insert_jobs(Store(router_pool), [make_job(job_id=job_id) for job_id in ids])
     finally:
         await router_pool.close()
     assert dict(await pool.fetch("SELECT job_id, count(*) FROM federation_changelog GROUP BY job_id")) == {
         job_id: 1 for job_id in ids}
     await assert_changelog_replays(admin)
+    listed = dict(await pool.fetch("SELECT job_id, submitted_at FROM job_listing"))
+    assert listed == dict(await pool.fetch("SELECT job_id, submitted_at FROM jobs")) and set(listed) == set(ids)
+    assert await pool.fetchval("SELECT count(*) FROM job_listing") == len(ids)
 
 
 async def test_the_refused_retry_reaches_page_and_header_as_plain_whole_numbers(pool, nats_client, subject_prefix):
