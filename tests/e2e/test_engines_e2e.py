@@ -132,6 +132,12 @@ async def _start(federation, engine: Engine) -> None:
     await federation.wait_router()
     await federation.wait_agent("home")
     await federation.wait_agent(engine.peer_id)
+    # Heard is not yet discovered: an agent whose first ask of its engine outlasts two
+    # heartbeat intervals advertises nothing from it until the next one, and the router
+    # rejects an accelerator job nobody advertises (docs/engines.md, Discovery).
+    async def discovered():
+        return engine.accelerator in await _advertised(federation, engine.peer_id)
+    await wait_for(discovered, f"{engine.peer_id} to advertise what its engine has", timeout=60, interval=0.25)
 
 
 async def _until(probe: Callable[[], object], what: str, timeout: float = 120.0):
