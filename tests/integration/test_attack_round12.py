@@ -23,28 +23,17 @@ import httpx
 import pytest
 
 from services.common import db as dbmod
-from services.common.db_roles import peer_role
 from services.common.store import Store
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_job
 from tests.infra.waiting import wait_for
+from tests.integration.conftest import ROLES
 from tests.integration.test_db_roles import as_role
 from tests.integration.test_web_pages import running_web
 from tests.integration.test_web_safety import open_stream
 from tooling.invariants import assert_changelog_replays, changelog_violations
 
-ROLES = {"agent": peer_role("gpu-west"), "router": "irisfed_svc_router", "tick": "irisfed_svc_tick",
-         "web": "irisfed_svc_web"}
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = (asyncpg.InsufficientPrivilegeError, asyncpg.RaiseError, asyncpg.ObjectNotInPrerequisiteStateError)
-
-
-@pytest.fixture
-async def conns(database_url, roles):
-    """One connection per restricted role."""
-    opened = {name: await asyncpg.connect(as_role(database_url, role)) for name, role in ROLES.items()}
-    yield opened
-    for conn in opened.values():
-        await conn.close()
 
 
 def _history_row(job_id: str, epoch: int = 1) -> str:

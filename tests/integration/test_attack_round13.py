@@ -36,7 +36,8 @@ from services.web.filters import JobFilter
 from shared.records import JobPageQuery
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_job
 from tests.infra.waiting import wait_for
-from tests.integration.test_attack_round12 import REFUSED, ROLES
+from tests.integration.conftest import ROLES
+from tests.integration.test_attack_round12 import REFUSED
 from tests.integration.test_db_roles import as_role
 from tests.integration.test_web_pages import client_for, job_ids, running_web
 from tooling.invariants import assert_changelog_replays
@@ -44,15 +45,6 @@ from tooling.invariants import assert_changelog_replays
 LISTING = "SELECT job_id, submitted_at, labels::text, search_text FROM job_listing ORDER BY job_id"
 FINISH = "SELECT job_id, state FROM irisfed_job_finish_batch($1, $2, $3, $4, $5)"
 START = "SELECT job_id FROM irisfed_job_start_batch($1, $2, $3, $4, $5)"
-
-
-@pytest.fixture
-async def conns(database_url, roles):
-    """One connection per restricted role."""
-    opened = {name: await asyncpg.connect(as_role(database_url, role)) for name, role in ROLES.items()}
-    yield opened
-    for conn in opened.values():
-        await conn.close()
 
 
 async def _refused(conn: asyncpg.Connection, sql: str, *args) -> bool:

@@ -19,10 +19,10 @@ import asyncio
 import asyncpg
 
 from services.common import db as dbmod
-from services.common.db_roles import peer_role
 from services.common.store import Store
 from services.web.filters import JobFilter
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
+from tests.integration.conftest import ROLES
 from tests.integration.test_db_roles import as_role
 
 LISTING = "SELECT job_id, submitted_at, labels, search_text, xmin::text AS version FROM job_listing ORDER BY job_id"
@@ -86,10 +86,6 @@ async def test_delete_and_truncate_of_jobs_take_their_listing_rows(pool):
     assert set(await _listing(pool)) == {kept.job_id}
     await pool.execute("TRUNCATE jobs CASCADE")
     assert await _listing(pool) == {}
-
-
-ROLES = {"router": "irisfed_svc_router", "tick": "irisfed_svc_tick", "agent": peer_role("gpu-west"),
-         "web": "irisfed_svc_web"}
 
 
 async def _refused(conn: asyncpg.Connection, sql: str) -> bool:
