@@ -6,7 +6,7 @@ The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
 not grow with the federation (the first peers are listed, the rest counted). Peer codes: ``match``, ``unreachable``, ``no_backends``,
 ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
 ``no_free_capacity``, ``not_pinned_peer``, ``avoided``, ``insufficient_resources``,
-``held``. Append only.
+``held``, ``discovering``. Append only.
 
 A peer turned down for resources also carries ``"short": [{"resource", "asked",
 "available", "backend"}]`` (at most ``MAX_SHORTFALLS``): ``available`` is the most
@@ -32,6 +32,7 @@ PEER_CODES = {
     "avoided": "lost this job before",
     "insufficient_resources": "too small for it, even when empty",
     "held": "held for a job that has waited longer",
+    "discovering": "its engine has not said what it has yet",
 }
 
 

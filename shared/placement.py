@@ -410,6 +410,8 @@ class PlacementRun:
         self.rooms_of_peer: dict[str, list[_Room]] = {}
         for peer in reachable:
             for backend in peer.backends:
+                if backend.discovering:
+                    continue  # its shape is unknown: nothing is placed on it yet
                 key = (peer.peer_id, backend.name)
                 room = self.rooms[key] = _Room(peer.peer_id, backend, slots[key],
                                                None if used is None else used.get(key, {}), sign)
@@ -637,6 +639,8 @@ def _explain(job: QueuedJob, units: tuple[tuple[str, int], ...], peers: Sequence
         rule = f"matching peers are full; waiting for {room_for}"
     elif "held" in codes:
         rule = "matching peers are held for jobs that have waited longer; waiting"
+    elif "discovering" in codes:
+        rule = "a reachable peer that might hold it has not heard from its engine yet; waiting"
     elif "insufficient_resources" in codes:
         rule = "no reachable matching backend can ever hold it as advertised; waiting for one"
     else:
@@ -693,6 +697,8 @@ def explain_waiting(
     for peer in peers:
         if peer.is_reachable(now):
             for backend in peer.backends:
+                if backend.discovering:
+                    continue
                 key = (peer.peer_id, backend.name)
                 rooms[key] = _Room(peer.peer_id, backend, slots.get(key, 0),
                                    None if used is None else used.get(key, {}))

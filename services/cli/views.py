@@ -158,9 +158,13 @@ def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
 
 
 def backend_resources(backends: Sequence[dict]) -> str:
-    """``main: cpu 5/8, gpu 2/4; other: -`` (``-``: a backend placed by slots only)."""
+    """``main: cpu 5/8, gpu 2/4; other: -`` (``-``: a backend placed by slots only;
+    ``discovering``: its engine has not said what it has yet)."""
     parts = []
     for b in backends:
+        if b.get("discovering") is True:
+            parts.append(f"{b['name']}: discovering" if len(backends) > 1 else "discovering")
+            continue
         raw = b.get("resources") or {}
         offered = offer_units({name: (v.get("total"), v.get("free")) for name, v in raw.items() if isinstance(v, dict)}
                               if isinstance(raw, dict) else {})

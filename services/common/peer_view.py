@@ -64,7 +64,7 @@ UNCHANGED = Change()
 
 def _shape(backends: tuple[Backend, ...]) -> tuple:
     return tuple((b.name, tuple(sorted(b.attributes.items())), b.total,
-                  tuple(sorted((name, amount.total) for name, amount in b.resources.items())))
+                  tuple(sorted((name, amount.total) for name, amount in b.resources.items())), b.discovering)
                  for b in backends)
 
 
@@ -93,6 +93,7 @@ def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
             total=b["capacity"]["total"],
             free=b["capacity"]["free"],
             resources={name: _amount(value) for name, value in (b.get("resources") or {}).items()},
+            discovering=b.get("discovering") is True,
         )
         for b in backends
     )
@@ -180,7 +181,7 @@ class PeerView:
         backends = tuple(
             Backend(b.name, {k: tuple(v) for k, v in b.attributes.items()},
                     b.capacity.total, b.capacity.free,
-                    {name: Amount(v.total, v.free) for name, v in b.resources.items()})
+                    {name: Amount(v.total, v.free) for name, v in b.resources.items()}, b.discovering)
             for b in heartbeat.backends
         )
         advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, self.cap_ttl(heartbeat.ttl_s),

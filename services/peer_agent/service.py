@@ -167,6 +167,8 @@ class PeerAgent(Service):
         ads = []
         for spec in self.settings.backends:
             found = self.discovered.get(spec.name)
+            # Not "has nothing": a router would reject what only this engine could run.
+            discovering = found is None and self.backends[spec.name].discovers
             attributes = {**found.attributes, **spec.attributes} if found else spec.attributes
             if spec.resources or found is None:
                 resources = {name: ResourceAmount(total, free_res[spec.name][name])
@@ -174,7 +176,8 @@ class PeerAgent(Service):
             else:
                 resources = {name: ResourceAmount(total, free_amount)
                              for name, (total, free_amount) in found.resources.items()}
-            ads.append(BackendAd(spec.name, attributes, Capacity(spec.slots, free[spec.name]), resources))
+            ads.append(BackendAd(spec.name, attributes, Capacity(spec.slots, free[spec.name]), resources,
+                                 discovering))
         return ads
 
     async def heartbeat(self) -> None:
@@ -193,8 +196,8 @@ class PeerAgent(Service):
         )
         if self.nc.is_connected:
             await publish(self.nc, self.subjects.heartbeat(self.peer_id), message)
-        shape = [(b.name, b.attributes, b.capacity.total, {k: v.total for k, v in b.resources.items()})
-                 for b in message.backends]
+        shape = [(b.name, b.attributes, b.capacity.total, {k: v.total for k, v in b.resources.items()},
+                  b.discovering) for b in message.backends]
         if self.nc.is_connected and shape == self._db_shape:
             return
         await self.store.peer_heartbeat_upsert(

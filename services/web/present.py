@@ -102,6 +102,7 @@ class BackendCard:
     attributes: list[tuple[str, str]]
     slots: Bar
     resources: list[Bar]
+    discovering: bool = False  # its engine has not said what it has yet
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ def peer_cards(peers: Iterable[FederationPeer], now: float) -> list[PeerCard]:
                 attributes=[(text(k), "|".join(text(v) for v in values)) for k, values in sorted(b.attributes.items())],
                 slots=_slots(b.total, b.free),
                 resources=resource_bars(b.resources),
+                discovering=b.discovering,
             )
             for b in peer.backends
         ]

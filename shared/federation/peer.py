@@ -35,7 +35,9 @@ class Backend:
     ``total``/``free`` count slots (one per job). ``resources`` maps a resource name to
     its advertised amounts (anything with ``total`` and ``free``: an Amount, the wire's
     ResourceAmount); empty for an agent that advertises none, which is then placed by
-    slots only (see shared.resources and docs/scheduling.md).
+    slots only (see shared.resources and docs/scheduling.md). ``discovering``: its
+    engine has not said what it has yet, so its shape is unknown (it might hold
+    anything, and nothing may be placed on it).
     """
 
     name: str
@@ -43,6 +45,7 @@ class Backend:
     total: int = 0
     free: int = 0
     resources: Mapping[str, Amount] = field(default_factory=dict)
+    discovering: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,8 @@ def _build_backend(entry: Mapping[str, Any], peer_id: str) -> Backend:
         resources = parse_offer(entry.get("resources", {}), f"peer {peer_id} backend {name}")
     except ResourceError as exc:
         raise ConfigError(str(exc)) from None
-    return Backend(name=str(name), attributes=attributes, total=total, free=free, resources=resources)
+    return Backend(name=str(name), attributes=attributes, total=total, free=free, resources=resources,
+                   discovering=entry.get("discovering") is True)
 
 
 def _attributes(raw: object, peer_id: str) -> dict[str, tuple[str, ...]]:

@@ -8,6 +8,8 @@
 2. ``local_feasible`` → LOCAL.
 3. Some reachable peer (fresh heartbeat) has a backend that satisfies every
    constraint and could hold the job's resources when empty → QUEUE (unpinned).
+   A backend still ``discovering`` (its engine has not said what it has) might: when
+   no backend surely can, such a peer also means QUEUE, never a final REJECT.
 4. Otherwise → REJECT, with a verdict per peer saying why it was turned down; a peer
    whose matching backends are all too small says so (``insufficient_resources``,
    naming the resource, the amount asked and the most that backend has).
@@ -69,7 +71,7 @@ class PeerVerdict:
 
     ``code`` is one of ``match``, ``unreachable``, ``no_backends``,
     ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
-    ``insufficient_resources`` (placement adds ``no_free_capacity``, ``held``,
+    ``insufficient_resources``, ``discovering`` (placement adds ``no_free_capacity``, ``held``,
     ``not_pinned_peer``, ``avoided``: shared.explain lists them all).
     ``shortfalls`` names the resources a backend lacks, for the resource codes.
     """
@@ -96,9 +98,10 @@ class SubmitPlan:
 def backend_can_hold(backend: Backend, resources: Resources) -> bool:
     """Whether ``backend`` could hold a job asking ``resources`` when empty (by its totals).
 
-    A backend that advertises no resources is not judged (always True).
+    A backend that advertises no resources is not judged (always True); one still
+    discovering holds nothing yet (False).
     """
-    return not backend.resources or not too_small(backend, resources)
+    return not backend.discovering and (not backend.resources or not too_small(backend, resources))
 
 
 def too_small(backend: Backend, resources: Resources) -> list[Shortfall]:
@@ -132,7 +135,11 @@ def judge_peer(
         return PeerVerdict(peer.peer_id, "no_backends", "advertises no backends")
     mismatches = []
     small: list[list[Shortfall]] = []
+    asking: list[str] = []
     for backend in peer.backends:
+        if backend.discovering:
+            asking.append(backend.name)
+            continue
         mismatch = first_mismatch(constraints, backend.attributes)
         if mismatch is None:
             short = too_small(backend, resources) if resources is not None else []
@@ -141,6 +148,10 @@ def judge_peer(
             small.append(short)
             continue
         mismatches.append((backend.name, mismatch))
+    if asking:
+        # Its shape is unknown, not empty: it might hold the job (docs/engines.md).
+        return PeerVerdict(peer.peer_id, "discovering",
+                           f"backend {', '.join(asking)}: its engine has not said what it has yet")
     if small:
         # Some backend has what the job needs but not enough of it: the closest reason.
         detail = "; ".join(f"{describe_shortfalls(short, 'at most')} (backend {short[0].backend})"
@@ -201,6 +212,15 @@ class PeerRouter:
             return SubmitPlan(
                 SubmitDisposition.QUEUE,
                 reason=f"rule 3: reachable peers can host it: {name_some(matching)}",
+                verdicts=verdicts,
+            )
+        asking = [v.peer_id for v in verdicts if v.code == "discovering"]
+        if asking:
+            # Rejecting is final for the job id; a peer whose engine has not answered yet
+            # might host it, so the job waits for the tick (its deadline still applies).
+            return SubmitPlan(
+                SubmitDisposition.QUEUE,
+                reason=f"rule 3: reachable peers may host it once their engines answer: {name_some(asking)}",
                 verdicts=verdicts,
             )
         if not verdicts:

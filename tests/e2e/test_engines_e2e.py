@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,6 +203,47 @@ async def test_an_accelerator_job_runs_on_the_engine_with_what_it_asked(federati
     total = int(totals[engine.accelerator])
     assert verdict["code"] == "insufficient_resources"
     assert f"{engine.accelerator}: asked 8, at most {total}" in verdict["detail"], verdict
+
+
+async def test_a_slurm_peer_not_yet_heard_from_its_engine_queues_what_it_might_hold(federation, slurm_cluster,
+                                                                                    tmp_path):
+    """The CI failure of 2026-12-01: the agent's first ask of Slurm outlasted two heartbeat
+    intervals and the router rejected a GPU job (final) because the peer was heard
+    advertising nothing. A gated ``scontrol show node`` stands for a slow controller."""
+    engine = _slurm_engine(slurm_cluster)
+    gate = tmp_path / "slow-controller"
+    gate.touch()
+    wrapped = tmp_path / "bin"
+    wrapped.mkdir()
+    scontrol = wrapped / "scontrol"
+    scontrol.write_text(f'''#!/bin/sh
+if [ "$1 $2" = "show node" ]; then while [ -e {shlex.quote(str(gate))} ]; do sleep 0.05; done; fi
+exec {shlex.quote(shutil.which("scontrol"))} "$@"
+''')
+    scontrol.chmod(0o755)
+    _configure(federation, engine)
+    federation.start("router")
+    federation.start("tick")
+    federation.start("home", "--resource", "cpu=2", "--resource", "memory_mb=4096")
+    federation.start(engine.peer_id, *engine.agent_args,
+                     env={**engine.env, "PATH": f"{wrapped}{os.pathsep}{os.environ['PATH']}"})
+    await federation.wait_router()
+    await federation.wait_agent("home")
+    await federation.wait_agent(engine.peer_id)
+
+    listing = await asyncio.to_thread(federation.cli, "peers", "--json")
+    (advertised,) = [p for p in json.loads(listing.stdout) if p["peer_id"] == engine.peer_id]
+    assert advertised["backends"][0]["discovering"] is True, advertised
+    job_id = _job_id("asking")
+    reply = await federation.submit({"job_id": job_id, "command": ["true"], "resources": {"cpu": 1, "gpu": 2}})
+    assert reply["disposition"] == "queue", reply
+    assert f"once their engines answer: {engine.peer_id}" in reply["reason"], reply
+    job = await federation.job(job_id)
+    assert job.state == "queued" and job.owner_peer_id is None  # nothing placed on an unknown shape
+
+    gate.unlink()  # the controller answers: the peer advertises its GPUs and the job runs there
+    done = await federation.wait_state(job_id, "succeeded", "failed", timeout=120)
+    assert (done.state, done.owner_peer_id) == ("succeeded", engine.peer_id), done
 
 
 async def test_a_cancel_reaches_the_engine(federation, engine):

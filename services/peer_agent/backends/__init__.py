@@ -104,6 +104,10 @@ class Backend(Protocol):
     # leaves them running and its next start adopts them. False: the agent kills its
     # runs when it stops (they would die with it or could not be followed).
     runs_outlive_agent: bool
+    # Its engine says what it has (``discover``): until it first answers, the agent
+    # advertises this backend as ``discovering`` (shape unknown). False: the
+    # configuration is its shape from the start.
+    discovers: bool
 
     async def launch(self, spec: RunSpec) -> RunHandle:
         """Start (job, epoch); if the engine already has that run, return it instead.

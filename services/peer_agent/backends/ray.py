@@ -219,6 +219,7 @@ class RayBackend:
     (``http://head:8265``); output under ``work_root/<job_id>/epoch-<n>``."""
 
     kind = "ray"
+    discovers = True
     runs_outlive_agent = True
 
     def __init__(self, address: str, work_root: Path, peer_id: str,

@@ -31,6 +31,7 @@ class SimulatedBackend:
     """Pretends to run jobs: duration and exit code come from the job's labels."""
 
     kind = "simulated"
+    discovers = False
     runs_outlive_agent = False
 
     def __init__(self, default_duration_s: float = 0.0) -> None:

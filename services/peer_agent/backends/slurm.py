@@ -184,6 +184,7 @@ class SlurmBackend:
     configured one), with output under ``work_root``."""
 
     kind = "slurm"
+    discovers = True
     runs_outlive_agent = True
 
     def __init__(self, work_root: Path, peer_id: str, partition: str = "",

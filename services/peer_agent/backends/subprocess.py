@@ -137,6 +137,7 @@ class SubprocessBackend:
     """
 
     kind = "subprocess"
+    discovers = False
     runs_outlive_agent = False
     INDEX = ".live"
 
