@@ -136,8 +136,8 @@ async def _start(federation, engine: Engine) -> None:
     await federation.wait_agent("home")
     await federation.wait_agent(engine.peer_id)
     # Heard is not yet discovered: an agent whose first ask of its engine outlasts two
-    # heartbeat intervals advertises nothing from it until the next one, and the router
-    # rejects an accelerator job nobody advertises (docs/engines.md, Discovery).
+    # heartbeat intervals advertises the backend as discovering until it answers; the
+    # scenarios below judge the engine's real shape (a too-big job must be rejected).
     async def discovered():
         return engine.accelerator in await _advertised(federation, engine.peer_id)
     await wait_for(discovered, f"{engine.peer_id} to advertise what its engine has", timeout=60, interval=0.25)
