@@ -317,12 +317,19 @@ class Store:
         rows = await self._fetch("job_count_live")
         return {(r["owner_peer_id"], r["backend"]): r["live"] for r in rows}
 
-    async def job_sum_live_usage(self) -> dict[tuple[str, str | None], dict[str, float]]:
-        """Resources in use: what live jobs asked, per (owner peer, backend) and resource."""
+    async def job_live_usage(self) -> tuple[dict[tuple[str, str | None], int],
+                                            dict[tuple[str, str | None], dict[str, float]]]:
+        """Slots and resources in use, in one read: live jobs per (owner peer, backend),
+        and what they asked per (owner peer, backend) and resource."""
+        live: dict[tuple[str, str | None], int] = {}
         used: dict[tuple[str, str | None], dict[str, float]] = {}
-        for r in await self._fetch("job_sum_live_usage"):
-            used.setdefault((r["owner_peer_id"], r["backend"]), {})[r["resource"]] = r["amount"]
-        return used
+        for r in await self._fetch("job_live_usage"):
+            key = (r["owner_peer_id"], r["backend"])
+            if r["resource"] is None:
+                live[key] = int(r["amount"])
+            else:
+                used.setdefault(key, {})[r["resource"]] = r["amount"]
+        return live, used
 
     async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]]) -> list[AssignedJob]:
         """Commit (job_id, epoch, peer_id, backend) placements; return what actually moved."""

@@ -334,23 +334,22 @@ class Tick(Service):
         takes each placement's share as it goes (and gets back those whose CAS lost),
         so each batch costs its own rows, not a scan of every live job. Kinds, holds
         and explanations live for the run, not a batch. With connections to spare the
-        counts and the first claim go to Postgres together: a wake-up (every submit
-        burst) waits for one round trip instead of three in a row. The counts are a
+        counts (one statement) and the first claim go to Postgres together: a wake-up
+        (every submit burst) waits for one round trip instead of two in a row. The counts are a
         snapshot either way; taken beside the claim they are no staler than before it.
         """
         if not concurrent:  # a pool of one: everything on the held connection, in turn
-            live, used = dict(await bound.job_count_live()), await bound.job_sum_live_usage()
+            live, used = await bound.job_live_usage()
             claimed = await self._claim(bound, None)
         else:
-            claimed, live, used = await asyncio.gather(
-                self._claim(bound, None), self.store.job_count_live(), self.store.job_sum_live_usage(),
-                return_exceptions=True)
-            failed = next((r for r in (claimed, live, used) if isinstance(r, BaseException)), None)
+            claimed, usage = await asyncio.gather(self._claim(bound, None), self.store.job_live_usage(),
+                                                  return_exceptions=True)
+            failed = next((r for r in (claimed, usage) if isinstance(r, BaseException)), None)
             if failed is not None:
                 if claimed is not None and not isinstance(claimed, BaseException):
                     await claimed[0].rollback_quietly()
                 raise failed
-            live = dict(live)
+            live, used = usage
         run = PlacementRun(peers, live, now, used=used, policy=self.settings.policy,
                            reserve_after_s=self.settings.reserve_after_s)
         return claimed, run

@@ -53,4 +53,5 @@ async def test_a_lost_compare_and_set_gives_its_gpus_back_to_the_next_jobs_in_th
     assert logged == 0
     # The next run (trigger gone) finds no room left for it: the two live jobs hold both GPUs.
     assert await _run_tick(store) == []
-    assert await store.job_sum_live_usage() == {("gpu-west", "main"): {"cpu": 2.0, "gpu": 2.0}}
+    assert await store.job_live_usage() == ({("gpu-west", "main"): 2},
+                                            {("gpu-west", "main"): {"cpu": 2.0, "gpu": 2.0}})

@@ -40,11 +40,12 @@ async def test_gpu_job_goes_where_gpus_are_free_and_the_next_one_waits(pool):
     assert verdicts["tpu-east"]["short"] == [{"resource": "gpu", "asked": 2, "available": 1, "backend": "main"}]
     assert verdicts["gpu-west"]["code"] == "no_free_capacity"
 
-    # A later run counts the live job's GPUs from Postgres (job_sum_live_usage), not from
+    # A later run counts the live job's GPUs from Postgres (job_live_usage), not from
     # the heartbeat (which still says 2 free): the second job still waits.
     again = await (await _tick(store)).run_once()
     assert again.assigned == [] and again.waiting == 1
-    assert await store.job_sum_live_usage() == {("gpu-west", "main"): {"cpu": 1.0, "gpu": 2.0}}
+    assert await store.job_live_usage() == ({("gpu-west", "main"): 1},
+                                            {("gpu-west", "main"): {"cpu": 1.0, "gpu": 2.0}})
 
 
 async def test_packing_takes_the_best_fit_and_spread_the_emptiest(pool):

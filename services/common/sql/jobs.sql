@@ -170,11 +170,19 @@ FROM jobs
 WHERE state IN ('assigned', 'running')
 GROUP BY owner_peer_id, backend;
 
--- job_sum_live_usage --
--- Resources in use per peer and backend: what assigned and running jobs asked for.
-SELECT owner_peer_id, backend, r.key AS resource, sum(r.value::numeric)::float8 AS amount
-FROM jobs, jsonb_each_text(jobs.resources) AS r
-WHERE state IN ('assigned', 'running')
+-- job_live_usage --
+-- What assigned and running jobs hold per peer and backend, in one statement (one
+-- round trip per tick wake-up): a row with resource NULL counts the slots in use,
+-- the others sum what the jobs asked for per resource.
+WITH live AS (
+    SELECT owner_peer_id, backend, resources FROM jobs WHERE state IN ('assigned', 'running')
+)
+SELECT owner_peer_id, backend, NULL::text AS resource, count(*)::float8 AS amount
+FROM live
+GROUP BY owner_peer_id, backend
+UNION ALL
+SELECT owner_peer_id, backend, r.key, sum(r.value::numeric)::float8
+FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY owner_peer_id, backend, r.key;
 
 -- job_assign_batch --
