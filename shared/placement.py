@@ -633,6 +633,8 @@ def _explain(job: QueuedJob, units: tuple[tuple[str, int], ...], peers: Sequence
             rule = f"pinned to {pin}, which is not in the configuration"
         elif codes == {"not_pinned_peer", "insufficient_resources"} or codes == {"insufficient_resources"}:
             rule = f"pinned to {pin}, whose backends can never hold it as advertised; waiting for more"
+        elif "discovering" in codes:
+            rule = f"pinned to {pin}, whose engine has not said what it has yet; waiting"
         else:
             rule = f"pinned to {pin}; waiting for it to be reachable with {room_for}"
     elif "no_free_capacity" in codes:

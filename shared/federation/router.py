@@ -138,7 +138,14 @@ def judge_peer(
     asking: list[str] = []
     for backend in peer.backends:
         if backend.discovering:
-            asking.append(backend.name)
+            # What it already advertises is configured (``--attr``) and overrides what
+            # the engine will say: a constraint on such a key is judged now; the rest
+            # waits for the engine.
+            mismatch = first_mismatch([c for c in constraints if c.key in backend.attributes], backend.attributes)
+            if mismatch is None:
+                asking.append(backend.name)
+            else:
+                mismatches.append((backend.name, mismatch))
             continue
         mismatch = first_mismatch(constraints, backend.attributes)
         if mismatch is None:
