@@ -126,15 +126,18 @@ def _configure(federation, engine: Engine) -> None:
         heartbeat_ttl_s=1.5, tick_interval_s=0.25, assign_grace_s=1.0))
 
 
-async def _start(federation, engine: Engine) -> None:
+async def _start(federation, engine: Engine, agent_env: dict[str, str] | None = None,
+                 wait_discovered: bool = True) -> None:
     _configure(federation, engine)
     federation.start("router")
     federation.start("tick")
     federation.start("home", "--resource", "cpu=2", "--resource", "memory_mb=4096")
-    federation.start(engine.peer_id, *engine.agent_args, env=engine.env)
+    federation.start(engine.peer_id, *engine.agent_args, env={**engine.env, **(agent_env or {})})
     await federation.wait_router()
     await federation.wait_agent("home")
     await federation.wait_agent(engine.peer_id)
+    if not wait_discovered:
+        return
     # Heard is not yet discovered: an agent whose first ask of its engine outlasts two
     # heartbeat intervals advertises the backend as discovering until it answers; the
     # scenarios below judge the engine's real shape (a too-big job must be rejected).
@@ -221,15 +224,7 @@ if [ "$1 $2" = "show node" ]; then while [ -e {shlex.quote(str(gate))} ]; do sle
 exec {shlex.quote(shutil.which("scontrol"))} "$@"
 ''')
     scontrol.chmod(0o755)
-    _configure(federation, engine)
-    federation.start("router")
-    federation.start("tick")
-    federation.start("home", "--resource", "cpu=2", "--resource", "memory_mb=4096")
-    federation.start(engine.peer_id, *engine.agent_args,
-                     env={**engine.env, "PATH": f"{wrapped}{os.pathsep}{os.environ['PATH']}"})
-    await federation.wait_router()
-    await federation.wait_agent("home")
-    await federation.wait_agent(engine.peer_id)
+    await _start(federation, engine, {"PATH": f"{wrapped}{os.pathsep}{os.environ['PATH']}"}, wait_discovered=False)
 
     listing = await asyncio.to_thread(federation.cli, "peers", "--json")
     (advertised,) = [p for p in json.loads(listing.stdout) if p["peer_id"] == engine.peer_id]
