@@ -187,9 +187,10 @@ class BackendAd(Struct, frozen=True):
     ``capacity`` counts slots (one per job). ``resources`` (added to v1) advertises
     every resource the backend has, ``{name: {total, free}}``; a backend without it is
     placed by slots only (docs/scheduling.md). ``discovering`` (added to v1): the
-    backend's engine has not yet said what it has, so its attributes and resources are
-    unknown: routers queue a job it might hold rather than reject it, and ticks place
-    nothing on it until it is advertised with its shape (docs/engines.md).
+    backend's engine has not yet said what it has, so its resources and any attribute
+    not configured on the agent (``--attr``, which overrides the engine) are unknown:
+    routers queue a job it might hold rather than reject it, and ticks place nothing on
+    it until it is advertised with its shape (docs/engines.md).
     """
 
     name: str
