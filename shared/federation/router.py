@@ -214,22 +214,13 @@ class PeerRouter:
         verdicts = tuple(
             judge_peer(peer, request.constraints, now, resources) for peer in self._peers.values()
         )
-        matching = [v.peer_id for v in verdicts if v.code == "match"]
-        if matching:
-            return SubmitPlan(
-                SubmitDisposition.QUEUE,
-                reason=f"rule 3: reachable peers can host it: {name_some(matching)}",
-                verdicts=verdicts,
-            )
-        asking = [v.peer_id for v in verdicts if v.code == "discovering"]
-        if asking:
-            # Rejecting is final for the job id; a peer whose engine has not answered yet
-            # might host it, so the job waits for the tick (its deadline still applies).
-            return SubmitPlan(
-                SubmitDisposition.QUEUE,
-                reason=f"rule 3: reachable peers may host it once their engines answer: {name_some(asking)}",
-                verdicts=verdicts,
-            )
+        # Rejecting is final for the job id; a peer whose engine has not answered yet
+        # might host it, so then the job waits for the tick (its deadline still applies).
+        for code, hosting in (("match", "can host it"), ("discovering", "may host it once their engines answer")):
+            peers = [v.peer_id for v in verdicts if v.code == code]
+            if peers:
+                return SubmitPlan(SubmitDisposition.QUEUE, reason=f"rule 3: reachable peers {hosting}: {name_some(peers)}",
+                                  verdicts=verdicts)
         if not verdicts:
             reason = "rule 4: no peer can host the job: the federation has no peers"
         else:
