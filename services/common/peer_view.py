@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from enum import StrEnum
 
 import msgspec
@@ -60,6 +61,23 @@ class Change:
 
 
 UNCHANGED = Change()
+
+# What a ``peer_heartbeat`` row can hold (its ``seq`` is a bigint).
+_BIGINT = range(-(2**63), 2**63)
+
+
+def _unstorable(heartbeat: Heartbeat) -> str:
+    """Why Postgres could not store ``heartbeat`` ("" when it can). The wire's ints are
+    unbounded and its times may carry any offset; one such heartbeat in the tick's
+    batch write failed the whole statement, for every peer's heartbeat in it, again
+    at every retry (attack round 15)."""
+    if heartbeat.seq not in _BIGINT:
+        return "seq out of range"
+    try:
+        heartbeat.sent_at.astimezone(UTC)
+    except (OverflowError, ValueError):
+        return "sent_at out of range"
+    return ""
 
 
 def _shape(backends: tuple[Backend, ...]) -> tuple:
@@ -200,6 +218,8 @@ class PeerView:
             heartbeat = decode_internal(Heartbeat, data)
         except Exception as exc:  # noqa: BLE001 - one bad heartbeat must not stop the view
             return self._drop(HeartbeatDrop.MALFORMED, log, subject, error=str(exc)[:200])
+        if why := _unstorable(heartbeat):
+            return self._drop(HeartbeatDrop.MALFORMED, log, subject, error=why)
         if heartbeat.peer_id != sender:
             return self._drop(HeartbeatDrop.SUBJECT_MISMATCH, log, subject, claimed_peer_id=heartbeat.peer_id[:80])
         if sender not in self._known:
