@@ -229,6 +229,7 @@ class ClaimedJob(Row, frozen=True, array_like=True):
     resources_json: str | None = None  # jobs.resources (normalised at submit)
     preferences_json: str | None = None  # spec->'preferences'
     waited_s: float = 0.0  # since submit, by Postgres's clock
+    cancel_requested: bool = False  # handed back with a cancel stored: killed, never placed
 
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> ClaimedJob:
@@ -276,6 +277,7 @@ class LostPeerJob(Row, frozen=True, array_like=True):
     attempts: int
     max_retries: int
     pinned_peer_id: str | None
+    cancel_requested: bool = False  # a cancel stored while the owner was away: applied, never requeued
 
 
 class JobStateRow(Row, frozen=True, array_like=True):

@@ -201,17 +201,22 @@ def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
 
 
 def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None,
-                      lost: bool = False) -> Move:
+                      lost: bool = False, cancelled: bool = False) -> Move:
     """End a job whose run could not start, or (``lost``) that its engine lost through no
     fault of the job (node failure, preemption): requeued (epoch + 1) while retries
-    remain, else failed.
+    remain, else failed; killed when a cancel was requested (``cancelled``, or stored on
+    its row), never handed back to run again.
 
     ``job`` None: its row is no longer ours to read (the write's CAS will say so).
     """
+    what = f"{'run lost' if lost else 'launch failed'}: {error}"
+    if cancelled or (job is not None and job.cancel_requested):
+        return Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
+                    reason=f"cancelled; {what}")
     failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
     return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(epoch),
-                reason=f"{'run lost' if lost else 'launch failed'}: {error}" + ("; retrying" if failure.retrying else ""))
+                reason=what + ("; retrying" if failure.retrying else ""))
 
 
 def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool) -> Move:

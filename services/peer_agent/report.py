@@ -196,7 +196,8 @@ class Reports:
             move = outcome_unknown_move(self.peer_id, run.job_id, run.epoch, run.launch_error, run.cancel_requested)
         else:
             job = await self.store.job_get(run.job_id)
-            move = launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job, lost=run.lost)
+            move = launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job, lost=run.lost,
+                                     cancelled=run.cancel_requested)
         if not await self.end_run(move):
             self._refused(run.job_id, run.epoch)
 

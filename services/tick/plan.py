@@ -25,13 +25,18 @@ class Recovery:
 
 
 def recover_from_lost_peer(
-    state: JobState, owner: str, attempts: int, max_retries: int
+    state: JobState, owner: str, attempts: int, max_retries: int, cancel_requested: bool = False
 ) -> Recovery:
-    """Never-started work goes back to the queue; running work retries while allowed.
+    """Never-started work goes back to the queue; running work retries while allowed;
+    work whose cancel was stored while its owner was away is killed.
 
     Losing a peer is an infrastructure failure, so it is retried (unlike a non-zero
-    exit) under the one rule of ``shared.retry``.
+    exit) under the one rule of ``shared.retry``. A stored cancel is the user's word
+    that the job must not run again: the owner was told it when it returns, and no
+    other peer may start it meanwhile.
     """
+    if cancel_requested:
+        return Recovery(JobState.KILLED, f"cancelled while its owner {owner} was unreachable", False)
     if state is JobState.ASSIGNED:
         return Recovery(JobState.QUEUED, f"owner {owner} unreachable before starting it", False)
     failure = after_infra_failure(attempts, max_retries)
@@ -46,12 +51,25 @@ def recovery_move(job: LostPeerJob) -> tuple[Move, Recovery]:
     Every recovery moves the epoch on (epoch + 1), requeued or failed: the lost
     owner's copy, should it come back, is fenced.
     """
-    decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries)
+    decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries,
+                                      job.cancel_requested)
     requeued = decision.to_state is JobState.QUEUED
     move = Move(job.job_id, job.state, decision.to_state, job.epoch, actor="tick",
                 owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=job.epoch + 1,
                 reason=decision.reason, avoid_peer=job.owner_peer_id if decision.avoid_owner else None)
     return move, decision
+
+
+def stored_cancel_move(row: ClaimedJob) -> Move:
+    """Kill a queued job that carries a stored cancel instead of placing it.
+
+    The router kills queued jobs at once, so such a job was handed back (its owner lost,
+    its launch failed) with the user's cancel already stored, maybe by a cancel that
+    raced the hand-back. The claim is the one gate every queued job passes to run
+    again: checked there, a cancelled job never starts again whichever way it came back.
+    """
+    return Move(row.job_id, JobState.QUEUED, JobState.KILLED, row.epoch, actor="tick", owner_peer_id=None,
+                reason="cancelled while handed back to the queue; not started again")
 
 
 @lru_cache(maxsize=4096)

@@ -33,7 +33,7 @@ from services.common.log import EventLogger
 from services.common.peer_view import PeerView
 from services.common.runtime import Service, forever, when_woken
 from services.common.store import Store, Transaction
-from services.tick.plan import Recovery, queued_job_from_row, recovery_move
+from services.tick.plan import Recovery, queued_job_from_row, recovery_move, stored_cancel_move
 from shared.clock import Clock
 from shared.config import FederationConfig
 from shared.errors import ConfigError
@@ -48,7 +48,7 @@ from shared.placement import (
     PlacementRun,
     Waiting,
 )
-from shared.records import AssignedJob, ClaimedJob
+from shared.records import AssignedJob, ClaimedJob, Move
 from shared.resources import Resources
 from shared.settings import require_count
 from shared.subjects import TICK_QUEUE_GROUP
@@ -103,6 +103,7 @@ class _Batch:
     placements: list[Placement]
     waiting: list[Waiting]
     resources: dict[str, Resources] = field(default_factory=dict)  # each claimed job's request
+    cancelled: list[Move] = field(default_factory=list)  # queued with a cancel stored: to kill, not place
 
     @property
     def cursor(self) -> tuple[int, datetime, str]:
@@ -371,12 +372,14 @@ class Tick(Service):
     async def _placed(self, bound: Store, claim: Transaction, rows: list[ClaimedJob], run: PlacementRun) -> _Batch:
         """Place claimed ``rows`` in ``run`` (the claim stays open until the batch commits)."""
         try:
-            jobs = [queued_job_from_row(r) for r in rows]
+            cancelled = [stored_cancel_move(r) for r in rows if r.cancel_requested]
+            jobs = [queued_job_from_row(r) for r in rows if not r.cancel_requested]
             placements, waiting = run.place(jobs)
         except BaseException:
             await claim.rollback_quietly()
             raise
-        return _Batch(bound, claim, rows, placements, waiting, {job.job_id: job.resources for job in jobs})
+        return _Batch(bound, claim, rows, placements, waiting, {job.job_id: job.resources for job in jobs},
+                      cancelled)
 
     async def _claim_batch(self, bound: Store, cursor, run: PlacementRun) -> _Batch | None:
         """Claim the next batch after ``cursor`` on ``bound``'s connection and place it
@@ -385,8 +388,11 @@ class Tick(Service):
         return None if claimed is None else await self._placed(bound, *claimed, run)
 
     async def _commit_batch(self, batch: _Batch) -> list[AssignedJob]:
-        """Assign (CAS on epoch, changelog in the same statement), explain the rest, commit."""
+        """Assign (CAS on epoch, changelog in the same statement), explain the rest, kill
+        the cancelled (rare: one statement each), commit."""
         try:
+            # The claim holds their rows: these CASes cannot lose.
+            batch.cancelled = [m for m in batch.cancelled if await batch.store.job_move(m) is not None]
             moved = await batch.store.job_assign_batch(
                 [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
             await batch.store.job_explain_batch([
@@ -409,6 +415,9 @@ class Tick(Service):
             run.release(placed[job_id], batch.resources[job_id])
         priority_of = {r.job_id: r.priority for r in batch.rows}
         now_dt = self.clock.now()
+        for move in batch.cancelled:
+            log.info("job_killed_stored_cancel", job_id=move.job_id, epoch=move.epoch)
+            await self._event(move.job_id, JobState.KILLED, "", move.epoch, now_dt, move.reason)
         for row in moved:
             job_id, peer_id, epoch = row.job_id, row.owner_peer_id, row.epoch
             result.assigned.append((job_id, peer_id, epoch))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import msgspec
+
 from services.peer_agent.backends import LiveRun
 from services.peer_agent.plan import (
     Leftover,
@@ -172,6 +174,18 @@ def test_a_launch_error_is_retried_like_any_infrastructure_failure():
     assert (final.to_state, final.owner_peer_id, final.reason) == (JobState.FAILED, "p", "launch failed: boom")
     unreadable = launch_error_move("p", "j", 1, "boom", None)  # the row is no longer ours to read
     assert unreadable.to_state is JobState.FAILED
+
+
+def test_a_launch_error_or_lost_run_of_a_cancelled_job_kills_it_instead_of_handing_it_back():
+    stored = msgspec.structs.replace(job_row(attempts=1, max_retries=5), cancel_requested=True)
+    for move in (launch_error_move("p", "j", 1, "boom", stored),  # the cancel stored on its row
+                 launch_error_move("p", "j", 1, "node died", job_row(attempts=1, max_retries=5), lost=True,
+                                   cancelled=True),  # the cancel this agent was told of
+                 launch_error_move("p", "j", 1, "boom", None, cancelled=True)):
+        assert (move.from_state, move.to_state, move.new_epoch, move.owner_peer_id) == (
+            JobState.RUNNING, JobState.KILLED, None, "p")
+        assert move.reason.startswith("cancelled; ")
+    assert launch_error_move("p", "j", 1, "node died", stored, lost=True).reason == "cancelled; run lost: node died"
 
 
 def test_a_run_whose_outcome_its_engine_lost_fails_and_is_never_retried():

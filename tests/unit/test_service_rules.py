@@ -77,6 +77,10 @@ def test_a_lost_peer_follows_the_same_rule():
     failed = recover_from_lost_peer(JobState.RUNNING, "p", 2, 1)
     assert (failed.to_state, failed.avoid_owner, failed.reason) == (
         JobState.FAILED, False, "peer lost: p unreachable while running it; no retries left")
+    for state in (JobState.ASSIGNED, JobState.RUNNING):  # a cancel stored while p was away: never requeued
+        killed = recover_from_lost_peer(state, "p", 1, 5, cancel_requested=True)
+        assert (killed.to_state, killed.avoid_owner, killed.reason) == (
+            JobState.KILLED, False, "cancelled while its owner p was unreachable")
 
 
 # ---------------------------------------------------------------- cancel

@@ -155,7 +155,7 @@ SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
 SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
        spec->>'constraints' AS constraints_json, resources::text AS resources_json,
        spec->>'preferences' AS preferences_json,
-       extract(epoch from now() - submitted_at)::float8 AS waited_s
+       extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested
 FROM jobs
 WHERE state = 'queued'
   AND ($2::int IS NULL OR (-priority, submitted_at, job_id) > ($2::int, $3::timestamptz, $4::text))
@@ -245,7 +245,7 @@ ORDER BY priority DESC, submitted_at, job_id;
 -- from heartbeats, TTL and grace), at most $2, locked. Pinned jobs never move, so they
 -- are filtered here, before the LIMIT: a lost peer full of pinned work cannot hide the
 -- rest. owner = ANY($1) is a range scan of jobs_live_by_owner (partial: live rows only).
-SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id
+SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id, cancel_requested
 FROM jobs
 WHERE state IN ('assigned', 'running')
   AND owner_peer_id = ANY($1::text[])
