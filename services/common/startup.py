@@ -118,6 +118,7 @@ class ProcessSettings:
     db_timeout_s: float = 15.0  # longest wait for one statement or a free connection (0: none)
     metrics_port: int | None = None  # serve Prometheus metrics here (None: not served)
     metrics_host: str = "127.0.0.1"
+    event_loop: str = "auto"  # auto (uvloop when installed), uvloop or asyncio
 
 
 def add_process_flags(p: argparse.ArgumentParser) -> None:
@@ -129,6 +130,7 @@ def add_process_flags(p: argparse.ArgumentParser) -> None:
                    help="longest wait for one statement or a free connection (0: none)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", help="address for --metrics-port")
+    p.add_argument("--event-loop", help="auto (uvloop when installed; the default), uvloop or asyncio")
 
 
 def given(args: argparse.Namespace, **fields: str) -> dict[str, Any]:
@@ -138,7 +140,8 @@ def given(args: argparse.Namespace, **fields: str) -> dict[str, Any]:
 
 def process_settings(args: argparse.Namespace) -> ProcessSettings:
     return ProcessSettings(**given(args, log_level="log_level", db_pool="db_pool", db_timeout_s="db_timeout",
-                                   metrics_port="metrics_port", metrics_host="metrics_host"))
+                                   metrics_port="metrics_port", metrics_host="metrics_host",
+                                   event_loop="event_loop"))
 
 
 def _flags(command: str):
@@ -176,10 +179,11 @@ def run(command: str, args: argparse.Namespace) -> int:
     from services.common import db, metrics
     from services.common.bus import close_quietly, connect_nats
     from services.common.log import setup_logging
-    from services.common.runtime import run_service, start_with_retry
+    from services.common.runtime import event_loop_factory, run_service, start_with_retry
 
     flags = _flags(command)
     process = process_settings(args)
+    loop_factory = event_loop_factory(process.event_loop)
     setup_logging(process.log_level)
     config = federation_config(args)
     settings = flags.settings(args, config)
@@ -235,7 +239,7 @@ def run(command: str, args: argparse.Namespace) -> int:
             except TimeoutError:
                 pool.terminate()
 
-    return run_service(main)
+    return run_service(main, loop_factory)
 
 
 def guarded(action: Callable[[], int]) -> int:

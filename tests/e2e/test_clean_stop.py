@@ -45,6 +45,11 @@ async def test_sigterm_while_flooded_with_work_ends_every_service_cleanly(federa
         exits = await _flood_then_sigterm(federation, round_)
         assert federation.supervisor.overruns == [], federation.supervisor.overruns  # none SIGKILLed
         assert exits == dict.fromkeys(exits, 0)
+    # Every service ran (and stopped cleanly, above) on the default event loop, uvloop.
+    for name in STARTED:
+        loops = {json.loads(line)["loop"] for line in federation.log(name).splitlines()
+                 if '"event":"event_loop"' in line}
+        assert loops == {"uvloop"}, (name, loops)
 
 
 async def _flood_then_sigterm(federation, round_: int) -> dict[str, int]:
