@@ -29,3 +29,9 @@ def require_seconds(owner: str, name: str, value: object, positive: bool = True,
     if not ok:
         bound = "above 0" if positive else ">= 0"
         raise ConfigError(f"{_named(owner, name, flag)} must be a number of seconds {bound}, got {value!r}")
+
+
+def require_port(owner: str, name: str, value: object, least: int = 1, flag: str = "") -> None:
+    """``value`` must be a TCP port number from ``least`` (0: the system picks one) to 65535."""
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 65535:
+        raise ConfigError(f"{_named(owner, name, flag)} must be a port {least}..65535, got {value!r}")

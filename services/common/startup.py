@@ -28,6 +28,7 @@ from typing import Any
 from services.common.redact import redact
 from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
 from shared.errors import ConfigError, IrisfedError
+from shared.settings import require_count, require_port, require_seconds
 
 CONNECT_FILE = Path(".irisfed") / "connect.json"
 POOL_CLOSE_S = 2.0  # at shutdown: the Postgres pool's graceful close, then its connections are cut
@@ -119,6 +120,14 @@ class ProcessSettings:
     metrics_port: int | None = None  # serve Prometheus metrics here (None: not served)
     metrics_host: str = "127.0.0.1"
     event_loop: str = "auto"  # auto (uvloop when installed), uvloop or asyncio
+
+    def __post_init__(self) -> None:
+        require_count("service", "db_pool", self.db_pool, flag="--db-pool")
+        require_seconds("service", "db_timeout_s", self.db_timeout_s, positive=False, flag="--db-timeout")
+        if self.metrics_port is not None:
+            require_port("service", "metrics_port", self.metrics_port, flag="--metrics-port")
+        if not self.metrics_host:
+            raise ConfigError("service setting metrics_host (--metrics-host) must not be empty")
 
 
 def add_process_flags(p: argparse.ArgumentParser) -> None:

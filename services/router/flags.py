@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.common.startup import given
+from services.common.startup import ProcessSettings, given
 
 COMMAND = "router"
 HELP = "run a router (answers submit and cancel)"
@@ -22,7 +22,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def settings(args: argparse.Namespace, config):
     from services.router.service import RouterSettings
 
-    return RouterSettings(**given(args, writers="writers", max_queue="max_queue", submit_timeout_s="submit_timeout"))
+    chosen = RouterSettings(**given(args, writers="writers", max_queue="max_queue", submit_timeout_s="submit_timeout"))
+    db_pool = getattr(args, "db_pool", None)
+    chosen.require_pool(ProcessSettings.db_pool if db_pool is None else db_pool)
+    return chosen
 
 
 def build(config, pool, nc, settings):

@@ -40,6 +40,7 @@ from services.router.plan import (
 from shared.clock import Clock
 from shared.config import FederationConfig
 from shared.errors import (
+    ConfigError,
     Conflict,
     ErrorCode,
     IrisfedError,
@@ -73,6 +74,8 @@ log = EventLogger("router")
 # may have gone stale, and never longer than this.
 PLAN_CACHE_MAX_S = 1.0
 PLAN_CACHE_ENTRIES = 10_000
+# Pool connections the router needs besides its writers': cancels, the peer view.
+ROUTER_SPARE_CONNECTIONS = 2
 
 
 _EVENT_HEAD = b'{"job_id":'  # JobEvent's first field: an event is this, the id, then the rest
@@ -107,6 +110,15 @@ class RouterSettings:
         require_seconds("router", "submit_timeout_s", self.submit_timeout_s, flag="--submit-timeout")
         if self.view_refresh_s is not None:
             require_seconds("router", "view_refresh_s", self.view_refresh_s)
+
+    def require_pool(self, db_pool: int) -> None:
+        """Each writer keeps one pool connection for good; cancels and the peer view
+        need connections besides them, or they wait out ``--db-timeout`` and fail."""
+        least = self.writers + ROUTER_SPARE_CONNECTIONS
+        if db_pool < least:
+            raise ConfigError(
+                f"router --writers {self.writers} needs --db-pool of at least {least} (each writer keeps "
+                f"one connection; cancels and the peer view need {ROUTER_SPARE_CONNECTIONS} more), got {db_pool}")
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from services.common.log import EventLogger
 from shared.errors import ConfigError
-from shared.settings import require_count, require_seconds
+from shared.settings import require_count, require_port, require_seconds
 
 log = EventLogger("web")
 
@@ -81,8 +81,7 @@ class WebSettings:
     session_ttl_s: float = 12 * 3600  # an operator's login
 
     def __post_init__(self) -> None:
-        if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"web setting port (--port) must be 0..65535, got {self.port!r}")
+        require_port("web", "port", self.port, least=0, flag="--port")
         if not self.host:
             raise ConfigError("web setting host (--host) must not be empty")
         root = self.root_path

@@ -3,14 +3,17 @@ the one retry rule for infrastructure failures, what a cancel does, the injected
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
 import pytest
 
+from services.common.startup import ProcessSettings, service_parser
 from services.peer_agent.settings import AgentSettings, BackendSpec
+from services.router import flags as router_flags
 from services.router.plan import CancelAction, cancel_decision
-from services.router.service import Router, RouterSettings
+from services.router.service import ROUTER_SPARE_CONNECTIONS, Router, RouterSettings
 from services.tick.plan import recover_from_lost_peer
 from services.tick.service import Tick, TickSettings
 from shared.clock import SYSTEM_CLOCK, ManualClock, as_clock
@@ -38,10 +41,40 @@ from tests.infra.factories import make_config
     (lambda: AgentSettings("p", (BackendSpec("a"),), kill_grace_s=-1), "kill_grace_s"),
     (lambda: BackendSpec("a", slots=-1), "slots (--slots)"),
     (lambda: BackendSpec("a", kind="teleport"), "kind (--backend)"),
+    (lambda: ProcessSettings(db_pool=0), "db_pool (--db-pool)"),
+    (lambda: ProcessSettings(db_timeout_s=-1.0), "db_timeout_s (--db-timeout)"),
+    (lambda: ProcessSettings(db_timeout_s=float("inf")), "db_timeout_s (--db-timeout)"),
+    (lambda: ProcessSettings(metrics_port=0), "metrics_port (--metrics-port)"),
+    (lambda: ProcessSettings(metrics_port=65536), "metrics_port (--metrics-port)"),
+    (lambda: ProcessSettings(metrics_port=True), "metrics_port (--metrics-port)"),
+    (lambda: ProcessSettings(metrics_host=""), "metrics_host (--metrics-host)"),
 ])
 def test_settings_that_cannot_work_are_refused_when_built(build, named):
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         build()
+
+
+def _router_flags(*argv: str) -> argparse.Namespace:
+    return service_parser("router").parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("argv", "least", "given"), [
+    (["--writers", "16"], 18, 10),  # the default pool
+    (["--writers", "8", "--db-pool", "9"], 10, 9),
+    (["--db-pool", "5"], 6, 5),  # the default writers
+])
+def test_a_router_whose_writers_would_hold_every_pool_connection_is_refused(argv, least, given):
+    # Each writer keeps a connection for good: with no spare, cancels and the peer view
+    # wait out --db-timeout, and writers short of one fail their batch after 2 s.
+    with pytest.raises(ConfigError, match=rf"needs --db-pool of at least {least} .*got {given}$"):
+        router_flags.settings(_router_flags(*argv), None)
+
+
+def test_a_router_with_room_beside_its_writers_starts():
+    assert router_flags.settings(_router_flags("--writers", "8", "--db-pool", "10"), None).writers == 8
+    assert router_flags.settings(_router_flags(), None) == RouterSettings()
+    ProcessSettings().__post_init__()  # the defaults pass their own checks
+    assert RouterSettings().writers + ROUTER_SPARE_CONNECTIONS <= ProcessSettings().db_pool
 
 
 def test_defaults_are_valid_and_field_names_stay():
