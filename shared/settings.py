@@ -16,10 +16,13 @@ def _named(owner: str, name: str, flag: str) -> str:
     return f"{owner} setting {name}" + (f" ({flag})" if flag else "")
 
 
-def require_count(owner: str, name: str, value: object, least: int = 1, flag: str = "") -> None:
-    """``value`` must be a whole number >= ``least``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{_named(owner, name, flag)} must be a whole number >= {least}, got {value!r}")
+def require_count(owner: str, name: str, value: object, least: int = 1, flag: str = "",
+                  most: int | None = None) -> None:
+    """``value`` must be a whole number >= ``least`` (and <= ``most``, when given)."""
+    if (isinstance(value, bool) or not isinstance(value, int) or value < least
+            or (most is not None and value > most)):
+        bound = f">= {least}" if most is None else f"{least}..{most}"
+        raise ConfigError(f"{_named(owner, name, flag)} must be a whole number {bound}, got {value!r}")
 
 
 def require_seconds(owner: str, name: str, value: object, positive: bool = True, flag: str = "") -> None:

@@ -13,6 +13,8 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY
 
+from shared.errors import ConfigError
+
 # router
 SUBMITS = Counter("irisfed_submits_total", "Jobs created by submits, by disposition", ["disposition"])
 SUBMIT_DUPLICATES = Counter("irisfed_submit_duplicates_total", "Resubmissions answered with the original reply")
@@ -105,7 +107,11 @@ def watch_peer_view(view) -> None:
 def serve(port: int | None, host: str = "127.0.0.1") -> None:
     """Serve /metrics on ``port`` (None: metrics are collected but not served)."""
     if port is not None:
-        start_http_server(port, addr=host)
+        try:
+            start_http_server(port, addr=host)
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode
+            raise ConfigError(f"cannot serve metrics on --metrics-host {host!r} --metrics-port {port}: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 def timer() -> Callable[[], float]:

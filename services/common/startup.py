@@ -32,6 +32,9 @@ from shared.settings import require_count, require_port, require_seconds
 
 CONNECT_FILE = Path(".irisfed") / "connect.json"
 POOL_CLOSE_S = 2.0  # at shutdown: the Postgres pool's graceful close, then its connections are cut
+# Postgres's own ceiling on max_connections (MAX_BACKENDS): no server holds a larger pool.
+# asyncpg builds one holder per pool slot before connecting: --db-pool 10**30 hung for ever.
+DB_POOL_MAX = 262_143
 
 # The command that runs each service → the module with its flags (COMMAND, HELP,
 # add_flags(parser), settings(args, config), build(config, pool, nc, settings)). A
@@ -122,7 +125,7 @@ class ProcessSettings:
     event_loop: str = "auto"  # auto (uvloop when installed), uvloop or asyncio
 
     def __post_init__(self) -> None:
-        require_count("service", "db_pool", self.db_pool, flag="--db-pool")
+        require_count("service", "db_pool", self.db_pool, flag="--db-pool", most=DB_POOL_MAX)
         require_seconds("service", "db_timeout_s", self.db_timeout_s, positive=False, flag="--db-timeout")
         if self.metrics_port is not None:
             require_port("service", "metrics_port", self.metrics_port, flag="--metrics-port")

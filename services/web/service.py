@@ -77,8 +77,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
         except BaseException:
             sock.close()
             raise
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except (OSError, UnicodeError) as exc:  # UnicodeError: a host name IDNA cannot encode
+        raise ConfigError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
     sock.setblocking(False)
     return sock
 
