@@ -33,9 +33,15 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def settings(args: argparse.Namespace, config):
     from services.web.settings import WebSettings, load_operator_token
 
-    return WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
-                       **given(args, host="host", port="port", root_path="root_path",
-                                viewers_per_client="viewers_per_client", refused_retry_s="refused_retry"))
+    from services.web.service import listen_socket
+
+    chosen = WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
+                         **given(args, host="host", port="port", root_path="root_path",
+                                  viewers_per_client="viewers_per_client", refused_retry_s="refused_retry"))
+    # The server binds once Postgres answers; a host or port that cannot be bound is
+    # refused now, before anything connects, not after (or, Postgres away, never).
+    listen_socket(chosen.host, chosen.port).close()
+    return chosen
 
 
 # The dashboard's process runs at this niceness (at least): on a machine it shares with

@@ -93,6 +93,7 @@ def _refused_in_one_line(done, db: _Listener, nats: _Listener, starts: str) -> N
     assert lines[0].startswith(starts), lines[0]
     assert "Traceback" not in done.stderr and "\x1b" not in done.stderr
     assert done.stdout == ""
+    assert (db.accepted, nats.accepted) == (0, 0)  # refused before anything connected
     assert (db.accepted, nats.accepted) == (0, 0)
 
 
@@ -203,6 +204,28 @@ def test_web_port_out_of_range_stops_the_dashboard_before_it_connects(listeners,
     db, nats = listeners
     done = _run(COMMANDS["irisfed-web"], [f"--port={port}"], db, nats)
     _refused_in_one_line(done, db, nats, f"irisfed: web setting port (--port) must be a port 0..65535, got {shown}")
+
+
+@pytest.mark.parametrize(("flags", "starts"), [
+    (["--host", "192.0.2.1"], "irisfed: cannot listen on 192.0.2.1:"),  # not this host's
+    (["--host", "nonexistent.invalid"], "irisfed: cannot listen on nonexistent.invalid:"),
+    (["--host", "a" * 300], "irisfed: cannot listen on aaa"),  # IDNA: label too long
+    (["--port", "{busy}"], "irisfed: cannot listen on 127.0.0.1:"),
+], ids=["not-this-hosts", "unresolvable", "idna", "port-in-use"])
+@pytest.mark.parametrize("servers", [True, False], ids=["servers-listening", "no-servers"])
+def test_a_dashboard_address_that_cannot_be_bound_is_refused_before_it_connects(listeners, flags, starts, servers):
+    # The server binds once Postgres answers: the address used to be refused after
+    # connecting, and with Postgres away never (the dashboard retried the database).
+    db, nats = listeners
+    if servers:
+        done = _run(COMMANDS["irisfed-web"], _filled(flags, db), db, nats)
+    else:
+        gone = _Listener()
+        gone.close()  # a port nothing listens on any more
+        done = _run(COMMANDS["irisfed-web"], _filled(flags, db) + [
+            "--database-url", f"postgresql://u@127.0.0.1:{gone.port}/x",
+            "--nats-url", f"nats://127.0.0.1:{gone.port}"], db, nats, servers=False)
+    _refused_in_one_line(done, db, nats, starts)
 
 
 # ---------------------------------------------------------------- in-process
