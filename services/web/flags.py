@@ -31,9 +31,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def settings(args: argparse.Namespace, config):
-    from services.web.settings import WebSettings, load_operator_token
-
     from services.web.service import listen_socket
+    from services.web.settings import WebSettings, load_operator_token
 
     chosen = WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
                          **given(args, host="host", port="port", root_path="root_path",

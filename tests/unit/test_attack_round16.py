@@ -10,47 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IRISFED = os.path.join(os.path.dirname(sys.executable), "irisfed")
-
-
-class _Listener:
-    """A local TCP port that accepts and counts connections (and says nothing)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def listeners():
-    db, nats = _Listener(), _Listener()
-    yield db, nats
-    db.close()
-    nats.close()
 
 
 HOSTILE = ["", "UVLOOP", " asyncio", "uv\x1b[31mloop", "asyncio;id", "-x", "é" * 40, "a" * 2000,

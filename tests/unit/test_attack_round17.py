@@ -26,7 +26,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -37,6 +36,7 @@ from services.web.service import listen_socket
 from services.web.settings import WebSettings
 from shared.errors import ConfigError
 from shared.settings import require_count
+from tests.infra.listeners import CountingListener
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IRISFED = os.path.join(os.path.dirname(sys.executable), "irisfed")
@@ -44,38 +44,7 @@ CONFIG = os.path.join(REPO, "deploy", "federation.toml")
 POSTGRES_MAX_BACKENDS = 0x3FFFF  # src/include/postmaster/postmaster.h: max_connections' ceiling
 
 
-class _Listener:
-    """A local TCP port that accepts and counts connections (and says nothing)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def listeners():
-    db, nats = _Listener(), _Listener()
-    yield db, nats
-    db.close()
-    nats.close()
-
-
-def _run(command: list[str], flags: list[str], db: _Listener, nats: _Listener, servers: bool = True):
+def _run(command: list[str], flags: list[str], db: CountingListener, nats: CountingListener, servers: bool = True):
     urls = ["--database-url", f"postgresql://u@127.0.0.1:{db.port}/x",
             "--nats-url", f"nats://127.0.0.1:{nats.port}"] if servers else []
     # A service that gets past its checks would connect (and retry) for ever: the timeout
@@ -86,7 +55,7 @@ def _run(command: list[str], flags: list[str], db: _Listener, nats: _Listener, s
         env={k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")})
 
 
-def _refused_in_one_line(done, db: _Listener, nats: _Listener, starts: str) -> None:
+def _refused_in_one_line(done, db: CountingListener, nats: CountingListener, starts: str) -> None:
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr
@@ -143,7 +112,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _filled(flags: list[str], db: _Listener) -> list[str]:
+def _filled(flags: list[str], db: CountingListener) -> list[str]:
     return [f.replace("{free}", str(_free_port())).replace("{busy}", str(db.port)) for f in flags]
 
 
@@ -220,7 +189,7 @@ def test_a_dashboard_address_that_cannot_be_bound_is_refused_before_it_connects(
     if servers:
         done = _run(COMMANDS["irisfed-web"], _filled(flags, db), db, nats)
     else:
-        gone = _Listener()
+        gone = CountingListener()
         gone.close()  # a port nothing listens on any more
         done = _run(COMMANDS["irisfed-web"], _filled(flags, db) + [
             "--database-url", f"postgresql://u@127.0.0.1:{gone.port}/x",
