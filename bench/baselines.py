@@ -9,17 +9,17 @@ import uuid
 
 import asyncpg
 
-from bench.deployment import bench_env, python_module
-from bench.load import closed_loop, median, spread
-from bench.report import Bench, Figure
-from services.common.bus import connect_client
-from tooling.federation import Supervisor
+from irisfed.bench.deployment import bench_env, python_module
+from irisfed.bench.load import closed_loop, median, spread
+from irisfed.bench.report import Bench, Figure
+from irisfed.services.common.bus import connect_client
+from irisfed.tooling.federation import Supervisor
 
 
 async def nats_baseline(bench: Bench, nats_url: str) -> None:
     subject = f"bench.echo.{uuid.uuid4().hex[:6]}"
     supervisor = Supervisor(bench.folder)
-    supervisor.start("echo", python_module("bench.echo", nats_url, subject), bench_env())
+    supervisor.start("echo", python_module("irisfed.bench.echo", nats_url, subject), bench_env())
     try:
         nc = await connect_client(nats_url)
         for _ in range(100):  # wait for the responder

@@ -1,5 +1,5 @@
 """A bench deployment: a fresh database, a federation config, and irisfed services as
-subprocesses (through the shared harness, ``tooling.federation``)."""
+subprocesses (through the shared harness, ``irisfed.tooling.federation``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import asyncpg
 import msgspec
 import nats
 
-from bench.report import Bench
-from services.common import db as dbmod
-from services.common.bus import connect_client
-from services.common.store import Store
-from tooling.federation import ROOT, LocalFederation, Peer, Supervisor, write_config
+from irisfed.bench.report import Bench
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.bus import connect_client
+from irisfed.services.common.store import Store
+from irisfed.tooling.federation import ROOT, LocalFederation, Peer, Supervisor, write_config
 
 # (peer id, attributes, slots): one simulated backend each.
 PeerSpec = tuple[str, dict[str, str], int]

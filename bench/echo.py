@@ -1,10 +1,10 @@
-"""A bare NATS echo responder: the request/reply baseline (``python -m bench.echo URL SUBJECT``)."""
+"""A bare NATS echo responder: the request/reply baseline (``python -m irisfed.bench.echo URL SUBJECT``)."""
 
 import asyncio
 import signal
 import sys
 
-from services.common.bus import connect_client
+from irisfed.services.common.bus import connect_client
 
 
 async def main(url: str, subject: str) -> None:

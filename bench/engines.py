@@ -11,7 +11,7 @@ the engines' own clients measured in the same run.
   N runs of ``sleep 600`` in flight (most PENDING on the single node): engine calls
   per poll interval (one ``squeue`` for all runs, whatever N) and the CPU it costs.
 
-Engines are started here (``tooling.engines``: a single-node Slurm cluster in the
+Engines are started here (``irisfed.tooling.engines``: a single-node Slurm cluster in the
 bench folder, needing root and ``slurm-wlm``/``munge``; a Ray head, needing
 ``ray[default]``); a part whose engine cannot start here is skipped with the reason.
 Run it with ``irisfed bench --sections engines`` (``--quick`` for small counts).
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import msgspec
 
-from bench.deployment import Deployment, cpu_seconds
-from bench.report import Bench, Figure
-from services.common.bus import connect_client
-from services.peer_agent.backends import DEFAULT_POLL_INTERVAL_S
-from tooling.federation import Peer, write_config
+from irisfed.bench.deployment import Deployment, cpu_seconds
+from irisfed.bench.report import Bench, Figure
+from irisfed.services.common.bus import connect_client
+from irisfed.services.peer_agent.backends import DEFAULT_POLL_INTERVAL_S
+from irisfed.tooling.federation import Peer, write_config
 
 HOME = "home"  # the federation's local cluster: configured, never started, so jobs go through the tick
 HEARTBEAT_INTERVAL_S = 1.0
@@ -45,8 +45,8 @@ POLL_WINDOW_S = 10.0
 
 
 async def engines_section(bench: Bench, admin_url: str, nats_url: str) -> None:
-    from tooling.engines.ray import ray_available
-    from tooling.engines.slurm import slurm_available
+    from irisfed.tooling.engines.ray import ray_available
+    from irisfed.tooling.engines.slurm import slurm_available
 
     slurm = slurm_available()
     if slurm:
@@ -191,7 +191,7 @@ async def _compare(bench: Bench, engine: str, count: int, direct, fed: _Federati
 
 
 async def slurm_figures(bench: Bench, admin_url: str, nats_url: str) -> None:
-    from tooling.engines.slurm import start_slurm
+    from irisfed.tooling.engines.slurm import start_slurm
 
     print("  starting a Slurm cluster", flush=True)
     cluster = await asyncio.to_thread(start_slurm, bench.folder / "slurm")
@@ -233,8 +233,8 @@ async def slurm_submit_to_start(bench: Bench, admin_url: str, nats_url: str, clu
 async def slurm_polling(bench: Bench, cluster) -> None:
     """The Slurm backend in this process, ``count`` runs of ``sleep 600`` in flight: engine
     calls per poll interval, and this process's CPU, over ``POLL_WINDOW_S``."""
-    from services.peer_agent.backends import RunSpec
-    from services.peer_agent.backends.slurm import SlurmBackend
+    from irisfed.services.peer_agent.backends import RunSpec
+    from irisfed.services.peer_agent.backends.slurm import SlurmBackend
 
     count = bench.profile.n(200, 1000)
     saved = os.environ.get("SLURM_CONF")
@@ -286,7 +286,7 @@ async def slurm_polling(bench: Bench, cluster) -> None:
 
 
 async def ray_figures(bench: Bench, admin_url: str, nats_url: str) -> None:
-    from tooling.engines.ray import start_ray
+    from irisfed.tooling.engines.ray import start_ray
 
     print("  starting a Ray head", flush=True)
     head = await asyncio.to_thread(start_ray, bench.folder / "ray")

@@ -5,7 +5,7 @@ On the bench's own Postgres (same server, fsync on), each part in a fresh databa
 with pgqueuer's schema installed by its own installer (``Queries.install``, what
 ``pgq install`` runs):
 
-- *enqueue → start at 500 jobs/s*: one consumer process (``python -m bench.pgqueuer
+- *enqueue → start at 500 jobs/s*: one consumer process (``python -m irisfed.bench.pgqueuer
   URL``: ``pgqueuer.run``, what ``pgq run`` runs, on uvloop as ``pgq run`` picks it,
   default batch size 10) whose entrypoint notes the time it starts each job;
   open-loop single enqueues (one statement and one commit each) from this process,
@@ -27,9 +27,9 @@ import time
 
 import asyncpg
 
-from bench.deployment import bench_env, cpu_seconds, python_module
-from bench.load import Run, spread
-from bench.report import Bench, Figure
+from irisfed.bench.deployment import bench_env, cpu_seconds, python_module
+from irisfed.bench.load import Run, spread
+from irisfed.bench.report import Bench, Figure
 
 ENTRYPOINT = "bench"
 RATE = 500  # jobs/s, as irisfed's dispatch figure
@@ -144,7 +144,7 @@ class Consumer:
         log = await asyncio.to_thread(open, bench.folder / "pgqueuer-consumer.log", "ab")
         with log:
             process = await asyncio.create_subprocess_exec(
-                *python_module("bench.pgqueuer", url),
+                *python_module("irisfed.bench.pgqueuer", url),
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
                 env=bench_env(), cwd=bench.folder, start_new_session=True)
         return cls(process)

@@ -1,6 +1,6 @@
 """What a bench run measured: its figures, the table it prints, and the JSON it writes.
 
-``python -m bench.report bench/results/full.json`` renders a JSON file
+``python -m irisfed.bench.report bench/results/full.json`` renders a JSON file
 (``irisfed bench --out F``) as a Markdown table.
 """
 

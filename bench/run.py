@@ -17,21 +17,21 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bench.baselines import nats_baseline, postgres_baselines
-from bench.engines import engines_section
-from bench.pgqueuer import missing as pgqueuer_missing
-from bench.pgqueuer import pgqueuer_section
-from bench.report import Bench, Figure, Profile, judge, print_table, write_json
-from bench.sections import (
+from irisfed.bench.baselines import nats_baseline, postgres_baselines
+from irisfed.bench.engines import engines_section
+from irisfed.bench.pgqueuer import missing as pgqueuer_missing
+from irisfed.bench.pgqueuer import pgqueuer_section
+from irisfed.bench.report import Bench, Figure, Profile, judge, print_table, write_json
+from irisfed.bench.sections import (
     dispatch_bench,
     heartbeat_bench,
     scale_section,
     submit_bench,
     tick_section,
 )
-from bench.web import web_section
-from tooling.federation import Supervisor
-from tooling.servers import start_nats, start_postgres
+from irisfed.bench.web import web_section
+from irisfed.tooling.federation import Supervisor
+from irisfed.tooling.servers import start_nats, start_postgres
 
 # Section name → (what it prints as it starts, the section), in the order they run.
 SECTIONS = {

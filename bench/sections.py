@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import msgspec
 import nats
 
-from bench.deployment import (
+from irisfed.bench.deployment import (
     GPU_PEERS,
     Deployment,
     PeerSpec,
@@ -28,10 +28,10 @@ from bench.deployment import (
     routed,
     submit_body,
 )
-from bench.load import Run, closed_loop, median, open_loop, spread
-from bench.report import Bench, Figure
-from services.common.bus import connect_client
-from shared.lifecycle import JobState
+from irisfed.bench.load import Run, closed_loop, median, open_loop, spread
+from irisfed.bench.report import Bench, Figure
+from irisfed.services.common.bus import connect_client
+from irisfed.shared.lifecycle import JobState
 
 
 async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
@@ -237,9 +237,9 @@ KINDS = ("cpu", "gpu", "tpu")
 def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False):
     """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers;
     with ``resources``, the mixed request of :func:`_job_resources`."""
-    from services.router.plan import plan_new_job, route
-    from shared.federation.router import SubmitDisposition, SubmitPlan
-    from shared.messages import SubmitRequest
+    from irisfed.services.router.plan import plan_new_job, route
+    from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
+    from irisfed.shared.messages import SubmitRequest
 
     raw = {"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
            "constraints": [{"key": "device_type", "op": "eq", "value": KINDS[i % 3]}]}
@@ -269,7 +269,7 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
     ``peer_count`` peers, each with twice the slots (and, with ``resources``, twice the
     resources) its share of the queue needs, so every job is placed. ``placed`` gets
     how many were."""
-    from services.tick.service import Tick
+    from irisfed.services.tick.service import Tick
 
     peers = [(f"p{i}", {"device_type": KINDS[i % 3], "zone": f"z{i % 4}"}, max(1, 2 * jobs // peer_count))
              for i in range(peer_count)]

@@ -1,6 +1,6 @@
 """Live dashboard viewers for the ``web`` section, in a process of their own.
 
-``python -m bench.viewers BASE COUNT`` opens COUNT ``/events`` streams on the
+``python -m irisfed.bench.viewers BASE COUNT`` opens COUNT ``/events`` streams on the
 dashboard at BASE (raw sockets, as an ``EventSource`` holds them: every ``event:``
 line counted, no page re-fetched), prints one JSON line when they are open, then
 answers each ``snapshot`` line on stdin with one JSON line of counts, and closes
@@ -22,7 +22,7 @@ from typing import Any
 
 class EventCounter:
     """Counts server-sent events in a byte stream read in arbitrary pieces: each event
-    has one ``event: <name>`` line (see ``services.web.live``)."""
+    has one ``event: <name>`` line (see ``irisfed.services.web.live``)."""
 
     def __init__(self) -> None:
         self.events: dict[str, int] = {}
@@ -129,7 +129,7 @@ async def _serve(base: str, count: int) -> int:
 
 
 class ViewerProcess:
-    """The bench's handle on a ``python -m bench.viewers`` child."""
+    """The bench's handle on a ``python -m irisfed.bench.viewers`` child."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
@@ -137,7 +137,7 @@ class ViewerProcess:
     @classmethod
     async def start(cls, base: str, count: int, env: dict[str, str]) -> ViewerProcess:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.viewers", base, str(count), env=env,
+            sys.executable, "-m", "irisfed.bench.viewers", base, str(count), env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         viewers = cls(process)
         first = await viewers._answer(patience_s=60)

@@ -9,7 +9,7 @@
 - *Live viewers against dispatch.* Submit → running at 500/s (``DispatchProbe``,
   as in ``dispatch``) without the dashboard, and with ``irisfed web`` running and
   100 server-sent-event clients on ``/events`` (raw sockets in a process of their
-  own, ``bench.viewers``, every event counted). Target: the p50 with viewers ≤ 1.10× the p50 without.
+  own, ``irisfed.bench.viewers``, every event counted). Target: the p50 with viewers ≤ 1.10× the p50 without.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from functools import lru_cache
 import asyncpg
 import httpx
 
-from bench.deployment import Deployment, bench_env
-from bench.load import Run, median
-from bench.report import Bench, Figure
-from bench.sections import DISPATCH_PEERS, Dispatched, DispatchProbe, dispatch_deployment
-from bench.viewers import ViewerProcess
-from services.common.bus import connect_client
-from services.web.filters import JobFilter
-from services.web.reads import job_page
-from shared.lifecycle import JobState
-from tooling.servers import free_port
+from irisfed.bench.deployment import Deployment, bench_env
+from irisfed.bench.load import Run, median
+from irisfed.bench.report import Bench, Figure
+from irisfed.bench.sections import DISPATCH_PEERS, Dispatched, DispatchProbe, dispatch_deployment
+from irisfed.bench.viewers import ViewerProcess
+from irisfed.services.common.bus import connect_client
+from irisfed.services.web.filters import JobFilter
+from irisfed.services.web.reads import job_page
+from irisfed.shared.lifecycle import JobState
+from irisfed.tooling.servers import free_port
 
 # ---------------------------------------------------------------- the rows (pure)
 

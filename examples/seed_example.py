@@ -2,9 +2,9 @@
 
 import time
 
-from shared.constraints import Constraint, ConstraintOp
-from shared.federation.peer import build_peers
-from shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.federation.peer import build_peers
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
 
 
 def main() -> SubmitDisposition:

@@ -108,12 +108,12 @@ from irisfed.jobs import (
     job_view,
     new_job_id,
 )
+from irisfed.reads import JobReads
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
-from services.common.redact import redact
-from shared.config import DATABASE_URL_ENV
-from shared.errors import IrisfedError
-from shared.lifecycle import TERMINAL_STATES
-from shared.messages import (
+from irisfed.shared.config import DATABASE_URL_ENV
+from irisfed.shared.errors import IrisfedError
+from irisfed.shared.lifecycle import TERMINAL_STATES
+from irisfed.shared.messages import (
     CancelReply,
     CancelRequest,
     ErrorReply,
@@ -124,7 +124,9 @@ from shared.messages import (
     decode_request,
     encoder,
 )
-from shared.subjects import Subjects
+from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
+from irisfed.shared.redact import redact
+from irisfed.shared.subjects import Subjects
 
 __all__ = [
     "Client",
@@ -199,7 +201,6 @@ class Client:
         self.retry = retry or Retry()
         self.poll_interval = poll_interval
         self.on_retry = on_retry
-        self._pool = None
         self._store = None
         self._store_lock = asyncio.Lock()
         # One event per running watch: set on a NATS event for its job and on every reconnect.
@@ -342,16 +343,10 @@ class Client:
                 "(eval \"$(irisfed env --role operator)\" sets it while `irisfed up` runs)")
         async with self._store_lock:
             if self._store is None:
-                # The store's modules import the migration tooling (a second or two): off the loop.
-                db, store = await asyncio.to_thread(_store_modules)
                 try:
-                    # No schema check: a client need not match the database's revision exactly
-                    # (a read that the schema cannot answer fails with the database's message).
-                    self._pool = await db.connect(self.servers.database_url, min_size=1, max_size=2,
-                                                  check=False)
+                    self._store = await JobReads.connect(self.servers.database_url)
                 except IrisfedError as exc:
                     raise translated(exc) from None
-                self._store = store.Store(self._pool)
         return self._store
 
     async def get(self, job_id: str) -> Job:
@@ -452,21 +447,15 @@ class Client:
         self._closed = True
         with contextlib.suppress(Exception):
             await self._nc.close()
-        if self._pool is not None:
+        if self._store is not None:
             with contextlib.suppress(Exception):
-                await self._pool.close()
+                await self._store.close()
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-
-def _store_modules():
-    from services.common import db, store
-
-    return db, store
 
 
 def _answer_or_error(data: bytes) -> SubmitReply | CancelReply | IrisfedClientError:
@@ -483,8 +472,6 @@ def _answer_or_error(data: bytes) -> SubmitReply | CancelReply | IrisfedClientEr
 async def _connect_nats(url: str, name: str, reconnected: Callable[[], Awaitable[None]]):
     """A NATS connection as the URL's user (its own inbox prefix) that reconnects forever
     once connected; one quick try first, so a wrong URL fails fast and clearly."""
-    from services.common.bus import connect_client
-
     last_error: list[BaseException] = []
 
     async def on_error(exc: Exception) -> None:  # nats-py would log a traceback per attempt
@@ -492,7 +479,7 @@ async def _connect_nats(url: str, name: str, reconnected: Callable[[], Awaitable
         log.debug("irisfed client: NATS: %s", redact(exc))
 
     try:
-        nc = await connect_client(url, name=name, connect_timeout=3, max_reconnect_attempts=1,
+        nc = await nats.connect(server_list(url), inbox_prefix=inbox_prefix_for_url(url), name=name, connect_timeout=3, max_reconnect_attempts=1,
                                   reconnect_time_wait=0.5, error_cb=on_error, reconnected_cb=reconnected)
     except Exception as exc:  # noqa: BLE001 - any failure to connect is "unreachable" to a user
         cause = last_error[0] if last_error else exc

@@ -11,8 +11,8 @@ error code (README, "Wire contract v1"), so callers catch what they can act on::
 
 from __future__ import annotations
 
-from services.common.redact import redact
-from shared.errors import ErrorCode, IrisfedError
+from irisfed.shared.errors import ErrorCode, IrisfedError
+from irisfed.shared.redact import redact
 
 __all__ = [
     "ConfigurationError",

@@ -14,11 +14,11 @@ import msgspec
 from msgspec import Struct
 
 from irisfed.errors import InvalidRequestError
-from shared.constraints import Constraint
-from shared.errors import IrisfedError
-from shared.ids import ALPHABET
-from shared.lifecycle import TERMINAL_STATES
-from shared.messages import ConstraintSpec, JobEvent, SubmitRequest, decode_request, encoder
+from irisfed.shared.constraints import Constraint
+from irisfed.shared.errors import IrisfedError
+from irisfed.shared.ids import ALPHABET
+from irisfed.shared.lifecycle import TERMINAL_STATES
+from irisfed.shared.messages import ConstraintSpec, JobEvent, SubmitRequest, decode_request, encoder
 
 __all__ = ["ConstraintLike", "Job", "build_submit", "checked_submit", "constraint_wire", "job_event",
            "job_view", "new_job_id"]
@@ -38,7 +38,7 @@ def new_job_id(now_ms: int | None = None, random_bits: int | None = None) -> str
     """A job id for a submit that names none: 20 characters, sortable by time, unique.
 
     9 characters of milliseconds since the epoch (as the router's own ids,
-    ``shared.ids``) then 11 random characters (55 bits, drawn per id): ids made by
+    ``irisfed.shared.ids``) then 11 random characters (55 bits, drawn per id): ids made by
     any number of clients at once never meet in practice, where a shared id would
     quietly turn one producer's job into another's duplicate. Made here, before the
     first try, so that every retry of the submit carries the same id.
@@ -64,7 +64,7 @@ def constraint_wire(item: ConstraintLike) -> dict[str, Any]:
     (``"device_type=gpu"``, ``"memory_gb>=80"``, ``"zone=in:a,b"``, ``"exists:spot"``).
     """
     if isinstance(item, str):
-        from services.cli.shorthands import parse_constraint
+        from irisfed.shared.shorthands import parse_constraint
 
         try:
             return parse_constraint(item).to_wire()

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from irisfed.errors import ConfigurationError
-from services.common.redact import redact
-from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, load_config
-from shared.errors import IrisfedError
-from shared.subjects import Subjects
+from irisfed.shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, load_config
+from irisfed.shared.errors import IrisfedError
+from irisfed.shared.redact import redact
+from irisfed.shared.subjects import Subjects
 
 __all__ = ["CONNECT_FILE", "DEFAULT_PREFIX", "DEFAULT_STATE_DIR", "Retry", "Servers", "resolve_servers"]
 

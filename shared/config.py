@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.errors import ConfigError
-from shared.federation.peer import validate_peer_id
-from shared.subjects import Subjects
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.federation.peer import validate_peer_id
+from irisfed.shared.subjects import Subjects
 
 CONFIG_ENV = "IRISFED_CONFIG"
 DATABASE_URL_ENV = "IRISFED_DATABASE_URL"
@@ -64,7 +64,7 @@ class PeerConfig:
 
 def parse_resource_totals(raw: object, where: str) -> dict[str, float]:
     """Configured resources ``{name: total}`` (validated names and amounts) → totals."""
-    from shared.resources import ResourceError, parse_offer
+    from irisfed.shared.resources import ResourceError, parse_offer
 
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: resources must be a table of resource name = amount")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.federation.router import PeerVerdict
+from irisfed.shared.federation.router import PeerVerdict
 
 PEER_CODES = {
     "match": "can take it",

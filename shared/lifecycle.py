@@ -6,7 +6,7 @@ Who moves a job:
   assigned/running → queued | failed when the owner peer is lost
 - peer agent: assigned → running → succeeded | failed | killed (its run's exit, or a
   kill); running → queued | failed (a launch error, or a run lost when the agent
-  restarted: ``shared.retry``) | killed (a cancel stored while it was down)
+  restarted: ``irisfed.shared.retry``) | killed (a cancel stored while it was down)
 
 The database enforces the same moves with compare-and-set updates
 (``... WHERE state = $old AND epoch = $epoch``).

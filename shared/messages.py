@@ -19,10 +19,10 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
-from shared.constraints import Constraint, ConstraintError, ConstraintOp
-from shared.errors import InvalidRequest
-from shared.lifecycle import CancelOutcome
-from shared.resources import MAX_RESOURCES, Resources, as_resources
+from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp
+from irisfed.shared.errors import InvalidRequest
+from irisfed.shared.lifecycle import CancelOutcome
+from irisfed.shared.resources import MAX_RESOURCES, Resources, as_resources
 
 WIRE_VERSION = 1
 # Generous for any real job spec, small enough that a hostile producer cannot

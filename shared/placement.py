@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import NamedTuple
 
-from shared.constraints import Constraint, matches_all
-from shared.federation.peer import Backend, FederationPeer
-from shared.federation.router import PeerVerdict, judge_peer
-from shared.resources import (
+from irisfed.shared.constraints import Constraint, matches_all
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.federation.router import PeerVerdict, judge_peer
+from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
     Resources,
     Shortfall,

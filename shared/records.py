@@ -1,6 +1,6 @@
 """Rows: what services hand to the store, and the frozen typed rows it returns.
 
-The store (``services.common.store``) is the only code that talks to Postgres; it
+The store (``irisfed.services.common.store``) is the only code that talks to Postgres; it
 returns these values, never a driver's records. Each row type lists exactly the
 columns of the named query that returns it, in order (the store checks the order
 once per query). Job states are ``JobState`` values.
@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from shared.lifecycle import JobState
+from irisfed.shared.lifecycle import JobState
 
 # ---------------------------------------------------------------- rows handed to the store
 

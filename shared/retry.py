@@ -6,15 +6,15 @@ allows: the job goes back to the queue under the next epoch (its old runner is
 fenced) with no owner. Out of retries, it fails. User failures (the command
 exited non-zero) are final and never come here.
 
-Who applies it: the tick (``services.tick.plan.recover_from_lost_peer``) and the
-peer agent (``services.peer_agent.plan``: orphans and launch errors).
+Who applies it: the tick (``irisfed.services.tick.plan.recover_from_lost_peer``) and the
+peer agent (``irisfed.services.peer_agent.plan``: orphans and launch errors).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.lifecycle import JobState
+from irisfed.shared.lifecycle import JobState
 
 
 def may_retry_infra_failure(attempts: int, max_retries: int) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from shared.errors import ConfigError
+from irisfed.shared.errors import ConfigError
 
 
 def _named(owner: str, name: str, flag: str) -> str:

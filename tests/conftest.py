@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 
-from services.common import db as dbmod
-from services.common.bus import connect_client
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.bus import connect_client
 from tests.engines.fixtures import (  # noqa: F401 - session engines for every test folder
     chromium,
     ray_head,

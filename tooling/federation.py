@@ -10,7 +10,7 @@ a federation on this machine the same way:
   (SIGTERM, then SIGKILL), restarts one the same way it was started, and closes
   the proxies and servers it was handed;
 - :class:`LocalFederation` starts router, tick and peer agents as
-  ``python -m services.<name>`` under a supervisor, each with the NATS user of
+  ``python -m irisfed.services.<name>`` under a supervisor, each with the NATS user of
   its role and its own Postgres URL.
 """
 
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.db_roles import peer_role
-from services.common.nats_auth import NatsAuth, with_credentials
-from shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
-from tooling.proxy import TcpProxy, proxy_for
-from tooling.servers import ServerProcess
+from irisfed.services.common.db_roles import peer_role
+from irisfed.services.common.nats_auth import NatsAuth, with_credentials
+from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
+from irisfed.tooling.proxy import TcpProxy, proxy_for
+from irisfed.tooling.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL after this long
@@ -287,7 +287,7 @@ def _terminate(processes: list[subprocess.Popen], timeout: float) -> list[subpro
 # ---------------------------------------------------------------- services
 
 # Any other name: a peer's agent.
-SERVICE_MODULES = {"router": "services.router", "tick": "services.tick", "web": "services.web"}
+SERVICE_MODULES = {"router": "irisfed.services.router", "tick": "irisfed.services.tick", "web": "irisfed.services.web"}
 
 
 def nats_role(name: str) -> str:
@@ -305,7 +305,7 @@ class LocalFederation:
     """Router, tick and peer agents as local processes, started by name under a supervisor.
 
     ``start("router")``, ``start("tick")``, ``start(peer_id)``: ``python -m
-    services.<...> --config CONFIG`` with ``args`` and the call's own flags, the
+    irisfed.services.<...> --config CONFIG`` with ``args`` and the call's own flags, the
     NATS URL of its role (its own user when ``auth`` is given) and its Postgres
     URL (``db_urls[name]`` when set, e.g. its own login role, else
     ``database_url``). ``child_name`` maps a service to its supervisor name and
@@ -340,7 +340,7 @@ class LocalFederation:
         return self.db_urls.get(name, self.database_url)
 
     def argv(self, name: str, *extra: str) -> list[str]:
-        args = [sys.executable, "-m", SERVICE_MODULES.get(name, "services.peer_agent"),
+        args = [sys.executable, "-m", SERVICE_MODULES.get(name, "irisfed.services.peer_agent"),
                 "--config", str(self.config_path), *self.args, *extra]
         if name not in SERVICE_MODULES:
             args += ["--peer-id", name, "--work-dir", str(self.work_dir)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from services.common.store import Store
-from shared.lifecycle import JobState, can_transition
+from irisfed.services.common.store import Store
+from irisfed.shared.lifecycle import JobState, can_transition
 
 
 async def changelog_violations(store: Store) -> list[str]:

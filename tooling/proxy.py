@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import threading
 
-from tooling.servers import free_port
+from irisfed.tooling.servers import free_port
 
 
 class TcpProxy:

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.nats_auth import NatsAuth
-from shared.errors import ConfigError
+from irisfed.services.common.nats_auth import NatsAuth
+from irisfed.shared.errors import ConfigError
 
 STARTUP_TIMEOUT_S = 30.0
 
@@ -147,7 +147,7 @@ def start_nats(
 
 def start_secured_nats(folder: Path, prefix: str, peer_ids: Iterable[str], *, auth_dir: Path | None = None,
                        **options) -> tuple[ServerProcess, NatsAuth]:
-    """:func:`start_nats` with auth on: one user per role (``services.common.nats_auth``)
+    """:func:`start_nats` with auth on: one user per role (``irisfed.services.common.nats_auth``)
     for subject prefix ``prefix``; the server config and the passwords (0600) go to
     ``auth_dir`` (default ``folder``). The config file stays in ``server.extra["config_file"]``,
     for starting the server again."""

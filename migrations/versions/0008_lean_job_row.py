@@ -9,7 +9,7 @@
   are never deleted, and a foreign key would lock the shared row for every job.
 - ``jobs.submit_reply`` is dropped: a duplicate's reply is rebuilt from the row and
   its first changelog row, which hold everything the first reply said
-  (``services.router.plan.original_reply``).
+  (``irisfed.services.router.plan.original_reply``).
 - Grants: routers and ticks insert explanations, the dashboard reads them all;
   agents may run ``job_get`` (it joins the table) but see no explanation.
 

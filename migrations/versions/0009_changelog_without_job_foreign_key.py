@@ -5,7 +5,7 @@ every changelog row, that its job exists: a key-share lock of the job's row, tak
 right after the same statement wrote that row (7-16 ms per 1,000-job assign, a
 quarter of it: docs/performance.md, Tick). The check can never fail for the rows
 irisfed writes: every changelog row is inserted from the ``RETURNING`` of the
-statement that inserts or updates its job (services/common/sql/jobs.sql and the
+statement that inserts or updates its job (shared/sql/jobs.sql and the
 agents' functions of 0004; tests/integration/test_changelog_follows_jobs.py checks
 each), and only the router, the tick and those functions may insert one (0003,
 0004). What the key still did is its ``ON DELETE CASCADE``: no service may delete a

@@ -13,7 +13,7 @@ tick's assign costs ~25% less per job and a 100k × 100 tick run is 17-30% faste
 
 ``job_listing`` holds, per job, exactly what those indexes read: the id, the submit
 time, the labels and the searchable text (id and name). The router writes its row
-in the statement that inserts the job (services/common/sql/jobs.sql,
+in the statement that inserts the job (shared/sql/jobs.sql,
 ``job_insert_batch``), from that insert's ``RETURNING``, so a job and its listing row
 exist together or not at all, and nothing updates it afterwards (a job's id never
 changes, 0010; its spec, submit time, labels and name never do). The page's ways in

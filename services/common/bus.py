@@ -15,11 +15,11 @@ import msgspec
 import nats
 from nats.aio.client import Client
 
-from services.common import metrics
-from services.common.log import EventLogger
-from services.common.nats_auth import inbox_prefix_for_url
-from services.common.redact import redact
-from shared.messages import encoder
+from irisfed.services.common import metrics
+from irisfed.services.common.log import EventLogger
+from irisfed.shared.messages import encoder
+from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
+from irisfed.shared.redact import redact
 
 log = EventLogger("bus")
 
@@ -27,11 +27,6 @@ log = EventLogger("bus")
 # on (nats-py's default is 30 s); then the connection closes, cancelling them: a
 # producer left without its answer retries, as it would after a crash.
 DRAIN_TIMEOUT_S = 2.0
-
-
-def server_list(url: str) -> list[str]:
-    """``nats://a:4222,nats://b:4222`` → every server of a NATS cluster."""
-    return [part.strip() for part in url.split(",") if part.strip()]
 
 
 async def connect_client(url: str, **options) -> Client:

@@ -14,9 +14,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from services.common.private import write_private
-from services.common.store import Store
-from shared.config import FederationConfig
+from irisfed.services.common.private import write_private
+from irisfed.services.common.store import Store
+from irisfed.shared.config import FederationConfig
 
 
 def peer_role(peer_id: str) -> str:
@@ -35,7 +35,7 @@ async def apply_roles(conn: Any, config: FederationConfig, given: dict[str, str]
     """Create (or update) every login role with its password (``given``'s, else a fresh
     one); return the passwords.
 
-    ``conn``: a connection (or pool) of ``services.common.db`` with the right to create roles.
+    ``conn``: a connection (or pool) of ``irisfed.services.common.db`` with the right to create roles.
     """
     roles = login_roles(config)
     given = given or {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from services.common.redact import redact
+from irisfed.shared.redact import redact
 
 _json = msgspec.json.Encoder()
 

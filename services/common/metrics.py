@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY
 
-from shared.errors import ConfigError
+from irisfed.shared.errors import ConfigError
 
 # router
 SUBMITS = Counter("irisfed_submits_total", "Jobs created by submits, by disposition", ["disposition"])

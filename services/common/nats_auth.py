@@ -25,47 +25,14 @@ their URL, never in logs.
 from __future__ import annotations
 
 import json
-import os
-import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from services.common.private import write_private
-
-# The NATS default; used when a URL names no user (or one that is not a plain subject token).
-DEFAULT_INBOX_PREFIX = "_INBOX"
-# Overrides the derived prefix, for NATS servers whose users follow another scheme.
-INBOX_PREFIX_ENV = "IRISFED_NATS_INBOX_PREFIX"
-_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def inbox_prefix(user: str) -> str:
-    """The inbox prefix of NATS user ``user``: its replies arrive on ``_INBOX_<user>.>``."""
-    return f"{DEFAULT_INBOX_PREFIX}_{user}"
-
-
-def inbox_prefix_for_url(url: str) -> str:
-    """The inbox prefix a client connecting with ``url`` must use.
-
-    ``$IRISFED_NATS_INBOX_PREFIX`` when set; else ``_INBOX_<user>`` when the first
-    server's URL carries ``user:password``; else the NATS default ``_INBOX`` (no
-    auth, or a token: a secret never becomes part of a subject).
-    """
-    override = os.environ.get(INBOX_PREFIX_ENV)
-    if override:
-        return override
-    first = url.split(",", 1)[0].strip()
-    try:
-        parts = urlsplit(first if "://" in first else f"nats://{first}")
-        user, password = parts.username, parts.password
-    except ValueError:
-        return DEFAULT_INBOX_PREFIX
-    if user and password is not None and _SUBJECT_TOKEN.fullmatch(user):
-        return inbox_prefix(user)
-    return DEFAULT_INBOX_PREFIX
+from irisfed.services.common.private import write_private
+from irisfed.shared.nats_urls import inbox_prefix
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from enum import StrEnum
 
 import msgspec
 
-from services.common import metrics
-from services.common.log import EventLogger
-from shared.config import FederationConfig
-from shared.federation.peer import Backend, FederationPeer
-from shared.messages import BackendAd, Heartbeat, decode_internal
-from shared.records import PeerHeartbeatRow
-from shared.resources import Amount
+from irisfed.services.common import metrics
+from irisfed.services.common.log import EventLogger
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.messages import BackendAd, Heartbeat, decode_internal
+from irisfed.shared.records import PeerHeartbeatRow
+from irisfed.shared.resources import Amount
 
 
 class HeartbeatDrop(StrEnum):

@@ -9,13 +9,13 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from services.common import metrics
-from services.common.log import EventLogger
-from services.common.redact import redact
-from services.common.store import Store
-from shared.clock import Clock, as_clock
-from shared.config import FederationConfig
-from shared.errors import ConfigError, IrisfedError, Unavailable
+from irisfed.services.common import metrics
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.store import Store
+from irisfed.shared.clock import Clock, as_clock
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
+from irisfed.shared.redact import redact
 
 log = EventLogger("runtime")
 
@@ -85,7 +85,7 @@ class Service:
     """What every service holds: the federation's configuration and subjects, its door to
     Postgres, its NATS client, its settings, its clock and its background tasks.
 
-    ``pool``: a pool from ``services.common.db.connect`` (or a ``Store`` over one; None
+    ``pool``: a pool from ``irisfed.services.common.db.connect`` (or a ``Store`` over one; None
     in unit tests that never reach Postgres). ``clock``: a ``Clock`` (default: the
     system's); a bare ``() -> float`` is taken as its monotonic reading.
     """

@@ -1,7 +1,7 @@
 """Starting a service process: settings from flags, the environment and the config
 file; logging and the metrics port; signals; start-up retries while Postgres is away.
 
-``python -m services.router`` (``tick``, ``peer_agent``) comes here directly, and
+``python -m irisfed.services.router`` (``tick``, ``peer_agent``) comes here directly, and
 ``irisfed router`` (``tick``, ``peer-agent``) through the CLI: a service needs no
 CLI module to start. Each service declares its own flags and how they become its
 settings in ``services/<name>/flags.py`` (:data:`SERVICES`); the settings
@@ -25,10 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.common.redact import redact
-from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
-from shared.errors import ConfigError, IrisfedError
-from shared.settings import require_count, require_port, require_seconds
+from irisfed.shared.config import (
+    CONFIG_ENV,
+    DATABASE_URL_ENV,
+    NATS_URL_ENV,
+    FederationConfig,
+    load_config,
+)
+from irisfed.shared.errors import ConfigError, IrisfedError
+from irisfed.shared.redact import redact
+from irisfed.shared.settings import require_count, require_port, require_seconds
 
 CONNECT_FILE = Path(".irisfed") / "connect.json"
 POOL_CLOSE_S = 2.0  # at shutdown: the Postgres pool's graceful close, then its connections are cut
@@ -42,10 +48,10 @@ DB_POOL_MAX = 262_143
 # connect_nats=<a coroutine function that connects, retrying>: it starts while NATS is
 # away (the dashboard serves Postgres's view meanwhile) and owns its connection.
 SERVICES = {
-    "router": "services.router.flags",
-    "tick": "services.tick.flags",
-    "peer-agent": "services.peer_agent.flags",
-    "web": "services.web.flags",
+    "router": "irisfed.services.router.flags",
+    "tick": "irisfed.services.tick.flags",
+    "peer-agent": "irisfed.services.peer_agent.flags",
+    "web": "irisfed.services.web.flags",
 }
 
 # ---------------------------------------------------------------- where the servers are
@@ -170,7 +176,7 @@ def add_service_parser(subparsers, command: str) -> argparse.ArgumentParser:
 
 
 def service_parser(command: str) -> argparse.ArgumentParser:
-    """The parser of ``python -m services.<name>``: what ``irisfed <command>`` takes."""
+    """The parser of ``python -m irisfed.services.<name>``: what ``irisfed <command>`` takes."""
     flags = _flags(command)
     p = argparse.ArgumentParser(prog=f"irisfed {command}")
     add_process_flags(p)
@@ -188,10 +194,10 @@ def run(command: str, args: argparse.Namespace) -> int:
     Postgres pool (retried while the server is not up yet), and a NATS connection
     and the service per start attempt, retried while Postgres is away.
     """
-    from services.common import db, metrics
-    from services.common.bus import close_quietly, connect_nats
-    from services.common.log import setup_logging
-    from services.common.runtime import event_loop_factory, run_service, start_with_retry
+    from irisfed.services.common import db, metrics
+    from irisfed.services.common.bus import close_quietly, connect_nats
+    from irisfed.services.common.log import setup_logging
+    from irisfed.services.common.runtime import event_loop_factory, run_service, start_with_retry
 
     flags = _flags(command)
     process = process_settings(args)
@@ -272,6 +278,6 @@ def guarded(action: Callable[[], int]) -> int:
 
 
 def main(command: str, argv: list[str] | None = None) -> int:
-    """``python -m services.<name>``: parse ``argv`` as ``irisfed <command>`` would, and run."""
+    """``python -m irisfed.services.<name>``: parse ``argv`` as ``irisfed <command>`` would, and run."""
     args = service_parser(command).parse_args(argv)
     return guarded(lambda: run(command, args))

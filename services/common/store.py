@@ -1,10 +1,8 @@
 """The Postgres adapter, and the one door to it: domain actions over named queries.
 
-(Over 400 lines on purpose: one short method per named query, all behind one door.)
-
 Each method is named like the SQL block it runs (``job_move`` runs ``-- job_move --``
-in ``sql/*.sql``). Services call these actions and never see SQL or the driver:
-- results are frozen typed rows (``shared.records``), never driver records;
+in ``shared/sql/*.sql``, loaded by ``irisfed.shared.queries``). Services call these actions and never see SQL or the driver:
+- results are frozen typed rows (``irisfed.shared.records``), never driver records;
 - failures are ``Unavailable`` (Postgres away, hung, or the connection lost: retry)
   or ``PermanentStoreError`` (refused for good), never driver errors;
 - a ``Store`` runs on a pool; ``transaction()``, ``connection()``, ``hold()`` and
@@ -15,19 +13,18 @@ This module never decides policy.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
 
-from services.common.db import translated_errors
-from shared.lifecycle import JobState, check_transition
-from shared.messages import Heartbeat
-from shared.records import (
+from irisfed.shared.lifecycle import JobState, check_transition
+from irisfed.shared.messages import Heartbeat
+from irisfed.shared.postgres import translated_errors
+from irisfed.shared.queries import QUERIES
+from irisfed.shared.records import (
     AcceptedJob,
     AssignedJob,
     ChangelogBounds,
@@ -59,23 +56,7 @@ from shared.records import (
     SyncState,
 )
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
-_BLOCK = re.compile(r"^-- ([a-z_]+) --\s*$", re.MULTILINE)
-
-
-def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
-    """Every ``-- name --`` block of every ``.sql`` file in ``folder``, by name."""
-    queries: dict[str, str] = {}
-    for path in sorted(folder.glob("*.sql")):
-        parts = _BLOCK.split(path.read_text())
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in queries:
-                raise ValueError(f"query {name} is defined twice")
-            queries[name] = body.strip()
-    return queries
-
-
-Q = load_queries()
+Q = QUERIES
 _encoder = msgspec.json.Encoder()
 _R = TypeVar("_R", bound=Row)
 _checked: set[str] = set()  # queries whose columns were checked against their row type
@@ -148,7 +129,7 @@ class Transaction:
 class Store:
     """Domain actions on the tables, over a pool (or one connection).
 
-    ``db`` is the pool from ``services.common.db.connect`` (or one of its
+    ``db`` is the pool from ``irisfed.services.common.db.connect`` (or one of its
     connections; None for a service built without a database, in unit tests).
     """
 

@@ -1,4 +1,4 @@
-"""``irisfed peer-agent`` (``python -m services.peer_agent``): its own flags, and how
+"""``irisfed peer-agent`` (``python -m irisfed.services.peer_agent``): its own flags, and how
 they become ``AgentSettings``.
 
 A peer's advertisement comes from its flags, else from its ``[[peers]]`` entry in
@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.startup import given
-from services.peer_agent.settings import AgentSettings, BackendSpec
-from shared.config import BACKEND_KINDS, FederationConfig, parse_attributes, parse_resource_totals
-from shared.errors import ConfigError
-from shared.resources import ResourceError, parse_amount_flags
+from irisfed.services.common.startup import given
+from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.shared.config import (
+    BACKEND_KINDS,
+    FederationConfig,
+    parse_attributes,
+    parse_resource_totals,
+)
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.resources import ResourceError, parse_amount_flags
 
 COMMAND = "peer-agent"
 HELP = "run the agent of one peer cluster"
@@ -92,6 +97,6 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
 
 
 def build(config, pool, nc, settings):
-    from services.peer_agent.service import PeerAgent
+    from irisfed.services.peer_agent.service import PeerAgent
 
     return PeerAgent(config, pool, nc, settings)

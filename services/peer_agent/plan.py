@@ -12,7 +12,7 @@
 - ``job_resources`` / ``free_resources``: what a run's job asked, and what each
   backend advertises free (its configured totals less what its runs asked).
 - ``orphan_move`` / ``launch_error_move``: how a job ends when its run was lost or
-  never started — the infrastructure-failure rule of ``shared.retry``;
+  never started — the infrastructure-failure rule of ``irisfed.shared.retry``;
   ``outcome_unknown_move``: when it started and its engine lost how it ended (failed,
   never retried: it may have done its work).
 """
@@ -24,11 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.peer_agent.backends import LiveRun
-from shared.lifecycle import JobState
-from shared.records import JobRow, Move, OwnedJob
-from shared.resources import DEFAULT_RESOURCES, ResourceError, as_resources
-from shared.retry import GIVE_UP, after_infra_failure
+from irisfed.services.peer_agent.backends import LiveRun
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import JobRow, Move, OwnedJob
+from irisfed.shared.resources import DEFAULT_RESOURCES, ResourceError, as_resources
+from irisfed.shared.retry import GIVE_UP, after_infra_failure
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,18 +19,18 @@ from enum import StrEnum
 
 from nats.aio.client import Client
 
-from services.common import metrics
-from services.common.bus import publish
-from services.common.log import EventLogger
-from services.common.store import Store
-from services.peer_agent.backends import RunHandle
-from services.peer_agent.plan import launch_error_move, orphan_move, outcome_unknown_move
-from shared.clock import Clock
-from shared.errors import PermanentStoreError, Unavailable
-from shared.lifecycle import JobState
-from shared.messages import JobEvent
-from shared.records import Move, OwnedJob
-from shared.subjects import Subjects
+from irisfed.services.common import metrics
+from irisfed.services.common.bus import publish
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.backends import RunHandle
+from irisfed.services.peer_agent.plan import launch_error_move, orphan_move, outcome_unknown_move
+from irisfed.shared.clock import Clock
+from irisfed.shared.errors import PermanentStoreError, Unavailable
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import JobEvent
+from irisfed.shared.records import Move, OwnedJob
+from irisfed.shared.subjects import Subjects
 
 log = EventLogger("peer-agent")
 

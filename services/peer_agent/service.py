@@ -25,12 +25,12 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.common import metrics
-from services.common.bus import publish
-from services.common.faults import crash_point
-from services.common.log import EventLogger
-from services.common.runtime import Service, forever, when_woken
-from services.peer_agent.backends import (
+from irisfed.services.common import metrics
+from irisfed.services.common.bus import publish
+from irisfed.services.common.faults import crash_point
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.runtime import Service, forever, when_woken
+from irisfed.services.peer_agent.backends import (
     Backend,
     Discovered,
     LaunchError,
@@ -40,7 +40,7 @@ from services.peer_agent.backends import (
     RunSpec,
     make_backend,
 )
-from services.peer_agent.plan import (
+from irisfed.services.peer_agent.plan import (
     Pending,
     backend_for,
     choose_starts,
@@ -51,12 +51,12 @@ from services.peer_agent.plan import (
     plan_leftovers,
     plan_reconcile,
 )
-from services.peer_agent.report import Reports, Run
-from services.peer_agent.settings import AgentSettings, BackendSpec
-from shared.clock import Clock
-from shared.config import FederationConfig
-from shared.lifecycle import JobState
-from shared.messages import (
+from irisfed.services.peer_agent.report import Reports, Run
+from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.shared.clock import Clock
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import (
     AssignmentNotice,
     BackendAd,
     CancelNotice,
@@ -66,7 +66,7 @@ from shared.messages import (
     ResourceAmount,
     decode_internal,
 )
-from shared.records import AcceptedJob, OwnedJob
+from irisfed.shared.records import AcceptedJob, OwnedJob
 
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.config import BACKEND_KINDS, parse_resource_totals
-from shared.errors import ConfigError
-from shared.settings import require_count, require_seconds
+from irisfed.shared.config import BACKEND_KINDS, parse_resource_totals
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.settings import require_count, require_seconds
 
 
 @dataclass(frozen=True)

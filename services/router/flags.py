@@ -1,11 +1,11 @@
-"""``irisfed router`` (``python -m services.router``): its own flags, and how they become
+"""``irisfed router`` (``python -m irisfed.services.router``): its own flags, and how they become
 ``RouterSettings``, where every default lives (a flag left out keeps it)."""
 
 from __future__ import annotations
 
 import argparse
 
-from services.common.startup import ProcessSettings, given
+from irisfed.services.common.startup import ProcessSettings, given
 
 COMMAND = "router"
 HELP = "run a router (answers submit and cancel)"
@@ -20,7 +20,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def settings(args: argparse.Namespace, config):
-    from services.router.service import RouterSettings
+    from irisfed.services.router.service import RouterSettings
 
     chosen = RouterSettings(**given(args, writers="writers", max_queue="max_queue", submit_timeout_s="submit_timeout"))
     db_pool = getattr(args, "db_pool", None)
@@ -29,6 +29,6 @@ def settings(args: argparse.Namespace, config):
 
 
 def build(config, pool, nc, settings):
-    from services.router.service import Router
+    from irisfed.services.router.service import Router
 
     return Router(config, pool, nc, settings)

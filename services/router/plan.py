@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.constraints import Constraint, matches_all
-from shared.explain import explanation
-from shared.federation.peer import Backend
-from shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
-from shared.lifecycle import CancelOutcome, JobState
-from shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
-from shared.records import Explanation, NewJob, SubmittedJob
-from shared.resources import DEFAULT_RESOURCES, Resources
+from irisfed.shared.constraints import Constraint, matches_all
+from irisfed.shared.explain import explanation
+from irisfed.shared.federation.peer import Backend
+from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
+from irisfed.shared.lifecycle import CancelOutcome, JobState
+from irisfed.shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
+from irisfed.shared.records import Explanation, NewJob, SubmittedJob
+from irisfed.shared.resources import DEFAULT_RESOURCES, Resources
 
 # LOCAL jobs are created already assigned to the local agent, under this first epoch.
 FIRST_EPOCH = 1

@@ -21,14 +21,14 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.common import metrics
-from services.common.bus import publish
-from services.common.faults import crash_point
-from services.common.log import EventLogger
-from services.common.peer_view import PeerView
-from services.common.runtime import Service, forever
-from services.common.store import HeldStore, Store
-from services.router.plan import (
+from irisfed.services.common import metrics
+from irisfed.services.common.bus import publish
+from irisfed.services.common.faults import crash_point
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.common.runtime import Service, forever
+from irisfed.services.common.store import HeldStore, Store
+from irisfed.services.router.plan import (
     CancelAction,
     Routed,
     cancel_decision,
@@ -37,9 +37,9 @@ from services.router.plan import (
     plan_new_job,
     route,
 )
-from shared.clock import Clock
-from shared.config import FederationConfig
-from shared.errors import (
+from irisfed.shared.clock import Clock
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import (
     ConfigError,
     Conflict,
     ErrorCode,
@@ -48,10 +48,10 @@ from shared.errors import (
     PermanentStoreError,
     Unavailable,
 )
-from shared.federation.router import PeerRouter, RoutingRequest
-from shared.ids import JobIds
-from shared.lifecycle import JobState
-from shared.messages import (
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest
+from irisfed.shared.ids import JobIds
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import (
     AssignmentNotice,
     CancelNotice,
     CancelReply,
@@ -63,9 +63,9 @@ from shared.messages import (
     encoder,
     error_reply,
 )
-from shared.records import Move, NewJob
-from shared.settings import require_count, require_seconds
-from shared.subjects import SUBMIT_QUEUE_GROUP
+from irisfed.shared.records import Move, NewJob
+from irisfed.shared.settings import require_count, require_seconds
+from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP
 
 log = EventLogger("router")
 

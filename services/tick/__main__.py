@@ -1,5 +1,5 @@
 import sys
 
-from services.common.startup import main
+from irisfed.services.common.startup import main
 
 sys.exit(main("tick"))

@@ -1,11 +1,11 @@
-"""``irisfed tick`` (``python -m services.tick``): its own flags, and how they become
+"""``irisfed tick`` (``python -m irisfed.services.tick``): its own flags, and how they become
 ``TickSettings``, where every default lives (a flag left out keeps it)."""
 
 from __future__ import annotations
 
 import argparse
 
-from services.common.startup import given
+from irisfed.services.common.startup import given
 
 COMMAND = "tick"
 HELP = "run a scheduler tick (places queued jobs)"
@@ -24,7 +24,7 @@ def _reserve_after(text: str):
 
 
 def settings(args: argparse.Namespace, config):
-    from services.tick.service import TickSettings
+    from irisfed.services.tick.service import TickSettings
 
     fields = given(args, batch_size="batch_size", policy="policy", reserve_after_s="reserve_after")
     if fields.get("reserve_after_s") == "off":
@@ -33,6 +33,6 @@ def settings(args: argparse.Namespace, config):
 
 
 def build(config, pool, nc, settings):
-    from services.tick.service import Tick
+    from irisfed.services.tick.service import Tick
 
     return Tick(config, pool, nc, settings)

@@ -7,12 +7,12 @@ from functools import lru_cache
 
 import msgspec
 
-from shared.constraints import Constraint
-from shared.lifecycle import JobState
-from shared.placement import QueuedJob
-from shared.records import ClaimedJob, LostPeerJob, Move
-from shared.resources import resources_from_json
-from shared.retry import after_infra_failure
+from irisfed.shared.constraints import Constraint
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.placement import QueuedJob
+from irisfed.shared.records import ClaimedJob, LostPeerJob, Move
+from irisfed.shared.resources import resources_from_json
+from irisfed.shared.retry import after_infra_failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ def recover_from_lost_peer(
     work whose cancel was stored while its owner was away is killed.
 
     Losing a peer is an infrastructure failure, so it is retried (unlike a non-zero
-    exit) under the one rule of ``shared.retry``. A stored cancel is the user's word
+    exit) under the one rule of ``irisfed.shared.retry``. A stored cancel is the user's word
     that the job must not run again: the owner was told it when it returns, and no
     other peer may start it meanwhile.
     """

@@ -26,21 +26,26 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.common import metrics
-from services.common.bus import publish
-from services.common.faults import crash_point
-from services.common.log import EventLogger
-from services.common.peer_view import PeerView
-from services.common.runtime import Service, forever, when_woken
-from services.common.store import Store, Transaction
-from services.tick.plan import Recovery, queued_job_from_row, recovery_move, stored_cancel_move
-from shared.clock import Clock
-from shared.config import FederationConfig
-from shared.errors import ConfigError
-from shared.explain import explanation
-from shared.lifecycle import JobState
-from shared.messages import AssignmentNotice, Heartbeat, JobEvent
-from shared.placement import (
+from irisfed.services.common import metrics
+from irisfed.services.common.bus import publish
+from irisfed.services.common.faults import crash_point
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.common.runtime import Service, forever, when_woken
+from irisfed.services.common.store import Store, Transaction
+from irisfed.services.tick.plan import (
+    Recovery,
+    queued_job_from_row,
+    recovery_move,
+    stored_cancel_move,
+)
+from irisfed.shared.clock import Clock
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.explain import explanation
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import AssignmentNotice, Heartbeat, JobEvent
+from irisfed.shared.placement import (
     PACK,
     POLICIES,
     RESERVE_AFTER_S,
@@ -48,10 +53,10 @@ from shared.placement import (
     PlacementRun,
     Waiting,
 )
-from shared.records import AssignedJob, ClaimedJob, Move
-from shared.resources import Resources
-from shared.settings import require_count
-from shared.subjects import TICK_QUEUE_GROUP
+from irisfed.shared.records import AssignedJob, ClaimedJob, Move
+from irisfed.shared.resources import Resources
+from irisfed.shared.settings import require_count
+from irisfed.shared.subjects import TICK_QUEUE_GROUP
 
 log = EventLogger("tick")
 

@@ -40,12 +40,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.log import EventLogger
-from services.web import present
-from services.web.filters import MAX_LABELS, STATES, FilterError, parse_filters
-from services.web.live import Refused
-from services.web.reads import job_page, job_story
-from services.web.security import (
+from irisfed.services.common.log import EventLogger
+from irisfed.services.web import present
+from irisfed.services.web.filters import MAX_LABELS, STATES, FilterError, parse_filters
+from irisfed.services.web.live import Refused
+from irisfed.services.web.reads import job_page, job_story
+from irisfed.services.web.security import (
     CSRF_FIELD,
     LOGIN_CSRF_COOKIE,
     SECURITY_HEADERS,
@@ -55,11 +55,11 @@ from services.web.security import (
     safe_next,
     same_secret,
 )
-from shared.errors import ErrorCode, Unavailable
-from shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+from irisfed.shared.errors import ErrorCode, Unavailable
+from irisfed.shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
 
 if TYPE_CHECKING:
-    from services.web.service import WebService
+    from irisfed.services.web.service import WebService
 
 log = EventLogger("web")
 

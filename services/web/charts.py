@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from shared.records import ChangelogPoint, ChartCount
+from irisfed.shared.records import ChangelogPoint, ChartCount
 
 WINDOW_MIN = 60
 ENDED_RUNS = frozenset({"succeeded", "failed", "killed", "unschedulable"})

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-from shared.federation.peer import PEER_ID_PATTERN
-from shared.lifecycle import JobState
-from shared.messages import JOB_ID_PATTERN
-from shared.records import JobPageQuery
+from irisfed.shared.federation.peer import PEER_ID_PATTERN
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import JOB_ID_PATTERN
+from irisfed.shared.records import JobPageQuery
 
 MAX_TEXT = 200
 MAX_LABELS = 8

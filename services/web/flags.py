@@ -1,4 +1,4 @@
-"""``irisfed web`` (``python -m services.web``): its own flags, and how they become
+"""``irisfed web`` (``python -m irisfed.services.web``): its own flags, and how they become
 ``WebSettings``, where every default lives (a flag left out keeps it)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import os
 
-from services.common.startup import given
+from irisfed.services.common.startup import given
 
 COMMAND = "web"
 HELP = "serve the live web dashboard (read-only; operators may cancel)"
@@ -31,8 +31,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def settings(args: argparse.Namespace, config):
-    from services.web.service import listen_socket
-    from services.web.settings import WebSettings, load_operator_token
+    from irisfed.services.web.service import listen_socket
+    from irisfed.services.web.settings import WebSettings, load_operator_token
 
     chosen = WebSettings(operator_token=load_operator_token(getattr(args, "operator_token_file", None)),
                          **given(args, host="host", port="port", root_path="root_path",
@@ -49,7 +49,7 @@ NICE = 5
 
 
 def build(config, pool, nc, settings, connect_nats=None):
-    from services.web.service import WebService
+    from irisfed.services.web.service import WebService
 
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, max(NICE, os.getpriority(os.PRIO_PROCESS, 0)))

@@ -20,12 +20,12 @@ from urllib.parse import quote
 import msgspec
 from markupsafe import Markup, escape
 
-from services.common.redact import redact
-from shared.explain import PEER_CODES
-from shared.federation.peer import FederationPeer
-from shared.lifecycle import TERMINAL_STATES, JobState
-from shared.records import ChangelogEntry
-from shared.resources import fmt_amount, from_units, offer_units
+from irisfed.shared.explain import PEER_CODES
+from irisfed.shared.federation.peer import FederationPeer
+from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
+from irisfed.shared.records import ChangelogEntry
+from irisfed.shared.redact import redact
+from irisfed.shared.resources import fmt_amount, from_units, offer_units
 
 _URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote() leaves as it is (every job id)
 STEP = 5  # bar widths come in 5% steps: one CSS class each (no inline styles under the CSP)

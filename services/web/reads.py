@@ -20,10 +20,10 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from services.common.store import Store
-from services.web import charts
-from services.web.filters import JobFilter
-from shared.records import ChangelogEntry, JobListRow, JobRow, OldestQueued, QueueClass
+from irisfed.services.common.store import Store
+from irisfed.services.web import charts
+from irisfed.services.web.filters import JobFilter
+from irisfed.shared.records import ChangelogEntry, JobListRow, JobRow, OldestQueued, QueueClass
 
 _T = TypeVar("_T")
 

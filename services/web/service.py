@@ -35,18 +35,18 @@ from typing import Any
 import nats
 import uvicorn
 
-from services.common.log import EventLogger
-from services.common.peer_view import PeerView
-from services.common.runtime import WAIT_OUT, Service
-from services.web.app import build_app
-from services.web.live import MAX_IDS, Broker, ChangeTail
-from services.web.reads import ChartSource, FederationReads
-from services.web.security import LoginThrottle, Signer
-from services.web.settings import WebSettings
-from shared.clock import Clock
-from shared.config import FederationConfig
-from shared.errors import ConfigError
-from shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.common.runtime import WAIT_OUT, Service
+from irisfed.services.web.app import build_app
+from irisfed.services.web.live import MAX_IDS, Broker, ChangeTail
+from irisfed.services.web.reads import ChartSource, FederationReads
+from irisfed.services.web.security import LoginThrottle, Signer
+from irisfed.services.web.settings import WebSettings
+from irisfed.shared.clock import Clock
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
 
 log = EventLogger("web")
 

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.log import EventLogger
-from shared.errors import ConfigError
-from shared.settings import require_count, require_port, require_seconds
+from irisfed.services.common.log import EventLogger
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.settings import require_count, require_port, require_seconds
 
 log = EventLogger("web")
 

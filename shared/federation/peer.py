@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import ConfigError
-from shared.resources import Amount, ResourceError, parse_offer
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.resources import Amount, ResourceError, parse_offer
 
 # Peer ids become NATS subject tokens (``irisfed.assign.<peer_id>``): no dots,
 # no wildcards, no whitespace.

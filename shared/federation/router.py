@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from shared.constraints import Constraint, first_mismatch
-from shared.errors import UnknownPeer
-from shared.federation.peer import Backend, FederationPeer
-from shared.resources import (
+from irisfed.shared.constraints import Constraint, first_mismatch
+from irisfed.shared.errors import UnknownPeer
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
     Resources,
     Shortfall,

@@ -25,9 +25,9 @@ import httpx
 import pytest
 from playwright.async_api import Page, async_playwright, expect
 
+from irisfed.tooling.servers import free_port
 from tests.e2e.conftest import Federation, federation  # noqa: F401 - the e2e fixture, for these tests too
 from tests.infra.waiting import wait_for
-from tooling.servers import free_port
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 TOKEN = "browser-tests-operator-token-0123456789"

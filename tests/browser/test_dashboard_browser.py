@@ -19,7 +19,7 @@ import httpx
 import pytest
 from playwright.async_api import Page, expect
 
-from services.web.settings import WebSettings
+from irisfed.services.web.settings import WebSettings
 from tests.browser.conftest import ARTIFACTS, REFUSED_RETRY_S, Dashboard, update_screenshots
 from tests.infra.waiting import wait_for
 

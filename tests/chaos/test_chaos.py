@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from tooling.chaos import ChaosSettings, run_chaos
+from irisfed.tooling.chaos import ChaosSettings, run_chaos
 
 pytestmark = pytest.mark.e2e
 

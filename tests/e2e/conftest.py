@@ -3,7 +3,7 @@
 Each test gets its own database and subject prefix, short heartbeats so fault
 tests are quick, and, when it ends, every process stopped by PID and the
 changelog-replay invariant checked. Processes start through the one harness
-(``tooling.federation``) that ``irisfed up``, chaos and bench use too.
+(``irisfed.tooling.federation``) that ``irisfed up``, chaos and bench use too.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from services.common import db as dbmod
-from services.common.store import Store
-from shared.lifecycle import TERMINAL_STATES, JobState
-from tests.infra.waiting import wait_for
-from tooling.federation import (
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
+from irisfed.tooling.federation import (
     ROOT,  # noqa: F401 - the e2e tests take it from here
     LocalFederation,
     Peer,
@@ -28,8 +27,9 @@ from tooling.federation import (
     login_role_urls,
     render_config,
 )
-from tooling.invariants import assert_changelog_replays
-from tooling.proxy import TcpProxy
+from irisfed.tooling.invariants import assert_changelog_replays
+from irisfed.tooling.proxy import TcpProxy
+from tests.infra.waiting import wait_for
 
 TERMINAL = TERMINAL_STATES
 
@@ -72,8 +72,8 @@ class Federation(LocalFederation):
         """
         import asyncpg
 
-        from services.common.db_roles import apply_roles
-        from shared.config import load_config
+        from irisfed.services.common.db_roles import apply_roles
+        from irisfed.shared.config import load_config
 
         config = load_config(self.config_path)
         conn = await asyncpg.connect(self.database_url)
@@ -167,7 +167,7 @@ class Federation(LocalFederation):
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "services.cli", *args], env=self.env, cwd=self.tmp,
+            [sys.executable, "-m", "irisfed.cli", *args], env=self.env, cwd=self.tmp,
             capture_output=True, text=True, timeout=60, check=False,
         )
 

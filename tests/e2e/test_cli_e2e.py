@@ -60,7 +60,7 @@ async def test_cli_cancel_and_watch(federation):
     reply = await federation.submit({"command": ["sleep", "300"], "job_id": "long-1"})
     await federation.wait_state("long-1", "running")
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "watch", "long-1"], env=federation.env,
+        [sys.executable, "-m", "irisfed.cli", "watch", "long-1"], env=federation.env,
         cwd=federation.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     cancelled = federation.cli("cancel", reply["job_id"])
@@ -75,7 +75,7 @@ def test_services_refuse_an_unmigrated_database(servers, tmp_path, subject_prefi
     (tmp_path / "f.toml").write_text(config_text(subject_prefix))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "IRISFED_CONFIG": str(tmp_path / "f.toml"),
            "IRISFED_NATS_URL": servers.nats_url, "IRISFED_DATABASE_URL": servers.database_url}
-    result = subprocess.run([sys.executable, "-m", "services.router"], env=env,
+    result = subprocess.run([sys.executable, "-m", "irisfed.services.router"], env=env,
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "run `irisfed migrate`" in result.stderr
@@ -86,7 +86,7 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
     env["PYTHONPATH"] = str(ROOT)
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--state-dir", str(state), "--no-live"],
+        [sys.executable, "-m", "irisfed.cli", "up", "--state-dir", str(state), "--no-live"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -101,7 +101,7 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
                       "IRISFED_NATS_URL": connect["nats_url"], "IRISFED_CONFIG": connect["config"]}
 
         def cli(*args):
-            return subprocess.run([sys.executable, "-m", "services.cli", *args], env=client_env,
+            return subprocess.run([sys.executable, "-m", "irisfed.cli", *args], env=client_env,
                                   cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
 
         for _ in range(100):  # the router needs a moment; each try is a real request

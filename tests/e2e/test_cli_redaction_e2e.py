@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tooling.servers import free_port
+from irisfed.tooling.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pa55-do-not-print"
@@ -18,7 +18,7 @@ SECRET = "pa55-do-not-print"
 def cli(tmp_path: Path, *args: str, timeout: float = 90) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
     env["PYTHONPATH"] = str(ROOT)
-    result = subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=tmp_path, env=env,
+    result = subprocess.run([sys.executable, "-m", "irisfed.cli", *args], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=timeout, check=False)
     assert result.returncode != 0, result.stdout + result.stderr
     return result.stdout + result.stderr
@@ -80,7 +80,7 @@ async def test_up_with_your_servers_prints_no_password(tmp_path, empty_database_
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
     env["PYTHONPATH"] = str(ROOT)
     up = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--no-live", "--state-dir", str(tmp_path / "state"),
+        [sys.executable, "-m", "irisfed.cli", "up", "--no-live", "--state-dir", str(tmp_path / "state"),
          "--database-url", database_url, "--nats-url", nats_url],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

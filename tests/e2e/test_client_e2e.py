@@ -18,7 +18,7 @@ from irisfed.client import (
     SyncClient,
     UnknownPeerError,
 )
-from shared.messages import CancelReply, JobEvent, SubmitReply
+from irisfed.shared.messages import CancelReply, JobEvent, SubmitReply
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e

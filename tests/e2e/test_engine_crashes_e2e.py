@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.lifecycle import TERMINAL_STATES
+from irisfed.shared.lifecycle import TERMINAL_STATES
 from tests.e2e.test_engines_e2e import _configure, _job_id, _ray_engine, _slurm_engine, _until
 from tests.infra.waiting import wait_for
 
@@ -254,7 +254,7 @@ exec /usr/bin/{hung} "$@"
 async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_twice(federation, ray_head):
     """The Ray peer's dashboard accepts connections and moves no byte for longer than the
     backend's call timeout (a proxy in front of it, stalled), then answers again."""
-    from tooling.proxy import TcpProxy
+    from irisfed.tooling.proxy import TcpProxy
 
     engine = _ray_engine(ray_head)
     host, port = ray_head.address.removeprefix("http://").rsplit(":", 1)
@@ -280,8 +280,8 @@ async def test_an_engine_peer_and_the_dashboard_on_their_own_database_roles(fede
     comes from the dashboard."""
     import httpx
 
+    from irisfed.tooling.servers import free_port
     from tests.e2e.test_engines_e2e import SPARE
-    from tooling.servers import free_port
 
     engine = any_engine
     _configure(federation, engine)

@@ -1,5 +1,5 @@
 """A federation with a peer in front of a real Slurm cluster, and one in front of a real
-Ray head (services as subprocesses, engines from ``tooling.engines``; issue 11 §3).
+Ray head (services as subprocesses, engines from ``irisfed.tooling.engines``; issue 11 §3).
 
 Each scenario runs once per engine: the job lands on the engine peer with what it
 asked for, capacity in ``irisfed peers`` is the engine's own, a cancel reaches the
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from irisfed.tooling.engines.slurm import parse_scontrol_line
+from irisfed.tooling.federation import Peer, render_config
 from tests.infra.waiting import wait_for
-from tooling.engines.slurm import parse_scontrol_line
-from tooling.federation import Peer, render_config
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from irisfed.tooling.servers import start_nats
 from tests.infra.waiting import wait_for
-from tooling.servers import start_nats
 
 pytestmark = pytest.mark.e2e
 
@@ -199,7 +199,7 @@ async def test_launch_error_is_retried_then_fails_but_exit_codes_are_not(federat
 
 
 async def test_postgres_outage_answers_unavailable_and_recovers(federation):
-    from tooling.proxy import proxy_for
+    from irisfed.tooling.proxy import proxy_for
 
     db_proxy = proxy_for(federation.database_url)
     federation.proxies.append(db_proxy)
@@ -226,7 +226,7 @@ async def test_postgres_outage_answers_unavailable_and_recovers(federation):
 
 async def test_nats_restart_and_cluster_node_loss_converge(federation, tmp_path):
     # This test owns its NATS servers: a 3-node cluster on fixed ports.
-    from tooling.servers import free_port
+    from irisfed.tooling.servers import free_port
 
     client_ports = [free_port() for _ in range(3)]
     route_ports = [free_port() for _ in range(3)]

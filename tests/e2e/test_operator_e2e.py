@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
+from irisfed.tooling.servers import free_port
 from tests.infra.waiting import wait_for
-from tooling.servers import free_port
 
 pytestmark = pytest.mark.e2e
 

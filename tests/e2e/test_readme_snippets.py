@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.messages import SubmitRequest, decode_request
+from irisfed.shared.messages import SubmitRequest, decode_request
 from tests.e2e.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -168,7 +168,7 @@ def irisfed_up(tmp_path_factory):
     state = folder / ".irisfed"
     log = folder / "up.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--no-live"], cwd=folder,
+        process = subprocess.Popen([sys.executable, "-m", "irisfed.cli", "up", "--no-live"], cwd=folder,
                                    env={**env, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT)
     up = Up(folder, env)
     try:

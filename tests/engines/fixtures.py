@@ -4,7 +4,7 @@ visible to every test folder by tests/conftest.py.
 An existing cluster when the environment names one (``SLURM_CONF`` for Slurm,
 ``IRISFED_TEST_RAY_ADDRESS`` = a Ray dashboard address such as
 ``http://127.0.0.1:8265`` for Ray); otherwise one started for the session in a
-temporary folder by ``tooling.engines`` and stopped by PID at the end. When the
+temporary folder by ``irisfed.tooling.engines`` and stopped by PID at the end. When the
 engine is not installed the tests are skipped, except in CI (``CI=true``), where
 that is a failure: CI must install them.
 
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import RunSpec
-from services.peer_agent.backends.slurm import SlurmBackend
-from services.peer_agent.backends.slurm_text import comment_for, job_name, output_path
-from tooling.engines.chromium import Chromium, chromium_available, start_chromium
-from tooling.engines.ray import RayHead, connect_ray, ray_available, start_ray
-from tooling.engines.slurm import SlurmCluster, connect_slurm, slurm_available, start_slurm
+from irisfed.services.peer_agent.backends import RunSpec
+from irisfed.services.peer_agent.backends.slurm import SlurmBackend
+from irisfed.services.peer_agent.backends.slurm_text import comment_for, job_name, output_path
+from irisfed.tooling.engines.chromium import Chromium, chromium_available, start_chromium
+from irisfed.tooling.engines.ray import RayHead, connect_ray, ray_available, start_ray
+from irisfed.tooling.engines.slurm import SlurmCluster, connect_slurm, slurm_available, start_slurm
 
 RAY_ADDRESS_ENV = "IRISFED_TEST_RAY_ADDRESS"
 # A CPU the machine lacks, declared by our own test cluster: the time-limited run

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import LaunchError, RunSpec
-from services.peer_agent.backends.ray import RayBackend
-from services.peer_agent.backends.slurm_text import EXIT_STATUS_FILE, STARTED_MARKER
-from shared.messages import JOB_ID_PATTERN
+from irisfed.services.peer_agent.backends import LaunchError, RunSpec
+from irisfed.services.peer_agent.backends.ray import RayBackend
+from irisfed.services.peer_agent.backends.slurm_text import EXIT_STATUS_FILE, STARTED_MARKER
+from irisfed.shared.messages import JOB_ID_PATTERN
+from irisfed.tooling.engines.ray import RayHead
 from tests.engines.test_slurm_backend import _ended, make_backend, peer_id, slurm_env  # noqa: F401 - fixtures
-from tooling.engines.ray import RayHead
 
 POLL_S = 0.5
 

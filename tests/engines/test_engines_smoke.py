@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tooling.engines.procs import wait_until
-from tooling.engines.ray import RayHead
-from tooling.engines.slurm import TERMINAL_STATES, SlurmCluster
+from irisfed.tooling.engines.procs import wait_until
+from irisfed.tooling.engines.ray import RayHead
+from irisfed.tooling.engines.slurm import TERMINAL_STATES, SlurmCluster
 
 # Bounds on a hang of a slow shared machine, not expectations: a trivial job takes
 # ~3 s on either engine, Ray's very first one up to ~20 s.

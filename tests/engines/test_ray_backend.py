@@ -14,10 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import KILLED_EXIT_CODE, LaunchError, LiveRun, RunLost, RunSpec
-from services.peer_agent.backends.ray import RayBackend
+from irisfed.services.peer_agent.backends import (
+    KILLED_EXIT_CODE,
+    LaunchError,
+    LiveRun,
+    RunLost,
+    RunSpec,
+)
+from irisfed.services.peer_agent.backends.ray import RayBackend
+from irisfed.tooling.engines.ray import RayHead
 from tests.infra.waiting import wait_for
-from tooling.engines.ray import RayHead
 
 TIMEOUT_S = 180.0  # Ray's very first job on a fresh head took up to ~20 s
 POLL_S = 0.5
@@ -240,7 +246,7 @@ async def test_a_forged_submission_under_our_name_is_never_taken_for_our_run(
     such a job, made before ours, for the run (idempotent launch) and reported its
     outcome as the job's, whose command never ran; a restarted agent adopted one made
     while it was down. Only what this peer submitted (the nonce in its run folder) is ours."""
-    from services.peer_agent.backends import ray_text
+    from irisfed.services.peer_agent.backends import ray_text
 
     client = ray_head.job_client()
     backend, restarted = backends(), backends()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import (
+from irisfed.services.peer_agent.backends import (
     KILLED_EXIT_CODE,
     LaunchError,
     LiveRun,
@@ -28,15 +28,15 @@ from services.peer_agent.backends import (
     RunOutcomeUnknown,
     RunSpec,
 )
-from services.peer_agent.backends.slurm import SlurmBackend, SlurmError
-from services.peer_agent.backends.slurm_text import (
+from irisfed.services.peer_agent.backends.slurm import SlurmBackend, SlurmError
+from irisfed.services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
     STARTED_MARKER,
     job_name,
     parse_gres,
 )
+from irisfed.tooling.engines.slurm import SlurmCluster
 from tests.engines.fixtures import TimeLimitedRun
-from tooling.engines.slurm import SlurmCluster
 
 # A bound on a hang of a slow shared machine, not an expectation (a job takes ~3 s).
 JOB_TIMEOUT_S = 180.0

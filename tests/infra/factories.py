@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from services.common.store import Store
-from services.router.plan import plan_new_job, route
-from shared.config import FederationConfig, parse_config
-from shared.federation.router import SubmitDisposition, SubmitPlan
-from shared.messages import SubmitRequest
-from shared.records import NewJob
+from irisfed.services.common.store import Store
+from irisfed.services.router.plan import plan_new_job, route
+from irisfed.shared.config import FederationConfig, parse_config
+from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
+from irisfed.shared.messages import SubmitRequest
+from irisfed.shared.records import NewJob
 
 _ids = itertools.count(1)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from services.common.nats_auth import NatsAuth
-from tooling.servers import ServerProcess, start_postgres, start_secured_nats
+from irisfed.services.common.nats_auth import NatsAuth
+from irisfed.tooling.servers import ServerProcess, start_postgres, start_secured_nats
 
 DATABASE_URL_ENV = "IRISFED_TEST_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_TEST_NATS_URL"

@@ -1,4 +1,4 @@
-"""Typed rows as the store returns them (``shared.records``), for tests of what reads
+"""Typed rows as the store returns them (``irisfed.shared.records``), for tests of what reads
 them (CLI views) with no database: every field defaulted, any overridden."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.lifecycle import JobState
-from shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
 
 
 def job_row(command: list[str] | None = None, **overrides: Any) -> JobRow:

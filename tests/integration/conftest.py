@@ -3,7 +3,7 @@
 import asyncpg
 import pytest
 
-from services.common.db_roles import apply_roles, peer_role
+from irisfed.services.common.db_roles import apply_roles, peer_role
 from tests.infra.factories import make_config
 from tests.integration.test_db_roles import as_role
 

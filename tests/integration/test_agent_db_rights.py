@@ -14,14 +14,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from services.common import db as dbmod
-from services.common import metrics
-from services.common.db_roles import apply_roles, peer_role
-from services.common.store import Store
-from services.peer_agent.report import Run
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
-from shared.errors import PermanentStoreError
-from shared.lifecycle import JobState
+from irisfed.services.common import db as dbmod
+from irisfed.services.common import metrics
+from irisfed.services.common.db_roles import apply_roles, peer_role
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.report import Run
+from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.shared.errors import PermanentStoreError
+from irisfed.shared.lifecycle import JobState
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import (
     assign_jobs,
     insert_jobs,
@@ -31,7 +32,6 @@ from tests.infra.factories import (
 )
 from tests.infra.waiting import wait_for
 from tests.integration.test_db_roles import as_role
-from tooling.invariants import assert_changelog_replays
 
 
 @pytest.fixture

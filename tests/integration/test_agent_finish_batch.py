@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from services.common.store import Store
+from irisfed.services.common.store import Store
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
 
 

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from services.common.store import Store
-from services.peer_agent.flags import add_flags, parse_resource_flags, settings
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
-from shared.errors import ConfigError
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.flags import add_flags, parse_resource_flags, settings
+from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.shared.errors import ConfigError
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 from tests.integration.test_agent_start_batch import FlakyNats
 

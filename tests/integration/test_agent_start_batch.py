@@ -15,10 +15,10 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from services.common.store import Store
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
-from shared.lifecycle import JobState
-from shared.records import Move
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import Move
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 from tests.infra.waiting import wait_for
 

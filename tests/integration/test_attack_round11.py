@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from services.common.store import Store
+from irisfed.services.common.store import Store
 from tests.infra.factories import advertise
 from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 

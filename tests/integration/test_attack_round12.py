@@ -22,15 +22,15 @@ import asyncpg
 import httpx
 import pytest
 
-from services.common import db as dbmod
-from services.common.store import Store
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.tooling.invariants import assert_changelog_replays, changelog_violations
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_job
 from tests.infra.waiting import wait_for
 from tests.integration.conftest import ROLES
 from tests.integration.test_db_roles import as_role
 from tests.integration.test_web_pages import running_web
 from tests.integration.test_web_safety import open_stream
-from tooling.invariants import assert_changelog_replays, changelog_violations
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = (asyncpg.InsufficientPrivilegeError, asyncpg.RaiseError, asyncpg.ObjectNotInPrerequisiteStateError)
@@ -236,8 +236,8 @@ async def test_0010_closes_what_0009_left_open_and_downgrades_cleanly(empty_data
 # on a row the test holds. The child prints its backend's pid once it got that far.
 CHILD = textwrap.dedent("""
     import asyncio, sys
-    from services.common import db as dbmod
-    from services.common.store import Store
+    from irisfed.services.common import db as dbmod
+    from irisfed.services.common.store import Store
     from tests.infra.factories import make_job
 
     async def main(url, what, job_ids):

@@ -30,17 +30,17 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from services.common import db as dbmod
-from services.common.store import Store
-from services.web.filters import JobFilter
-from shared.records import JobPageQuery
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.services.web.filters import JobFilter
+from irisfed.shared.records import JobPageQuery
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_job
 from tests.infra.waiting import wait_for
 from tests.integration.conftest import ROLES
 from tests.integration.test_attack_round12 import REFUSED
 from tests.integration.test_db_roles import as_role
 from tests.integration.test_web_pages import client_for, job_ids, running_web
-from tooling.invariants import assert_changelog_replays
 
 LISTING = "SELECT job_id, submitted_at, labels::text, search_text FROM job_listing ORDER BY job_id"
 FINISH = "SELECT job_id, state FROM irisfed_job_finish_batch($1, $2, $3, $4, $5)"

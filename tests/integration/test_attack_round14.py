@@ -9,13 +9,13 @@ import json
 
 import msgspec
 
-from services.common.peer_view import PeerView
-from services.common.store import Store
-from services.peer_agent.backends import Discovered
-from services.peer_agent.backends.simulated import SimulatedBackend
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
-from shared.messages import BackendAd, Capacity, Heartbeat, decode_internal, encoder
-from shared.placement import QueuedJob, assign_queued
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.backends import Discovered
+from irisfed.services.peer_agent.backends.simulated import SimulatedBackend
+from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, decode_internal, encoder
+from irisfed.shared.placement import QueuedJob, assign_queued
 from tests.infra.factories import advertise, make_config
 from tests.integration.test_hostile_peer_role import gpu  # noqa: F401 - the peer's own login role
 from tests.integration.test_web_pages import client_for, running_web

@@ -24,13 +24,22 @@ from datetime import UTC, datetime
 import nats
 import pytest
 
-from services.common.bus import connect_client
-from services.common.store import Store
-from services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
-from services.router.service import Router, RouterSettings
-from services.tick.service import Tick
-from shared.lifecycle import JobState
-from shared.messages import AssignmentNotice, BackendAd, Capacity, Heartbeat, JobEvent, encoder
+from irisfed.services.common.bus import connect_client
+from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.services.router.service import Router, RouterSettings
+from irisfed.services.tick.service import Tick
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import (
+    AssignmentNotice,
+    BackendAd,
+    Capacity,
+    Heartbeat,
+    JobEvent,
+    encoder,
+)
+from irisfed.tooling.invariants import assert_changelog_replays
+from irisfed.tooling.servers import start_nats
 from tests.infra.factories import (
     advertise,
     assign_jobs,
@@ -42,8 +51,6 @@ from tests.infra.factories import (
 )
 from tests.infra.waiting import wait_for
 from tests.integration.test_hostile_peer_role import gpu  # noqa: F401 - the peer's own login role
-from tooling.invariants import assert_changelog_replays
-from tooling.servers import start_nats
 
 WAIT_S = 30  # bounds a hang on a slow machine; never an assertion about time
 

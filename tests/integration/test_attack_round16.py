@@ -15,16 +15,16 @@ import sys
 
 import pytest
 
-from services.common import db as dbmod
-from services.common.store import Store
-from services.router.service import Router
-from services.tick.service import Tick, TickSettings
-from shared.clock import ManualClock
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.services.router.service import Router
+from irisfed.services.tick.service import Tick, TickSettings
+from irisfed.shared.clock import ManualClock
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import advertise, insert_jobs, make_config, make_job, running_job
 from tests.infra.waiting import wait_for
 from tests.integration.conftest import ROLES
 from tests.integration.test_db_roles import as_role
-from tooling.invariants import assert_changelog_replays
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -200,7 +200,7 @@ async def test_the_tick_role_itself_kills_cancelled_jobs_at_claim_and_at_recover
 
 async def _cli(database_url: str, *argv: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", *argv, "--database-url", database_url, cwd=REPO,
+        sys.executable, "-m", "irisfed.cli", *argv, "--database-url", database_url, cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
     out, err = await proc.communicate()

@@ -17,10 +17,11 @@ import re
 
 import asyncpg
 
-from services.common import db as dbmod
-from services.common.store import Store, load_queries
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.shared.queries import load_queries
+from irisfed.tooling.invariants import changelog_violations
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
-from tooling.invariants import changelog_violations
 
 CHANGELOG_INSERT = re.compile(r"INSERT\s+INTO\s+federation_changelog\b", re.I)
 # The insert's own SELECT and the relation it reads (the first FROM after it).

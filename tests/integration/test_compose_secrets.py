@@ -12,12 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from services.cli import main
-from services.cli.compose_secrets import service_roles, write_secrets
-from services.common.startup import database_url as url_from
-from shared.config import load_config
-from shared.errors import ConfigError
-from tooling.federation import Peer, write_config
+from irisfed.cli import main
+from irisfed.cli.compose_secrets import service_roles, write_secrets
+from irisfed.services.common.startup import database_url as url_from
+from irisfed.shared.config import load_config
+from irisfed.shared.errors import ConfigError
+from irisfed.tooling.federation import Peer, write_config
 
 
 def write_test_config(path):

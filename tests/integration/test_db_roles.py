@@ -6,11 +6,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from services.common import db as dbmod
-from services.common.db_roles import peer_role
-from services.common.store import Store
-from shared.errors import PermanentStoreError
-from shared.lifecycle import JobState
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.db_roles import peer_role
+from irisfed.services.common.store import Store
+from irisfed.shared.errors import PermanentStoreError
+from irisfed.shared.lifecycle import JobState
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
 
 

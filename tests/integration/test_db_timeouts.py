@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from services.common import db as dbmod
-from tooling.proxy import proxy_for
+from irisfed.services.common import db as dbmod
+from irisfed.tooling.proxy import proxy_for
 
 
 async def test_services_sessions_carry_the_server_side_limits(database_url):

@@ -1,10 +1,10 @@
 """Invariant 3 at the database: a status write with a stale epoch is refused."""
 
-from services.common.store import Store
-from shared.lifecycle import JobState
-from shared.records import Move
+from irisfed.services.common.store import Store
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import Move
+from irisfed.tooling.invariants import assert_changelog_replays, changelog_violations
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
-from tooling.invariants import assert_changelog_replays, changelog_violations
 
 
 async def test_stale_epoch_write_is_refused(pool):

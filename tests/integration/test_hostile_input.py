@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common import db as dbmod
-from services.common.bus import connect_client
-from services.router.service import Router
-from shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES, SubmitRequest, decode_request
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.bus import connect_client
+from irisfed.services.router.service import Router
+from irisfed.shared.messages import JOB_ID_PATTERN, MAX_BODY_BYTES, SubmitRequest, decode_request
 from tests.infra.factories import make_config
 
 ERROR_CODES = {"invalid_request", "conflict", "unknown_peer", "unavailable", "not_found"}
@@ -196,7 +196,7 @@ async def test_a_producer_cannot_squat_the_ids_the_router_will_generate(pool, se
     seconds. Submitting those ids first (as its own job_ids) made every other producer's
     submit in that window fail with ``conflict`` for an id it never chose (and the same
     guesses name other producers' jobs for ``cancel``)."""
-    from shared.ids import ALPHABET, TIME_CHARS
+    from irisfed.shared.ids import ALPHABET, TIME_CHARS
 
     def base32(value: int) -> str:
         return "".join(ALPHABET[(value >> (5 * i)) & 31] for i in reversed(range(TIME_CHARS)))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from services.common.db_roles import peer_role
-from services.common.store import Store
+from irisfed.services.common.db_roles import peer_role
+from irisfed.services.common.store import Store
 from tests.infra.factories import (
     advertise,
     make_config,
@@ -96,7 +96,7 @@ async def test_a_peers_malformed_heartbeat_row_does_not_break_other_services_vie
     """A peer may write its own `peer_heartbeat` row directly; whatever it puts in
     `backends`, the router's and tick's view refresh must go on for every other peer
     (the row is skipped, not trusted)."""
-    from services.common.peer_view import PeerView
+    from irisfed.services.common.peer_view import PeerView
     admin = Store(pool)
     await advertise(admin, "tpu-east", slots=3)
     await gpu.execute(

@@ -9,7 +9,7 @@ import json
 import nats
 import pytest
 
-from tooling.servers import start_secured_nats
+from irisfed.tooling.servers import start_secured_nats
 
 PEERS = ("home", "gpu-west")
 
@@ -89,9 +89,9 @@ async def test_each_requesting_user_may_subscribe_only_to_its_own_inbox(secured_
 
 async def test_our_clients_use_their_users_prefix_end_to_end(secured_nats, database_url):
     """A real router answers a producer's and the operator's requests under these permissions."""
-    from services.common import db
-    from services.common.bus import connect_client, connect_nats
-    from services.router.service import Router
+    from irisfed.services.common import db
+    from irisfed.services.common.bus import connect_client, connect_nats
+    from irisfed.services.router.service import Router
     from tests.infra.factories import make_config
 
     auth, server = secured_nats
@@ -115,7 +115,7 @@ async def test_our_clients_use_their_users_prefix_end_to_end(secured_nats, datab
 
 
 def test_the_inbox_prefix_follows_the_url_user(monkeypatch):
-    from services.common.nats_auth import INBOX_PREFIX_ENV, inbox_prefix_for_url
+    from irisfed.shared.nats_urls import INBOX_PREFIX_ENV, inbox_prefix_for_url
 
     monkeypatch.delenv(INBOX_PREFIX_ENV, raising=False)
     assert inbox_prefix_for_url("nats://producer:pw@h:4222") == "_INBOX_producer"

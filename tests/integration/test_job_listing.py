@@ -18,9 +18,9 @@ import asyncio
 
 import asyncpg
 
-from services.common import db as dbmod
-from services.common.store import Store
-from services.web.filters import JobFilter
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.services.web.filters import JobFilter
 from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
 from tests.integration.conftest import ROLES
 from tests.integration.test_db_roles import as_role

@@ -6,9 +6,9 @@ import json
 import asyncpg
 import pytest
 
-from services.common import db as dbmod
-from services.common.store import Store
-from shared.errors import SchemaMismatch
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.shared.errors import SchemaMismatch
 
 TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations", "job_listing"}
 

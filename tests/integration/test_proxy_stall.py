@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from tooling.proxy import TcpProxy
+from irisfed.tooling.proxy import TcpProxy
 
 
 @pytest.fixture

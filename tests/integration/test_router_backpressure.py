@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from services.common import db as dbmod
-from services.common import metrics
-from services.common.bus import connect_client
-from services.router.service import Router, RouterSettings
+from irisfed.services.common import db as dbmod
+from irisfed.services.common import metrics
+from irisfed.services.common.bus import connect_client
+from irisfed.services.router.service import Router, RouterSettings
+from irisfed.tooling.proxy import proxy_for
 from tests.infra.factories import make_config
 from tests.integration.test_hostile_input import RouterThread
-from tooling.proxy import proxy_for
 
 
 class ProxiedRouter(RouterThread):

@@ -6,11 +6,11 @@ import uuid
 
 from nats.aio.msg import Msg
 
-from services.common.store import Store
-from services.router.plan import plan_new_job
-from services.router.service import _Pending
-from shared.errors import Unavailable
-from shared.messages import SubmitRequest, decode_request
+from irisfed.services.common.store import Store
+from irisfed.services.router.plan import plan_new_job
+from irisfed.services.router.service import _Pending
+from irisfed.shared.errors import Unavailable
+from irisfed.shared.messages import SubmitRequest, decode_request
 from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 

@@ -3,7 +3,7 @@
 import json
 from datetime import UTC, datetime
 
-from shared.messages import BackendAd, Capacity, Heartbeat
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat
 from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 GPU_JOB = {"command": ["true"], "constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}]}

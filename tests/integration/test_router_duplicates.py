@@ -4,9 +4,9 @@ explanation, stored once per decision, reads back as the router built it."""
 
 import json
 
-from services.common.store import Store
-from shared.explain import explanation
-from shared.federation.router import PeerRouter, RoutingRequest
+from irisfed.services.common.store import Store
+from irisfed.shared.explain import explanation
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest
 from tests.infra.factories import advertise
 from tests.integration.test_hostile_input import router  # noqa: F401 - fixture
 

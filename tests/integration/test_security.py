@@ -5,9 +5,9 @@ import asyncio
 import nats
 import pytest
 
-from services.cli import main
-from services.common.nats_auth import role_permissions
-from tooling.servers import start_secured_nats
+from irisfed.cli import main
+from irisfed.services.common.nats_auth import role_permissions
+from irisfed.tooling.servers import start_secured_nats
 
 PEERS = ("gpu-west", "tpu-east")
 

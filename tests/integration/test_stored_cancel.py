@@ -11,10 +11,10 @@ hand-back cannot be lost either.
 
 from __future__ import annotations
 
-from services.common.store import Store
-from services.router.service import Router
-from services.tick.service import Tick
-from shared.clock import ManualClock
+from irisfed.services.common.store import Store
+from irisfed.services.router.service import Router
+from irisfed.services.tick.service import Tick
+from irisfed.shared.clock import ManualClock
 from tests.infra.factories import advertise, insert_jobs, make_config, make_job, running_job
 
 

@@ -3,12 +3,12 @@
 import asyncio
 import time
 
-from services.common.store import Store
-from services.tick.service import Tick, TickSettings
-from shared.lifecycle import JobState
-from shared.records import Move
+from irisfed.services.common.store import Store
+from irisfed.services.tick.service import Tick, TickSettings
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import Move
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config, make_job
-from tooling.invariants import assert_changelog_replays
 
 
 async def _queue_and_tick(store: Store, jobs: list, slots: int, batch_size: int) -> Tick:
@@ -52,7 +52,7 @@ async def test_priority_order_decides_who_gets_the_last_slot(pool):
 
 
 async def test_concurrent_ticks_never_double_assign(pool, database_url):
-    from services.common import db as dbmod
+    from irisfed.services.common import db as dbmod
 
     store = Store(pool)
     await advertise(store, "gpu-west", slots=500)
@@ -171,7 +171,7 @@ async def test_restarted_control_plane_gives_peers_a_ttl_before_judging_them(poo
 
 
 async def test_a_pool_of_one_places_batch_by_batch(database_url):
-    from services.common import db as dbmod
+    from irisfed.services.common import db as dbmod
 
     single = await dbmod.connect(database_url, max_size=1)
     try:
@@ -214,7 +214,7 @@ async def test_capacity_in_use_is_counted_with_one_connection_or_many(pool, data
     # The counts of what is in use run beside the first claim when the pool has
     # connections to spare, and before it on the one connection otherwise: either
     # way a run sees the slots already taken and fills only what is left.
-    from services.common import db as dbmod
+    from irisfed.services.common import db as dbmod
 
     store = Store(pool)
     await advertise(store, "gpu-west", slots=3)

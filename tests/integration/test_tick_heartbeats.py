@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 import nats
 from prometheus_client.registry import REGISTRY
 
-from services.common.store import Store
-from services.tick.service import Tick
-from shared.messages import BackendAd, Capacity, Heartbeat, encoder
+from irisfed.services.common.store import Store
+from irisfed.services.tick.service import Tick
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, encoder
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import (
     advertise,
     assign_jobs,
@@ -19,7 +20,6 @@ from tests.infra.factories import (
     start_jobs,
 )
 from tests.infra.waiting import wait_for
-from tooling.invariants import assert_changelog_replays
 
 TPU = {"constraints": [{"key": "device_type", "op": "eq", "value": "tpu"}]}
 
@@ -210,7 +210,7 @@ async def test_a_heartbeat_held_back_through_an_outage_is_persisted_as_old_as_it
     # Chaos (seed 88124, restricted, schedule 13) caught it: the tick heard gpu-a, Postgres
     # went down, the tick wrote the held heartbeat on its return stamped `now()`, was
     # restarted, and the new tick took the dead agent for alive and placed work there.
-    from shared.clock import ManualClock
+    from irisfed.shared.clock import ManualClock
 
     store = Store(pool)
     clock = ManualClock()

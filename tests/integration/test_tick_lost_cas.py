@@ -7,8 +7,8 @@ Postgres trigger makes the assignment of one job skip its row (``RETURN NULL`` i
 lost CAS looks like to the tick: the row is not in ``job_assign_batch``'s RETURNING.
 """
 
-from services.common.store import Store
-from services.tick.service import Tick, TickSettings
+from irisfed.services.common.store import Store
+from irisfed.services.tick.service import Tick, TickSettings
 from tests.infra.factories import insert_jobs, make_config, make_job
 from tests.integration.test_tick_resources import advertise_resources
 

@@ -2,8 +2,8 @@
 
 from datetime import UTC, datetime
 
-from services.common.store import Store
-from services.tick.service import Tick, TickSettings
+from irisfed.services.common.store import Store
+from irisfed.services.tick.service import Tick, TickSettings
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 
 
@@ -81,7 +81,7 @@ async def test_live_usage_leaves_room_for_what_fits(pool):
 def test_settings_are_checked():
     import pytest
 
-    from shared.errors import ConfigError
+    from irisfed.shared.errors import ConfigError
 
     with pytest.raises(ConfigError, match="policy"):
         TickSettings(policy="random")

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from services.cli.admin import web_answers
-from services.common.store import Store
-from services.router.service import Router
-from services.web.security import CONTENT_SECURITY_POLICY, SESSION_COOKIE
+from irisfed.cli.admin import web_answers
+from irisfed.services.common.store import Store
+from irisfed.services.router.service import Router
+from irisfed.services.web.security import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 from tests.infra.factories import insert_jobs, make_config, make_job
 from tests.integration.test_web_pages import TOKEN, client_for, csrf_of, log_in, running_web
 
@@ -25,7 +25,7 @@ WAIT_S = 30  # the longest any step may take before the test fails (never a timi
 
 @pytest.fixture
 async def router(pool, servers, subject_prefix):
-    from services.common.bus import connect_client
+    from irisfed.services.common.bus import connect_client
 
     nc = await connect_client(servers.nats_url)
     service = Router(make_config(subject_prefix=subject_prefix), pool, nc)
@@ -172,7 +172,7 @@ async def test_a_viewer_that_falls_behind_gets_one_resync(pool, nats_client, sub
 
 
 async def test_the_service_runs_as_irisfed_web_and_stops_on_sigterm(database_url, servers, subject_prefix, tmp_path):
-    """`python -m services.web` with a config and a token file; SIGTERM stops it cleanly."""
+    """`python -m irisfed.services.web` with a config and a token file; SIGTERM stops it cleanly."""
     config = tmp_path / "federation.toml"
     config.write_text(f'subject_prefix = "{subject_prefix}"\nlocal_cluster = "home"\n[[peers]]\nid = "home"\n')
     token = tmp_path / "token"
@@ -180,7 +180,7 @@ async def test_the_service_runs_as_irisfed_web_and_stops_on_sigterm(database_url
     token.chmod(0o600)
     env = {**os.environ, "IRISFED_DATABASE_URL": database_url, "IRISFED_NATS_URL": servers.nats_url_for("web"),
            "IRISFED_CONFIG": str(config)}
-    proc = subprocess.Popen([sys.executable, "-m", "services.web", "--port", "0", "--operator-token-file", str(token),
+    proc = subprocess.Popen([sys.executable, "-m", "irisfed.services.web", "--port", "0", "--operator-token-file", str(token),
                              "--log-level", "info"], cwd=os.getcwd(), env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = None

@@ -13,10 +13,10 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 
-from services.common.store import Store
-from services.web.security import CONTENT_SECURITY_POLICY
-from services.web.service import WebService
-from services.web.settings import Secret, WebSettings
+from irisfed.services.common.store import Store
+from irisfed.services.web.security import CONTENT_SECURITY_POLICY
+from irisfed.services.web.service import WebService
+from irisfed.services.web.settings import Secret, WebSettings
 from tests.infra.factories import (
     advertise,
     assign_jobs,
@@ -407,7 +407,7 @@ async def test_charts_walk_back_from_the_counts(web, client, pool):
 
 
 async def test_a_database_outage_is_a_503_page(web, client, monkeypatch):
-    from shared.errors import Unavailable
+    from irisfed.shared.errors import Unavailable
 
     async def away(*args, **kwargs):
         raise Unavailable("database unavailable: connection refused")
@@ -423,8 +423,8 @@ async def test_every_page_works_as_the_read_only_web_role(database_url, pool, ro
     """In production the dashboard logs in as irisfed_svc_web (migration 0007: SELECT only)."""
     from urllib.parse import quote, urlsplit, urlunsplit
 
-    from services.common import db as dbmod
-    from shared.errors import PermanentStoreError
+    from irisfed.services.common import db as dbmod
+    from irisfed.shared.errors import PermanentStoreError
 
     store = Store(pool)
     job = make_job(labels={"team": "a"}, name="read-only")

@@ -12,9 +12,9 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 
-from services.common.store import Store
-from services.web.live import MAX_IDS
-from services.web.service import EVENTS_PER_FLUSH
+from irisfed.services.common.store import Store
+from irisfed.services.web.live import MAX_IDS
+from irisfed.services.web.service import EVENTS_PER_FLUSH
 from tests.infra.factories import insert_jobs, make_job
 from tests.integration.test_web_pages import TOKEN, client_for, csrf_of, running_web
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from services.peer_agent.flags import add_flags, settings
-from shared.config import parse_config
-from shared.errors import ConfigError
+from irisfed.services.peer_agent.flags import add_flags, settings
+from irisfed.shared.config import parse_config
+from irisfed.shared.errors import ConfigError
 
 
 def _settings(argv: list[str], peers: list[dict]):
@@ -49,7 +49,7 @@ def test_engine_settings_in_the_file_must_be_strings(entry):
 
 
 def test_the_harness_writes_resources_and_engine_settings_the_services_read_back():
-    from tooling.federation import Peer, render_config
+    from irisfed.tooling.federation import Peer, render_config
 
     text = render_config([Peer("home", resources={"cpu": 4, "memory_mb": 8192}),
                           Peer("hpc", backend="slurm", slurm_partition="gpu"),
@@ -63,7 +63,7 @@ def test_the_harness_writes_resources_and_engine_settings_the_services_read_back
 
 
 def test_the_demo_federation_has_realistic_shapes():
-    from services.cli.up import DEMO_PEERS
+    from irisfed.cli.up import DEMO_PEERS
 
     shapes = {peer.id: dict(peer.resources) for peer in DEMO_PEERS}
     assert shapes["gpu-west"]["gpu"] == 8 and shapes["tpu-east"]["tpu"] == 8
@@ -72,8 +72,8 @@ def test_the_demo_federation_has_realistic_shapes():
 
 @pytest.mark.parametrize("flag", [["gpu"], ["gpu=x"], ["GPU=1"], ["gpu=-1"], ["gpu=0.5"], ["cpu=nan"]])
 def test_submit_refuses_a_bad_resource_flag_before_sending_anything(flag, monkeypatch):
-    from services.cli import client
-    from services.cli.parser import build_parser
+    from irisfed.cli import client
+    from irisfed.cli.parser import build_parser
 
     sent = []
     monkeypatch.setattr(client, "_request", lambda *a, **k: sent.append(a))
@@ -90,7 +90,7 @@ def test_an_engine_timeout_must_be_a_positive_finite_number(bad):
 
 
 def test_the_engine_timeout_reaches_the_slurm_and_ray_backends(tmp_path):
-    from services.peer_agent.backends import make_backend
+    from irisfed.services.peer_agent.backends import make_backend
 
     flagged = _settings(["--peer-id", "hpc", "--backend", "slurm", "--engine-timeout", "4.5"], [{"id": "hpc"}])
     options = flagged.backends[0].options
@@ -110,7 +110,7 @@ def test_a_ray_backend_imports_ray_when_it_is_made_not_in_its_first_launch(tmp_p
 
     made = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from services.peer_agent.backends import make_backend; "
+         "from irisfed.services.peer_agent.backends import make_backend; "
          "before = 'ray.job_submission' in sys.modules; "
          f"make_backend('ray', Path({str(tmp_path)!r}), options={{'address': 'http://127.0.0.1:1'}}, peer_id='ml'); "
          "print(before, 'ray.job_submission' in sys.modules)"],

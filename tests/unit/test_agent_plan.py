@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from services.peer_agent.backends import LiveRun
-from services.peer_agent.plan import (
+from irisfed.services.peer_agent.backends import LiveRun
+from irisfed.services.peer_agent.plan import (
     Leftover,
     Pending,
     backend_for,
@@ -21,8 +21,8 @@ from services.peer_agent.plan import (
     plan_leftovers,
     plan_reconcile,
 )
-from shared.lifecycle import JobState
-from shared.records import JobRow, OwnedJob
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import JobRow, OwnedJob
 
 BACKENDS = ["main", "gpu"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import ray_text as text
+from irisfed.services.peer_agent.backends import ray_text as text
 
 # What one submit may carry (shared/messages.py): values of up to 4096 characters, a
 # 64 KB body. Twelve values of 4096 quotes is ~49 KB.
@@ -52,7 +52,7 @@ def test_a_command_too_long_for_one_exec_argument_is_refused_before_submit() -> 
 
 
 def test_one_ipv6_client_cannot_take_every_live_slot_by_changing_its_address() -> None:
-    from services.web.live import Broker, Refused
+    from irisfed.services.web.live import Broker, Refused
 
     broker = Broker(max_viewers=20, viewers_per_client=2)
     # A host picks any address of its /64 (privacy addresses, or simply at will).
@@ -79,9 +79,9 @@ def test_engine_intervals_must_be_positive_and_finite(flag: str, bad: str) -> No
     # --poll-interval inf was taken: the poller then sleeps forever and no run ever ends.
     import argparse
 
-    from services.peer_agent.flags import add_flags, settings
-    from shared.config import parse_config
-    from shared.errors import ConfigError
+    from irisfed.services.peer_agent.flags import add_flags, settings
+    from irisfed.shared.config import parse_config
+    from irisfed.shared.errors import ConfigError
 
     parser = argparse.ArgumentParser()
     add_flags(parser)

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from services.common.startup import service_parser
-from services.web import flags
-from services.web.settings import MAX_REFUSED_RETRY_S, WebSettings
-from shared.errors import ConfigError
+from irisfed.services.common.startup import service_parser
+from irisfed.services.web import flags
+from irisfed.services.web.settings import MAX_REFUSED_RETRY_S, WebSettings
+from irisfed.shared.errors import ConfigError
 
 NAMED = re.compile(r"^web setting refused_retry_s \(--refused-retry\) must be ")
 

@@ -11,16 +11,21 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console
 
-from services.cli import views
-from services.common.log import EventLogger
-from services.common.peer_view import PeerView
-from services.router.plan import local_backend_for
-from shared.constraints import Constraint, ConstraintOp
-from shared.federation.peer import Backend, FederationPeer
-from shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition, judge_peer
-from shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount, encoder
-from shared.placement import QueuedJob, assign_queued, explain_waiting
-from shared.resources import Amount, as_resources
+from irisfed.cli import views
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.router.plan import local_backend_for
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.federation.router import (
+    PeerRouter,
+    RoutingRequest,
+    SubmitDisposition,
+    judge_peer,
+)
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount, encoder
+from irisfed.shared.placement import QueuedJob, assign_queued, explain_waiting
+from irisfed.shared.resources import Amount, as_resources
 from tests.infra import rows
 from tests.infra.factories import make_config
 

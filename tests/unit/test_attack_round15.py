@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.registry import REGISTRY
 
-from services.common.log import EventLogger
-from services.common.peer_view import PeerView
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.peer_view import PeerView
 from tests.infra.factories import make_config
 
 log = EventLogger("test")

@@ -1,7 +1,7 @@
 """Attack round 16: services on uvloop (f1aab21).
 
 Hostile ``--event-loop`` values through the real commands (``irisfed router``,
-``python -m services.tick``): exit 2, one line naming the flag, nothing connected (the
+``python -m irisfed.services.tick``): exit 2, one line naming the flag, nothing connected (the
 URLs point at local listeners that count connections); and SIGUSR2's task dump on a
 service running on uvloop.
 """
@@ -24,7 +24,7 @@ HOSTILE = ["", "UVLOOP", " asyncio", "uv\x1b[31mloop", "asyncio;id", "-x", "é" 
            "asyncio\nuvloop"]
 
 
-@pytest.mark.parametrize("command", [[IRISFED, "router"], [sys.executable, "-m", "services.tick"]],
+@pytest.mark.parametrize("command", [[IRISFED, "router"], [sys.executable, "-m", "irisfed.services.tick"]],
                          ids=["irisfed-router", "python-m-services.tick"])
 @pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
 def test_a_hostile_event_loop_value_stops_the_service_before_it_connects(listeners, command, value):
@@ -46,7 +46,7 @@ def test_a_hostile_event_loop_value_stops_the_service_before_it_connects(listene
 DUMPER = textwrap.dedent("""
     import asyncio, os, signal, sys
     import uvloop
-    from services.common.runtime import run_service
+    from irisfed.services.common.runtime import run_service
 
     async def main(stop):
         async def parked():

@@ -2,7 +2,7 @@
 
 Hostile ``--db-pool``, ``--db-timeout``, ``--metrics-port`` and ``--metrics-host`` values
 through the real commands (``irisfed router``, ``irisfed web``, ``python -m
-services.tick``, ``python -m services.peer_agent``): exit 2, one ``irisfed: ...`` line,
+services.tick``, ``python -m irisfed.services.peer_agent``): exit 2, one ``irisfed: ...`` line,
 no traceback, nothing connected (the URLs point at local listeners that count
 connections); the router's ``--writers``/``--db-pool`` rule with huge values; web's
 ``--port``.
@@ -29,13 +29,18 @@ import sys
 
 import pytest
 
-from services.common import metrics
-from services.common.startup import DB_POOL_MAX, ProcessSettings, process_settings, service_parser
-from services.router import flags as router_flags
-from services.web.service import listen_socket
-from services.web.settings import WebSettings
-from shared.errors import ConfigError
-from shared.settings import require_count
+from irisfed.services.common import metrics
+from irisfed.services.common.startup import (
+    DB_POOL_MAX,
+    ProcessSettings,
+    process_settings,
+    service_parser,
+)
+from irisfed.services.router import flags as router_flags
+from irisfed.services.web.service import listen_socket
+from irisfed.services.web.settings import WebSettings
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.settings import require_count
 from tests.infra.listeners import CountingListener
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,8 +73,8 @@ def _refused_in_one_line(done, db: CountingListener, nats: CountingListener, sta
 
 COMMANDS = {
     "irisfed-router": [IRISFED, "router"],
-    "python-m-services.tick": [sys.executable, "-m", "services.tick"],
-    "python-m-services.peer_agent": [sys.executable, "-m", "services.peer_agent", "--peer-id", "home"],
+    "python-m-services.tick": [sys.executable, "-m", "irisfed.services.tick"],
+    "python-m-services.peer_agent": [sys.executable, "-m", "irisfed.services.peer_agent", "--peer-id", "home"],
     "irisfed-web": [IRISFED, "web"],
 }
 

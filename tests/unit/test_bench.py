@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from bench.load import Run, spread
-from services.cli import main
+from irisfed.bench.load import Run, spread
+from irisfed.cli import main
 
 
 def test_percentiles_and_rate():
@@ -25,7 +25,7 @@ def test_unknown_section_is_a_clear_error(capsys):
 
 
 def test_quick_leaves_engines_out_unless_asked():
-    from bench.run import SECTIONS, chosen_sections
+    from irisfed.bench.run import SECTIONS, chosen_sections
 
     everything = set(SECTIONS)
     assert "engines" in everything
@@ -35,8 +35,8 @@ def test_quick_leaves_engines_out_unless_asked():
 
 
 def test_multi_resource_jobs_are_valid_and_every_peer_holds_twice_its_share():
-    from bench.sections import KINDS, _bench_job, _job_resources, _node_shape, _peer_nodes
-    from shared.messages import SubmitRequest
+    from irisfed.bench.sections import KINDS, _bench_job, _job_resources, _node_shape, _peer_nodes
+    from irisfed.shared.messages import SubmitRequest
 
     jobs, peers = 3000, 20
     nodes = _peer_nodes(jobs, peers)
@@ -59,11 +59,11 @@ def test_multi_resource_jobs_are_valid_and_every_peer_holds_twice_its_share():
 def test_engines_section_says_why_it_skips(monkeypatch, capsys, tmp_path):
     import asyncio
 
-    import tooling.engines.ray as ray
-    import tooling.engines.slurm as slurm
-    from bench.engines import engines_section
-    from bench.report import Bench, Profile
-    from tooling.engines.procs import Availability
+    import irisfed.tooling.engines.ray as ray
+    import irisfed.tooling.engines.slurm as slurm
+    from irisfed.bench.engines import engines_section
+    from irisfed.bench.report import Bench, Profile
+    from irisfed.tooling.engines.procs import Availability
 
     monkeypatch.setattr(slurm, "slurm_available", lambda: Availability(False, "no slurmd here"))
     monkeypatch.setattr(ray, "ray_available", lambda: Availability(False, "no ray here"))
@@ -82,9 +82,9 @@ def test_web_rows_are_valid_jobs_newest_last_with_a_realistic_mix():
 
     import msgspec
 
-    from bench.web import COPY_COLUMNS, LABEL_FILTER, STATE_FILTER, live_window, web_jobs
-    from shared.lifecycle import JobState
-    from shared.messages import JOB_ID_PATTERN, SubmitRequest
+    from irisfed.bench.web import COPY_COLUMNS, LABEL_FILTER, STATE_FILTER, live_window, web_jobs
+    from irisfed.shared.lifecycle import JobState
+    from irisfed.shared.messages import JOB_ID_PATTERN, SubmitRequest
 
     total, newest = 20_000, datetime(2026, 12, 1, tzinfo=UTC)
     rows = [dict(zip(COPY_COLUMNS, row, strict=True)) for row in web_jobs(total, newest)]
@@ -110,7 +110,7 @@ def test_web_rows_are_valid_jobs_newest_last_with_a_realistic_mix():
 
 
 def test_server_timing_header_is_read_back():
-    from bench.web import server_time_ms
+    from irisfed.bench.web import server_time_ms
 
     assert server_time_ms("app;dur=4.25") == 4.25
     assert server_time_ms("db;dur=1, app;desc=\"page\";dur=12") == 12.0
@@ -119,8 +119,8 @@ def test_server_timing_header_is_read_back():
 
 
 def test_event_counter_counts_events_however_the_stream_is_cut():
-    from bench.viewers import EventCounter
-    from services.web.live import RETRY_MS, Batch, sse_event, sse_lines
+    from irisfed.bench.viewers import EventCounter
+    from irisfed.services.web.live import RETRY_MS, Batch, sse_event, sse_lines
 
     stream = (f"retry: {RETRY_MS}\n\n" + sse_event("mode", {"live": True}) + ": keepalive\n\n"
               + sse_lines(Batch(jobs=("a", "b"), peers=True)) + sse_lines(Batch(all_jobs=True, resync=True))).encode()
@@ -133,8 +133,8 @@ def test_event_counter_counts_events_however_the_stream_is_cut():
 
 
 def test_web_page_cases_read_one_page_newest_first():
-    from bench.web import PAGE, PageCase
-    from services.web.filters import JobFilter
+    from irisfed.bench.web import PAGE, PageCase
+    from irisfed.services.web.filters import JobFilter
 
     case = PageCase("state=failed", "j.state = $1", ("failed",), JobFilter(state="failed"), via_listing=False)
     assert case.bare_sql.endswith(
@@ -147,7 +147,7 @@ def test_web_page_cases_read_one_page_newest_first():
 
 
 def test_web_section_is_registered_and_in_quick_runs():
-    from bench.run import SECTIONS, chosen_sections
+    from irisfed.bench.run import SECTIONS, chosen_sections
 
     assert "web" in SECTIONS and "web" in chosen_sections(True, set(SECTIONS))
 
@@ -156,8 +156,8 @@ def test_dashboard_responses_say_their_server_time():
     """The header the web section reads (services.web.app._Timed)."""
     import asyncio
 
-    from bench.web import server_time_ms
-    from services.web.app import _Timed
+    from irisfed.bench.web import server_time_ms
+    from irisfed.services.web.app import _Timed
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
@@ -176,8 +176,8 @@ def test_dashboard_responses_say_their_server_time():
 
 def test_bench_filler_jobs_take_the_state_asked_for():
     """The scale section fills `jobs` with finished rows (a NewJob is a msgspec Struct)."""
-    from bench.sections import _bench_job
-    from shared.lifecycle import JobState
+    from irisfed.bench.sections import _bench_job
+    from irisfed.shared.lifecycle import JobState
 
     queued, done = _bench_job(7), _bench_job(7, JobState.SUCCEEDED)
     assert (queued.state, done.state) == (JobState.QUEUED, JobState.SUCCEEDED)
@@ -199,8 +199,8 @@ async def _tiny_sse_server(events_per_stream: int):
 
 
 async def test_viewer_process_opens_counts_and_closes_its_streams():
-    from bench.deployment import bench_env
-    from bench.viewers import ViewerProcess
+    from irisfed.bench.deployment import bench_env
+    from irisfed.bench.viewers import ViewerProcess
 
     server = await _tiny_sse_server(events_per_stream=3)
     port = server.sockets[0].getsockname()[1]
@@ -220,9 +220,9 @@ async def test_viewer_process_opens_counts_and_closes_its_streams():
 
 
 async def test_viewer_process_says_why_when_no_stream_opens():
-    from bench.deployment import bench_env
-    from bench.viewers import ViewerProcess
-    from tooling.servers import free_port
+    from irisfed.bench.deployment import bench_env
+    from irisfed.bench.viewers import ViewerProcess
+    from irisfed.tooling.servers import free_port
 
     with pytest.raises(RuntimeError, match="live viewers did not open"):
         await ViewerProcess.start(f"http://127.0.0.1:{free_port()}", 2, bench_env())

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from bench.pgqueuer import missing, parse_start, start_latencies, start_line
-from bench.report import (
+from irisfed.bench.pgqueuer import missing, parse_start, start_latencies, start_line
+from irisfed.bench.report import (
     Bench,
     Figure,
     Profile,
@@ -16,7 +16,7 @@ from bench.report import (
     note_ms,
     pgqueuer_comparisons,
 )
-from bench.run import SECTIONS, chosen_sections
+from irisfed.bench.run import SECTIONS, chosen_sections
 
 
 def test_pgqueuer_comes_with_submit_or_dispatch_and_in_quick_runs():

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from services.common.bus import close_quietly
+from irisfed.services.common.bus import close_quietly
 
 
 class _Closing:
@@ -42,7 +42,7 @@ async def test_a_cancellation_of_the_closing_task_is_passed_on():
 
 async def test_the_start_failure_stays_the_one_raised():
     """The pattern startup.attempt uses: the first error wins over the close's."""
-    from shared.errors import Unavailable
+    from irisfed.shared.errors import Unavailable
 
     nc = _Closing(asyncio.CancelledError())
 

@@ -5,9 +5,9 @@ import signal
 import subprocess
 import time
 
-from tooling.chaos.watcher import RunWatcher
-from tooling.chaos.workload import JOB_SCRIPT
-from tooling.chaos.world import FENCING_WINDOW_S
+from irisfed.tooling.chaos.watcher import RunWatcher
+from irisfed.tooling.chaos.workload import JOB_SCRIPT
+from irisfed.tooling.chaos.world import FENCING_WINDOW_S
 
 
 def test_two_live_epochs_of_a_job_are_violations_unless_the_stale_copy_is_killed_in_time(tmp_path):

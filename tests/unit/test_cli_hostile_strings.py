@@ -10,8 +10,8 @@ import io
 import pytest
 from rich.console import Console
 
-from services.cli import views
-from shared.lifecycle import JobState
+from irisfed.cli import views
+from irisfed.shared.lifecycle import JobState
 from tests.infra import rows
 
 HOSTILE = ["[cpu]", "[bold]x[/]", "[link=http://x]y[/link]", "oops [/] done", ":smile:"]
@@ -76,8 +76,8 @@ def test_job_view_shows_strings_literally(capsys):
 
 
 def test_explain_shows_peer_attributes_literally(capsys):
-    from shared.explain import explanation
-    from shared.federation.router import PeerVerdict
+    from irisfed.shared.explain import explanation
+    from irisfed.shared.federation.router import PeerVerdict
 
     verdicts = [PeerVerdict("[cpu]", "value_mismatch", "device_type=[cpu] does not satisfy device_type eq gpu"),
                 PeerVerdict("gpu-west", "missing_attribute", "[bold]x[/] [link=http://x]y[/link] :smile:")]
@@ -120,7 +120,7 @@ def test_logs_elsewhere_names_the_peers_folder_without_terminal_control(monkeypa
     # Found by attack: the agent writes log_dir; `irisfed logs` printed it raw on stderr.
     import argparse
 
-    from services.cli import reads
+    from irisfed.cli import reads
 
     job = job_row(log_dir=f"/nowhere/{ESC}\u202e/x", owner_peer_id="gpu-west", state=JobState.RUNNING)
 

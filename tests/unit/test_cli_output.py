@@ -7,8 +7,8 @@ import argparse
 import pytest
 from rich.console import Console
 
-from services.cli import views
-from services.cli.parser import build_parser
+from irisfed.cli import views
+from irisfed.cli.parser import build_parser
 
 LONG_ID = "a-very-long-job-id-" + "x" * 60
 

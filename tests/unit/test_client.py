@@ -27,9 +27,9 @@ from irisfed.client import (
     resolve_servers,
 )
 from irisfed.jobs import build_submit, checked_submit, constraint_wire
-from shared.constraints import Constraint, ConstraintOp
-from shared.errors import ErrorCode, InvalidRequest, Unavailable
-from shared.messages import (
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.errors import ErrorCode, InvalidRequest, Unavailable
+from irisfed.shared.messages import (
     JOB_ID_PATTERN,
     CancelReply,
     ConstraintSpec,

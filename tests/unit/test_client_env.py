@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from services.cli import main
-from services.cli.env import env_lines, split_credentials
-from shared.errors import ConfigError
+from irisfed.cli import main
+from irisfed.cli.env import env_lines, split_credentials
+from irisfed.shared.errors import ConfigError
 
 ODD_PASSWORD = "p'a\"ss $(touch /tmp/never) `x` w0rd"
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.cli import build_parser
-from shared.config import load_config
+from irisfed.cli import build_parser
+from irisfed.shared.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -91,7 +91,7 @@ def _secret_file(service: dict, env: str) -> str:
 
 
 def test_every_service_connects_as_its_own_role_and_user_from_secret_files(tmp_path):
-    from services.cli.compose_secrets import service_roles, write_secrets
+    from irisfed.cli.compose_secrets import service_roles, write_secrets
 
     config = load_config(ROOT / "deploy" / "federation.toml")
     write_secrets(config, tmp_path)
@@ -126,7 +126,7 @@ def test_no_password_is_written_in_compose():
 
 
 def test_secret_files_are_private_and_kept_when_run_again(tmp_path):
-    from services.cli.compose_secrets import write_secrets
+    from irisfed.cli.compose_secrets import write_secrets
 
     config = load_config(ROOT / "deploy" / "federation.toml")
     first = {p.name: p.read_text() for p in write_secrets(config, tmp_path)}

@@ -1,8 +1,8 @@
 import pytest
 
-from shared.config import load_config, parse_config
-from shared.errors import ConfigError
-from shared.subjects import Subjects
+from irisfed.shared.config import load_config, parse_config
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.subjects import Subjects
 
 
 def test_defaults_apply_and_peers_parse():

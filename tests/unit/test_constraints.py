@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.constraints import Constraint, ConstraintError, ConstraintOp, matches_all
+from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp, matches_all
 
 GPU = {"device_type": ["gpu"], "device_variant": ["h100", "a100"], "memory_gb": ["80"], "zone": [" US-West-1a "]}
 

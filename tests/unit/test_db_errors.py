@@ -4,8 +4,8 @@ and how the store's boundary names them (``Unavailable`` / ``PermanentStoreError
 import asyncpg
 import pytest
 
-from services.common.db import is_transient, translate, translated_errors
-from shared.errors import PermanentStoreError, Unavailable
+from irisfed.shared.errors import PermanentStoreError, Unavailable
+from irisfed.shared.postgres import is_transient, translate, translated_errors
 
 
 @pytest.mark.parametrize("exc", [

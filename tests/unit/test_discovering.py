@@ -9,17 +9,29 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from services.cli.views import backend_resources
-from services.common.peer_view import backends_from_wire
-from services.router.plan import local_backend_for
-from services.web.present import peer_cards
-from shared.constraints import Constraint, ConstraintOp
-from shared.explain import PEER_CODES
-from shared.federation.peer import Backend, FederationPeer, build_peers
-from shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition, judge_peer
-from shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount, decode_internal, encoder
-from shared.placement import QueuedJob, assign_queued
-from shared.resources import Amount, as_resources
+from irisfed.cli.views import backend_resources
+from irisfed.services.common.peer_view import backends_from_wire
+from irisfed.services.router.plan import local_backend_for
+from irisfed.services.web.present import peer_cards
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.explain import PEER_CODES
+from irisfed.shared.federation.peer import Backend, FederationPeer, build_peers
+from irisfed.shared.federation.router import (
+    PeerRouter,
+    RoutingRequest,
+    SubmitDisposition,
+    judge_peer,
+)
+from irisfed.shared.messages import (
+    BackendAd,
+    Capacity,
+    Heartbeat,
+    ResourceAmount,
+    decode_internal,
+    encoder,
+)
+from irisfed.shared.placement import QueuedJob, assign_queued
+from irisfed.shared.resources import Amount, as_resources
 
 NOW = 1_000.0
 GPU = (Constraint("device_type", ConstraintOp.EQ, "gpu"),)

@@ -8,9 +8,9 @@ import sys
 import pytest
 import uvloop
 
-from services.common.runtime import event_loop_factory, run_service
-from services.common.startup import main
-from shared.errors import ConfigError
+from irisfed.services.common.runtime import event_loop_factory, run_service
+from irisfed.services.common.startup import main
+from irisfed.shared.errors import ConfigError
 
 
 def test_by_default_services_run_on_uvloop():

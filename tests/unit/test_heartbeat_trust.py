@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 from prometheus_client.registry import REGISTRY
 
-from services.common.peer_view import PeerView
-from services.router.service import Router
-from services.tick.service import Tick
-from shared.messages import BackendAd, Capacity, Heartbeat, encoder
-from shared.records import PeerHeartbeatRow
+from irisfed.services.common.peer_view import PeerView
+from irisfed.services.router.service import Router
+from irisfed.services.tick.service import Tick
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, encoder
+from irisfed.shared.records import PeerHeartbeatRow
 from tests.infra.factories import make_config
 
 

@@ -6,8 +6,8 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.ids import ALPHABET, FIRST_SPAN, MAX_STEP, SPAN, TIME_CHARS, JobIds
-from shared.messages import JOB_ID_PATTERN
+from irisfed.shared.ids import ALPHABET, FIRST_SPAN, MAX_STEP, SPAN, TIME_CHARS, JobIds
+from irisfed.shared.messages import JOB_ID_PATTERN
 
 
 def test_an_id_is_17_characters_of_lower_case_base32_and_a_valid_job_id():

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from shared.lifecycle import (
+from irisfed.shared.lifecycle import (
     INITIAL_STATES,
     TERMINAL_STATES,
     TRANSITIONS,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.errors import InvalidRequest
-from shared.messages import (
+from irisfed.shared.errors import InvalidRequest
+from irisfed.shared.messages import (
     MAX_BODY_BYTES,
     WIRE_MESSAGES,
     AssignmentNotice,
@@ -191,7 +191,7 @@ def test_escaped_backslash_u0000_is_plain_text():
 
 
 def test_internal_messages_with_nul_are_refused():
-    from shared.messages import Heartbeat, decode_internal
+    from irisfed.shared.messages import Heartbeat, decode_internal
 
     body = json.dumps({"peer_id": "p", "seq": 1, "sent_at": "2026-11-30T00:00:00Z", "ttl_s": 6.0,
                        "backends": [{"name": "main", "attributes": {"zone": ["a\u0000"]},
@@ -255,7 +255,7 @@ def test_schema_documents_resources_and_preferences():
 
 
 def test_heartbeat_resources_are_optional_both_ways():
-    from shared.messages import ResourceAmount
+    from irisfed.shared.messages import ResourceAmount
 
     legacy = json.dumps({"peer_id": "p", "seq": 1, "sent_at": "2026-11-30T00:00:00Z", "ttl_s": 6.0,
                          "backends": [{"name": "main", "attributes": {}, "capacity": {"total": 2, "free": 2}}]})

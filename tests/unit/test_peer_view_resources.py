@@ -2,9 +2,9 @@
 
 from datetime import UTC, datetime
 
-from services.common.peer_view import PeerView, backends_from_wire
-from shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount
-from shared.resources import Amount
+from irisfed.services.common.peer_view import PeerView, backends_from_wire
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount
+from irisfed.shared.resources import Amount
 from tests.infra.factories import make_config
 
 

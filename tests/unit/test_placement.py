@@ -1,6 +1,6 @@
-from shared.constraints import Constraint, ConstraintOp
-from shared.federation.peer import Backend, FederationPeer
-from shared.placement import QueuedJob, assign_queued, free_slots
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.placement import QueuedJob, assign_queued, free_slots
 
 NOW = 500.0
 GPU = (Constraint("device_type", ConstraintOp.EQ, "gpu"),)
@@ -128,8 +128,8 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from shared.placement import Hold, add_usage, explain_waiting  # noqa: E402
-from shared.resources import Amount, Resources  # noqa: E402
+from irisfed.shared.placement import Hold, add_usage, explain_waiting  # noqa: E402
+from irisfed.shared.resources import Amount, Resources  # noqa: E402
 
 
 def sized_peer(peer_id, name="main", slots=100, reachable=True, attributes=None, **resources):
@@ -475,7 +475,7 @@ def queues(draw, peer_ids):
 
 def free_at_start(peers, live, used):
     """Per (peer, backend): free slots, and free units per resource (None: the backend advertises none)."""
-    from shared.resources import offer_units, to_units
+    from irisfed.shared.resources import offer_units, to_units
 
     free = {}
     for peer in peers:
@@ -529,7 +529,7 @@ def test_placements_never_exceed_what_is_free_in_any_dimension(data):
 
 def reference_placement(jobs, peers, live, used, policy):
     """A slow, obvious implementation of the documented ranking (no holds), to check the heaps against."""
-    from shared.resources import offer_units, to_units
+    from irisfed.shared.resources import offer_units, to_units
 
     sign = 1.0 if policy == "pack" else -1.0
     state = {}
@@ -594,7 +594,7 @@ def test_heaps_choose_exactly_what_the_documented_ranking_says(data):
 def test_explanations_carry_the_shortfalls_for_explain():
     import json
 
-    from shared.explain import PEER_CODES, explanation
+    from irisfed.shared.explain import PEER_CODES, explanation
 
     peers = [sized_peer("small", name="slurm", cpu=64, gpu=4), sized_peer("busy", cpu=64, gpu=8)]
     _, waiting = assign_queued([job("j", {"gpu": 8})], peers, {}, NOW, used={("busy", "main"): {"gpu": 6}})
@@ -625,7 +625,7 @@ def test_a_job_is_never_blocked_by_its_own_hold():
 
 # ---------------------------------------------------------------- one run, many batches (PlacementRun)
 
-from shared.placement import Placement, PlacementRun  # noqa: E402
+from irisfed.shared.placement import Placement, PlacementRun  # noqa: E402
 
 
 def split(draw, jobs):

@@ -4,8 +4,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from services.router.service import Router
-from shared.messages import BackendAd, Capacity, Heartbeat, SubmitRequest
+from irisfed.services.router.service import Router
+from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, SubmitRequest
 from tests.infra.factories import make_config
 
 GPU_JOB = msgspec.convert({"command": ["train"], "constraints": [

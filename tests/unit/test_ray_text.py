@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
-from services.peer_agent.backends import ray_text as text
+from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from irisfed.services.peer_agent.backends import ray_text as text
 
 MIB = 1024 * 1024
 NODE = "b612f84876d11d51cf29d2fdaf789db8ea7ced22fcd6b87b46e874a0"

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from services.common.log import EventLogger, _Formatter
+from irisfed.services.common.log import EventLogger, _Formatter
 
 SECRET = "s3cret-PW"
 URLS = [
@@ -21,7 +21,7 @@ URLS = [
 
 @pytest.mark.parametrize("url", URLS)
 def test_redact_hides_passwords_and_keeps_the_rest(url):
-    from services.common.redact import redact
+    from irisfed.shared.redact import redact
 
     text = redact(f"cannot reach {url}: refused")
     assert SECRET not in text
@@ -30,7 +30,7 @@ def test_redact_hides_passwords_and_keeps_the_rest(url):
 
 
 def test_redact_hides_nats_tokens_but_not_plain_text():
-    from services.common.redact import redact
+    from irisfed.shared.redact import redact
 
     assert SECRET not in redact(f"nats://{SECRET}@127.0.0.1:4222")
     # A Postgres user name alone is no secret; ordinary text is left alone.

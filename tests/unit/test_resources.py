@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from shared.errors import InvalidRequest
-from shared.messages import SubmitRequest, decode_request
-from shared.resources import (
+from irisfed.shared.errors import InvalidRequest
+from irisfed.shared.messages import SubmitRequest, decode_request
+from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
     MAX_AMOUNT,
     MAX_RESOURCES,

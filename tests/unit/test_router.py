@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.constraints import Constraint, ConstraintOp
-from shared.errors import ConfigError, UnknownPeer
-from shared.federation.peer import FederationPeer, build_peers
-from shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
+from irisfed.shared.constraints import Constraint, ConstraintOp
+from irisfed.shared.errors import ConfigError, UnknownPeer
+from irisfed.shared.federation.peer import FederationPeer, build_peers
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
 
 NOW = 1_000_000.0
 GPU = [Constraint("device_type", ConstraintOp.EQ, "gpu")]
@@ -152,7 +152,7 @@ def test_seed_example_runs_unchanged():
 
 def test_reasons_and_explanations_stay_bounded_in_a_large_federation():
     # Every job stores its reason and explanation: their size must not grow with the federation.
-    from shared.explain import MAX_EXPLAINED_PEERS, explanation
+    from irisfed.shared.explain import MAX_EXPLAINED_PEERS, explanation
 
     many = [peer(f"g{i:03}", device_type="gpu") for i in range(300)] + [peer("home", device_type="cpu")]
     plan = make_router(*many).classify(RoutingRequest(GPU, local_feasible=False))
@@ -170,7 +170,7 @@ def test_reasons_and_explanations_stay_bounded_in_a_large_federation():
 
 
 def test_small_explanations_are_complete():
-    from shared.explain import explanation
+    from irisfed.shared.explain import explanation
 
     plan = make_router(peer("home", device_type="cpu"), peer("gpu-west", device_type="gpu")).classify(
         RoutingRequest(GPU, local_feasible=False))
@@ -251,8 +251,8 @@ def test_pin_and_local_rules_are_unchanged_by_resources():
 
 
 def test_local_feasibility_helper_judges_the_local_shape():
-    from shared.federation.router import backend_can_hold
-    from shared.resources import Resources
+    from irisfed.shared.federation.router import backend_can_hold
+    from irisfed.shared.resources import Resources
 
     local = build_peers([sized("home", resources={"cpu": {"total": 8, "free": 0}, "memory_mb": 16384})])[0]
     backend = local.backends[0]
@@ -263,7 +263,7 @@ def test_local_feasibility_helper_judges_the_local_shape():
 
 
 def test_routing_request_takes_a_resources_value_or_a_mapping():
-    from shared.resources import ResourceError, Resources
+    from irisfed.shared.resources import ResourceError, Resources
 
     router = make_router(sized("a", resources={"cpu": 4}))
     assert router.classify(RoutingRequest((), False, "", Resources({"cpu": 4}))).disposition is SubmitDisposition.QUEUE
@@ -273,7 +273,7 @@ def test_routing_request_takes_a_resources_value_or_a_mapping():
 
 
 def test_build_peers_reads_backend_resources():
-    from shared.resources import Amount
+    from irisfed.shared.resources import Amount
 
     peers = build_peers([{"id": "a", "backends": [
         {"name": "main", "capacity": {"total": 8, "free": 8}, "resources": {"cpu": 8, "gpu": {"total": 2, "free": 1}}}]}])
@@ -290,9 +290,9 @@ def test_a_rejected_duplicate_repeats_every_verdict_from_the_stored_decision():
     # once with its explanation) and must equal the first reply but `duplicate`.
     import msgspec
 
-    from services.router.plan import original_reply, plan_new_job, route
-    from shared.messages import SubmitRequest
-    from shared.records import SubmittedJob
+    from irisfed.services.router.plan import original_reply, plan_new_job, route
+    from irisfed.shared.messages import SubmitRequest
+    from irisfed.shared.records import SubmittedJob
 
     many = [peer(f"g{i:03}", device_type="gpu") for i in range(300)] + [peer("home", device_type="cpu")]
     plan = make_router(*many).classify(RoutingRequest([Constraint("device_type", ConstraintOp.EQ, "tpu")],
@@ -313,7 +313,7 @@ def test_a_rejected_duplicate_repeats_every_verdict_from_the_stored_decision():
 def test_the_spliced_first_reply_is_the_encoded_reply():
     # first_reply splices the job_id into bytes built once per decision; it must be
     # exactly what encoding the whole reply gives, for every kind of decision.
-    from services.router.plan import first_reply, route, submit_reply
+    from irisfed.services.router.plan import first_reply, route, submit_reply
 
     for plan in (make_router(peer("gpu-west", device_type="gpu")).classify(RoutingRequest(GPU, local_feasible=False)),
                  make_router(peer("home", device_type="cpu")).classify(RoutingRequest(GPU, local_feasible=False)),

@@ -3,9 +3,9 @@ import json
 import logging
 from pathlib import Path
 
-from services.cli import main
-from services.common.log import EventLogger, setup_logging
-from shared.messages import json_schemas
+from irisfed.cli import main
+from irisfed.services.common.log import EventLogger, setup_logging
+from irisfed.shared.messages import json_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 

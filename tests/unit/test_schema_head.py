@@ -6,7 +6,7 @@ import sys
 import pytest
 from alembic.script import ScriptDirectory
 
-from migrations import MIGRATIONS_DIR, head_revision
+from irisfed.migrations import MIGRATIONS_DIR, head_revision
 
 
 def test_the_head_read_from_the_files_is_alembics_head():
@@ -24,8 +24,8 @@ def test_two_heads_are_an_error(tmp_path):
 
 def test_a_service_starts_without_importing_alembic():
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, services.router.service, services.tick.service, "
-         "services.peer_agent.service, services.common.db as db; db.schema_head(); "
+        [sys.executable, "-c", "import sys, irisfed.services.router.service, irisfed.services.tick.service, "
+         "irisfed.services.peer_agent.service, irisfed.services.common.db as db; db.schema_head(); "
          "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'sqlalchemy')))"],
         capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"

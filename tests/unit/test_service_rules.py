@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from services.common.startup import ProcessSettings, service_parser
-from services.peer_agent.settings import AgentSettings, BackendSpec
-from services.router import flags as router_flags
-from services.router.plan import CancelAction, cancel_decision
-from services.router.service import ROUTER_SPARE_CONNECTIONS, Router, RouterSettings
-from services.tick.plan import recover_from_lost_peer
-from services.tick.service import Tick, TickSettings
-from shared.clock import SYSTEM_CLOCK, ManualClock, as_clock
-from shared.errors import ConfigError
-from shared.lifecycle import CancelOutcome, JobState
-from shared.retry import after_infra_failure
+from irisfed.services.common.startup import ProcessSettings, service_parser
+from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.services.router import flags as router_flags
+from irisfed.services.router.plan import CancelAction, cancel_decision
+from irisfed.services.router.service import ROUTER_SPARE_CONNECTIONS, Router, RouterSettings
+from irisfed.services.tick.plan import recover_from_lost_peer
+from irisfed.services.tick.service import Tick, TickSettings
+from irisfed.shared.clock import SYSTEM_CLOCK, ManualClock, as_clock
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.lifecycle import CancelOutcome, JobState
+from irisfed.shared.retry import after_infra_failure
 from tests.infra.factories import make_config
 
 # ---------------------------------------------------------------- settings

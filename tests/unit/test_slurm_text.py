@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import KILLED_EXIT_CODE
-from services.peer_agent.backends.slurm_text import (
+from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE
+from irisfed.services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
     STARTED_MARKER,
     Outcome,
@@ -490,7 +490,7 @@ def test_shell_word() -> None:
 
 
 def test_slurm_commands_and_so_jobs_get_only_passed_through_and_slurm_settings():
-    from services.peer_agent.backends.slurm import client_env
+    from irisfed.services.peer_agent.backends.slurm import client_env
 
     env = client_env({"PATH": "/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "a",
                       "IRISFED_DATABASE_URL": "postgres://agent:secret@db", "AWS_SECRET_ACCESS_KEY": "k",

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from services.common.runtime import start_with_retry
-from shared.errors import PermanentStoreError, Unavailable
+from irisfed.services.common.runtime import start_with_retry
+from irisfed.shared.errors import PermanentStoreError, Unavailable
 
 
 async def test_start_is_retried_while_postgres_is_away_then_succeeds():

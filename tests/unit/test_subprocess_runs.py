@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from services.peer_agent.backends import LiveRun, RunSpec, SimulatedBackend, SubprocessBackend
+from irisfed.services.peer_agent.backends import (
+    LiveRun,
+    RunSpec,
+    SimulatedBackend,
+    SubprocessBackend,
+)
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from services.common.runtime import TaskOwner, wait_event, when_woken
+from irisfed.services.common.runtime import TaskOwner, wait_event, when_woken
 
 STEPS = 20  # event-loop iterations given to a cancelled task to end (it needs two or three)
 

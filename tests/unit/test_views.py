@@ -1,6 +1,6 @@
-from services.cli.views import print_explain
-from shared.explain import explanation
-from shared.federation.router import PeerVerdict
+from irisfed.cli.views import print_explain
+from irisfed.shared.explain import explanation
+from irisfed.shared.federation.router import PeerVerdict
 from tests.infra.rows import job_row
 
 
@@ -14,7 +14,7 @@ def test_explain_lists_the_first_peers_and_counts_the_rest(capsys):
 
 
 def test_peers_table_shows_each_backends_resources_free_over_total():
-    from services.cli.views import backend_resources
+    from irisfed.cli.views import backend_resources
 
     one = [{"name": "main", "attributes": {}, "capacity": {"total": 4, "free": 2},
             "resources": {"gpu": {"total": 4, "free": 2}, "cpu": {"total": 8, "free": 5.5}}}]

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.web import charts
-from shared.records import ChangelogPoint, ChartCount
+from irisfed.services.web import charts
+from irisfed.shared.records import ChangelogPoint, ChartCount
 
 NOW = datetime(2026, 11, 30, 12, 30, 15, tzinfo=UTC)  # 15 s into the current minute
 THIS_MINUTE = NOW.replace(second=0)

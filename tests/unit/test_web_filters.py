@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.web.filters import (
+from irisfed.services.web.filters import (
     MAX_TEXT,
     FilterError,
     JobFilter,

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.web import flags, present
-from services.web.live import Broker, Refused, sse_lines
-from services.web.settings import OPERATOR_TOKEN_ENV, WebSettings
-from shared.errors import ConfigError
-from shared.records import JobListRow
+from irisfed.services.web import flags, present
+from irisfed.services.web.live import Broker, Refused, sse_lines
+from irisfed.services.web.settings import OPERATOR_TOKEN_ENV, WebSettings
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.records import JobListRow
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from services.web.live import (
+from irisfed.services.web.live import (
     MAX_IDS,
     RESYNC,
     Batch,

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from markupsafe import Markup
 
-from services.web import present
-from shared.federation.peer import Backend, FederationPeer
-from shared.resources import Amount
+from irisfed.services.web import present
+from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.resources import Amount
 from tests.infra.rows import changelog_entry
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.web.security import (
+from irisfed.services.web.security import (
     CONTENT_SECURITY_POLICY,
     LoginThrottle,
     Signer,

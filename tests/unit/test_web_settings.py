@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli.parser import build_parser
-from services.common.startup import SERVICES, service_parser
-from services.web import flags
-from services.web.settings import (
+from irisfed.cli.parser import build_parser
+from irisfed.services.common.startup import SERVICES, service_parser
+from irisfed.services.web import flags
+from irisfed.services.web.settings import (
     DEFAULT_OPERATOR_TOKEN_FILE,
     OPERATOR_TOKEN_ENV,
     Secret,
     WebSettings,
     load_operator_token,
 )
-from shared.errors import ConfigError
+from irisfed.shared.errors import ConfigError
 
 TOKEN = "operator-token-0123456789abcdef"
 
@@ -22,7 +22,7 @@ TOKEN = "operator-token-0123456789abcdef"
 def test_defaults_and_flags(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no .irisfed/web-operator-token here
     monkeypatch.delenv(OPERATOR_TOKEN_ENV, raising=False)
-    assert SERVICES["web"] == "services.web.flags"
+    assert SERVICES["web"] == "irisfed.services.web.flags"
     args = service_parser("web").parse_args(["--host", "0.0.0.0", "--port", "9000", "--root-path", "/irisfed"])
     settings = flags.settings(args, None)
     assert (settings.host, settings.port, settings.root_path, settings.page_size) == ("0.0.0.0", 9000, "/irisfed", 50)
@@ -80,7 +80,7 @@ def test_where_the_operator_token_comes_from(tmp_path, monkeypatch):
 def test_a_port_in_use_is_a_clear_error():
     import socket
 
-    from services.web.service import listen_socket
+    from irisfed.services.web.service import listen_socket
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

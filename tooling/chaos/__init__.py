@@ -37,7 +37,7 @@ double-run check), ``checks`` (the invariants after convergence), ``schedule``
 (one seeded schedule), ``result`` and ``runner`` (many schedules, the summary).
 """
 
-from tooling.chaos.result import ChaosSummary, ScheduleResult
-from tooling.chaos.runner import ChaosSettings, run_chaos
+from irisfed.tooling.chaos.result import ChaosSummary, ScheduleResult
+from irisfed.tooling.chaos.runner import ChaosSettings, run_chaos
 
 __all__ = ["ChaosSettings", "ChaosSummary", "ScheduleResult", "run_chaos"]

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import asyncpg
 
-from services.common import db as dbmod
-from services.common.store import Store
-from shared.lifecycle import TERMINAL_STATES
-from tooling.chaos.result import ScheduleResult
-from tooling.chaos.watcher import RunWatcher
-from tooling.chaos.world import CONVERGE_TIMEOUT_S, DOWN_SLACK_S, HEARTBEAT_TTL_S
-from tooling.invariants import changelog_violations
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.store import Store
+from irisfed.shared.lifecycle import TERMINAL_STATES
+from irisfed.tooling.chaos.result import ScheduleResult
+from irisfed.tooling.chaos.watcher import RunWatcher
+from irisfed.tooling.chaos.world import CONVERGE_TIMEOUT_S, DOWN_SLACK_S, HEARTBEAT_TTL_S
+from irisfed.tooling.invariants import changelog_violations
 
 # Agent → [[killed, restarted or None], ...] (time.time()), as ChaosFederation.down.
 Outages = Mapping[str, list[list[float | None]]]

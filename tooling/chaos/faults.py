@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from services.common.bus import connect_client
-from tooling.chaos.result import ScheduleResult
-from tooling.chaos.watcher import RunWatcher
-from tooling.chaos.workload import ONLY_ON
-from tooling.chaos.world import (
+from irisfed.services.common.bus import connect_client
+from irisfed.tooling.chaos.result import ScheduleResult
+from irisfed.tooling.chaos.watcher import RunWatcher
+from irisfed.tooling.chaos.workload import ONLY_ON
+from irisfed.tooling.chaos.world import (
     DOWN_SLACK_S,
     HEARTBEAT_TTL_S,
     PEERS,
@@ -29,7 +29,7 @@ from tooling.chaos.world import (
     ChaosFederation,
     Servers,
 )
-from tooling.proxy import TcpProxy
+from irisfed.tooling.proxy import TcpProxy
 
 # action → weight; "submit" and "cancel" are the producers' (see Schedule.step).
 ACTIONS = {

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common import db as dbmod
-from tooling.chaos.result import ChaosSummary
-from tooling.chaos.schedule import Schedule
-from tooling.chaos.world import Servers, create_roles
+from irisfed.services.common import db as dbmod
+from irisfed.tooling.chaos.result import ChaosSummary
+from irisfed.tooling.chaos.schedule import Schedule
+from irisfed.tooling.chaos.world import Servers, create_roles
 
 
 @dataclass

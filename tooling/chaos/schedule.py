@@ -13,17 +13,17 @@ from pathlib import Path
 
 import nats
 
-from services.common import db as dbmod
-from services.common.bus import connect_client
-from services.common.store import Store
-from shared.errors import ErrorCode
-from shared.lifecycle import CancelOutcome
-from tooling.chaos.checks import check_logs, check_runs, converge_and_check
-from tooling.chaos.faults import ACTIONS, Faults, quiet
-from tooling.chaos.result import ScheduleResult
-from tooling.chaos.watcher import RunWatcher
-from tooling.chaos.workload import job_body
-from tooling.chaos.world import (
+from irisfed.services.common import db as dbmod
+from irisfed.services.common.bus import connect_client
+from irisfed.services.common.store import Store
+from irisfed.shared.errors import ErrorCode
+from irisfed.shared.lifecycle import CancelOutcome
+from irisfed.tooling.chaos.checks import check_logs, check_runs, converge_and_check
+from irisfed.tooling.chaos.faults import ACTIONS, Faults, quiet
+from irisfed.tooling.chaos.result import ScheduleResult
+from irisfed.tooling.chaos.watcher import RunWatcher
+from irisfed.tooling.chaos.workload import job_body
+from irisfed.tooling.chaos.world import (
     PEERS,
     REQUEST_TIMEOUT_S,
     SERVICES,
@@ -31,7 +31,7 @@ from tooling.chaos.world import (
     Servers,
     config_text,
 )
-from tooling.federation import login_role_urls
+from irisfed.tooling.federation import login_role_urls
 
 
 class Schedule:

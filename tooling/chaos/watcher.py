@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from tooling.chaos.world import FENCING_WINDOW_S, SAMPLE_PERIOD_S, live_state
+from irisfed.tooling.chaos.world import FENCING_WINDOW_S, SAMPLE_PERIOD_S, live_state
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tooling.chaos.world import MAX_JOB_S, PEERS
+from irisfed.tooling.chaos.world import MAX_JOB_S, PEERS
 
 # What every job runs on the subprocess peers ($1 seconds, exit $2, log to $3).
 # The simulated peers read the same duration and exit code from the labels.

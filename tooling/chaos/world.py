@@ -13,10 +13,10 @@ from pathlib import Path
 
 import asyncpg
 
-from services.common.db_roles import apply_roles
-from services.common.nats_auth import NatsAuth
-from shared.config import DATABASE_URL_ENV, NATS_URL_ENV, parse_config
-from tooling.federation import (
+from irisfed.services.common.db_roles import apply_roles
+from irisfed.services.common.nats_auth import NatsAuth
+from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, parse_config
+from irisfed.tooling.federation import (
     LocalFederation,
     Peer,
     Supervisor,
@@ -24,8 +24,8 @@ from tooling.federation import (
     nats_role,
     render_config,
 )
-from tooling.proxy import TcpProxy
-from tooling.servers import start_nats, start_postgres, start_secured_nats
+from irisfed.tooling.proxy import TcpProxy
+from irisfed.tooling.servers import start_nats, start_postgres, start_secured_nats
 
 PEERS = {
     "home": {"device_type": "cpu"},

@@ -25,8 +25,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tooling.engines.procs import Availability, EngineError, GroupProcess, spawn, wait_until
-from tooling.servers import free_port
+from irisfed.tooling.engines.procs import Availability, EngineError, GroupProcess, spawn, wait_until
+from irisfed.tooling.servers import free_port
 
 INSTALL_HINT = "apt-get install -y chromium"
 # Debian's package puts it here; CHROMIUM_PATH overrides.

@@ -94,7 +94,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tooling.engines.procs import (
+from irisfed.tooling.engines.procs import (
     Availability,
     EngineError,
     GroupProcess,
@@ -103,7 +103,7 @@ from tooling.engines.procs import (
     spawn,
     wait_until,
 )
-from tooling.servers import free_port
+from irisfed.tooling.servers import free_port
 
 INSTALL_HINT = "pip install 'ray[default]'"
 # A generous bound on a hang of a slow shared machine, not an expectation (the head

@@ -114,8 +114,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.peer_agent.backends.slurm_text import parse_scontrol_line
-from tooling.engines.procs import (
+from irisfed.services.peer_agent.backends.slurm_text import parse_scontrol_line
+from irisfed.tooling.engines.procs import (
     Availability,
     EngineError,
     GroupProcess,
@@ -124,7 +124,7 @@ from tooling.engines.procs import (
     spawn,
     wait_until,
 )
-from tooling.servers import free_port
+from irisfed.tooling.servers import free_port
 
 # Debian's `slurm-wlm` (slurmctld, slurmd, the clients) and `munge` provide these.
 DAEMONS = ("munged", "slurmctld", "slurmd")

@@ -159,13 +159,15 @@ def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
     if kind == "simulated":
         return SimulatedBackend(simulated_duration_s)
     if kind == "slurm":
-        from services.peer_agent.backends.slurm import SlurmBackend
+        from irisfed.services.peer_agent.backends.slurm import SlurmBackend
 
         return SlurmBackend(work_root, peer_id, partition=options.get("partition", ""),
                             poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
                             **_timeout(options, "command_timeout_s"))
     if kind == "ray":
-        from services.peer_agent.backends.ray import RayBackend  # imports ray: only when asked for
+        from irisfed.services.peer_agent.backends.ray import (
+            RayBackend,  # imports ray: only when asked for
+        )
 
         return RayBackend(options["address"], work_root, peer_id,
                           poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
@@ -178,8 +180,8 @@ def _timeout(options: Mapping[str, str], parameter: str) -> dict[str, float]:
     return {parameter: float(options["call_timeout_s"])} if "call_timeout_s" in options else {}
 
 
-from services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402 - they implement the above
-from services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV, SubprocessBackend  # noqa: E402
+from irisfed.services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402 - they implement the above
+from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV, SubprocessBackend  # noqa: E402
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "Backend", "Discovered",
            "LaunchError", "LiveRun", "RunHandle", "RunLost", "RunOutcomeUnknown", "RunSpec", "SimulatedBackend",

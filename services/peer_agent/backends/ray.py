@@ -57,8 +57,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from services.common.log import EventLogger
-from services.peer_agent.backends import (
+from irisfed.services.common.log import EventLogger
+from irisfed.services.peer_agent.backends import (
     DEFAULT_POLL_INTERVAL_S,
     Discovered,
     LaunchError,
@@ -66,8 +66,8 @@ from services.peer_agent.backends import (
     RunLost,
     RunSpec,
 )
-from services.peer_agent.backends import ray_text as text
-from shared.errors import ConfigError
+from irisfed.services.peer_agent.backends import ray_text as text
+from irisfed.shared.errors import ConfigError
 
 log = EventLogger("peer-agent")
 

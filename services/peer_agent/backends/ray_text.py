@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
-from shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, SLOTS, fmt_amount
+from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from irisfed.shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, SLOTS, fmt_amount
 
 PREFIX = "irisfed-"
 META_PEER, META_JOB, META_EPOCH = "irisfed_peer", "irisfed_job", "irisfed_epoch"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.peer_agent.backends import KILLED_EXIT_CODE, LaunchError, LiveRun, RunSpec
+from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, LaunchError, LiveRun, RunSpec
 
 
 class _SimulatedRun:

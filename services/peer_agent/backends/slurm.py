@@ -49,8 +49,8 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from services.common.log import EventLogger
-from services.peer_agent.backends import (
+from irisfed.services.common.log import EventLogger
+from irisfed.services.peer_agent.backends import (
     DEFAULT_POLL_INTERVAL_S,
     KILLED_EXIT_CODE,
     Discovered,
@@ -60,7 +60,7 @@ from services.peer_agent.backends import (
     RunOutcomeUnknown,
     RunSpec,
 )
-from services.peer_agent.backends.slurm_text import (
+from irisfed.services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
     SQUEUE_FORMAT,
     STARTED_MARKER,
@@ -85,7 +85,7 @@ from services.peer_agent.backends.slurm_text import (
     sbatch_job_id,
     slurm_request,
 )
-from services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
+from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
 
 log = EventLogger("peer-agent")
 

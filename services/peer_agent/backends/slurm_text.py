@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, fmt_amount
+from irisfed.shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, fmt_amount
 
 NAME_PREFIX = "irisfed-"
 COMMENT_PREFIX = "irisfed:"

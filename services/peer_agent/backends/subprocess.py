@@ -15,7 +15,7 @@ import signal
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from services.peer_agent.backends import LaunchError, LiveRun, RunSpec
+from irisfed.services.peer_agent.backends import LaunchError, LiveRun, RunSpec
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from shared.constraints import Constraint, ConstraintError, ConstraintOp, as_number
-from shared.errors import ConfigError, InvalidRequest
+from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp, as_number
+from irisfed.shared.errors import ConfigError, InvalidRequest
 
 _OPERATOR = re.compile(r"^\s*([^=!<>\s]+)\s*(==|=|!=|>=|<=|>|<)\s*(.*?)\s*$")
 _SYMBOLS = {

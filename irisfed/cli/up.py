@@ -22,12 +22,18 @@ import sys
 import time
 from pathlib import Path
 
-from services.common import db
-from services.common.private import write_private
-from services.common.redact import redact
-from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, load_config
-from tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
-from tooling.servers import free_port, port_is_free, start_postgres, start_secured_nats
+from irisfed.services.common import db
+from irisfed.services.common.private import write_private
+from irisfed.shared.config import (
+    CONFIG_ENV,
+    DATABASE_URL_ENV,
+    NATS_URL_ENV,
+    FederationConfig,
+    load_config,
+)
+from irisfed.shared.redact import redact
+from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
+from irisfed.tooling.servers import free_port, port_is_free, start_postgres, start_secured_nats
 
 # The demo federation `irisfed up` writes to STATE/federation.toml when no --config is given.
 DEMO_COMMENT = "The demo federation `irisfed up` runs when no --config is given."
@@ -175,8 +181,8 @@ def _restart_dead(supervisor: Supervisor) -> bool:
 async def _live(supervisor: Supervisor, pool, config, stop, on_restart) -> None:
     from rich.live import Live
 
-    from services.cli import views
-    from services.common.store import Store
+    from irisfed.cli import views
+    from irisfed.services.common.store import Store
 
     store = Store(pool)
     with Live(refresh_per_second=2, screen=False) as live:

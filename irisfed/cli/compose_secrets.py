@@ -29,10 +29,14 @@ import os
 import secrets
 from pathlib import Path
 
-from services.common.db_roles import login_roles, peer_role
-from services.common.nats_auth import render_server_config, role_permissions, with_credentials
-from services.common.private import write_private
-from shared.config import FederationConfig
+from irisfed.services.common.db_roles import login_roles, peer_role
+from irisfed.services.common.nats_auth import (
+    render_server_config,
+    role_permissions,
+    with_credentials,
+)
+from irisfed.services.common.private import write_private
+from irisfed.shared.config import FederationConfig
 
 DATABASE = "irisfed"
 OWNER = "irisfed"  # the database owner (the postgres image's POSTGRES_USER)

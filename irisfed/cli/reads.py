@@ -8,12 +8,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.cli.connect import nats_client, open_store, print_json, subjects, with_store
-from services.common.startup import federation_config
+from irisfed.cli.connect import nats_client, open_store, print_json, subjects, with_store
+from irisfed.services.common.startup import federation_config
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from services.cli import views
+    from irisfed.cli import views
 
     rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit)))
     mode = views.output_mode(args)
@@ -37,7 +37,7 @@ def _job_and_history(args: argparse.Namespace):
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    from services.cli import views
+    from irisfed.cli import views
 
     job, history = _job_and_history(args)
     if job is None:
@@ -51,7 +51,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from services.cli import views
+    from irisfed.cli import views
 
     job, history = _job_and_history(args)
     if job is None:
@@ -66,7 +66,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_peers(args: argparse.Namespace) -> int:
-    from services.cli import views
+    from irisfed.cli import views
 
     rows = asyncio.run(with_store(args, lambda s: s.peer_heartbeat_list()))
     config = federation_config(args, required=False)
@@ -90,7 +90,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(path.read_text(errors="replace"))
     except OSError:
-        from services.cli.views import printable
+        from irisfed.cli.views import printable
 
         # The peer wrote log_dir: no terminal control from it.
         print(printable(f"irisfed: logs are on peer {job.owner_peer_id} at {path}"), file=sys.stderr)
@@ -100,7 +100,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_top(args: argparse.Namespace) -> int:
     """Live view of peers and jobs: redraws on NATS events, polls Postgres as the fallback."""
-    from services.cli import views
+    from irisfed.cli import views
 
     config = federation_config(args, required=False)
 

@@ -6,7 +6,7 @@ Postgres), ``admin`` (migrate, nats-auth, db-roles, schema, health, chaos,
 bench) and ``up``; ``parser`` holds every command's flags, ``connect`` how
 commands reach the servers, ``views`` what they draw. ``irisfed router|tick|
 peer-agent|web`` run the services through their own start-up
-(``services.common.startup``), which needs none of this.
+(``irisfed.services.common.startup``), which needs none of this.
 
 ``env`` prints a role's shell exports from what ``up`` wrote.
 
@@ -21,22 +21,22 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from services.cli import admin, client, reads
-from services.cli.parser import build_parser
-from services.common import startup
-from services.common.redact import redact
+from irisfed.cli import admin, client, reads
+from irisfed.cli.parser import build_parser
+from irisfed.services.common import startup
+from irisfed.shared.redact import redact
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
 def _up(args: argparse.Namespace) -> int:
-    from services.cli.up import cmd_up  # imports the harness (tooling/): only for `up`
+    from irisfed.cli.up import cmd_up  # imports the harness (tooling/): only for `up`
 
     return cmd_up(args)
 
 
 def _env(args: argparse.Namespace) -> int:
-    from services.cli.env import cmd_env
+    from irisfed.cli.env import cmd_env
 
     return cmd_env(args)
 

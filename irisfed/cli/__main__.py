@@ -1,5 +1,5 @@
 import sys
 
-from services.cli import main
+from irisfed.cli import main
 
 sys.exit(main())

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli.shorthands import CONSTRAINT_HELP
-from services.common.startup import SERVICES, add_server_flags, add_service_parser
-from shared.config import CONFIG_ENV
+from irisfed.services.common.startup import SERVICES, add_server_flags, add_service_parser
+from irisfed.shared.config import CONFIG_ENV
+from irisfed.shared.shorthands import CONSTRAINT_HELP
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
-# How reads print (services/cli/views.py renders each).
+# How reads print (irisfed/cli/views.py renders each).
 OUTPUTS = ("table", "plain", "tsv", "json")
 
 

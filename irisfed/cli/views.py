@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shared.config import FederationConfig
-from shared.lifecycle import JobState
-from shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
-from shared.resources import fmt_amount, from_units, offer_units
+from irisfed.shared.config import FederationConfig
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
+from irisfed.shared.resources import fmt_amount, from_units, offer_units
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
@@ -242,7 +242,7 @@ def now_stamp() -> str:
 
 def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
     """A person's answer to "why is this job where it is?"."""
-    from shared.explain import PEER_CODES
+    from irisfed.shared.explain import PEER_CODES
 
     out = out or Out()
     state = job.state

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 
-from services.cli.connect import nats_client, open_store, print_json, subjects
-from services.cli.shorthands import parse_constraint, parse_pairs
-from shared.errors import ConfigError, IrisfedError, Unavailable
-from shared.lifecycle import TERMINAL_STATES, JobState
-from shared.resources import ResourceError, normalize_request, parse_amount_flags
+from irisfed.cli.connect import nats_client, open_store, print_json, subjects
+from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
+from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
+from irisfed.shared.resources import ResourceError, normalize_request, parse_amount_flags
+from irisfed.shared.shorthands import parse_constraint, parse_pairs
 
 
 class ReplyError(IrisfedError):
@@ -81,7 +81,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print_json(reply)
         return 1 if "error" in reply else 0
     reply = _reply_or_fail(reply)
-    from services.cli.views import printable
+    from irisfed.cli.views import printable
 
     where = f" on {reply['peer_id']}" if reply["peer_id"] else ""
     dup = " (duplicate: original answer)" if reply["duplicate"] else ""
@@ -100,7 +100,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print_json(reply)
         return 1 if "error" in reply else 0
     reply = _reply_or_fail(reply)
-    from shared.messages import CANCEL_OUTCOMES
+    from irisfed.shared.messages import CANCEL_OUTCOMES
 
     print(f"{reply['job_id']}: {reply['state']} ({reply['outcome']}: {CANCEL_OUTCOMES.get(reply['outcome'], '')})")
     return 0
@@ -112,7 +112,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace, job_id: str) -> int:
     """Follow one job to a terminal state: NATS events, with Postgres as the fallback."""
-    from services.cli.views import printable
+    from irisfed.cli.views import printable
 
     async def follow() -> str:
         pool, store = await open_store(args)

@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 
-from services.common.redact import redact
-from services.common.startup import database_url, federation_config, nats_url
-from shared.errors import Unavailable
-from shared.subjects import Subjects
+from irisfed.services.common.startup import database_url, federation_config, nats_url
+from irisfed.shared.errors import Unavailable
+from irisfed.shared.redact import redact
+from irisfed.shared.subjects import Subjects
 
 
 def subjects(args: argparse.Namespace) -> Subjects:
@@ -27,7 +27,7 @@ async def nats_client(args: argparse.Namespace, **options):
 
     Failures become a clear ``Unavailable`` that names the server but never its password.
     """
-    from services.common.bus import connect_client
+    from irisfed.services.common.bus import connect_client
 
     url = nats_url(args)
 
@@ -43,8 +43,8 @@ async def nats_client(args: argparse.Namespace, **options):
 
 async def open_store(args: argparse.Namespace):
     """A small pool of its own and a Store on it; the caller closes the pool."""
-    from services.common import db
-    from services.common.store import Store
+    from irisfed.services.common import db
+    from irisfed.services.common.store import Store
 
     pool = await db.connect(database_url(args), max_size=2)
     return pool, Store(pool)

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from services.common.nats_auth import inbox_prefix_for_url
-from shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV
-from shared.errors import ConfigError
+from irisfed.shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.nats_urls import inbox_prefix_for_url
 
 ROLE_FILES = {"producer": "producer.json", "operator": "connect.json"}
 

@@ -9,13 +9,13 @@ import json
 import sys
 from pathlib import Path
 
-from services.cli.connect import nats_client, subjects, with_store
-from services.common.startup import database_url, federation_config, given
-from shared.errors import ConfigError
+from irisfed.cli.connect import nats_client, subjects, with_store
+from irisfed.services.common.startup import database_url, federation_config, given
+from irisfed.shared.errors import ConfigError
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from services.common import db
+    from irisfed.services.common import db
 
     url = database_url(args)
     if args.downgrade:
@@ -77,7 +77,7 @@ def web_answers(url: str, timeout: float) -> bool:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Seeded random faults against a real federation; exit 1 on any violation."""
-    from tooling.chaos import ChaosSettings, run_chaos
+    from irisfed.tooling.chaos import ChaosSettings, run_chaos
 
     settings = ChaosSettings(keep=args.keep, restricted_roles=args.restricted_roles,
                              **given(args, schedules="schedules", seed="seed", steps="steps", first="first"))
@@ -91,7 +91,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 def cmd_nats_auth(args: argparse.Namespace) -> int:
     """Generate NATS users per role for a federation: a server config and a credentials file."""
-    from services.common.nats_auth import NatsAuth
+    from irisfed.services.common.nats_auth import NatsAuth
 
     config = federation_config(args)
     auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
@@ -102,10 +102,10 @@ def cmd_nats_auth(args: argparse.Namespace) -> int:
 
 
 def cmd_compose_secrets(args: argparse.Namespace) -> int:
-    """Write every secret compose.yaml mounts (services/cli/compose_secrets.py)."""
+    """Write every secret compose.yaml mounts (irisfed/cli/compose_secrets.py)."""
     import os
 
-    from services.cli.compose_secrets import IMAGE_UID, write_secrets
+    from irisfed.cli.compose_secrets import IMAGE_UID, write_secrets
 
     config = federation_config(args)
     owner = IMAGE_UID if os.geteuid() == 0 else None
@@ -119,8 +119,8 @@ def cmd_compose_secrets(args: argparse.Namespace) -> int:
 
 def cmd_db_roles(args: argparse.Namespace) -> int:
     """Create login roles per service and peer (row-level security does the rest)."""
-    from services.common import db
-    from services.common.db_roles import apply_roles, write_passwords
+    from irisfed.services.common import db
+    from irisfed.services.common.db_roles import apply_roles, write_passwords
 
     config = federation_config(args)
     given = None
@@ -153,7 +153,7 @@ def cmd_db_roles(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmarks against baselines measured in the same run; prints a table, writes JSON."""
-    from bench.run import SECTIONS, run_bench
+    from irisfed.bench.run import SECTIONS, run_bench
 
     known = set(SECTIONS)
     sections = {s.strip() for s in args.sections.split(",")} if args.sections else known
@@ -167,7 +167,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
-    from shared.messages import json_schemas
+    from irisfed.shared.messages import json_schemas
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
