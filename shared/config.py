@@ -36,6 +36,11 @@ from typing import Any
 
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.federation.peer import validate_peer_id
+from irisfed.shared.reachability import (
+    DEFAULT_ASSIGN_GRACE_S,
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_HEARTBEAT_TTL_S,
+)
 from irisfed.shared.subjects import Subjects
 
 CONFIG_ENV = "IRISFED_CONFIG"
@@ -81,11 +86,11 @@ class FederationConfig:
     peers: tuple[PeerConfig, ...]
     local_cluster: str = "home"
     subject_prefix: str = "irisfed"
-    heartbeat_interval_s: float = 2.0
-    heartbeat_ttl_s: float = 6.0
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     tick_interval_s: float = 1.0
     # How long a job may sit `assigned` on an unreachable peer before the tick requeues it.
-    assign_grace_s: float = 10.0
+    assign_grace_s: float = DEFAULT_ASSIGN_GRACE_S
 
     @property
     def subjects(self) -> Subjects:
@@ -168,8 +173,8 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
     local = raw.get("local_cluster", "home")
     if local not in ids:
         raise ConfigError(f"local_cluster {local!r} must be one of the [[peers]] ids ({', '.join(ids)})")
-    interval = _positive(raw, "heartbeat_interval_s", 2.0)
-    ttl = _positive(raw, "heartbeat_ttl_s", 6.0)
+    interval = _positive(raw, "heartbeat_interval_s", DEFAULT_HEARTBEAT_INTERVAL_S)
+    ttl = _positive(raw, "heartbeat_ttl_s", DEFAULT_HEARTBEAT_TTL_S)
     if ttl <= interval:
         raise ConfigError("heartbeat_ttl_s must be larger than heartbeat_interval_s")
     prefix = raw.get("subject_prefix", "irisfed")
@@ -181,7 +186,7 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
         heartbeat_interval_s=interval,
         heartbeat_ttl_s=ttl,
         tick_interval_s=_positive(raw, "tick_interval_s", 1.0),
-        assign_grace_s=_positive(raw, "assign_grace_s", 10.0),
+        assign_grace_s=_positive(raw, "assign_grace_s", DEFAULT_ASSIGN_GRACE_S),
     )
 
 

@@ -3,7 +3,9 @@
 Who moves a job:
 - router: (new) → queued | assigned (LOCAL) | rejected; queued/assigned → killed on cancel
 - scheduler tick: queued → assigned; queued → unschedulable (deadline passed);
-  assigned/running → queued | failed when the owner peer is lost
+  queued → killed (a stored cancel, met when it claims the job); assigned/running →
+  queued | failed | killed when the owner peer is lost (retried, out of retries, or
+  a stored cancel: ``irisfed.shared.cancel``)
 - peer agent: assigned → running → succeeded | failed | killed (its run's exit, or a
   kill); running → queued | failed (a launch error, or a run lost when the agent
   restarted: ``irisfed.shared.retry``) | killed (a cancel stored while it was down)
@@ -43,8 +45,10 @@ ACTIVE_STATES = frozenset({JobState.ASSIGNED, JobState.RUNNING})
 INITIAL_STATES = frozenset({JobState.QUEUED, JobState.ASSIGNED, JobState.REJECTED})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # Nothing fails a job that never started: a queued job is placed, killed by a
+    # cancel, or expires at its deadline.
     JobState.QUEUED: frozenset(
-        {JobState.ASSIGNED, JobState.KILLED, JobState.UNSCHEDULABLE, JobState.FAILED}
+        {JobState.ASSIGNED, JobState.KILLED, JobState.UNSCHEDULABLE}
     ),
     JobState.ASSIGNED: frozenset(
         {JobState.RUNNING, JobState.QUEUED, JobState.KILLED, JobState.FAILED}

@@ -82,6 +82,11 @@ class Move:
     log_dir: str | None = None
     avoid_peer: str | None = None
 
+    @property
+    def epoch_after(self) -> int:
+        """The epoch the job is under once the move committed."""
+        return self.epoch if self.new_epoch is None else self.new_epoch
+
 
 @dataclass(frozen=True, slots=True)
 class JobPageQuery:

@@ -2,8 +2,8 @@
 
 Infrastructure failures (peer lost while running a job, agent restarted under a
 running job, backend launch error) are retried while the job's ``max_retries``
-allows: the job goes back to the queue under the next epoch (its old runner is
-fenced) with no owner. Out of retries, it fails. User failures (the command
+allows: the job goes back to the queue with no owner, under a new epoch
+(``irisfed.shared.fencing``: its old runner is fenced). Out of retries, it fails. User failures (the command
 exited non-zero) are final and never come here.
 
 Who applies it: the tick (``irisfed.services.tick.plan.recover_from_lost_peer``) and the
@@ -33,10 +33,6 @@ class InfraFailure:
     def retrying(self) -> bool:
         return self.to_state is JobState.QUEUED
 
-    def epoch_after(self, epoch: int) -> int:
-        """Requeued: the next epoch (fences the old runner); failed: unchanged."""
-        return epoch + 1 if self.retrying else epoch
-
     def owner_after(self, owner: str | None) -> str | None:
         """Requeued: no owner (the tick places it again); failed: the owner stays on record."""
         return None if self.retrying else owner
@@ -52,5 +48,5 @@ GIVE_UP = InfraFailure(JobState.FAILED)
 
 
 def after_infra_failure(attempts: int, max_retries: int) -> InfraFailure:
-    """Requeue (epoch + 1) while retries remain, else fail."""
+    """Requeue while retries remain, else fail."""
     return RETRY if may_retry_infra_failure(attempts, max_retries) else GIVE_UP

@@ -26,6 +26,7 @@ from irisfed.services.common.log import EventLogger
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.messages import BackendAd, Heartbeat, decode_internal
+from irisfed.shared.reachability import capped_ttl, is_lost, is_reachable, next_expiry, silent_since
 from irisfed.shared.records import PeerHeartbeatRow
 from irisfed.shared.resources import Amount
 
@@ -156,18 +157,16 @@ class PeerView:
         Between version changes, reachability only changes by expiring, so a routing
         decision taken now stays right until then.
         """
-        soonest = float("inf")
-        for advert in self._adverts.values():
-            heard = max(advert.received_at, self.healthy_since) if since_healthy else advert.received_at
-            expires = heard + advert.ttl_s
-            if now < expires < soonest:
-                soonest = expires
-        return soonest
+        return next_expiry([(self._heard_at(advert, since_healthy), advert.ttl_s)
+                            for advert in self._adverts.values()], now)
+
+    def _heard_at(self, advert: _Advert, since_healthy: bool) -> float:
+        """When ``advert`` was heard, never before ``healthy_since`` when ``since_healthy``."""
+        return silent_since(advert.received_at, self.healthy_since) if since_healthy else advert.received_at
 
     def cap_ttl(self, ttl_s: float) -> float:
         """A peer's TTL, never more than the configured ``heartbeat_ttl_s`` (nor absurd)."""
-        cap = self.config.heartbeat_ttl_s
-        return ttl_s if 0 < ttl_s <= cap else cap  # NaN and non-positive values get the cap too
+        return capped_ttl(ttl_s, self.config.heartbeat_ttl_s)
 
     def _accept(self, peer_id: str, advert: _Advert) -> Change:
         if peer_id not in self._known:
@@ -180,9 +179,9 @@ class PeerView:
         )
         if not newer:
             return UNCHANGED
-        back = (current is None
-                or advert.received_at - current.received_at >= current.ttl_s
-                or self.clock() - current.received_at >= current.ttl_s)  # it had expired: back
+        back = (current is None  # it had expired: back
+                or not is_reachable(current.received_at, current.ttl_s, advert.received_at)
+                or not is_reachable(current.received_at, current.ttl_s, self.clock()))
         # The version (the router's plan cache keys on it) moves on any change of the
         # advertisement, free slots included; waking placement needs more room.
         if back or current.backends != advert.backends:
@@ -271,8 +270,8 @@ class PeerView:
             if advert is None:
                 result.append(FederationPeer(peer_id, ttl_s=self.config.heartbeat_ttl_s))
                 continue
-            heard = max(advert.received_at, self.healthy_since) if since_healthy else advert.received_at
-            result.append(FederationPeer(peer_id, advert.backends, heard, advert.ttl_s))
+            result.append(FederationPeer(peer_id, advert.backends, self._heard_at(advert, since_healthy),
+                                         advert.ttl_s))
         return result
 
     def local_backends(self) -> tuple[Backend, ...]:
@@ -295,11 +294,8 @@ class PeerView:
         lost = []
         for peer_id in self._peer_ids:
             advert = self._adverts.get(peer_id)
-            if advert is None:
-                heard, ttl_s = self.healthy_since, self.config.heartbeat_ttl_s
-            else:
-                heard, ttl_s = max(advert.received_at, self.healthy_since), advert.ttl_s
-            if now >= heard + ttl_s + grace_s:
+            heard, ttl_s = (None, self.config.heartbeat_ttl_s) if advert is None else (advert.received_at, advert.ttl_s)
+            if is_lost(heard, ttl_s, grace_s, now, self.healthy_since):
                 lost.append(peer_id)
         return lost
 
@@ -309,4 +305,4 @@ class PeerView:
         Owners that are not (or no longer) in the configuration can never be heard:
         their live work is judged like a never-heard peer's.
         """
-        return self.clock() >= self.healthy_since + self.config.heartbeat_ttl_s + grace_s
+        return is_lost(None, self.config.heartbeat_ttl_s, grace_s, self.clock(), self.healthy_since)

@@ -252,7 +252,7 @@ class Store:
         check_transition(move.from_state, move.to_state)
         return await self._fetchval(
             "job_move", move.job_id, move.from_state.value, move.epoch, move.to_state.value,
-            move.epoch if move.new_epoch is None else move.new_epoch, move.owner_peer_id,
+            move.epoch_after, move.owner_peer_id,
             move.reason, move.exit_code, move.actor, move.log_dir, move.avoid_peer,
         )
 
@@ -279,7 +279,7 @@ class Store:
         exit_code: int | None = None,
     ) -> int | None:
         """``peer_id`` ends its running job other than by its exit: queued (handed back,
-        epoch + 1, no owner), failed or killed. Returns the changelog seq; None: CAS lost."""
+        a new epoch, no owner), failed or killed. Returns the changelog seq; None: CAS lost."""
         check_transition(JobState.RUNNING, to_state)
         return await self._fetchval("job_end_run", peer_id, job_id, epoch, to_state.value, reason, exit_code)
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from irisfed.services.peer_agent.backends import LiveRun
+from irisfed.shared.cancel import must_kill_run, under_cancel
+from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow, Move, OwnedJob
 from irisfed.shared.resources import DEFAULT_RESOURCES, ResourceError, as_resources
@@ -113,7 +115,7 @@ def plan_reconcile(runs: Mapping[str, RunState], pending: Mapping[str, Pending],
         row = owned.get(run.job_id)
         if row is None or row.epoch != run.epoch or row.state is not JobState.RUNNING:
             fence.append(run.job_id)
-        elif row.cancel_requested and not run.cancel_requested:
+        elif must_kill_run(row.cancel_requested, run.cancel_requested):
             cancel.append(run.job_id)
     drop = [job_id for job_id, p in pending.items()
             if (row := owned.get(job_id)) is None or row.epoch != p.epoch or row.state is not JobState.ASSIGNED]
@@ -189,33 +191,35 @@ def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
     """End a running job of ours that has no run here (a previous agent run died under it).
 
     A stored cancel makes it ``killed``; otherwise it is an infrastructure failure:
-    requeued (epoch + 1) while retries remain, else ``failed``.
+    requeued under a new epoch while retries remain, else ``failed``.
     """
-    if row.cancel_requested:
+    failure = after_infra_failure(job.attempts, job.max_retries)
+    if under_cancel(failure.to_state, row.cancel_requested) is JobState.KILLED:
         return Move(row.job_id, JobState.RUNNING, JobState.KILLED, row.epoch, actor=peer_id,
                     owner_peer_id=peer_id, reason="cancelled while its agent was down")
-    failure = after_infra_failure(job.attempts, job.max_retries)
     return Move(row.job_id, JobState.RUNNING, failure.to_state, row.epoch, actor=peer_id,
-                owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(row.epoch),
+                owner_peer_id=failure.owner_after(peer_id),
+                new_epoch=epoch_after(JobState.RUNNING, failure.to_state, row.epoch),
                 reason=f"agent on {peer_id} restarted while running it; {failure.suffix}")
 
 
 def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None,
                       lost: bool = False, cancelled: bool = False) -> Move:
     """End a job whose run could not start, or (``lost``) that its engine lost through no
-    fault of the job (node failure, preemption): requeued (epoch + 1) while retries
+    fault of the job (node failure, preemption): requeued (a new epoch) while retries
     remain, else failed; killed when a cancel was requested (``cancelled``, or stored on
     its row), never handed back to run again.
 
     ``job`` None: its row is no longer ours to read (the write's CAS will say so).
     """
     what = f"{'run lost' if lost else 'launch failed'}: {error}"
-    if cancelled or (job is not None and job.cancel_requested):
+    failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
+    if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
         return Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
                     reason=f"cancelled; {what}")
-    failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
     return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
-                owner_peer_id=failure.owner_after(peer_id), new_epoch=failure.epoch_after(epoch),
+                owner_peer_id=failure.owner_after(peer_id),
+                new_epoch=epoch_after(JobState.RUNNING, failure.to_state, epoch),
                 reason=what + ("; retrying" if failure.retrying else ""))
 
 
@@ -224,5 +228,5 @@ def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancel
     failed, never retried, since it may have done its work and a retry could run it
     twice (the user's failure class, not an infrastructure failure); killed when a
     cancel was requested. ``why`` is the reason recorded."""
-    return Move(job_id, JobState.RUNNING, JobState.KILLED if cancelled else JobState.FAILED, epoch, actor=peer_id,
+    return Move(job_id, JobState.RUNNING, under_cancel(JobState.FAILED, cancelled), epoch, actor=peer_id,
                 owner_peer_id=peer_id, reason=why)

@@ -242,7 +242,7 @@ class Reports:
     async def end_run(self, move: Move) -> bool:
         """End one of our running jobs as ``move`` says, then announce it.
 
-        Handed back to the queue (epoch + 1, no owner), failed or killed: one statement
+        Handed back to the queue (a new epoch, no owner), failed or killed: one statement
         (``job_end_run``) does the CAS on (state, epoch, owner), the changelog row and
         our sync state. False: the CAS lost (the job is no longer ours at that epoch).
         """
@@ -251,9 +251,10 @@ class Reports:
         if seq is None:
             return False
         handed_back = move.to_state is JobState.QUEUED
+        # The epoch job_end_run wrote: Postgres decides it, by the rule the plan
+        # applied (irisfed.shared.fencing; tests/integration/test_rules_in_sql.py).
         await self.announce(JobEvent(
-            move.job_id, move.to_state, "" if handed_back else self.peer_id,
-            move.epoch + 1 if handed_back else move.epoch, self.clock.now(),
+            move.job_id, move.to_state, "" if handed_back else self.peer_id, move.epoch_after, self.clock.now(),
             exit_code=move.exit_code, reason=move.reason,
         ))
         return True

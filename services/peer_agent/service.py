@@ -53,6 +53,7 @@ from irisfed.services.peer_agent.plan import (
 )
 from irisfed.services.peer_agent.report import Reports, Run
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.lifecycle import JobState
@@ -238,7 +239,7 @@ class PeerAgent(Service):
         async with self.lock:
             self.pending.pop(notice.job_id, None)
             run = self.runs.get(notice.job_id)
-            if run is not None and run.epoch == notice.epoch and not run.cancel_requested:
+            if run is not None and run.epoch == notice.epoch and must_kill_run(True, run.cancel_requested):
                 self._kill(run, cancel=True)
         self.reconcile_wanted.set()
 
@@ -317,7 +318,7 @@ class PeerAgent(Service):
             metrics.RUNS_ADOPTED.inc()
             log.warning("run_adopted", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch, backend=name)
             self.tasks.spawn(self._finish(run), name=f"run-{row.job_id}")
-            if row.cancel_requested:
+            if must_kill_run(row.cancel_requested, run.cancel_requested):
                 self._kill(run, cancel=True)
             return
         killed = await backend.kill_leftover(row.job_id, row.epoch)

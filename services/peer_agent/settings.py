@@ -11,6 +11,7 @@ from pathlib import Path
 
 from irisfed.shared.config import BACKEND_KINDS, parse_resource_totals
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.reachability import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TTL_S
 from irisfed.shared.settings import require_count, require_seconds
 
 
@@ -47,8 +48,8 @@ class AgentSettings:
     peer_id: str
     backends: tuple[BackendSpec, ...]
     work_root: Path = Path(".irisfed/work")
-    heartbeat_interval_s: float = 2.0
-    heartbeat_ttl_s: float = 6.0
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     reconcile_interval_s: float = 2.0
     kill_grace_s: float = 5.0
     simulated_duration_s: float = 0.0

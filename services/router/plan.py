@@ -1,23 +1,23 @@
-"""Pure decisions of the router: the job row and reply for a submit, and what a cancel does."""
+"""Pure decisions of the router: the job row and reply for a submit.
+
+What a cancel does is the rule of ``irisfed.shared.cancel``; the router applies it.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from irisfed.shared.constraints import Constraint, matches_all
 from irisfed.shared.explain import explanation
 from irisfed.shared.federation.peer import Backend
 from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
-from irisfed.shared.lifecycle import CancelOutcome, JobState
+from irisfed.shared.fencing import initial_epoch
+from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from irisfed.shared.records import Explanation, NewJob, SubmittedJob
 from irisfed.shared.resources import DEFAULT_RESOURCES, Resources
-
-# LOCAL jobs are created already assigned to the local agent, under this first epoch.
-FIRST_EPOCH = 1
 
 
 def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend],
@@ -53,15 +53,15 @@ def route(plan: SubmitPlan, local_cluster: str, local_backend: Backend | None) -
     """What a routing decision means for the job row and the reply."""
     disposition = plan.disposition
     owner = backend = None
-    epoch = 0
     if disposition is SubmitDisposition.LOCAL:
-        state, owner, epoch = JobState.ASSIGNED, local_cluster, FIRST_EPOCH
+        state, owner = JobState.ASSIGNED, local_cluster
         backend = local_backend.name if local_backend else None
         peer_id = local_cluster
     elif disposition is SubmitDisposition.QUEUE:
         state, peer_id = JobState.QUEUED, plan.pinned_peer_id
     else:
         state, peer_id = JobState.REJECTED, ""
+    epoch = initial_epoch(state)
     rejected = disposition is SubmitDisposition.REJECT
     verdicts = tuple(PeerVerdictMsg(v.peer_id, v.code, v.detail) for v in plan.verdicts) if rejected else ()
     # A rejected job's reply lists every peer's verdict and a duplicate must repeat it,
@@ -129,48 +129,3 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
                         else _DEFAULT_RESOURCES_JSON),
     )
     return job, reply
-
-
-class CancelAction(StrEnum):
-    """What a cancel does to a job in the database."""
-
-    KILL_NOW = "kill_now"  # not started: killed in the database (fences the owner's start)
-    ASK_OWNER = "ask_owner"  # running: the request is stored and the owner told
-    REPEAT = "repeat"  # running, cancel already requested: stored and told again
-    NOTHING = "nothing"  # already finished
-
-
-def cancel_action(state: JobState, cancel_requested: bool) -> CancelAction:
-    """What a cancel does to a job in ``state``."""
-    if state.is_terminal:
-        return CancelAction.NOTHING
-    if state in (JobState.QUEUED, JobState.ASSIGNED):
-        # Not started: killing it in the database fences the owner's start (its CAS
-        # assigned → running can no longer succeed).
-        return CancelAction.KILL_NOW
-    return CancelAction.REPEAT if cancel_requested else CancelAction.ASK_OWNER
-
-
-@dataclass(frozen=True, slots=True)
-class CancelDecision:
-    """A cancel's action, the outcome its requester is told, and the job's state after it."""
-
-    action: CancelAction
-    outcome: CancelOutcome
-    new_state: JobState
-
-
-def cancel_decision(state: JobState, cancel_requested: bool, attempts: int,
-                    owner_reachable: bool) -> CancelDecision:
-    """Decide a cancel of a job in ``state`` (started ``attempts`` times; its owner reachable or not)."""
-    action = cancel_action(state, cancel_requested)
-    if action is CancelAction.NOTHING:
-        return CancelDecision(action, CancelOutcome.ALREADY_FINISHED, state)
-    if action is CancelAction.KILL_NOW:
-        # A job requeued after a lost peer did run before: it is not restarted.
-        outcome = CancelOutcome.NEVER_STARTED if attempts == 0 else CancelOutcome.NOT_RESTARTED
-        return CancelDecision(action, outcome, JobState.KILLED)
-    if not owner_reachable:
-        return CancelDecision(action, CancelOutcome.PENDING_OWNER_OFFLINE, state)
-    outcome = CancelOutcome.ALREADY_REQUESTED if action is CancelAction.REPEAT else CancelOutcome.KILL_SENT
-    return CancelDecision(action, outcome, state)

@@ -29,14 +29,13 @@ from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import Service, forever
 from irisfed.services.common.store import HeldStore, Store
 from irisfed.services.router.plan import (
-    CancelAction,
     Routed,
-    cancel_decision,
     local_backend_for,
     original_reply,
     plan_new_job,
     route,
 )
+from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import (

@@ -7,7 +7,9 @@ from functools import lru_cache
 
 import msgspec
 
+from irisfed.shared.cancel import under_cancel
 from irisfed.shared.constraints import Constraint
+from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.placement import QueuedJob
 from irisfed.shared.records import ClaimedJob, LostPeerJob, Move
@@ -35,7 +37,7 @@ def recover_from_lost_peer(
     that the job must not run again: the owner was told it when it returns, and no
     other peer may start it meanwhile.
     """
-    if cancel_requested:
+    if under_cancel(state, cancel_requested) is JobState.KILLED:
         return Recovery(JobState.KILLED, f"cancelled while its owner {owner} was unreachable", False)
     if state is JobState.ASSIGNED:
         return Recovery(JobState.QUEUED, f"owner {owner} unreachable before starting it", False)
@@ -48,26 +50,30 @@ def recover_from_lost_peer(
 def recovery_move(job: LostPeerJob) -> tuple[Move, Recovery]:
     """The compare-and-set that recovers ``job`` from its lost owner, and why.
 
-    Every recovery moves the epoch on (epoch + 1), requeued or failed: the lost
-    owner's copy, should it come back, is fenced.
+    Every recovery moves the epoch on (``irisfed.shared.fencing``: the owner is
+    unreachable), requeued, failed or killed: the lost owner's copy, should it come
+    back, is fenced.
     """
     decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries,
                                       job.cancel_requested)
     requeued = decision.to_state is JobState.QUEUED
     move = Move(job.job_id, job.state, decision.to_state, job.epoch, actor="tick",
-                owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=job.epoch + 1,
+                owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=epoch_after(job.state, decision.to_state, job.epoch, owner_unreachable=True),
                 reason=decision.reason, avoid_peer=job.owner_peer_id if decision.avoid_owner else None)
     return move, decision
 
 
-def stored_cancel_move(row: ClaimedJob) -> Move:
-    """Kill a queued job that carries a stored cancel instead of placing it.
+def stored_cancel_move(row: ClaimedJob) -> Move | None:
+    """Kill a claimed queued job that carries a stored cancel instead of placing it
+    (None: no cancel stored; the job may be placed).
 
     The router kills queued jobs at once, so such a job was handed back (its owner lost,
     its launch failed) with the user's cancel already stored, maybe by a cancel that
     raced the hand-back. The claim is the one gate every queued job passes to run
     again: checked there, a cancelled job never starts again whichever way it came back.
     """
+    if under_cancel(JobState.ASSIGNED, row.cancel_requested) is not JobState.KILLED:
+        return None
     return Move(row.job_id, JobState.QUEUED, JobState.KILLED, row.epoch, actor="tick", owner_peer_id=None,
                 reason="cancelled while handed back to the queue; not started again")
 

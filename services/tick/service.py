@@ -377,8 +377,9 @@ class Tick(Service):
     async def _placed(self, bound: Store, claim: Transaction, rows: list[ClaimedJob], run: PlacementRun) -> _Batch:
         """Place claimed ``rows`` in ``run`` (the claim stays open until the batch commits)."""
         try:
-            cancelled = [stored_cancel_move(r) for r in rows if r.cancel_requested]
-            jobs = [queued_job_from_row(r) for r in rows if not r.cancel_requested]
+            kills = {r.job_id: move for r in rows if (move := stored_cancel_move(r)) is not None}
+            cancelled = list(kills.values())
+            jobs = [queued_job_from_row(r) for r in rows if r.job_id not in kills]
             placements, waiting = run.place(jobs)
         except BaseException:
             await claim.rollback_quietly()

@@ -8,15 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.reachability import DEFAULT_HEARTBEAT_TTL_S, is_reachable
 from irisfed.shared.resources import Amount, ResourceError, parse_offer
 
 # Peer ids become NATS subject tokens (``irisfed.assign.<peer_id>``): no dots,
 # no wildcards, no whitespace.
 PEER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _PEER_ID_RE = re.compile(PEER_ID_PATTERN)
-
-DEFAULT_TTL_S = 6.0
-
 
 def validate_peer_id(peer_id: object) -> str:
     """Return ``peer_id`` when it is a valid peer id; raise ConfigError otherwise."""
@@ -59,12 +57,11 @@ class FederationPeer:
     peer_id: str
     backends: tuple[Backend, ...] = ()
     last_heartbeat_at: float | None = None
-    ttl_s: float = DEFAULT_TTL_S
+    ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
 
     def is_reachable(self, now: float) -> bool:
-        """True while the newest heartbeat is younger than its TTL."""
-        age = self.heartbeat_age(now)
-        return age is not None and age < self.ttl_s
+        """True while the newest heartbeat is younger than its TTL (``irisfed.shared.reachability``)."""
+        return is_reachable(self.last_heartbeat_at, self.ttl_s, now)
 
     def heartbeat_age(self, now: float) -> float | None:
         """Seconds since the newest heartbeat, or None when none was ever received."""
@@ -123,7 +120,7 @@ def build_peers(config: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list
             backends = (_build_backend(entry, peer_id),)
         else:
             backends = ()
-        ttl_s = float(entry.get("ttl_s", DEFAULT_TTL_S))
+        ttl_s = float(entry.get("ttl_s", DEFAULT_HEARTBEAT_TTL_S))
         if ttl_s <= 0:
             raise ConfigError(f"peer {peer_id}: ttl_s must be positive")
         heard = entry.get("last_heartbeat_at")

@@ -35,6 +35,7 @@ from enum import StrEnum
 from irisfed.shared.constraints import Constraint, first_mismatch
 from irisfed.shared.errors import UnknownPeer
 from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.reachability import expires_at
 from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
     Resources,
@@ -127,7 +128,7 @@ def judge_peer(
         else:
             # Absolute times, not ages: the same situation explains itself the same way
             # on every tick, so stored explanations only change when something happened.
-            since = _utc(peer.last_heartbeat_at + peer.ttl_s)
+            since = _utc(expires_at(peer.last_heartbeat_at, peer.ttl_s))
             detail = (f"unreachable since {since} (last heartbeat {_utc(peer.last_heartbeat_at)}, "
                       f"ttl {peer.ttl_s:g}s)")
         return PeerVerdict(peer.peer_id, "unreachable", detail)

@@ -7,7 +7,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
+from irisfed.shared.records import (
+    ChangelogEntry,
+    ClaimedJob,
+    JobRow,
+    JobSummary,
+    LostPeerJob,
+    OwnedJob,
+    PeerHeartbeatRow,
+)
 
 
 def job_row(command: list[str] | None = None, **overrides: Any) -> JobRow:
@@ -44,3 +52,27 @@ def peer_heartbeat_row(**overrides: Any) -> PeerHeartbeatRow:
                                   reachable=True)
     fields.update(overrides)
     return PeerHeartbeatRow(**fields)
+
+
+def claimed_job(**overrides: Any) -> ClaimedJob:
+    """A ``job_claim_queued`` row: an unpinned queued job the tick has locked."""
+    fields: dict[str, Any] = dict(job_id="j1", epoch=0, pinned_peer_id=None, avoid_peers=None, priority=0,
+                                  submitted_at=datetime.now(UTC), constraints_json=None)
+    fields.update(overrides)
+    return ClaimedJob(**fields)
+
+
+def owned_job(**overrides: Any) -> OwnedJob:
+    """A ``job_list_live_for_owner`` row: a job this agent's peer runs."""
+    fields: dict[str, Any] = dict(job_id="j1", state=JobState.RUNNING, epoch=1, backend="main",
+                                  cancel_requested=False, priority=0)
+    fields.update(overrides)
+    return OwnedJob(**fields)
+
+
+def lost_peer_job(**overrides: Any) -> LostPeerJob:
+    """A live job whose owner the tick found lost."""
+    fields: dict[str, Any] = dict(job_id="j1", state=JobState.RUNNING, epoch=1, owner_peer_id="gpu-west",
+                                  attempts=1, max_retries=2, pinned_peer_id=None)
+    fields.update(overrides)
+    return LostPeerJob(**fields)

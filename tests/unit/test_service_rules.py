@@ -12,13 +12,13 @@ import pytest
 from irisfed.services.common.startup import ProcessSettings, service_parser
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
 from irisfed.services.router import flags as router_flags
-from irisfed.services.router.plan import CancelAction, cancel_decision
 from irisfed.services.router.service import ROUTER_SPARE_CONNECTIONS, Router, RouterSettings
 from irisfed.services.tick.plan import recover_from_lost_peer
 from irisfed.services.tick.service import Tick, TickSettings
 from irisfed.shared.clock import SYSTEM_CLOCK, ManualClock, as_clock
 from irisfed.shared.errors import ConfigError
-from irisfed.shared.lifecycle import CancelOutcome, JobState
+from irisfed.shared.fencing import epoch_after
+from irisfed.shared.lifecycle import JobState
 from irisfed.shared.retry import after_infra_failure
 from tests.infra.factories import make_config
 
@@ -98,7 +98,7 @@ def test_infrastructure_failures_are_retried_while_retries_remain(attempts, max_
     failure = after_infra_failure(attempts, max_retries)
     assert failure.retrying is retrying
     assert failure.to_state is (JobState.QUEUED if retrying else JobState.FAILED)
-    assert failure.epoch_after(7) == (8 if retrying else 7)
+    assert epoch_after(JobState.RUNNING, failure.to_state, 7) == (8 if retrying else 7)
     assert failure.owner_after("p") == (None if retrying else "p")
 
 
@@ -114,31 +114,6 @@ def test_a_lost_peer_follows_the_same_rule():
         killed = recover_from_lost_peer(state, "p", 1, 5, cancel_requested=True)
         assert (killed.to_state, killed.avoid_owner, killed.reason) == (
             JobState.KILLED, False, "cancelled while its owner p was unreachable")
-
-
-# ---------------------------------------------------------------- cancel
-
-
-@pytest.mark.parametrize(("state", "requested", "attempts", "reachable", "action", "outcome", "after"), [
-    (JobState.SUCCEEDED, False, 1, True, CancelAction.NOTHING, CancelOutcome.ALREADY_FINISHED, JobState.SUCCEEDED),
-    (JobState.QUEUED, False, 0, False, CancelAction.KILL_NOW, CancelOutcome.NEVER_STARTED, JobState.KILLED),
-    (JobState.QUEUED, False, 1, False, CancelAction.KILL_NOW, CancelOutcome.NOT_RESTARTED, JobState.KILLED),
-    (JobState.ASSIGNED, True, 0, True, CancelAction.KILL_NOW, CancelOutcome.NEVER_STARTED, JobState.KILLED),
-    (JobState.RUNNING, False, 1, True, CancelAction.ASK_OWNER, CancelOutcome.KILL_SENT, JobState.RUNNING),
-    (JobState.RUNNING, False, 1, False, CancelAction.ASK_OWNER, CancelOutcome.PENDING_OWNER_OFFLINE,
-     JobState.RUNNING),
-    (JobState.RUNNING, True, 1, True, CancelAction.REPEAT, CancelOutcome.ALREADY_REQUESTED, JobState.RUNNING),
-    (JobState.RUNNING, True, 1, False, CancelAction.REPEAT, CancelOutcome.PENDING_OWNER_OFFLINE, JobState.RUNNING),
-])
-def test_what_a_cancel_does(state, requested, attempts, reachable, action, outcome, after):
-    decision = cancel_decision(state, requested, attempts, owner_reachable=reachable)
-    assert (decision.action, decision.outcome, decision.new_state) == (action, outcome, after)
-
-
-def test_cancel_outcomes_keep_their_wire_values():
-    assert [o.value for o in CancelOutcome] == ["never_started", "not_restarted", "kill_sent",
-                                                "pending_owner_offline", "already_finished", "already_requested"]
-    assert all(o.meaning for o in CancelOutcome)
 
 
 # ---------------------------------------------------------------- clock
