@@ -1,7 +1,7 @@
 """irisfed's Python client: submit, cancel, get, wait for and watch jobs.
 
-(Over 400 lines: most of it is the documentation a producer reads, and the async client
-and its sync wrapper stay side by side so that they cannot drift apart.)
+Most of the module is the documentation a producer reads; the async client and its
+sync wrapper sit side by side so that they cannot drift apart.
 
 Async, for services and ``asyncio`` code::
 

@@ -1,8 +1,8 @@
 """Placement: which reachable peer and backend takes each queued job. Pure, no I/O.
 
-(Over 400 lines on purpose: the whole placement rule — feasibility, ranking, holds and
-its fast paths — is one pure unit that the tick's hot loop calls; split, it would be
-slower to read and to run.)
+The whole rule — feasibility, ranking, holds and its fast paths — is one pure unit
+because the tick's hot loop calls it once per job: one module reads top to bottom
+and keeps the fast paths next to the rules they shortcut.
 
 Rules, applied to jobs in the order given (the tick passes priority order, oldest
 first within a priority):

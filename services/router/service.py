@@ -1,7 +1,7 @@
 """The router: decode → classify → commit (grouped) → reply → notify.
 
-(Over 400 lines: submits, their group commit and cancels share the view, the store
-and the replies; every decision is plan.py's.)
+Submits, their group commit and cancels share the peer view, the store and the
+replies, so they live together; every decision is plan.py's or shared/cancel.py's.
 
 Submits are decoded strictly and classified at once in the NATS callback; valid
 ones join a queue that a few writer tasks drain in batches, each batch one

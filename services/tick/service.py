@@ -1,8 +1,8 @@
 """The scheduler tick: runs on an interval and whenever woken.
 
-(Over 400 lines: the tick's run — deadlines, lost peers, and placement pipelined two
-batches deep with in-run capacity accounting — reads as one loop; the pure decisions
-are in plan.py and shared/placement.py.)
+The tick's run — deadlines, lost peers, and placement pipelined two batches deep
+with in-run capacity accounting — is one loop; every decision in it is pure and
+lives in plan.py and shared/placement.py.
 
 Each run: (1) queued jobs past ``deadline_s`` become ``unschedulable``;
 (2) live jobs of peers unreachable for longer than the grace period are

@@ -1,7 +1,7 @@
 """A single-node Slurm cluster in a folder, for backend tests (docs/design.md §7).
 
-(Over 400 lines on purpose: the config it writes, how its daemons start and stop, and
-the reference for the command output a backend parses belong together.)
+The config it writes, how its daemons start and stop, and the reference output of
+the commands a backend parses live together: a change to one shows in the others.
 
 ``start_slurm(folder)`` writes ``slurm.conf`` and ``gres.conf`` into ``folder``
 (its own ports, state, spool, logs, munge key and socket: nothing from /etc), then
