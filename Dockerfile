@@ -1,11 +1,12 @@
 # One image for every irisfed service (router, tick, peer-agent, migrate).
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY migrations ./migrations
 COPY irisfed ./irisfed
+# tooling/ and bench/ (irisfed up, chaos, bench) stay out of the services' image.
 # uid 10001: `irisfed compose-secrets` gives the secret files to this user (they are 0600).
 RUN pip install --no-cache-dir . && useradd --create-home --uid 10001 irisfed
 COPY deploy/federation.toml /etc/irisfed/federation.toml
