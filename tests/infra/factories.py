@@ -64,8 +64,32 @@ async def running_job(admin: Store, peer: str, agent: Store | None = None, **fie
     return job.job_id
 
 
+async def running_jobs(store: Store, count: int, peer: str = "gpu-west") -> list[str]:
+    """``count`` new jobs placed on ``peer`` (epoch 1) and accepted there; their ids."""
+    jobs = [make_job() for _ in range(count)]
+    await insert_jobs(store, jobs)
+    await assign_jobs(store, jobs, peer)
+    await start_jobs(store, jobs, peer)
+    return [j.job_id for j in jobs]
+
+
 async def advertise(store: Store, peer_id: str, slots: int = 2, run_id: str = "run-1", seq: int = 1,
                     ttl_s: float = 60.0, **attributes: str) -> None:
     backends = [{"name": "main", "attributes": {k: [v] for k, v in attributes.items()},
                  "capacity": {"total": slots, "free": slots}}]
     await store.peer_heartbeat_upsert(peer_id, run_id, seq, backends, ttl_s, datetime.now(UTC))
+
+
+async def advertise_resources(store: Store, peer_id: str, resources: dict, slots: int = 8,
+                              backend: str = "main") -> None:
+    """``peer_id`` advertises one backend with ``resources`` ({name: total}, all free)."""
+    backends = [{"name": backend, "attributes": {}, "capacity": {"total": slots, "free": slots},
+                 "resources": {k: {"total": v, "free": v} for k, v in resources.items()}}]
+    await store.peer_heartbeat_upsert(peer_id, "run-1", 1, backends, 60.0, datetime.now(UTC))
+
+
+class Msg:
+    """A NATS message as a service's subscription callback sees it (its subject and data)."""
+
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data = subject, data

@@ -20,17 +20,9 @@ from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat
 from irisfed.shared.reachability import is_reachable
-from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
+from tests.infra.factories import assign_jobs, insert_jobs, make_job, running_jobs
 
 PEER = "gpu-west"
-
-
-async def _running(store: Store, count: int) -> list[str]:
-    jobs = [make_job() for _ in range(count)]
-    await insert_jobs(store, jobs)
-    await assign_jobs(store, jobs, PEER)
-    await start_jobs(store, jobs, PEER)
-    return [j.job_id for j in jobs]
 
 
 async def test_placement_steps_the_epoch_as_the_fencing_rule_says(pool):
@@ -45,7 +37,7 @@ async def test_placement_steps_the_epoch_as_the_fencing_rule_says(pool):
 @pytest.mark.parametrize("to_state", [JobState.QUEUED, JobState.FAILED, JobState.KILLED])
 async def test_an_agent_ending_its_run_leaves_the_epoch_the_fencing_rule_says(pool, to_state):
     store = Store(pool)
-    [job_id] = await _running(store, 1)
+    [job_id] = await running_jobs(store, 1, PEER)
     before = (await store.job_get(job_id)).epoch
     assert await store.job_end_run(PEER, job_id, before, to_state, "test") is not None
     after = await store.job_get(job_id)
@@ -58,7 +50,7 @@ async def test_an_agent_ending_its_run_leaves_the_epoch_the_fencing_rule_says(po
 @pytest.mark.parametrize(("stored", "reported"), [(False, False), (True, False), (False, True), (True, True)])
 async def test_a_finished_run_ends_as_the_cancel_rule_says(pool, exit_code, stored, reported):
     store = Store(pool)
-    [job_id] = await _running(store, 1)
+    [job_id] = await running_jobs(store, 1, PEER)
     if stored:
         await store.job_request_cancel(job_id)
     moved = await store.job_finish_batch(PEER, [(job_id, 1, exit_code, reported)])
