@@ -1,15 +1,18 @@
-"""Every service exits by itself, with status 0, on SIGTERM while it is busy.
+"""Every service exits by itself, with status 0, on SIGTERM while it is busy; an agent
+so stopped while a subprocess-backend job runs kills the job's whole process group first,
+on either event loop (uvloop, the default, or asyncio).
 
-The state that once hung: an agent flooded with assignment notices (its start loop
-woken again and again, the tick's too) when SIGTERM came. The loop's wait swallowed
-the cancellation of shutdown (Python 3.11's ``asyncio.wait_for``, gh-86296) and the
-agent ran on until the harness SIGKILLed it, 15 s later. tests/unit/test_task_cancel.py
-sets that race up exactly; here the real processes meet it as it happens, a few times.
+The state that matters: an agent flooded with assignment notices (its start loop
+woken again and again, the tick's too) when SIGTERM comes. A wait that swallows the
+cancellation of shutdown (as Python 3.11's ``asyncio.wait_for`` can) keeps the agent
+running until the harness SIGKILLs it, 15 s later. tests/unit/test_task_cancel.py sets
+that race up exactly; here the real processes meet it as it happens, a few times.
 The stop timeout is generous: a SIGKILL, not a slow stop, is the failure.
 """
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -81,3 +84,41 @@ async def _flood_then_sigterm(federation, round_: int) -> dict[str, int]:
 async def _ran_on_home(federation) -> int:
     return await federation.store.db.fetchval(
         "SELECT count(*) FROM jobs WHERE owner_peer_id = 'home' AND state IN ('running', 'succeeded')")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_sigterm_kills_a_running_jobs_process_group_and_exits_0(federation, loop):
+    federation.start("router")
+    federation.start("tick")
+    federation.start("home", "--event-loop", loop)
+    await federation.wait_router()
+    await federation.wait_agent("home")
+    # A job whose shell leaves a second process in its group: both must go.
+    reply = await federation.submit({"command": ["sh", "-c", "sleep 300 & sleep 300"]})
+    assert reply["disposition"] == "local", reply
+    pid = await federation.run_pid(reply["job_id"])
+    pgid = os.getpgid(pid)
+    assert pgid != os.getpgid(0)  # its own group, not the test's
+    assert _group_alive(pgid)
+
+    assert federation.stop("home") == 0
+    assert federation.supervisor.overruns == []  # stopped by itself, never SIGKILLed
+
+    async def gone():
+        return not _group_alive(pgid)
+    try:
+        await wait_for(gone, "the job's process group to be killed", timeout=20)
+    finally:
+        if _group_alive(pgid):
+            os.killpg(pgid, 9)  # leave nothing behind when the assertion fails
+    loops = {json.loads(line)["loop"] for line in federation.log("home").splitlines()
+             if '"event":"event_loop"' in line}
+    assert loops == {loop}

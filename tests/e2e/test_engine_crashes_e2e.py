@@ -188,9 +188,9 @@ printf '%s\\n' "$out"; exit $rc
 
 
 async def test_an_sbatch_whose_answer_is_lost_is_followed_not_run_again(federation, slurm, tmp_path):
-    # Found by attack: sbatch can fail ("Socket timed out on send/recv operation") after
-    # slurmctld took the job. The launch failed, the job was handed back and ran again
-    # under a new epoch, while the first copy ran too (its command twice).
+    # sbatch can fail ("Socket timed out on send/recv operation") after slurmctld took
+    # the job. Were the launch failed, the job would be handed back and run again under a
+    # new epoch while the first copy ran too (its command twice).
     _, engine = slurm
     job_id = _job_id("lost-answer")
     ran = tmp_path / "ran.log"
@@ -357,10 +357,10 @@ async def test_an_engine_peer_and_the_dashboard_on_their_own_database_roles(fede
 
 
 async def test_killed_after_slurm_refused_the_submission_the_job_is_retried_not_failed(federation, slurm, tmp_path):
-    # Found by attack: Slurm keeps a refused submission as a FAILED job (Reason
-    # BadConstraints). An agent killed before it handed the job back found that job
-    # by name at its restart, "adopted" it and failed the job for good (exit -1)
-    # instead of retrying it as the infrastructure failure it is.
+    # Slurm keeps a refused submission as a FAILED job (Reason BadConstraints). An agent
+    # killed before it handed the job back finds that job by name at its restart; were
+    # it "adopted", the job would fail for good (exit -1) instead of being retried as
+    # the infrastructure failure it is.
     _, engine = slurm
     job_id = _job_id("refused")
     stand_in(tmp_path / "bin", "sbatch", f"""if mkdir {tmp_path}/fired 2>/dev/null; then

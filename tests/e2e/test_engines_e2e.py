@@ -1,5 +1,5 @@
 """A federation with a peer in front of a real Slurm cluster, and one in front of a real
-Ray head (services as subprocesses, engines from ``irisfed.tooling.engines``; issue 11 §3).
+Ray head (services as subprocesses, engines from ``irisfed.tooling.engines``).
 
 Each scenario runs once per engine: the job lands on the engine peer with what it
 asked for, capacity in ``irisfed peers`` is the engine's own, a cancel reaches the

@@ -272,7 +272,7 @@ async def test_nats_restart_and_cluster_node_loss_converge(federation, tmp_path)
 
 
 async def test_whole_federation_runs_on_least_privilege_database_roles(federation):
-    from tests.integration.test_db_roles import as_role
+    from tests.infra.db_roles import as_role
 
     created = federation.cli("db-roles", "--out", str(federation.tmp / "db-credentials.json"))
     assert created.returncode == 0, created.stderr

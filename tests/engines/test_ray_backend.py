@@ -242,10 +242,10 @@ async def test_a_head_that_does_not_answer(tmp_path: Path) -> None:
 async def test_a_forged_submission_under_our_name_is_never_taken_for_our_run(
         ray_head: RayHead, backends, tmp_path: Path) -> None:
     """Anyone who reaches the dashboard may submit ``irisfed-<job>-e<epoch>`` with metadata
-    naming our peer (job ids and epochs are easy to guess). Found by attack: launch took
-    such a job, made before ours, for the run (idempotent launch) and reported its
-    outcome as the job's, whose command never ran; a restarted agent adopted one made
-    while it was down. Only what this peer submitted (the nonce in its run folder) is ours."""
+    naming our peer (job ids and epochs are easy to guess). Taken for the run, such a job
+    made before ours would be reported by launch (idempotent) as the job's outcome, whose
+    command never ran, and a restarted agent would adopt one made while it was down. Only
+    what this peer submitted (the nonce in its run folder) is ours."""
     from irisfed.services.peer_agent.backends import ray_text
 
     client = ray_head.job_client()
@@ -269,11 +269,11 @@ async def test_a_forged_submission_under_our_name_is_never_taken_for_our_run(
 
 
 async def test_a_head_that_accepts_and_never_answers_holds_only_the_backends_own_threads(tmp_path: Path) -> None:
-    """Found by attack: with a dashboard that accepts connections and never answers, the
-    agent's discovery loop (giving up after two heartbeat intervals) started one more
-    blocking request per interval, each holding a thread of the event loop's default
-    executor for the 30 s call timeout: within seconds every ``to_thread`` of the agent
-    (run folders, logs, other backends, host name lookups of a reconnect) waited ~26 s."""
+    """A dashboard that accepts connections and never answers must not starve the agent:
+    its discovery loop gives up after two heartbeat intervals, and were each try one more
+    blocking request holding a thread of the event loop's default executor for the 30 s
+    call timeout, within seconds every ``to_thread`` of the agent (run folders, logs,
+    other backends, host name lookups of a reconnect) would wait ~26 s."""
     import socket
     import threading
 
@@ -310,3 +310,63 @@ async def test_a_head_that_accepts_and_never_answers_holds_only_the_backends_own
         silent.close()
         for conn in accepted:
             conn.close()
+
+
+async def test_ray_a_submit_whose_answer_is_lost_is_followed_not_handed_back(
+        ray_head: RayHead, tmp_path: Path) -> None:
+    """The head took the job but its answer never came (a timeout, a reset): the run
+    exists and will run; failing the launch would hand the job back and run it twice."""
+    backend = RayBackend(ray_head.address, tmp_path / "work", "peer-a", poll_interval_s=POLL_S)
+    real = backend.call
+
+    async def answer_lost(name: str, *args, **kwargs):
+        result = await real(name, *args, **kwargs)
+        if name == "submit_job":
+            raise TimeoutError("the head's answer was lost")
+        return result
+
+    async def never_taken(name: str, *args, **kwargs):
+        if name == "submit_job":
+            raise ConnectionResetError("reset before the head read it")
+        return await real(name, *args, **kwargs)
+
+    try:
+        backend.call = answer_lost
+        spec = RunSpec(job_id("lost-answer"), 1, ["sh", "-c", "exit 6"], resources={"cpu": 1})
+        handle = await backend.launch(spec)
+        assert await handle.wait() == 6
+        jobs = await asyncio.to_thread(ray_head.job_client().list_jobs)
+        assert sum(job.submission_id == f"irisfed-{spec.job_id}-e1" for job in jobs) == 1
+
+        backend.call = never_taken  # nothing was made: still a launch error
+        with pytest.raises(LaunchError, match="did not take"):
+            await backend.launch(RunSpec(job_id("never-taken"), 1, ["true"], resources={"cpu": 1}))
+    finally:
+        await backend.close()
+
+
+async def test_ray_an_env_too_large_for_ray_is_refused_and_the_largest_that_fits_arrives_verbatim(
+        ray_head: RayHead, tmp_path: Path) -> None:
+    """Twelve values of 4096 quotes (~49 KB, a submit may be 64 KB) are ~330 KB quoted for
+    the shell and encoded, which Ray hands its job supervisor's worker as one argument:
+    that exec fails (E2BIG), Ray retries it for minutes and fails the job as lost
+    (JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE), and the job would be retried elsewhere. Such an
+    environment is a launch error up front; the largest that fits arrives verbatim."""
+    backend = RayBackend(ray_head.address, tmp_path / "work", "peer-a", poll_interval_s=POLL_S)
+    try:
+        quotes = RunSpec(job_id("quotes"), 1, ["true"], env={f"Q{i}": "'" * 4096 for i in range(12)},
+                         resources={"cpu": 1})
+        with pytest.raises(LaunchError, match="environment is .* at most"):
+            await backend.launch(quotes)
+        jobs = await asyncio.to_thread(ray_head.job_client().list_jobs)
+        assert not any(job.submission_id == f"irisfed-{quotes.job_id}-e1" for job in jobs)
+
+        env = {f"V{i}": "a" * 4096 for i in range(17)} | {"HOSTILE": "'\"$(x)`\n\\"}
+        script = 'printf "%s" "$V0" | wc -c; printf "%s" "$V16" | wc -c; [ "$HOSTILE" = "$1" ]'
+        spec = RunSpec(job_id("largest"), 1, ["sh", "-c", script, "sh", env["HOSTILE"]], env=env,
+                       resources={"cpu": 1})
+        handle = await backend.launch(spec)
+        assert await handle.wait() == 0
+        assert "\n4096\n4096\n" in (Path(handle.log_dir) / "stdout").read_text()  # Ray adds its own lines
+    finally:
+        await backend.close()

@@ -35,6 +35,7 @@ from irisfed.services.peer_agent.backends.slurm_text import (
     job_name,
     parse_gres,
 )
+from irisfed.shared.messages import JOB_ID_PATTERN
 from irisfed.tooling.engines.slurm import SlurmCluster
 from tests.engines.fixtures import TimeLimitedRun
 
@@ -502,6 +503,38 @@ async def test_a_job_another_user_names_as_our_run_is_never_taken_for_it(
         assert _job(slurm_env, forged_id)["JobState"] in ("PENDING", "RUNNING", "COMPLETED")  # untouched
     finally:
         slurm_env.run("scancel", forged_id, check=False)
+
+
+async def test_slurm_a_longest_job_id_is_one_run_found_again_by_name(make_backend) -> None:
+    """Slurm keeps a job's whole name (``irisfed-<128 characters>-e1``): a truncated one
+    would never be found again, and a second launch would submit the job twice."""
+    job = "j" + uuid.uuid4().hex + "." * 20 + "-" * 20 + "e" * 55
+    assert len(job) == 128 and re.fullmatch(JOB_ID_PATTERN, job)
+    backend = make_backend()
+    spec = RunSpec(job, 1, ["sh", "-c", "while [ ! -e go ]; do sleep 0.2; done; exit 3"])
+    first = await backend.launch(spec)
+    again = await make_backend().launch(spec)  # a restarted agent's launch of the same (job, epoch)
+    assert first.slurm_id == again.slurm_id
+    assert [run.job_id for run in await backend.list_runs()] == [job]
+    (Path(first.log_dir) / "go").touch()
+    assert await _ended(first) == 3
+
+
+async def test_slurm_commands_that_trap_term_fork_or_exit_143_end_as_they_said(make_backend) -> None:
+    backend = make_backend()
+    specs = {
+        # A child left behind: the run ends when the command does, with its status.
+        "forks": (["sh", "-c", "(sleep 30 &) ; exit 4"], 4),
+        # A command that traps TERM but is never sent one.
+        "traps": (["sh", "-c", "trap 'exit 9' TERM; exit 5"], 5),
+    }
+    handles = {name: await backend.launch(RunSpec(f"{name}-{uuid.uuid4().hex[:8]}", 1, command))
+               for name, (command, _) in specs.items()}
+    for name, (_, code) in specs.items():
+        assert await _ended(handles[name]) == code, name
+        folder = Path(handles[name].log_dir)
+        assert (folder / EXIT_STATUS_FILE).read_text() == f"{code}\n"
+        assert (folder / STARTED_MARKER).read_text().strip() == handles[name].slurm_id
 
 
 # ---------------------------------------------------------------- last: the run with a time limit

@@ -4,12 +4,9 @@ import asyncpg
 import pytest
 
 from irisfed.services.common.db_roles import apply_roles, peer_role
+from tests.infra.db_roles import ROLES, as_role
 from tests.infra.factories import make_config
-from tests.integration.test_db_roles import as_role
-
-# One login role per restricted service, as `irisfed db-roles` makes them.
-ROLES = {"agent": peer_role("gpu-west"), "router": "irisfed_svc_router", "tick": "irisfed_svc_tick",
-         "web": "irisfed_svc_web"}
+from tests.infra.routers import RouterThread
 
 
 @pytest.fixture
@@ -25,3 +22,19 @@ async def conns(database_url, roles):
     yield opened
     for conn in opened.values():
         await conn.close()
+
+
+@pytest.fixture
+async def gpu(database_url, roles):
+    """A connection as gpu-west's own login role: what a peer holding its credentials can do."""
+    conn = await asyncpg.connect(as_role(database_url, peer_role("gpu-west")))
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def router(database_url, servers):
+    """A started router on its own event loop (:class:`RouterThread`), stopped after the test."""
+    running = RouterThread(database_url, servers.nats_url)
+    yield running
+    running.close()

@@ -23,6 +23,7 @@ from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, Peer
 from irisfed.shared.errors import PermanentStoreError
 from irisfed.shared.lifecycle import JobState
 from irisfed.tooling.invariants import assert_changelog_replays
+from tests.infra.db_roles import as_role
 from tests.infra.factories import (
     assign_jobs,
     insert_jobs,
@@ -31,7 +32,6 @@ from tests.infra.factories import (
     running_job,
 )
 from tests.infra.waiting import wait_for
-from tests.integration.test_db_roles import as_role
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from irisfed.services.peer_agent.flags import add_flags, parse_resource_flags, s
 from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
 from irisfed.shared.errors import ConfigError
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
-from tests.integration.test_agent_start_batch import FlakyNats
+from tests.infra.flaky_nats import FlakyNats
 
 
 async def test_free_resources_are_the_totals_less_what_runs_asked(pool, tmp_path):

@@ -12,7 +12,6 @@ import signal
 import sys
 from pathlib import Path
 
-import nats.errors
 import pytest
 
 from irisfed.services.common.store import Store
@@ -20,24 +19,10 @@ from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, Peer
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import Move
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
+from tests.infra.flaky_nats import FlakyNats
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-class FlakyNats:
-    """Connected, but every publish after the first ``ok`` ones fails."""
-
-    is_connected = True
-
-    def __init__(self, ok: int = 1) -> None:
-        self.ok = ok
-        self.published: list[str] = []
-
-    async def publish(self, subject: str, payload: bytes = b"", **_) -> None:
-        if len(self.published) >= self.ok:
-            raise nats.errors.ConnectionClosedError
-        self.published.append(subject)
 
 
 def _agent(pool, nc, tmp_path: Path, kind: str, slots: int = 4) -> PeerAgent:

@@ -1,7 +1,6 @@
 """Least privilege in Postgres: a peer's role can change only the rows of its own peer."""
 
 from datetime import UTC, datetime
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -11,15 +10,8 @@ from irisfed.services.common.db_roles import peer_role
 from irisfed.services.common.store import Store
 from irisfed.shared.errors import PermanentStoreError
 from irisfed.shared.lifecycle import JobState
+from tests.infra.db_roles import as_role
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
-
-
-def as_role(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
-
-
 
 
 async def _assigned(store, peer):

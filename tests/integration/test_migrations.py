@@ -126,3 +126,56 @@ async def test_0008_moves_explanations_out_of_job_rows_and_back(empty_database_u
         assert after["r1"][1] == rejected_doc and after["q2"][1] == shared_doc
     finally:
         await conn.close()
+
+
+async def test_0011_and_0012_go_down_and_up_with_jobs_in_place(empty_database_url):
+    """The listing (0011) is rebuilt from the same jobs each way up, and the finish function
+    0012 rewrote comes back byte for byte with the same rights on the way down."""
+    url = empty_database_url
+    await asyncio.to_thread(dbmod.migrate, url, "0010")
+    pool = await dbmod.connect(url, max_size=2, check=False)
+    try:
+        # Jobs as 0010 wrote them: with and without names and labels, one running.
+        await pool.execute(
+            "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, owner_peer_id, epoch) VALUES "
+            "('named', '{\"name\": \"100%_x\", \"labels\": {\"team\": \"a\"}}', 'h', 'queued', 'queue', NULL, 0), "
+            "('bare', '{}', 'h', 'succeeded', 'queue', NULL, 0), "
+            "('labelled', '{\"labels\": {\"k\": \"<v>\"}}', 'h', 'running', 'queue', 'gpu-west', 1), "
+            "('nulls', '{\"name\": null, \"labels\": null}', 'h', 'running', 'queue', 'gpu-west', 1)")
+
+        async def finish_function() -> tuple:
+            return tuple(await pool.fetchrow(
+                "SELECT prosrc, proconfig::text, prosecdef, proowner, proacl::text FROM pg_proc "
+                "WHERE proname = 'irisfed_job_finish_batch'"))
+
+        async def listing() -> list[tuple]:
+            return [tuple(r) for r in await pool.fetch(
+                "SELECT job_id, submitted_at, labels::text, search_text FROM job_listing ORDER BY job_id")]
+
+        await asyncio.to_thread(dbmod.migrate, url, "0011")
+        as_0004 = await finish_function()
+        listed = await listing()
+        assert [(r[0], r[2], r[3]) for r in listed] == [
+            ("bare", "{}", "bare "), ("labelled", '{"k": "<v>"}', "labelled "),
+            ("named", '{"team": "a"}', "named 100%_x"),
+            ("nulls", "null", "nulls ")]
+        await asyncio.to_thread(dbmod.migrate, url, "0012")
+        as_0012 = await finish_function()
+        assert as_0012[0] != as_0004[0] and as_0012[1:] == as_0004[1:]
+        await asyncio.to_thread(dbmod.downgrade, url, "0011")
+        assert await finish_function() == as_0004  # byte for byte, and the same rights
+        await asyncio.to_thread(dbmod.downgrade, url, "0010")
+        assert await pool.fetchval("SELECT to_regclass('job_listing')") is None
+        assert await pool.fetchval("SELECT count(*) FROM pg_proc WHERE proname = 'jobs_listed_never_change'") == 0
+        assert await pool.execute("UPDATE jobs SET spec = spec WHERE job_id = 'bare'") == "UPDATE 1"
+        await asyncio.to_thread(dbmod.migrate, url, "0012")
+        assert await finish_function() == as_0012
+        assert await listing() == listed  # the same rows again, from the same jobs
+        moved = await pool.fetch("SELECT job_id, state FROM irisfed_job_finish_batch('gpu-west', "
+                                 "ARRAY['labelled', 'nulls'], ARRAY[1, 1]::bigint[], ARRAY[0, 2], ARRAY[false, false])")
+        assert sorted(tuple(r) for r in moved) == [("labelled", "succeeded"), ("nulls", "failed")]
+        await asyncio.to_thread(dbmod.downgrade, url, "0010")
+        await asyncio.to_thread(dbmod.migrate, url)
+        assert [(r[0], r[2], r[3]) for r in await listing()] == [(r[0], r[2], r[3]) for r in listed]
+    finally:
+        await pool.close()

@@ -18,7 +18,7 @@ from irisfed.services.common.bus import connect_client
 from irisfed.services.router.service import Router, RouterSettings
 from irisfed.tooling.proxy import proxy_for
 from tests.infra.factories import make_config
-from tests.integration.test_hostile_input import RouterThread
+from tests.infra.routers import RouterThread
 
 
 class ProxiedRouter(RouterThread):

@@ -11,10 +11,9 @@ from irisfed.services.router.plan import plan_new_job
 from irisfed.services.router.service import _Pending
 from irisfed.shared.errors import Unavailable
 from irisfed.shared.messages import SubmitRequest, decode_request
-from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 
-def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(router, monkeypatch):  # noqa: F811
+def test_committed_jobs_are_acknowledged_even_when_answering_a_repeat_fails(router, monkeypatch):
     first = router.request("submit", json.dumps({"command": ["true"], "job_id": "old"}).encode())
     assert first["job_id"] == "old"
 

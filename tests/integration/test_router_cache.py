@@ -4,12 +4,11 @@ import json
 from datetime import UTC, datetime
 
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat
-from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 GPU_JOB = {"command": ["true"], "constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}]}
 
 
-def test_new_peer_changes_the_next_decision_at_once(router):  # noqa: F811
+def test_new_peer_changes_the_next_decision_at_once(router):
     first = router.request("submit", json.dumps(GPU_JOB).encode())
     assert first["disposition"] == "reject"
     heartbeat = Heartbeat("gpu-west", 1, datetime.now(UTC), 60.0,

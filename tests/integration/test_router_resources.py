@@ -4,10 +4,9 @@ import json
 from datetime import UTC, datetime
 
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, ResourceAmount
-from tests.integration.test_hostile_input import RouterThread, router  # noqa: F401 - fixture
 
 
-def _hear(router, peer_id: str, gpus: int, seq: int = 1) -> None:  # noqa: F811
+def _hear(router, peer_id: str, gpus: int, seq: int = 1) -> None:
     heartbeat = Heartbeat(peer_id, seq, datetime.now(UTC), 60.0, [BackendAd(
         "slurm", {"device_type": ["gpu"]}, Capacity(4, 4),
         {"cpu": ResourceAmount(32, 32), "memory_mb": ResourceAmount(131072, 131072),
@@ -19,11 +18,11 @@ def _hear(router, peer_id: str, gpus: int, seq: int = 1) -> None:  # noqa: F811
     router.run(hear())
 
 
-def _submit(router, **fields) -> dict:  # noqa: F811
+def _submit(router, **fields) -> dict:
     return router.request("submit", json.dumps({"command": ["true"], **fields}).encode())
 
 
-def test_too_big_for_every_peer_is_rejected_naming_the_resource(router):  # noqa: F811
+def test_too_big_for_every_peer_is_rejected_naming_the_resource(router):
     _hear(router, "gpu-west", 4)
     _hear(router, "home", 2)
     reply = _submit(router, resources={"gpu": 8})
@@ -38,7 +37,7 @@ def test_too_big_for_every_peer_is_rejected_naming_the_resource(router):  # noqa
     assert stored["resources"] == {"cpu": 1, "gpu": 8}
 
 
-def test_local_only_when_the_local_shape_can_hold_it(router):  # noqa: F811
+def test_local_only_when_the_local_shape_can_hold_it(router):
     _hear(router, "home", 2)
     _hear(router, "gpu-west", 4)
     small = _submit(router, resources={"gpu": 2})

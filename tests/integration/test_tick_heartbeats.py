@@ -12,6 +12,7 @@ from irisfed.services.tick.service import Tick
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, encoder
 from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import (
+    Msg,
     advertise,
     assign_jobs,
     insert_jobs,
@@ -199,17 +200,10 @@ def _seq(tick: Tick) -> int:
     return advert.seq if advert else 0
 
 
-class _Msg:
-    """A NATS message as the tick's heartbeat callback sees it."""
-
-    def __init__(self, subject: str, data: bytes) -> None:
-        self.subject, self.data = subject, data
-
-
 async def test_a_heartbeat_held_back_through_an_outage_is_persisted_as_old_as_it_is(pool):
-    # Chaos (seed 88124, restricted, schedule 13) caught it: the tick heard gpu-a, Postgres
-    # went down, the tick wrote the held heartbeat on its return stamped `now()`, was
-    # restarted, and the new tick took the dead agent for alive and placed work there.
+    """The tick hears a peer, Postgres goes away, and the peer dies meanwhile. Were the
+    held heartbeat written on Postgres's return stamped ``now()``, a restarted tick would
+    take the dead agent for alive and place work there: it is stored as old as it is."""
     from irisfed.shared.clock import ManualClock
 
     store = Store(pool)
@@ -217,7 +211,7 @@ async def test_a_heartbeat_held_back_through_an_outage_is_persisted_as_old_as_it
     config = make_config(tick_interval_s=3600)
     tick = Tick(config, pool, None, clock=clock)
     beat = heartbeat("gpu-west", 1, ttl_s=1.5)
-    await tick.on_heartbeat(_Msg(config.subjects.heartbeat("gpu-west"), encoder.encode(beat)))
+    await tick.on_heartbeat(Msg(config.subjects.heartbeat("gpu-west"), encoder.encode(beat)))
     clock.advance(5.0)  # Postgres away this long: the write waits
     await tick.persist_heartbeats()
     [row] = await store.peer_heartbeat_list()

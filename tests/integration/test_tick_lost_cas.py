@@ -9,8 +9,7 @@ lost CAS looks like to the tick: the row is not in ``job_assign_batch``'s RETURN
 
 from irisfed.services.common.store import Store
 from irisfed.services.tick.service import Tick, TickSettings
-from tests.infra.factories import insert_jobs, make_config, make_job
-from tests.integration.test_tick_resources import advertise_resources
+from tests.infra.factories import advertise_resources, insert_jobs, make_config, make_job
 
 LOSE_ASSIGNMENT_OF = """
 CREATE FUNCTION lose_assignment() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -1,18 +1,14 @@
 """The tick places resource-shaped jobs against real Postgres (docs/scheduling.md)."""
 
-from datetime import UTC, datetime
-
 from irisfed.services.common.store import Store
 from irisfed.services.tick.service import Tick, TickSettings
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
-
-
-async def advertise_resources(store: Store, peer_id: str, resources: dict, slots: int = 8,
-                              backend: str = "main") -> None:
-    """``peer_id`` advertises one backend with ``resources`` ({name: total}, all free)."""
-    backends = [{"name": backend, "attributes": {}, "capacity": {"total": slots, "free": slots},
-                 "resources": {k: {"total": v, "free": v} for k, v in resources.items()}}]
-    await store.peer_heartbeat_upsert(peer_id, "run-1", 1, backends, 60.0, datetime.now(UTC))
+from tests.infra.factories import (
+    advertise_resources,
+    assign_jobs,
+    insert_jobs,
+    make_config,
+    make_job,
+)
 
 
 async def _tick(store: Store, **settings) -> Tick:

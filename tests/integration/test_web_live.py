@@ -18,7 +18,7 @@ from irisfed.services.common.store import Store
 from irisfed.services.router.service import Router
 from irisfed.services.web.security import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 from tests.infra.factories import insert_jobs, make_config, make_job
-from tests.integration.test_web_pages import TOKEN, client_for, csrf_of, log_in, running_web
+from tests.infra.web import TOKEN, client_for, csrf_of, log_in, running_web
 
 WAIT_S = 30  # the longest any step may take before the test fails (never a timing assertion)
 

@@ -1,71 +1,33 @@
 """The dashboard's pages against the real Postgres and NATS of the test session:
 what they show, filters and pagination, escaping, headers, errors, the root path,
-the read-only role. The helpers at the top are test_web_live's too."""
+the read-only role."""
 
 from __future__ import annotations
 
 import json
 import re
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 
-import httpx
 import pytest
 
 from irisfed.services.common.store import Store
 from irisfed.services.web.security import CONTENT_SECURITY_POLICY
-from irisfed.services.web.service import WebService
-from irisfed.services.web.settings import Secret, WebSettings
 from tests.infra.factories import (
     advertise,
     assign_jobs,
     insert_jobs,
-    make_config,
     make_job,
     start_jobs,
 )
+from tests.infra.web import client_for, job_ids, running_web
 
-# ---------------------------------------------------------------- helpers (test_web_live uses them too)
-
-TOKEN = "operator-token-for-tests-0123456789"
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "';alert(1);//", "{{7*7}}"]
-
-
-@asynccontextmanager
-async def running_web(pool, nc, prefix: str, listen: bool = False, **settings):
-    """A started dashboard (``listen``: with its real HTTP server on a free port)."""
-    values = {"operator_token": Secret(TOKEN), "port": 0, **settings}
-    web = WebService(make_config(subject_prefix=prefix), Store(pool), nc, WebSettings(**values))
-    await web.start(listen=listen)
-    try:
-        yield web
-    finally:
-        await web.close()
-
-
-def client_for(web: WebService) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=web.app), base_url="http://testserver")
-
-
-def job_ids(html: str) -> list[str]:
-    return re.findall(r'data-testid="job-row" data-job-id="([^"]+)"', html)
 
 
 def next_link(html: str) -> str | None:
     found = re.search(r'<a href="([^"]+)" data-testid="next-page"', html)
     return found.group(1).replace("&amp;", "&") if found else None
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert found, "no CSRF field on the page"
-    return found.group(1)
-
-
-async def log_in(client: httpx.AsyncClient, token: str = TOKEN) -> httpx.Response:
-    page = await client.get("/login")
-    return await client.post("/login", data={"csrf": csrf_of(page.text), "token": token, "next": "/"})
 
 
 class _Tags(HTMLParser):
@@ -224,6 +186,24 @@ async def test_hostile_strings_are_shown_escaped_everywhere(web, client, pool):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages["/"]  # the peer's backend name
     assert "\\x1b[31mred\\u202e" in pages["/"]  # control and bidi characters shown as escapes
     assert job.job_id in job_ids(pages[f"/jobs?text={HOSTILE[0][:30]}"])
+
+
+async def test_the_jobs_page_shows_hostile_names_found_by_search_escaped(pool, nats_client, subject_prefix):
+    store = Store(pool)
+    job = make_job(job_id="h-script", name="<script>alert(1)</script> 100%_x",
+                   labels={"t": "<b>x</b>", "\u202e": "\"'"})
+    other = make_job(job_id="h-other", name="script alert 1000 x")
+    await insert_jobs(store, [job, other])
+    async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
+        for query in ("text=%3Cscript%3E", "text=100%25_", "text=%25_x", "label=t%3D%3Cb%3Ex%3C%2Fb%3E",
+                      "label=%E2%80%AE%3D%22%27"):
+            page = await client.get("/jobs?" + query)
+            assert page.status_code == 200, query
+            assert job_ids(page.text) == ["h-script"], query
+            assert "<script>alert" not in page.text and "<b>x</b>" not in page.text
+            assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+        assert job_ids((await client.get("/jobs?text=%25")).text) == ["h-script"]
+        assert sorted(job_ids((await client.get("/jobs?text=script")).text)) == ["h-other", "h-script"]
 
 
 async def test_filters_and_pagination_return_the_right_rows_in_order(client, pool):

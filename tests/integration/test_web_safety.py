@@ -1,12 +1,14 @@
 """The dashboard against odd data and greedy or hostile clients, on the real Postgres
 and NATS of the test session: an explanation that is not an object, the login's
-redirect target, the per-client cap on live streams, and job events beyond what one
-batch names (the subscription NATS stops and the dashboard renews)."""
+redirect target, the per-client cap on live streams (and the retry a refused client is
+told, in whole seconds and milliseconds), and job events beyond what one batch names
+(the subscription NATS stops and the dashboard renews)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from contextlib import AsyncExitStack
 
 import httpx
@@ -16,7 +18,7 @@ from irisfed.services.common.store import Store
 from irisfed.services.web.live import MAX_IDS
 from irisfed.services.web.service import EVENTS_PER_FLUSH
 from tests.infra.factories import insert_jobs, make_job
-from tests.integration.test_web_pages import TOKEN, client_for, csrf_of, running_web
+from tests.infra.web import TOKEN, client_for, csrf_of, open_stream, running_web
 
 WAIT_S = 30  # the longest any step may take before the test fails (never a timing assertion)
 
@@ -92,11 +94,6 @@ async def test_after_login_the_redirect_stays_on_the_dashboard(pool, nats_client
 # ---------------------------------------------------------------- live streams
 
 
-async def open_stream(stack: AsyncExitStack, http: httpx.AsyncClient, url: str, address: str) -> httpx.Response:
-    """A /events stream as the browser at ``address`` (through a local proxy: X-Forwarded-For)."""
-    return await stack.enter_async_context(http.stream("GET", url, headers={"x-forwarded-for": address}))
-
-
 async def test_one_client_cannot_hold_every_live_stream(pool, nats_client, subject_prefix):
     async with running_web(pool, nats_client, subject_prefix, listen=True, viewers_per_client=3,
                            max_viewers=10) as web, httpx.AsyncClient(timeout=WAIT_S) as http:
@@ -128,6 +125,19 @@ async def test_the_live_view_is_full_for_everyone_at_max_viewers(pool, nats_clie
                 assert (await open_stream(stack, http, url, address)).status_code == 200
             full = await http.get(url, headers={"x-forwarded-for": "10.0.0.3"})
             assert full.status_code == 503 and "retry-after" in full.headers
+
+
+async def test_the_refused_retry_reaches_page_and_header_as_plain_whole_numbers(pool, nats_client, subject_prefix):
+    async with running_web(pool, nats_client, subject_prefix, listen=True, viewers_per_client=1,
+                           refused_retry_s=2.5) as web, httpx.AsyncClient(timeout=30) as http:
+        page = await http.get(web.url)
+        assert re.findall(r'data-refused-retry-ms="([^"]*)"', page.text) == ["2500"]
+        url = web.url + "events"
+        async with AsyncExitStack() as stack:
+            assert (await open_stream(stack, http, url, "10.9.9.9")).status_code == 200
+            refused = await http.get(url, headers={"x-forwarded-for": "10.9.9.9"})
+            assert refused.status_code == 429
+            assert refused.headers.get_list("retry-after") == ["3"]  # 2.5 s rounded up
 
 
 async def next_jobs_event(lines) -> dict:

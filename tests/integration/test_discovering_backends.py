@@ -1,6 +1,9 @@
-"""Round 14, against real Postgres and NATS: a peer's own role writing a forged
-``discovering`` flag, a hostile backend name on the Federation page, and a real
-PeerAgent whose engine raises, hangs, or answers once and then fails."""
+"""Backends still discovering what their engine offers, against real Postgres and NATS:
+a peer's own role writing a forged ``discovering`` flag into its heartbeat row, a
+discovering backend's hostile name on the Federation page, and a real PeerAgent whose
+engine raises, hangs, or answers once and then fails. Until an engine answers, its
+backend is heard but offered nothing; after, its last answer holds; and the agent
+heartbeats throughout."""
 
 from __future__ import annotations
 
@@ -17,8 +20,7 @@ from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, Peer
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, decode_internal, encoder
 from irisfed.shared.placement import QueuedJob, assign_queued
 from tests.infra.factories import advertise, make_config
-from tests.integration.test_hostile_peer_role import gpu  # noqa: F401 - the peer's own login role
-from tests.integration.test_web_pages import client_for, running_web
+from tests.infra.web import client_for, running_web
 
 WAIT_S = 30  # the longest any step may wait before the test fails (never a timing assertion)
 
@@ -28,7 +30,7 @@ def _row(discovering) -> str:
                         "discovering": discovering}])
 
 
-async def test_a_peers_own_row_with_a_forged_discovering_flag(pool, gpu):  # noqa: F811
+async def test_a_peers_own_row_with_a_forged_discovering_flag(pool, gpu):
     """Written by the peer's own role: a non-boolean flag skips the row (the peer is not
     heard through it); a real ``true`` is heard, and nothing is placed on it."""
     admin = Store(pool)
@@ -172,10 +174,11 @@ async def test_an_engine_that_fails_hangs_then_answers_once_then_fails(pool, nat
 
 async def test_one_hung_engine_does_not_hold_back_another_engines_discovery(pool, nats_client, subject_prefix,
                                                                           tmp_path):
-    """docs/engines.md: discovery at start is bounded by two heartbeat intervals. With
-    engines asked one after another, N hung engines kept the agent silent for 2N
-    intervals (two Slurm partitions: 4 intervals, more than the default 3-interval
-    TTL) and every engine behind a hung one stayed discovering for as long."""
+    """docs/engines.md: discovery at start is bounded by two heartbeat intervals. Were
+    engines asked one after another, N hung engines would keep the agent silent for 2N
+    intervals (two Slurm partitions: 4 intervals, more than the default 3-interval TTL)
+    and every engine behind a hung one would stay discovering as long: they are asked
+    at once."""
     agent, (first, second) = _agent(pool, nats_client, tmp_path, subject_prefix, "a", "b")
     first.mode = "hang"
     second.mode = "answer"

@@ -1,0 +1,54 @@
+"""The dashboard as the integration tests drive it: a started WebService on the test
+session's Postgres and NATS, an HTTP client for it, and what they read off its pages."""
+
+from __future__ import annotations
+
+import re
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import httpx
+
+from irisfed.services.common.store import Store
+from irisfed.services.web.service import WebService
+from irisfed.services.web.settings import Secret, WebSettings
+from tests.infra.factories import make_config
+
+TOKEN = "operator-token-for-tests-0123456789"
+
+
+@asynccontextmanager
+async def running_web(pool, nc, prefix: str, listen: bool = False, **settings):
+    """A started dashboard (``listen``: with its real HTTP server on a free port)."""
+    values = {"operator_token": Secret(TOKEN), "port": 0, **settings}
+    web = WebService(make_config(subject_prefix=prefix), Store(pool), nc, WebSettings(**values))
+    await web.start(listen=listen)
+    try:
+        yield web
+    finally:
+        await web.close()
+
+
+def client_for(web: WebService) -> httpx.AsyncClient:
+    """An HTTP client talking to ``web``'s app in process (no socket)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=web.app), base_url="http://testserver")
+
+
+def job_ids(html: str) -> list[str]:
+    """The job ids of a page's job rows, in page order."""
+    return re.findall(r'data-testid="job-row" data-job-id="([^"]+)"', html)
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+async def log_in(client: httpx.AsyncClient, token: str = TOKEN) -> httpx.Response:
+    page = await client.get("/login")
+    return await client.post("/login", data={"csrf": csrf_of(page.text), "token": token, "next": "/"})
+
+
+async def open_stream(stack: AsyncExitStack, http: httpx.AsyncClient, url: str, address: str) -> httpx.Response:
+    """A /events stream as the browser at ``address`` (through a local proxy: X-Forwarded-For)."""
+    return await stack.enter_async_context(http.stream("GET", url, headers={"x-forwarded-for": address}))
