@@ -1,8 +1,8 @@
 """History stays with its job: a job's id never changes, and ``TRUNCATE jobs`` takes history along.
 
 0009 dropped the changelog's foreign key to ``jobs`` and kept its ``ON DELETE
-CASCADE`` as a trigger, but the key did two more things (attack round 12,
-tests/integration/test_attack_round12.py):
+CASCADE`` as a trigger, but the key did two more things
+(tests/integration/test_changelog_follows_jobs.py):
 
 - Its default ``ON UPDATE NO ACTION`` refused changing a job's id while history named
   it. The router and tick roles hold UPDATE on ``jobs`` (0003): after 0009 either

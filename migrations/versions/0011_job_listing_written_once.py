@@ -23,7 +23,7 @@ ways that lead with state or owner stay on ``jobs`` (those columns change).
 Keyed by ``job_id``: the router's insert is its only writer and inserts each job once,
 so the key costs one index entry per job and refuses a second row for a job (a row
 the router role forged for an existing job would otherwise list it twice, and under
-labels it does not have: attack round 13). The page reads the table through
+labels it does not have). The page reads the table through
 ``job_listing_newest`` and the GIN indexes and joins ``jobs`` by that key alone (a
 join on the submit time as well made Postgres misjudge the join and hash whole
 tables: the first page took 190 ms on 100k jobs instead of 2). An operator's DELETE
@@ -31,7 +31,7 @@ or TRUNCATE of jobs takes the listing rows along (statement triggers, as 0009 an
 0010 do for history).
 
 What the listing copied never changes on ``jobs`` either: a statement that sets
-``spec`` or ``submitted_at`` is refused, for every role (attack round 13: the router
+``spec`` or ``submitted_at`` is refused, for every role (the router
 and tick roles hold UPDATE on jobs since 0003; moving a job's submit time made the
 page's cursor skip every job in between, and left its listing row behind when the job
 was deleted, so a resubmit listed it twice; changing its labels or name made the

@@ -71,7 +71,7 @@ def _unstorable(heartbeat: Heartbeat) -> str:
     """Why Postgres could not store ``heartbeat`` ("" when it can). The wire's ints are
     unbounded and its times may carry any offset; one such heartbeat in the tick's
     batch write failed the whole statement, for every peer's heartbeat in it, again
-    at every retry (attack round 15)."""
+    at every retry."""
     if heartbeat.seq not in _BIGINT:
         return "seq out of range"
     try:
