@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -27,6 +28,20 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("irisfed")
+
+TESTS = Path(__file__).parent
+# Each folder is a layer (pyproject.toml registers the markers): `pytest -m unit` runs one.
+LAYERS = ("unit", "integration", "e2e", "engines", "browser", "chaos")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            folder = item.path.relative_to(TESTS).parts[0]
+        except ValueError:  # a test outside tests/ (given on the command line)
+            continue
+        if folder in LAYERS:
+            item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,16 @@
 """A local TCP port that accepts and counts connections and says nothing: pointed at by
 a service's database and NATS URLs, it proves the service refused its flags before it
-connected anywhere."""
+connected anywhere. A test module takes the ``listeners`` fixture by importing
+``listeners_fixture``.
+
+It opens sockets: never for tests/unit (whose guard refuses them)."""
 
 from __future__ import annotations
 
 import socket
 import threading
+
+import pytest
 
 
 class CountingListener:
@@ -27,3 +32,12 @@ class CountingListener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@pytest.fixture(name="listeners")
+def listeners_fixture():
+    """Two counting listeners: (database, NATS), closed when the test ends."""
+    db, nats = CountingListener(), CountingListener()
+    yield db, nats
+    db.close()
+    nats.close()

@@ -1,14 +1,105 @@
+"""The unit layer starts no process and opens no network socket.
+
+``pytest -m unit`` is the layer that runs anywhere, at once, with the network away
+(``unshare -n``): every unit test is guarded so that starting a process or creating
+an IPv4/IPv6 socket fails it with a message saying where such a test belongs. AF_UNIX
+sockets stay allowed (asyncio's event loop wakes itself through a socketpair).
+
+The guard is a Python audit hook (it sees ``subprocess``, ``os.fork``/``posix_spawn``/
+``exec``/``system`` and every ``socket.socket``, however it is reached) plus a wrapper
+around asyncio's subprocess helpers (uvloop spawns through libuv, where no audit event
+is raised). A refusal the code under test swallows (``except Exception``) still fails
+the test when it ends.
+
+Libraries that probe the host when first imported are imported here, before any test
+runs, so no test fails for being the first to import them: urllib3 opens (and closes)
+an IPv6 socket to learn whether the host has IPv6.
+"""
+
 from __future__ import annotations
+
+import asyncio
+import asyncio.subprocess
+import contextlib
+import importlib
+import socket
+import sys
 
 import pytest
 
-from tests.infra.listeners import CountingListener
+for _probing in ("urllib3.util.connection",):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_probing)
+
+NETWORK_FAMILIES = {int(socket.AF_INET), int(socket.AF_INET6)}
+PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
+                  "os.system", "pty.spawn"}
+WHERE = "a test that needs it belongs in tests/integration (or tests/e2e when it runs services)"
 
 
-@pytest.fixture
-def listeners():
-    """Two counting listeners: (database, NATS)."""
-    db, nats = CountingListener(), CountingListener()
-    yield db, nats
-    db.close()
-    nats.close()
+class UnitLayerViolation(RuntimeError):
+    """A unit test started a process or created a network socket."""
+
+
+class _Guard:
+    def __init__(self) -> None:
+        self.active = False
+        self.violations: list[str] = []
+
+    def refuse(self, what: str) -> None:
+        message = f"unit tests start no process and open no network socket: {what}; {WHERE}"
+        self.violations.append(message)
+        raise UnitLayerViolation(message)
+
+    def audit(self, event: str, args: tuple) -> None:
+        if not self.active:
+            return
+        if event == "socket.__new__":
+            family = args[1]  # -1 wraps a descriptor made elsewhere (socket(fileno=...)): nothing new opens
+            if family in NETWORK_FAMILIES:
+                self.refuse(f"socket({socket.AddressFamily(family).name})")
+        elif event in PROCESS_EVENTS:
+            self.refuse(f"{event}{_shown(args)}")
+
+
+def _shown(args: tuple) -> str:
+    text = repr(args[:2])
+    return text if len(text) <= 200 else text[:200] + "...)"
+
+
+GUARD = _Guard()
+sys.addaudithook(GUARD.audit)  # audit hooks cannot be removed: it acts only while GUARD.active
+
+
+def _refusing(name: str):
+    async def refused(*args, **kwargs):
+        GUARD.refuse(f"asyncio.{name}{_shown(args)}")
+
+    return refused
+
+
+FAILED_BEFORE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        item.stash[FAILED_BEFORE] = True  # it says why already: the guard adds no second error
+    return report
+
+
+@pytest.fixture(autouse=True)
+def no_process_or_network(request, monkeypatch):
+    """Every unit test, and every fixture it uses after this one, runs under the guard."""
+    for name in ("create_subprocess_exec", "create_subprocess_shell"):
+        monkeypatch.setattr(asyncio, name, _refusing(name))
+        monkeypatch.setattr(asyncio.subprocess, name, _refusing(name))
+    GUARD.violations.clear()
+    GUARD.active = True
+    try:
+        yield
+    finally:
+        GUARD.active = False
+    if GUARD.violations and not request.node.stash.get(FAILED_BEFORE, False):
+        pytest.fail("\n".join(dict.fromkeys(GUARD.violations)), pytrace=False)

@@ -2,8 +2,6 @@
 
 import asyncio
 
-import pytest
-
 from irisfed.bench.load import Run, spread
 from irisfed.cli import main
 
@@ -57,7 +55,6 @@ def test_multi_resource_jobs_are_valid_and_every_peer_holds_twice_its_share():
 
 
 def test_engines_section_says_why_it_skips(monkeypatch, capsys, tmp_path):
-    import asyncio
 
     import irisfed.tooling.engines.ray as ray
     import irisfed.tooling.engines.slurm as slurm
@@ -154,7 +151,6 @@ def test_web_section_is_registered_and_in_quick_runs():
 
 def test_dashboard_responses_say_their_server_time():
     """The header the web section reads (services.web.app._Timed)."""
-    import asyncio
 
     from irisfed.bench.web import server_time_ms
     from irisfed.services.web.app import _Timed
@@ -182,47 +178,3 @@ def test_bench_filler_jobs_take_the_state_asked_for():
     queued, done = _bench_job(7), _bench_job(7, JobState.SUCCEEDED)
     assert (queued.state, done.state) == (JobState.QUEUED, JobState.SUCCEEDED)
     assert done.job_id != queued.job_id and done.priority == queued.priority
-
-
-async def _tiny_sse_server(events_per_stream: int):
-    """A local server answering each request with an event stream of ``mode`` then
-    ``events_per_stream`` ``jobs`` events (what bench.viewers reads, not the dashboard)."""
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nevent: mode\ndata: {}\n\n")
-        writer.write(b"event: jobs\ndata: []\n\n" * events_per_stream)
-        await writer.drain()
-        await reader.read()  # held open until the viewer closes
-        writer.close()
-
-    return await asyncio.start_server(serve, "127.0.0.1", 0)
-
-
-async def test_viewer_process_opens_counts_and_closes_its_streams():
-    from irisfed.bench.deployment import bench_env
-    from irisfed.bench.viewers import ViewerProcess
-
-    server = await _tiny_sse_server(events_per_stream=3)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        viewers = await ViewerProcess.start(f"http://127.0.0.1:{port}", 4, bench_env())
-        try:
-            for _ in range(100):
-                events, ended = await viewers.snapshot()
-                if all(e.get("jobs") == 3 for e in events):
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await viewers.close()
-    assert events == [{"mode": 1, "jobs": 3}] * 4
-    assert ended == [False] * 4
-    assert viewers.process.returncode == 0
-
-
-async def test_viewer_process_says_why_when_no_stream_opens():
-    from irisfed.bench.deployment import bench_env
-    from irisfed.bench.viewers import ViewerProcess
-    from irisfed.tooling.servers import free_port
-
-    with pytest.raises(RuntimeError, match="live viewers did not open"):
-        await ViewerProcess.start(f"http://127.0.0.1:{free_port()}", 2, bench_env())

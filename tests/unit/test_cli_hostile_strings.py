@@ -117,7 +117,7 @@ def test_top_dashboard_shows_strings_literally():
 
 
 def test_logs_elsewhere_names_the_peers_folder_without_terminal_control(monkeypatch, capsys):
-    # Found by attack: the agent writes log_dir; `irisfed logs` printed it raw on stderr.
+    # The agent writes log_dir, so it is the peer's text: `irisfed logs` must not print it raw.
     import argparse
 
     from irisfed.cli import reads

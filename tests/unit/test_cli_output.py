@@ -81,8 +81,8 @@ HOSTILE_CELL = "a\tb\nFAKE\trow\r\x1b[31m\u202eevil\u2028x\x85y"
 
 @pytest.mark.parametrize("mode", ["plain", "tsv"])
 def test_hostile_job_and_explain_lines_stay_one_line_each(mode, capsys):
-    # Found by attack: a name holding "\n" and "\t" printed a line of its own that read
-    # like a TSV row (no "# "), so `irisfed job X -o tsv | ...` could be fed fake rows.
+    # A name holding "\n" and "\t" must not print a line of its own that reads like a
+    # TSV row (no "# "): `irisfed job X -o tsv | ...` could be fed fake rows.
     from tests.infra import rows
 
     spec = {"command": ["echo", HOSTILE_CELL], "name": HOSTILE_CELL, "labels": {HOSTILE_CELL: HOSTILE_CELL}}

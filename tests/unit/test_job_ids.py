@@ -44,8 +44,8 @@ def test_ids_sort_by_time_across_generators():
 
 
 def test_what_follows_an_id_is_not_in_the_id():
-    # Found by attack (tests/integration/test_hostile_input.py): the part after the time
-    # was the same for every id of one router, so a producer could name the next ones.
+    # Were the part after the time the same for every id of one router, a producer
+    # could name the next ones (tests/integration/test_hostile_input.py tries).
     now = [5_000]
     ids = JobIds(lambda: now[0])
     first = ids()

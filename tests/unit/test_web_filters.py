@@ -109,7 +109,7 @@ def test_a_forged_cursor_is_refused(raw):
 
 @pytest.mark.parametrize("raw", [b"9999-12-31T23:59:59-14:00|job", b"0001-01-01T00:00:00+14:00|job"])
 def test_a_cursor_whose_time_has_no_utc_datetime_is_refused(raw):
-    # Found by attack: such a cursor reached the query and failed it (HTTP 500).
+    # Such a cursor must not reach the query: there it fails the whole page (HTTP 500).
     cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
     with pytest.raises(FilterError, match="not valid"):
         decode_cursor(cursor)

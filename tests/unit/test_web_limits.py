@@ -3,17 +3,13 @@ at once must print exactly as each escaped alone), and odd stored explanations. 
 
 from __future__ import annotations
 
-import argparse
 from datetime import UTC, datetime
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from irisfed.services.web import flags, present
+from irisfed.services.web import present
 from irisfed.services.web.live import Broker, Refused, sse_lines
-from irisfed.services.web.settings import OPERATOR_TOKEN_ENV, WebSettings
-from irisfed.shared.errors import ConfigError
 from irisfed.shared.records import JobListRow
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
@@ -34,20 +30,26 @@ def test_one_client_gets_its_share_of_streams_and_no_more():
     assert broker.refusal("10.0.0.9") is Refused.FULL
 
 
+def test_one_ipv6_client_cannot_take_every_live_slot_by_changing_its_address() -> None:
+    broker = Broker(max_viewers=20, viewers_per_client=2)
+    # A host picks any address of its /64 (privacy addresses, or simply at will).
+    taken = [broker.join(f"2001:db8:1:2::{i:x}") for i in range(10)]
+    assert sum(viewer is not None for viewer in taken) == 2
+    assert broker.refusal("2001:db8:1:2:ffff::1") is Refused.CLIENT_FULL
+    assert broker.join("2001:db8:1:3::1") is not None  # another network is another client
+    # The same IPv4 client written as an IPv4-mapped IPv6 address is the same client.
+    assert broker.join("192.0.2.7") is not None and broker.join("::ffff:192.0.2.7") is not None
+    assert broker.join("::ffff:c000:207") is None
+    # A refused client gets its share back as its streams end.
+    for viewer in taken:
+        if viewer is not None:
+            broker.leave(viewer)
+    assert broker.join("2001:db8:1:2::99") is not None
+
+
 def test_without_a_per_client_share_the_cap_is_the_total():
     broker = Broker(max_viewers=3)
     assert all(broker.join() for _ in range(3)) and broker.refusal() is Refused.FULL
-
-
-def test_the_per_client_share_is_a_flag_and_checked(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no .irisfed/ token file here
-    monkeypatch.delenv(OPERATOR_TOKEN_ENV, raising=False)
-    parser = argparse.ArgumentParser()
-    flags.add_flags(parser)
-    assert flags.settings(parser.parse_args(["--viewers-per-client", "3"]), None).viewers_per_client == 3
-    assert flags.settings(parser.parse_args([]), None).viewers_per_client == WebSettings().viewers_per_client
-    with pytest.raises(ConfigError, match="viewers_per_client"):
-        WebSettings(viewers_per_client=0)
 
 
 def test_a_batch_is_formatted_once_for_every_viewer():

@@ -1,14 +1,18 @@
-"""`irisfed web`'s settings and flags: defaults, checks, and the operator token."""
+"""`irisfed web`'s settings and flags: their checks, the operator token and
+``--refused-retry``. Reading the flags also binds the dashboard's address once, so
+the tests that read a whole flag set are in tests/integration/test_listen_addresses.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from irisfed.cli.parser import build_parser
-from irisfed.services.common.startup import SERVICES, service_parser
+from irisfed.services.common.startup import service_parser
 from irisfed.services.web import flags
 from irisfed.services.web.settings import (
     DEFAULT_OPERATOR_TOKEN_FILE,
+    MAX_REFUSED_RETRY_S,
     OPERATOR_TOKEN_ENV,
     Secret,
     WebSettings,
@@ -17,22 +21,6 @@ from irisfed.services.web.settings import (
 from irisfed.shared.errors import ConfigError
 
 TOKEN = "operator-token-0123456789abcdef"
-
-
-def test_defaults_and_flags(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no .irisfed/web-operator-token here
-    monkeypatch.delenv(OPERATOR_TOKEN_ENV, raising=False)
-    assert SERVICES["web"] == "irisfed.services.web.flags"
-    args = service_parser("web").parse_args(["--host", "0.0.0.0", "--port", "9000", "--root-path", "/irisfed"])
-    settings = flags.settings(args, None)
-    assert (settings.host, settings.port, settings.root_path, settings.page_size) == ("0.0.0.0", 9000, "/irisfed", 50)
-    assert settings.operator_token is None
-    assert settings.refused_retry_s == 30.0
-    assert flags.settings(service_parser("web").parse_args(["--refused-retry", "2.5"]), None).refused_retry_s == 2.5
-    cli = build_parser().parse_args(["web", "--port", "0"])
-    assert cli.command == "web" and cli.port == 0
-    health = build_parser().parse_args(["health", "web", "--url", "http://127.0.0.1:9000/irisfed"])
-    assert health.service == "web" and health.url.endswith("/irisfed")
 
 
 @pytest.mark.parametrize("fields", [
@@ -77,19 +65,54 @@ def test_where_the_operator_token_comes_from(tmp_path, monkeypatch):
     assert "tiny" not in str(refused.value)  # a refused token is not echoed either
 
 
-def test_a_port_in_use_is_a_clear_error():
-    import socket
+# ---------------------------------------------------------------- --refused-retry
+# How long a refused live viewer is told to wait (the page and its Retry-After header).
+# A value that cannot work stops the dashboard before it starts anything, with a message
+# naming the setting and its flag; what reaches the page is a plain whole number.
 
-    from irisfed.services.web.service import listen_socket
+NAMED = re.compile(r"^web setting refused_retry_s \(--refused-retry\) must be ")
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    try:
-        with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1:"):
-            listen_socket("127.0.0.1", taken.getsockname()[1])
-        free = listen_socket("127.0.0.1", 0)
-        assert free.getsockname()[1] > 0
-        free.close()
-    finally:
-        taken.close()
+
+@pytest.mark.parametrize("given", ["nan", "NaN", "inf", "-inf", "-1", "0", "-0", "1e308", "86401", "0.5",
+                                   "0.0004", "1e-9"])
+def test_a_refused_retry_that_cannot_work_is_a_config_error_naming_the_setting(given):
+    args = service_parser("web").parse_args([f"--refused-retry={given}"])
+    with pytest.raises(ConfigError) as refused:
+        flags.settings(args, None)
+    assert NAMED.match(refused.value.message), refused.value.message
+    assert "got " in refused.value.message
+
+
+@pytest.mark.parametrize("given", ["30s", "", "0x10", "1_0_", "true", "None", "\u0661e308x"])
+def test_a_refused_retry_that_is_no_number_is_refused_by_the_parser(given, capsys):
+    with pytest.raises(SystemExit) as refused:
+        service_parser("web").parse_args([f"--refused-retry={given}"])
+    assert refused.value.code == 2
+    assert "--refused-retry" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, 0, 0.5, MAX_REFUSED_RETRY_S + 0.001, 10**10,
+                                   True, False, "30", None, [30], 1j])
+def test_refused_retry_values_given_in_code_that_cannot_work_are_refused(value):
+    with pytest.raises(ConfigError) as refused:
+        WebSettings(refused_retry_s=value)
+    assert NAMED.match(refused.value.message), refused.value.message
+
+
+@pytest.mark.parametrize("value", [1, 1.0, 2.5, 30, MAX_REFUSED_RETRY_S])
+def test_the_refused_retry_bounds_themselves_are_accepted(value):
+    assert WebSettings(refused_retry_s=value).refused_retry_s == value
+
+
+# ---------------------------------------------------------------- --port
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 10**30, True, False, 80.0, "80", None])
+def test_web_port_values_that_are_not_a_port_are_refused(port):
+    with pytest.raises(ConfigError, match=r"^web setting port \(--port\) must be a port 0\.\.65535, got "):
+        WebSettings(port=port)
+
+
+@pytest.mark.parametrize("port", [0, 1, 65535])
+def test_web_port_edges_are_taken(port):
+    assert WebSettings(port=port).port == port

@@ -1,27 +1,18 @@
-"""Attack round 17: every service checks its process flags at start (033e934).
+"""Hostile process flags given to the real commands stop the service before it connects.
 
-Hostile ``--db-pool``, ``--db-timeout``, ``--metrics-port`` and ``--metrics-host`` values
-through the real commands (``irisfed router``, ``irisfed web``, ``python -m
-services.tick``, ``python -m irisfed.services.peer_agent``): exit 2, one ``irisfed: ...`` line,
-no traceback, nothing connected (the URLs point at local listeners that count
-connections); the router's ``--writers``/``--db-pool`` rule with huge values; web's
-``--port``.
-
-Found and fixed here:
-
-- ``--db-pool 10**30`` (any service) hung for ever, growing: asyncpg builds one holder
-  per pool slot before it connects. ``--db-pool`` is now at most 262143, Postgres's own
-  ceiling on ``max_connections``; it also bounds ``--writers`` through the router's
-  ``--db-pool >= --writers + 2``.
-- ``--metrics-host`` that does not resolve, is not this host's, or IDNA cannot encode,
-  and a ``--metrics-port`` already in use, were tracebacks (exit 1): now one line, exit 2.
-- web's listen socket let a host name IDNA cannot encode (``'a' * 300``) escape as a
-  UnicodeError instead of its "cannot listen on" ConfigError.
+``irisfed router``, ``irisfed web``, ``python -m irisfed.services.tick`` and ``python -m
+irisfed.services.peer_agent`` with a ``--db-pool``, ``--db-timeout``, ``--metrics-port``,
+``--metrics-host`` or ``--event-loop`` that cannot work, the router's ``--writers`` with
+its pool, and web's ``--port`` and ``--host``: exit 2, one ``irisfed: ...`` line on
+stderr, no traceback, nothing on stdout, and nothing connected: the database and NATS
+URLs point at local listeners that count connections. An operator sees what is wrong
+at once, and a service that cannot run never half-starts against the servers. The
+checks themselves, in process, are tests/unit/test_startup_checks.py and
+tests/integration/test_listen_addresses.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import subprocess
@@ -29,19 +20,8 @@ import sys
 
 import pytest
 
-from irisfed.services.common import metrics
-from irisfed.services.common.startup import (
-    DB_POOL_MAX,
-    ProcessSettings,
-    process_settings,
-    service_parser,
-)
-from irisfed.services.router import flags as router_flags
-from irisfed.services.web.service import listen_socket
-from irisfed.services.web.settings import WebSettings
-from irisfed.shared.errors import ConfigError
-from irisfed.shared.settings import require_count
-from tests.infra.listeners import CountingListener
+from irisfed.services.common.startup import DB_POOL_MAX
+from tests.infra.listeners import CountingListener, listeners_fixture  # noqa: F401 - the listeners fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IRISFED = os.path.join(os.path.dirname(sys.executable), "irisfed")
@@ -68,7 +48,6 @@ def _refused_in_one_line(done, db: CountingListener, nats: CountingListener, sta
     assert "Traceback" not in done.stderr and "\x1b" not in done.stderr
     assert done.stdout == ""
     assert (db.accepted, nats.accepted) == (0, 0)  # refused before anything connected
-    assert (db.accepted, nats.accepted) == (0, 0)
 
 
 COMMANDS = {
@@ -87,7 +66,7 @@ SERVE = "irisfed: cannot serve metrics on --metrics-host "
 HOSTILE = [
     (["--db-pool", "0"], POOL + "0"),
     (["--db-pool", "-1"], POOL + "-1"),
-    (["--db-pool", str(10**30)], POOL + str(10**30)),  # hung for ever (asyncpg's holders)
+    (["--db-pool", str(10**30)], POOL + str(10**30)),  # asyncpg would build 10**30 holders before connecting
     (["--db-pool", "1000000000"], POOL + "1000000000"),
     (["--db-pool", str(DB_POOL_MAX + 1)], POOL + str(DB_POOL_MAX + 1)),
     (["--db-timeout", "nan"], TIMEOUT + "nan"),
@@ -100,7 +79,7 @@ HOSTILE = [
     (["--metrics-port=-1"], PORT + "-1"),
     (["--metrics-port", str(10**30)], PORT + str(10**30)),
     (["--metrics-host", ""], "irisfed: service setting metrics_host (--metrics-host) must not be empty"),
-    # Were tracebacks (exit 1) from the metrics server's bind:
+    # What only the metrics server's bind can tell: one line too, not a traceback (exit 1).
     (["--metrics-port", "{free}", "--metrics-host", " "], SERVE + "' '"),
     (["--metrics-port", "{free}", "--metrics-host", "nonexistent.invalid"], SERVE + "'nonexistent.invalid'"),
     (["--metrics-port", "{free}", "--metrics-host", "1.2.3.4.5"], SERVE + "'1.2.3.4.5'"),
@@ -138,8 +117,8 @@ def test_the_agent_and_the_dashboard_check_the_same_flags(listeners, command, fl
 
 
 @pytest.mark.parametrize(("flags", "starts"), [
-    # Huge writers with a pool to match: the pool's own ceiling refuses it (it hung, the
-    # pool first; past that it would have spawned 10**30 writers).
+    # Huge writers with a pool to match: the pool's own ceiling refuses it (the pool would
+    # hang the service first; past that it would spawn 10**30 writers).
     (["--writers", str(10**30), "--db-pool", str(10**30 + 2)], POOL + str(10**30 + 2)),
     (["--writers", str(10**30), "--db-pool", str(10**30 + 1)], POOL + str(10**30 + 1)),
     # At the ceiling the writers rule still applies, one short of it.
@@ -188,8 +167,9 @@ def test_web_port_out_of_range_stops_the_dashboard_before_it_connects(listeners,
 ], ids=["not-this-hosts", "unresolvable", "idna", "port-in-use"])
 @pytest.mark.parametrize("servers", [True, False], ids=["servers-listening", "no-servers"])
 def test_a_dashboard_address_that_cannot_be_bound_is_refused_before_it_connects(listeners, flags, starts, servers):
-    # The server binds once Postgres answers: the address used to be refused after
-    # connecting, and with Postgres away never (the dashboard retried the database).
+    # The server itself binds only once Postgres answers: the address is tried before
+    # that, so it is refused with Postgres away too (the dashboard would retry the
+    # database for ever and never say what is wrong).
     db, nats = listeners
     if servers:
         done = _run(COMMANDS["irisfed-web"], _filled(flags, db), db, nats)
@@ -202,96 +182,26 @@ def test_a_dashboard_address_that_cannot_be_bound_is_refused_before_it_connects(
     _refused_in_one_line(done, db, nats, starts)
 
 
-# ---------------------------------------------------------------- in-process
+# ---------------------------------------------------------------- --event-loop
+
+HOSTILE_LOOPS = ["", "UVLOOP", " asyncio", "uv\x1b[31mloop", "asyncio;id", "-x", "é" * 40, "a" * 2000,
+                 "asyncio\nuvloop"]
 
 
-def test_the_pool_ceiling_is_postgres_own():
-    assert DB_POOL_MAX == POSTGRES_MAX_BACKENDS
-    assert ProcessSettings(db_pool=DB_POOL_MAX).db_pool == DB_POOL_MAX
-    assert ProcessSettings(db_pool=1).db_pool == 1
-    for bad in (DB_POOL_MAX + 1, 10**30, 0, -1, True, 10.0, "10", None):
-        with pytest.raises(ConfigError, match=r"^service setting db_pool \(--db-pool\) must be a whole number "
-                                              r"1\.\.262143, got "):
-            ProcessSettings(db_pool=bad)
-
-
-def test_require_count_without_a_ceiling_says_what_it_said():
-    require_count("x", "n", 10**30)  # no ceiling: any whole number >= least
-    with pytest.raises(ConfigError, match=r"^x setting n \(--n\) must be a whole number >= 1, got 0$"):
-        require_count("x", "n", 0, flag="--n")
-    with pytest.raises(ConfigError, match=r"^x setting n must be a whole number 2\.\.5, got 6$"):
-        require_count("x", "n", 6, least=2, most=5)
-    require_count("x", "n", 5, least=2, most=5)
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1e-9, True, "15", None])
-def test_db_timeout_that_cannot_work_is_refused(value):
-    with pytest.raises(ConfigError, match=r"^service setting db_timeout_s \(--db-timeout\) must be a number"):
-        ProcessSettings(db_timeout_s=value)
-
-
-@pytest.mark.parametrize("value", [0, 0.0, -0.0, 1e300, 15])
-def test_db_timeout_edges_that_work_are_taken(value):
-    assert ProcessSettings(db_timeout_s=value).db_timeout_s == value
-
-
-def _router_args(*argv: str) -> argparse.Namespace:
-    return service_parser("router").parse_args(list(argv))
-
-
-def test_huge_writers_with_a_pool_to_match_are_stopped_by_the_pool_ceiling():
-    args = _router_args("--writers", str(10**30), "--db-pool", str(10**30 + 2))
-    assert router_flags.settings(args, None).writers == 10**30  # the writers rule alone lets it by
-    with pytest.raises(ConfigError, match="db_pool"):
-        process_settings(args)  # and run() checks this first
-    top = _router_args("--writers", str(DB_POOL_MAX - 2), "--db-pool", str(DB_POOL_MAX))
-    assert process_settings(top).db_pool == DB_POOL_MAX
-    assert router_flags.settings(top, None).writers == DB_POOL_MAX - 2
-
-
-def test_no_environment_variable_feeds_the_process_flags(monkeypatch):
-    for name in ("IRISFED_DB_POOL", "IRISFED_DB_TIMEOUT", "IRISFED_METRICS_PORT", "IRISFED_METRICS_HOST",
-                 "IRISFED_WRITERS"):
-        monkeypatch.setenv(name, "0")
-    args = _router_args()
-    assert process_settings(args) == ProcessSettings()
-    assert router_flags.settings(args, None).writers == 4
-
-
-@pytest.mark.parametrize("host", [" ", "nonexistent.invalid", "1.2.3.4.5", "192.0.2.1", "a" * 300, "é" * 70],
-                         ids=range(6))
-def test_metrics_on_a_host_it_cannot_listen_on_is_a_config_error(host):
-    with pytest.raises(ConfigError, match=r"^cannot serve metrics on --metrics-host '"):
-        metrics.serve(_free_port(), host)
-
-
-def test_metrics_on_a_port_in_use_is_a_config_error():
-    busy = socket.create_server(("127.0.0.1", 0))
-    try:
-        port = busy.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"^cannot serve metrics on --metrics-host '127\.0\.0\.1' "
-                                              rf"--metrics-port {port}: "):
-            metrics.serve(port, "127.0.0.1")
-    finally:
-        busy.close()
-
-
-def test_no_metrics_port_serves_nothing():
-    metrics.serve(None, "")  # nothing to bind: not even the host is looked at
-
-
-@pytest.mark.parametrize("host", ["a" * 300, "é" * 70, "nonexistent.invalid", "192.0.2.1"], ids=range(4))
-def test_the_dashboard_socket_on_a_host_it_cannot_listen_on_is_a_config_error(host):
-    with pytest.raises(ConfigError, match=r"^cannot listen on "):
-        listen_socket(host, 0)
-
-
-@pytest.mark.parametrize("port", [-1, 65536, 10**30, True, False, 80.0, "80", None])
-def test_web_port_values_that_are_not_a_port_are_refused(port):
-    with pytest.raises(ConfigError, match=r"^web setting port \(--port\) must be a port 0\.\.65535, got "):
-        WebSettings(port=port)
-
-
-@pytest.mark.parametrize("port", [0, 1, 65535])
-def test_web_port_edges_are_taken(port):
-    assert WebSettings(port=port).port == port
+@pytest.mark.parametrize("command", [[IRISFED, "router"], [sys.executable, "-m", "irisfed.services.tick"]],
+                         ids=["irisfed-router", "python-m-services.tick"])
+@pytest.mark.parametrize("value", HOSTILE_LOOPS, ids=range(len(HOSTILE_LOOPS)))
+def test_a_hostile_event_loop_value_stops_the_service_before_it_connects(listeners, command, value):
+    db, nats = listeners
+    done = subprocess.run(
+        [*command, f"--event-loop={value}", "--database-url", f"postgresql://u@127.0.0.1:{db.port}/x",
+         "--nats-url", f"nats://127.0.0.1:{nats.port}"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("irisfed: event loop (--event-loop) must be one of auto, uvloop, asyncio, got ")
+    assert "\x1b" not in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+    assert (db.accepted, nats.accepted) == (0, 0)

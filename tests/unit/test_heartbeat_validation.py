@@ -1,7 +1,10 @@
-"""Attack pass, round 15, pure part: a peer's heartbeat that Postgres could not store
-(``seq`` beyond a bigint, a ``sent_at`` that overflows in UTC) is dropped as malformed
-by every view on receipt, so it can neither poison the tick's batch write nor lock the
-peer's own later heartbeats of the same run out of a router's view."""
+"""A heartbeat Postgres could not store is malformed.
+
+A ``seq`` beyond a bigint, or a ``sent_at`` that overflows once put in UTC, is dropped
+on receipt by every view, counted as malformed: stored, it would fail the tick's whole
+batch write of heartbeats, and kept as the newest in a router's view it would lock the
+peer's later heartbeats of the same run out (none has a larger ``seq``). The extremes
+Postgres can store are still heard."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ import pytest
 from irisfed.services.peer_agent.backends import (
     LiveRun,
     RunSpec,
-    SimulatedBackend,
     SubprocessBackend,
 )
 from tests.infra.waiting import wait_for
@@ -158,9 +157,3 @@ async def test_an_agent_killed_between_marking_and_learning_the_pid_still_finds_
     assert await backend.list_runs() == [LiveRun("job", 4, str(process.pid))]
     assert await backend.kill_run(LiveRun("job", 4, str(process.pid)))
     await wait_for(lambda: _is(process.poll() is not None), "the run to die")
-
-
-async def test_simulated_runs_die_with_their_agent():
-    backend = SimulatedBackend()
-    await backend.launch(RunSpec("job", 1, ["true"], labels={"sim.duration_s": "30"}))
-    assert await backend.list_runs() == []
