@@ -101,10 +101,14 @@ class Deployment:
             await conn.close()
 
 
-def submit_body(prefix: str):
+def submit_body(prefix: str, device_type: str = "gpu"):
+    """Job ``i``'s submit: ``true``, id ``<prefix>-<i>``, constrained to ``device_type``.
+    In the bench's deployments the local cluster (the first peer) is the cpu one, so
+    gpu jobs are QUEUE jobs (router → tick → agent) and cpu jobs LOCAL ones (router →
+    the local agent, no tick)."""
     def body(i: int) -> bytes:
         return msgspec.json.encode({"command": ["true"], "job_id": f"{prefix}-{i}",
-                                    "constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}]})
+                                    "constraints": [{"key": "device_type", "op": "eq", "value": device_type}]})
     return body
 
 

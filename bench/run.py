@@ -87,7 +87,7 @@ def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]
                          "beside it, need it")
     folder = Path(tempfile.mkdtemp(prefix="irisfed-bench-"))
     os.chmod(folder, 0o755)
-    bench = Bench(Profile(quick), folder)
+    bench = Bench(Profile(quick), folder, load_at_start=os.getloadavg())
     servers = Supervisor(folder)
     try:
         nats_server = servers.add_server(start_nats(folder / "nats", jetstream=False))

@@ -152,7 +152,13 @@ def cmd_db_roles(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Benchmarks against baselines measured in the same run; prints a table, writes JSON."""
+    """Benchmarks against baselines measured in the same run; prints a table, writes JSON.
+    With --report, runs nothing: renders a results file (and --readme writes it into README)."""
+    if args.report is not None:
+        return bench_report(args)
+    if args.readme is not None or args.all:
+        print("irisfed: --readme and --all go with --report FILE (they render a results file)", file=sys.stderr)
+        return 2
     from irisfed.bench.run import SECTIONS, run_bench
 
     known = set(SECTIONS)
@@ -163,6 +169,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     run_bench(args.quick, Path(args.out) if args.out else None, sections)
     return 0
+
+
+def bench_report(args: argparse.Namespace) -> int:
+    """``irisfed bench --report FILE [--all | --readme README]``: the Markdown of a results file."""
+    from irisfed.bench.report import ResultsError, headline, load_results, markdown, with_table
+
+    if args.quick or args.sections or args.out:
+        print("irisfed: --report renders a results file and runs nothing: drop --quick, --sections and --out",
+              file=sys.stderr)
+        return 2
+    if args.all and args.readme is not None:
+        print("irisfed: --readme writes the README's table; --all is for reading (drop one)", file=sys.stderr)
+        return 2
+    try:
+        doc = load_results(_read(args.report), args.report)
+        if args.all:
+            print(markdown(doc), end="")
+            return 0
+        table = headline(doc, args.report, args.readme or "README.md")
+        if args.readme is None:
+            print(table, end="")
+            return 0
+        readme = Path(args.readme)
+        text = _read(args.readme)
+        updated = with_table(text, table, args.readme)
+    except ResultsError as exc:
+        print(f"irisfed: {exc}", file=sys.stderr)
+        return 2
+    if updated != text:
+        readme.write_text(updated, encoding="utf-8")
+    print(f"{args.readme}: performance table from {args.report} ({'updated' if updated != text else 'unchanged'})")
+    return 0
+
+
+def _read(path: str) -> str:
+    from irisfed.bench.report import ResultsError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

@@ -137,7 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--sections", help="comma-separated: submit,dispatch,tick,heartbeat,scale,engines,web (default: all)")
+    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,engines,web "
+                                      "(default: all)")
+    p.add_argument("--report", metavar="FILE",
+                   help="run nothing: print a results file (--out's JSON, e.g. bench/results/*.json) as the "
+                        "README's Markdown table")
+    p.add_argument("--readme", metavar="FILE",
+                   help="with --report: write that table into this Markdown file (README.md, docs/performance.md) "
+                        "between its <!-- bench-table:start --> and <!-- bench-table:end --> lines")
+    p.add_argument("--all", action="store_true",
+                   help="with --report: every figure, with its runs and notes, and the targets")
 
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
