@@ -18,7 +18,7 @@ from irisfed.bench.report import Bench
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.store import Store
-from irisfed.tooling.federation import ROOT, LocalFederation, Peer, Supervisor, write_config
+from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, write_config
 
 # (peer id, attributes, slots): one simulated backend each.
 PeerSpec = tuple[str, dict[str, str], int]
@@ -33,7 +33,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def bench_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    """The environment of the bench's children: this one's (they import the same irisfed)."""
+    return dict(os.environ)
 
 
 class Deployment:

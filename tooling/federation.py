@@ -38,7 +38,6 @@ from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConf
 from irisfed.tooling.proxy import TcpProxy, proxy_for
 from irisfed.tooling.servers import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL after this long
 DUMP_WAIT_S = 1.0  # after asking an overrunning child for its stacks, before SIGKILL
 
@@ -296,9 +295,13 @@ def nats_role(name: str) -> str:
 
 
 def harness_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any IRISFED_ setting, running this checkout."""
+    """This process's environment without any IRISFED_ setting, plus ``extra``.
+
+    Children run ``python -m irisfed...`` with this interpreter, so they import the
+    same installed irisfed as this process; nothing is added to ``PYTHONPATH`` (a
+    folder there would put other top-level names ahead of site-packages)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
-    return {**env, "PYTHONPATH": str(ROOT), **extra}
+    return {**env, **extra}
 
 
 class LocalFederation:

@@ -19,7 +19,6 @@ from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.tooling.federation import (
-    ROOT,  # noqa: F401 - the e2e tests take it from here
     LocalFederation,
     Peer,
     Supervisor,
@@ -31,6 +30,7 @@ from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.tooling.proxy import TcpProxy
 from tests.infra.waiting import wait_for
 
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: README, examples, docs
 TERMINAL = TERMINAL_STATES
 
 PEERS = {

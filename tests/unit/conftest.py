@@ -6,10 +6,16 @@ an IPv4/IPv6 socket fails it with a message saying where such a test belongs. AF
 sockets stay allowed (asyncio's event loop wakes itself through a socketpair).
 
 The guard is a Python audit hook (it sees ``subprocess``, ``os.fork``/``posix_spawn``/
-``exec``/``system`` and every ``socket.socket``, however it is reached) plus a wrapper
-around asyncio's subprocess helpers (uvloop spawns through libuv, where no audit event
-is raised). A refusal the code under test swallows (``except Exception``) still fails
-the test when it ends.
+``exec``/``system`` and every ``socket.socket``, however it is reached) plus wrappers
+where no audit event is raised: asyncio's subprocess helpers (uvloop spawns through
+libuv) and ``_posixsubprocess.fork_exec`` (multiprocessing's spawn and forkserver
+start their children through it). It is on while a unit module is imported and from
+the start of a test's setup to the end of its teardown, so a session fixture that
+starts servers (``servers``) fails the unit test that asks for it. A refusal the code
+under test swallows (``except Exception``) still fails the test when it ends.
+What it cannot see: a process or socket made in C without Python (ctypes calls into
+libc, libuv's own sockets under uvloop); running the layer under ``unshare -n``
+(README, Test layers) is what covers those.
 
 Libraries that probe the host when first imported are imported here, before any test
 runs, so no test fails for being the first to import them: urllib3 opens (and closes)
@@ -18,6 +24,7 @@ an IPv6 socket to learn whether the host has IPv6.
 
 from __future__ import annotations
 
+import _posixsubprocess
 import asyncio
 import asyncio.subprocess
 import contextlib
@@ -79,6 +86,44 @@ def _refusing(name: str):
 
 
 FAILED_BEFORE = pytest.StashKey[bool]()
+_fork_exec = _posixsubprocess.fork_exec
+
+
+def _guarded_fork_exec(*args, **kwargs):
+    if GUARD.active:
+        GUARD.refuse(f"_posixsubprocess.fork_exec{_shown(args)}")
+    return _fork_exec(*args, **kwargs)
+
+
+_posixsubprocess.fork_exec = _guarded_fork_exec
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """Importing a unit module runs under the guard too (a socket opened at import)."""
+    if not isinstance(collector, pytest.Module):
+        return (yield)
+    GUARD.active = True
+    try:
+        report = yield
+    finally:
+        GUARD.active = False
+    if GUARD.violations and report.passed:
+        report.outcome, report.longrepr = "failed", "\n".join(dict.fromkeys(GUARD.violations))
+    GUARD.violations.clear()
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """On before any fixture of the test is set up, session ones included."""
+    GUARD.violations.clear()
+    GUARD.active = True
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    GUARD.active = False
 
 
 @pytest.hookimpl(wrapper=True)
@@ -91,15 +136,11 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True)
 def no_process_or_network(request, monkeypatch):
-    """Every unit test, and every fixture it uses after this one, runs under the guard."""
+    """Every unit test's own code runs with asyncio's subprocess helpers refused too;
+    what the guard refused and the code swallowed fails the test when it ends."""
     for name in ("create_subprocess_exec", "create_subprocess_shell"):
         monkeypatch.setattr(asyncio, name, _refusing(name))
         monkeypatch.setattr(asyncio.subprocess, name, _refusing(name))
-    GUARD.violations.clear()
-    GUARD.active = True
-    try:
-        yield
-    finally:
-        GUARD.active = False
+    yield
     if GUARD.violations and not request.node.stash.get(FAILED_BEFORE, False):
         pytest.fail("\n".join(dict.fromkeys(GUARD.violations)), pytrace=False)
