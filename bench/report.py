@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
+
 
 @dataclass
 class Figure:
@@ -244,17 +246,20 @@ def write_json(bench: Bench, out: Path) -> None:
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"Machine: {doc['machine']}; run {doc['when'][:16]}Z ({'quick' if doc['quick'] else 'full'}).", "",
+    """Every figure of a results file (as :func:`load_results` returns it), with its
+    runs and notes, and the targets; every string from the file escaped (:func:`_cell`)."""
+    lines = [f"Machine: {_cell(doc['machine'])}; run {_cell(doc['when'][:16])}Z "
+             f"({'quick' if doc['quick'] else 'full'}).", "",
              "| section | figure | value | vs baseline (same run) | target | met | runs | notes |",
              "|---|---|---|---|---|---|---|---|"]
     for f in doc["figures"]:
         ratio = f"{f['ratio']:.2f}× {f['baseline']}" if f["ratio"] is not None else ""
         met = "" if f["met"] is None else ("yes" if f["met"] else "**no**")
-        lines.append(f"| {f['section']} | {f['name']} | {f['value']:,.1f} {f['unit']} | {ratio} | "
-                     f"{f['target']} | {met} | {f['runs']} | {f['note']} |")
+        lines.append(f"| {_cell(f['section'])} | {_cell(f['name'])} | {f['value']:,.1f} {_cell(f['unit'])} | "
+                     f"{_cell(ratio)} | {_cell(f['target'])} | {met} | {_cell(f['runs'])} | {_cell(f['note'])} |")
     if doc.get("targets"):
         lines += ["", "| issue 15 target | measured | met |", "|---|---|---|"]
-        lines += [f"| {t['what']} | {t['measured']} | {_met(t['met'], 'yes', '**no**', 'not judged')} |"
+        lines += [f"| {_cell(t['what'])} | {_cell(t['measured'])} | {_met(t['met'], 'yes', '**no**', 'not judged')} |"
                   for t in doc["targets"]]
     return "\n".join(lines) + "\n"
 
@@ -269,8 +274,52 @@ class ResultsError(ValueError):
     """A results file, or the README it would go into, that cannot be used; the message says why."""
 
 
+class _FigureRow(msgspec.Struct):
+    """A figure as :func:`write_json` writes it: what :func:`load_results` checks each against."""
+
+    section: str
+    name: str
+    value: float
+    unit: str
+    baseline: str
+    ratio: float | None
+    target: str
+    met: bool | None
+    note: str
+    runs: str = "1 run"  # not in every file: Figure's default
+
+
+class _TargetRow(msgspec.Struct):
+    what: str
+    measured: str
+    met: bool | None
+
+
+class _LoadAverage(msgspec.Struct):
+    start: list[float] = msgspec.field(default_factory=list)
+    end: list[float] = msgspec.field(default_factory=list)
+
+
+class _Results(msgspec.Struct):
+    machine: str
+    when: str
+    quick: bool
+    figures: list[_FigureRow]
+    targets: list[_TargetRow] = msgspec.field(default_factory=list)
+    load_average: _LoadAverage | None = None
+
+
+def _where(path: str) -> str:
+    """msgspec's ``$.figures[0].value`` as a reader counts: ``figure 1's value``."""
+    where = re.sub(r"^\$\.?", "", path)
+    where = re.sub(r"^(figure|target)s\[(\d+)\]\.?", lambda m: f"{m[1]} {int(m[2]) + 1}'s ", where)
+    return where.strip().removesuffix("'s") or "the file"
+
+
 def load_results(text: str, source: str) -> dict:
-    """A results file's contents (what :func:`write_json` wrote), checked enough to render."""
+    """A results file's contents (what :func:`write_json` wrote), every field of the
+    type the renderers expect (a figure without ``runs`` gets Figure's default), so
+    nothing past here can fail on a wrong type; else ResultsError naming the field."""
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -283,12 +332,32 @@ def load_results(text: str, source: str) -> dict:
     for i, f in enumerate(doc["figures"]):
         if not isinstance(f, dict) or any(k not in f for k in fields):
             raise ResultsError(f"{source}: figure {i + 1} lacks one of {', '.join(fields)}")
-    return doc
+    try:
+        results = msgspec.convert(doc, _Results, strict=True)
+    except msgspec.ValidationError as exc:
+        match = re.fullmatch(r"(.*?)(?: - at `([^`]*)`)?", str(exc), re.DOTALL)
+        why, path = match[1], match[2] or "$"
+        why = " ".join(why.replace("`", "").replace("Expected ", "expected ").replace(" | ", " or ").split())
+        raise ResultsError(f"{source}: {_where(path)}: {why}") from None
+    return msgspec.to_builtins(results)
 
 
 def _cell(text: str) -> str:
-    """Text for a Markdown table cell: a pipe or a line break would end the cell or the row."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text for a Markdown table cell or line, from anything a results file or the
+    command line says: one line (a line break would end the row, or start a heading);
+    a pipe escaped (it would end the cell); ``&``, ``<`` and ``>`` as entities, so no
+    HTML and no marker comment (:func:`with_table` refuses a second one) gets through."""
+    text = " ".join(str(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    """``text`` (escaped as :func:`_cell` does) as a Markdown code span: its fence longer
+    than any run of backticks in it, so none ends the span early."""
+    text = _cell(text)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _value(value: float, unit: str) -> str:
@@ -334,9 +403,10 @@ def headline(doc: dict, source: str, into: str = "README.md") -> str:
     load = doc.get("load_average") or {}
     busy = (f", load average {load['start'][0]:.1f} at start and {load['end'][0]:.1f} at the end"
             if load.get("start") and load.get("end") else "")
-    lines = [f"From `{source}`: {_cell(doc['machine'])}, run {doc['when'][:16]}Z{busy}, {sizes} sizes, sections "
-             f"{', '.join(sections) or 'none'}; every ratio is against a baseline measured in the same run. "
-             f"Generated by `irisfed bench --report {source} --readme {into}`: do not edit by hand.",
+    lines = [f"From {_code(source)}: {_cell(doc['machine'])}, run {_cell(doc['when'][:16])}Z{busy}, {sizes} sizes, "
+             f"sections {_cell(', '.join(sections) or 'none')}; every ratio is against a baseline measured in the "
+             f"same run. Generated by {_code(f'irisfed bench --report {source} --readme {into}')}: "
+             "do not edit by hand.",
              *(["", f"**Read with care:** {warning}."] if (warning := pgqueuer_fell_behind(doc)) else []),
              "", "| section | figure | value | vs same-run baseline | target | met |", "|---|---|---|---|---|---|"]
     for f in doc["figures"]:
@@ -367,4 +437,7 @@ def with_table(readme: str, table: str, source: str = "README.md") -> str:
 
 
 if __name__ == "__main__":
-    print(markdown(json.loads(open(sys.argv[1]).read())))
+    try:
+        print(markdown(load_results(Path(sys.argv[1]).read_text(encoding="utf-8"), sys.argv[1])), end="")
+    except (OSError, UnicodeDecodeError, ResultsError) as exc:
+        sys.exit(f"{sys.argv[1]}: {exc}" if not isinstance(exc, ResultsError) else str(exc))

@@ -191,14 +191,13 @@ def bench_report(args: argparse.Namespace) -> int:
         if args.readme is None:
             print(table, end="")
             return 0
-        readme = Path(args.readme)
         text = _read(args.readme)
         updated = with_table(text, table, args.readme)
+        if updated != text:
+            _write(args.readme, updated)
     except ResultsError as exc:
         print(f"irisfed: {exc}", file=sys.stderr)
         return 2
-    if updated != text:
-        readme.write_text(updated, encoding="utf-8")
     print(f"{args.readme}: performance table from {args.report} ({'updated' if updated != text else 'unchanged'})")
     return 0
 
@@ -210,6 +209,43 @@ def _read(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ResultsError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _write(path: str, text: str) -> None:
+    """Replace ``path``'s contents with ``text`` at once, or leave it as it was: written to a
+    temporary file beside it and flushed to disk, given the file's mode (and owner, where
+    that is allowed), then renamed over it, so a full disk cannot leave half a README. The
+    file a symlink points at is the one replaced; a file that cannot be opened for writing
+    (read-only) is refused, though a rename alone would not ask."""
+    import contextlib
+    import os
+    import stat
+    import tempfile
+
+    from irisfed.bench.report import ResultsError
+
+    target = os.path.realpath(path)
+    tmp = None
+    try:
+        os.close(os.open(target, os.O_WRONLY | os.O_APPEND))  # writable, as write_text asked; changes nothing
+        before = os.stat(target)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(text.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, stat.S_IMODE(before.st_mode))
+        if (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()):
+            with contextlib.suppress(OSError):
+                os.chown(tmp, before.st_uid, before.st_gid)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise ResultsError(f"cannot write {path}: {exc.strerror or exc} (left as it was)") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

@@ -2,7 +2,10 @@
 --report FILE [--readme README.md]``), and the LOCAL job's rows beside pgqueuer. Pure:
 no servers, no processes, no sockets; files only in tmp_path."""
 
+import errno
 import json
+import os
+import re
 from dataclasses import asdict
 
 import pytest
@@ -18,6 +21,7 @@ from irisfed.bench.report import (
     issue_targets,
     judge,
     load_results,
+    markdown,
     pgqueuer_comparisons,
     with_table,
 )
@@ -153,7 +157,7 @@ def test_headline_of_a_full_run_says_so_and_keeps_cells_whole():
     assert "full sizes" in table.splitlines()[0] and "load average" not in table.splitlines()[0]
     doc["load_average"] = {"start": [0.42, 1.0, 1.0], "end": [3.05, 2.0, 1.0]}
     assert "load average 0.4 at start and 3.0 at the end" in headline(doc, "r.json").splitlines()[0]
-    assert "| web | odd \\| name | 0.50 % core |  | < 10% of a core | yes |" in table
+    assert "| web | odd \\| name | 0.50 % core |  | &lt; 10% of a core | yes |" in table
 
 
 def test_table_goes_between_the_markers_and_again_in_place():
@@ -236,6 +240,189 @@ def test_report_command_refuses_what_it_cannot_do(tmp_path, capsys, argv, why):
     assert main([a.format(**paths) for a in argv]) == 2
     assert why in capsys.readouterr().err
     assert readme.read_text() == "no markers\n"
+
+
+def _one_figure(**changes) -> dict:
+    """judged_doc() with its first compared figure changed (as a hand-edited file might be)."""
+    doc = judged_doc()
+    figure = next(f for f in doc["figures"] if f["ratio"] is not None)
+    figure.update(changes)
+    doc["figures"] = [figure]
+    return doc
+
+
+@pytest.mark.parametrize(("doc", "where"), [
+    (_one_figure(value="fast"), "figure 1's value: expected float, got str"),
+    (_one_figure(value=None), "figure 1's value: expected float, got null"),
+    (_one_figure(value=True), "figure 1's value: expected float, got bool"),
+    (_one_figure(ratio="2x"), "figure 1's ratio: expected float or null, got str"),
+    (_one_figure(name=5, ratio=None, met=None, target=""), "figure 1's name: expected str, got int"),
+    (_one_figure(target=3), "figure 1's target: expected str, got int"),
+    (_one_figure(note=None, target="p99 <= 10 ms"), "figure 1's note: expected str, got null"),
+    (_one_figure(met="yes"), "figure 1's met: expected bool or null, got str"),
+    (_one_figure(runs=3), "figure 1's runs: expected str, got int"),
+    ({**judged_doc(), "load_average": {"start": 5, "end": [1.0]}}, "load_average.start: expected array, got int"),
+    ({**judged_doc(), "load_average": {"start": [1.0], "end": ["x"]}}, "load_average.end[0]: expected float"),
+    ({**judged_doc(), "load_average": "busy"}, "load_average: expected object or null, got str"),
+    ({**judged_doc(), "targets": [{"what": 1, "measured": "", "met": None}]}, "target 1's what: expected str"),
+    ({**judged_doc(), "targets": {}}, "targets: expected array, got object"),
+])
+def test_a_field_of_the_wrong_type_is_refused_naming_it(doc, where):
+    """Every field is checked before anything renders: a wrong type was a traceback."""
+    with pytest.raises(ResultsError) as refused:
+        load_results(json.dumps(doc), "f.json")
+    assert str(refused.value).startswith(f"f.json: {where}")
+    assert "\n" not in str(refused.value)
+
+
+def test_report_command_refuses_a_wrong_type_in_one_line_and_writes_nothing(tmp_path, capsys):
+    results, readme = tmp_path / "run.json", tmp_path / "README.md"
+    results.write_text(json.dumps(_one_figure(value="fast")))
+    readme.write_text(f"intro\n{TABLE_START}\nold\n{TABLE_END}\n")
+    capsys.readouterr()
+    assert main(["bench", "--report", str(results), "--readme", str(readme)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"irisfed: {results}: figure 1's value: expected float, got str\n"
+    assert captured.out == ""
+    assert readme.read_text() == f"intro\n{TABLE_START}\nold\n{TABLE_END}\n"
+
+
+def test_a_file_whose_figures_lack_runs_renders_in_full():
+    """Older files have no ``runs``: it is Figure's default, in --all as in the headline."""
+    doc = judged_doc()
+    for figure in doc["figures"]:
+        del figure["runs"]
+    everything = markdown(load_results(json.dumps(doc), "f.json"))
+    assert "| baseline | NATS request/reply, 1 in flight | 2,000.0 req/s |  |  |  | 1 run | p50 0.44 ms" in everything
+
+
+HOSTILE = f"a | b\n| injected | row |\n<script>alert(1)</script> {TABLE_END} {TABLE_START} & <b>bold</b>"
+
+
+def hostile_doc() -> dict:
+    """Every string a results file holds, each trying to leave its cell."""
+    doc = judged_doc()
+    doc["machine"] = f"vm {TABLE_START}\n\n# machine heading"
+    doc["when"] = "\n\n# HACKED\n\n<!-"
+    for f in doc["figures"]:
+        for key in ("section", "name", "unit", "baseline", "note", "runs"):
+            f[key] = f"{f[key]} {HOSTILE}"
+        f["target"] = f"{f['target']} {HOSTILE}" if f["target"] else ""
+    for t in doc["targets"]:
+        t["what"], t["measured"] = f"{t['what']} {HOSTILE}", f"{t['measured']} {HOSTILE}"
+    return doc
+
+
+def assert_contained(text: str, columns: dict[str, int]) -> None:
+    """No HTML, no marker, no heading; each table row has its own number of cells."""
+    assert "<" not in text and ">" not in text
+    assert TABLE_START not in text and TABLE_END not in text
+    for line in text.splitlines():
+        assert not line.startswith("#"), line
+        if line.startswith("|"):
+            pipes = len(re.findall(r"(?<!\\)\|", line))
+            assert pipes in columns.values(), line
+
+
+def test_no_string_from_the_file_or_the_command_line_leaves_its_cell():
+    source, into = f"r\n# src {TABLE_END}<i>`x`.json", f"README {TABLE_START}&.md"
+    table = headline(hostile_doc(), source, into)
+    assert_contained(table, {"headline": 7})
+    first = table.splitlines()[0]
+    assert first.startswith("From ``r # src &lt;!-- bench-table:end --&gt;&lt;i&gt;`x`.json``: vm &lt;!-- ")
+    assert "run # HACKED &lt;!-Z," in first
+    assert "a \\| b \\| injected \\| row \\| &lt;script&gt;alert(1)&lt;/script&gt;" in table
+    assert "&amp; &lt;b&gt;bold&lt;/b&gt;" in table
+    assert_contained(markdown(hostile_doc()), {"figures": 9, "targets": 4})
+    # So the table goes in, and in again: no marker of its own for with_table to count.
+    readme = f"intro\n{TABLE_START}\n{TABLE_END}\noutro\n"
+    assert with_table(with_table(readme, table), table) == with_table(readme, table)
+
+
+def test_report_command_writes_a_hostile_file_into_the_readme_twice(tmp_path, capsys):
+    results, readme = tmp_path / "run.json", tmp_path / "README.md"
+    results.write_text(json.dumps(hostile_doc()))
+    readme.write_text(f"# irisfed\n{TABLE_START}\n{TABLE_END}\n## Tests\n")
+    capsys.readouterr()
+    for _ in range(2):
+        assert main(["bench", "--report", str(results), "--readme", str(readme)]) == 0
+    written = readme.read_text()
+    assert written.count(TABLE_START) == written.count(TABLE_END) == 1
+    assert [line for line in written.splitlines() if line.startswith("#")] == ["# irisfed", "## Tests"]
+    assert "<script>" not in written and "<b>" not in written
+
+
+def readme_with_table(tmp_path):
+    results, readme = tmp_path / "run.json", tmp_path / "README.md"
+    results.write_text(json.dumps(judged_doc()))
+    readme.write_text(f"intro\n{TABLE_START}\nold\n{TABLE_END}\noutro\n")
+    return results, readme
+
+
+def _fails(exc: OSError):
+    def fail(*args, **kwargs):
+        raise exc
+    return fail
+
+
+@pytest.mark.parametrize(("broken", "exc"), [
+    ("replace", OSError(errno.EROFS, "Read-only file system")),  # the rename into place
+    ("fsync", OSError(errno.ENOSPC, "No space left on device")),  # a full disk shows when flushed
+    ("open", OSError(errno.EROFS, "Read-only file system")),  # a target that cannot be opened for writing
+])
+def test_a_failed_write_leaves_the_readme_as_it_was_in_one_line(tmp_path, capsys, monkeypatch, broken, exc):
+    """Tests run as root, whom chmod does not stop: the failure is made at the call."""
+    results, readme = readme_with_table(tmp_path)
+    before, files = readme.read_text(), sorted(tmp_path.iterdir())
+    capsys.readouterr()
+    real_open = os.open
+
+    def open_readme_read_only(path, flags, *rest):  # only the README's own opening for writing
+        if os.fspath(path) == str(readme) and flags & os.O_WRONLY:
+            raise exc
+        return real_open(path, flags, *rest)
+
+    if broken == "open":
+        monkeypatch.setattr(os, "open", open_readme_read_only)
+    else:
+        monkeypatch.setattr(os, broken, _fails(exc))
+    assert main(["bench", "--report", str(results), "--readme", str(readme)]) == 2
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert captured.err == f"irisfed: cannot write {readme}: {exc.strerror} (left as it was)\n"
+    assert readme.read_text() == before
+    assert sorted(tmp_path.iterdir()) == files  # no temporary file left behind
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod")
+@pytest.mark.parametrize("read_only", ["file", "folder"])
+def test_a_read_only_readme_or_folder_is_refused(tmp_path, capsys, read_only):
+    results, readme = readme_with_table(tmp_path)
+    before = readme.read_text()
+    (readme if read_only == "file" else tmp_path).chmod(0o444 if read_only == "file" else 0o555)
+    try:
+        assert main(["bench", "--report", str(results), "--readme", str(readme)]) == 2
+    finally:
+        tmp_path.chmod(0o755)
+    assert "cannot write" in capsys.readouterr().err
+    assert readme.read_text() == before
+
+
+def test_the_readme_is_replaced_whole_keeping_its_mode_and_symlink(tmp_path, capsys, monkeypatch):
+    """Written beside it and renamed over it: a reader never sees half a README."""
+    results, real = readme_with_table(tmp_path)
+    real.chmod(0o640)
+    link = tmp_path / "link.md"
+    link.symlink_to(real.name)
+    renames, real_replace = [], os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (renames.append((src, dst)), real_replace(src, dst))[1])
+    assert main(["bench", "--report", str(results), "--readme", str(link)]) == 0
+    assert renames and len(renames) == 1
+    src, dst = renames[0]
+    assert os.path.dirname(src) == str(tmp_path) and dst == os.path.realpath(real)
+    assert link.is_symlink() and (real.stat().st_mode & 0o777) == 0o640
+    assert f"{TABLE_START}\n{headline(judged_doc(), str(results), str(link)).rstrip()}\n{TABLE_END}" in real.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "link.md", "run.json"]
 
 
 def test_hop_medians_skip_a_stage_no_job_passed():
