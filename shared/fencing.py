@@ -21,13 +21,11 @@ two agree for every move.
 
 from __future__ import annotations
 
-from irisfed.shared.lifecycle import JobState
+from irisfed.shared.lifecycle import ACTIVE_STATES, JobState
 
 EPOCH_STEP = 1
 # A job that has never been handed to anyone.
 NEVER_HANDED_OFF = 0
-
-_LIVE = frozenset({JobState.ASSIGNED, JobState.RUNNING})
 
 
 def epoch_after(from_state: JobState | None, to_state: JobState, epoch: int, *,
@@ -40,7 +38,7 @@ def epoch_after(from_state: JobState | None, to_state: JobState, epoch: int, *,
     """
     if to_state is JobState.ASSIGNED:
         return epoch + EPOCH_STEP
-    if from_state in _LIVE and (to_state is JobState.QUEUED or owner_unreachable):
+    if from_state in ACTIVE_STATES and (to_state is JobState.QUEUED or owner_unreachable):
         return epoch + EPOCH_STEP
     return epoch
 

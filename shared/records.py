@@ -1,7 +1,7 @@
 """Rows: what services hand to the store, and the frozen typed rows it returns.
 
-The store (``irisfed.services.common.store``) is the only code that talks to Postgres; it
-returns these values, never a driver's records. Each row type lists exactly the
+The services' store (``irisfed.services.common.store``) and the producers' reads
+(``irisfed.reads``) return these values, never a driver's records. Each row type lists exactly the
 columns of the named query that returns it, in order (the store checks the order
 once per query). Job states are ``JobState`` values.
 
@@ -83,7 +83,7 @@ class Move:
     avoid_peer: str | None = None
 
     @property
-    def epoch_after(self) -> int:
+    def resulting_epoch(self) -> int:
         """The epoch the job is under once the move committed."""
         return self.epoch if self.new_epoch is None else self.new_epoch
 

@@ -159,7 +159,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.readme is not None or args.all:
         print("irisfed: --readme and --all go with --report FILE (they render a results file)", file=sys.stderr)
         return 2
-    from irisfed.bench.run import SECTIONS, run_bench
+    try:
+        from irisfed.bench.run import SECTIONS, run_bench
+    except ModuleNotFoundError as exc:  # the bench's own dependencies are an extra
+        print(f"irisfed: irisfed bench needs {exc.name}, which is not installed: "
+              "pip install 'irisfed[bench]'", file=sys.stderr)
+        return 2
 
     known = set(SECTIONS)
     sections = {s.strip() for s in args.sections.split(",")} if args.sections else known

@@ -56,7 +56,6 @@ from irisfed.shared.records import (
     SyncState,
 )
 
-Q = QUERIES
 _encoder = msgspec.json.Encoder()
 _R = TypeVar("_R", bound=Row)
 _checked: set[str] = set()  # queries whose columns were checked against their row type
@@ -186,19 +185,19 @@ class Store:
     async def _fetch(self, name: str, *args: Any, limit_s: float | None = None) -> list[asyncpg.Record]:
         """Run query ``name``; ``limit_s``: its client-side timeout (None: the pool's)."""
         with translated_errors():
-            return await self.db.fetch(Q[name], *args, timeout=limit_s)
+            return await self.db.fetch(QUERIES[name], *args, timeout=limit_s)
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         with translated_errors():
-            return await self.db.fetchrow(Q[name], *args)
+            return await self.db.fetchrow(QUERIES[name], *args)
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
         with translated_errors():
-            return await self.db.fetchval(Q[name], *args)
+            return await self.db.fetchval(QUERIES[name], *args)
 
     async def _execute(self, name: str, *args: Any) -> None:
         with translated_errors():
-            await self.db.execute(Q[name], *args)
+            await self.db.execute(QUERIES[name], *args)
 
     async def _one(self, name: str, kind: type[_R], *args: Any) -> _R | None:
         record = await self._fetchrow(name, *args)
@@ -252,7 +251,7 @@ class Store:
         check_transition(move.from_state, move.to_state)
         return await self._fetchval(
             "job_move", move.job_id, move.from_state.value, move.epoch, move.to_state.value,
-            move.epoch_after, move.owner_peer_id,
+            move.resulting_epoch, move.owner_peer_id,
             move.reason, move.exit_code, move.actor, move.log_dir, move.avoid_peer,
         )
 

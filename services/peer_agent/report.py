@@ -254,7 +254,7 @@ class Reports:
         # The epoch job_end_run wrote: Postgres decides it, by the rule the plan
         # applied (irisfed.shared.fencing; tests/integration/test_rules_in_sql.py).
         await self.announce(JobEvent(
-            move.job_id, move.to_state, "" if handed_back else self.peer_id, move.epoch_after, self.clock.now(),
+            move.job_id, move.to_state, "" if handed_back else self.peer_id, move.resulting_epoch, self.clock.now(),
             exit_code=move.exit_code, reason=move.reason,
         ))
         return True

@@ -239,6 +239,7 @@ class PeerAgent(Service):
         async with self.lock:
             self.pending.pop(notice.job_id, None)
             run = self.runs.get(notice.job_id)
+            # The router stores a cancel before it sends the notice.
             if run is not None and run.epoch == notice.epoch and must_kill_run(True, run.cancel_requested):
                 self._kill(run, cancel=True)
         self.reconcile_wanted.set()

@@ -37,11 +37,11 @@ def recover_from_lost_peer(
     that the job must not run again: the owner was told it when it returns, and no
     other peer may start it meanwhile.
     """
-    if under_cancel(state, cancel_requested) is JobState.KILLED:
+    failure = None if state is JobState.ASSIGNED else after_infra_failure(attempts, max_retries)
+    if under_cancel(JobState.QUEUED if failure is None else failure.to_state, cancel_requested) is JobState.KILLED:
         return Recovery(JobState.KILLED, f"cancelled while its owner {owner} was unreachable", False)
-    if state is JobState.ASSIGNED:
+    if failure is None:
         return Recovery(JobState.QUEUED, f"owner {owner} unreachable before starting it", False)
-    failure = after_infra_failure(attempts, max_retries)
     elsewhere = "; retrying elsewhere" if failure.retrying else f"; {failure.suffix}"
     return Recovery(failure.to_state, f"peer lost: {owner} unreachable while running it{elsewhere}",
                     failure.retrying)
@@ -72,6 +72,7 @@ def stored_cancel_move(row: ClaimedJob) -> Move | None:
     raced the hand-back. The claim is the one gate every queued job passes to run
     again: checked there, a cancelled job never starts again whichever way it came back.
     """
+    # The move it would otherwise make is its placement: queued → assigned.
     if under_cancel(JobState.ASSIGNED, row.cancel_requested) is not JobState.KILLED:
         return None
     return Move(row.job_id, JobState.QUEUED, JobState.KILLED, row.epoch, actor="tick", owner_peer_id=None,

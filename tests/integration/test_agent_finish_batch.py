@@ -11,20 +11,12 @@ from __future__ import annotations
 import re
 
 from irisfed.services.common.store import Store
-from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
-
-
-async def _running(store: Store, count: int, peer: str = "gpu-west") -> list[str]:
-    jobs = [make_job() for _ in range(count)]
-    await insert_jobs(store, jobs)
-    await assign_jobs(store, jobs, peer)
-    await start_jobs(store, jobs, peer)
-    return [j.job_id for j in jobs]
+from tests.infra.factories import running_jobs
 
 
 async def test_each_ending_is_decided_by_exit_code_and_cancels(pool):
     store = Store(pool)
-    ok, bad, stored_cancel, cancelled_now, stale, theirs = await _running(store, 6)
+    ok, bad, stored_cancel, cancelled_now, stale, theirs = await running_jobs(store, 6)
     await store.job_request_cancel(stored_cancel)
     moved = await store.job_finish_batch("gpu-west", [
         (ok, 1, 0, False), (bad, 1, 3, False), (stored_cancel, 1, 0, False), (cancelled_now, 1, 137, True),

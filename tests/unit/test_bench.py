@@ -22,6 +22,17 @@ def test_unknown_section_is_a_clear_error(capsys):
     assert "unknown bench section(s): warp" in capsys.readouterr().err
 
 
+def test_a_missing_bench_dependency_is_named_with_the_extra_that_brings_it(capsys, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("irisfed.bench")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "httpx", None)  # as if not installed
+    assert main(["bench", "--sections", "submit"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "irisfed: irisfed bench needs httpx, which is not installed: pip install 'irisfed[bench]'")
+
+
 def test_quick_leaves_engines_out_unless_asked():
     from irisfed.bench.run import SECTIONS, chosen_sections
 

@@ -42,12 +42,12 @@ def test_jobs_are_created_never_handed_off_except_local_ones():
 def test_the_tick_moves_the_epoch_on_at_every_recovery(state, cancelled, retries):
     move, _ = recovery_move(lost_peer_job(state=state, epoch=4, attempts=1, max_retries=retries,
                                           cancel_requested=cancelled))
-    assert move.epoch_after == 5
+    assert move.resulting_epoch == 5
 
 
 def test_a_kill_at_claim_keeps_the_epoch():
     move = stored_cancel_move(claimed_job(epoch=3, cancel_requested=True))
-    assert (move.to_state, move.epoch_after) == (JobState.KILLED, 3)
+    assert (move.to_state, move.resulting_epoch) == (JobState.KILLED, 3)
     assert stored_cancel_move(claimed_job(epoch=3)) is None
 
 
@@ -58,4 +58,4 @@ def test_an_agent_steps_the_epoch_only_when_it_hands_the_job_back(attempts, canc
              launch_error_move("p", job.job_id, 6, "no such file", job),
              outcome_unknown_move("p", job.job_id, 6, "lost", cancelled)]
     for move in moves:
-        assert move.epoch_after == epoch_after(JobState.RUNNING, move.to_state, 6)
+        assert move.resulting_epoch == epoch_after(JobState.RUNNING, move.to_state, 6)
