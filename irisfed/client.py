@@ -52,9 +52,15 @@ delays it and never misleads it.
 and one verdict per peer. An error reply raises :class:`IrisfedClientError` (a
 subclass per documented code: :class:`InvalidRequestError`, :class:`ConflictError`,
 :class:`UnknownPeerError`, :class:`NotFoundError`, :class:`UnavailableError`,
-:class:`InternalError`), with ``.code`` (a :class:`~shared.errors.ErrorCode`) and
-``.message``. A request that is invalid is refused here, before it is sent, with the
-router's own checks and the same code.
+:class:`InternalError`, :class:`ConfigurationError`), with ``.code`` (a
+:class:`~shared.errors.ErrorCode`) and ``.message``. A request that is invalid is
+refused here, before it is sent, with the router's own checks and the same code; so is
+a job id no job can have (``get``, ``wait``, ``watch``, ``cancel``:
+:class:`InvalidRequestError`, quoting at most its first characters). Settings no retry
+can fix raise :class:`ConfigurationError` (not retryable): a database URL that cannot
+be parsed, a login Postgres refuses (the user and host named, never the password), no
+such database; its subclass :class:`SchemaMismatchError` says the database is not at
+this irisfed's schema (run ``irisfed migrate``).
 
 **Retries.** ``unavailable`` answers, timeouts and "no router is listening" are retried
 with the *same* request (so the same ``job_id``: submits are idempotent; a job_id is
@@ -94,6 +100,7 @@ from irisfed.errors import (
     InvalidRequestError,
     IrisfedClientError,
     NotFoundError,
+    SchemaMismatchError,
     UnavailableError,
     UnknownPeerError,
     error_for,
@@ -108,7 +115,7 @@ from irisfed.jobs import (
     job_view,
     new_job_id,
 )
-from irisfed.reads import JobReads
+from irisfed.reads import JobReads, checked_job_id
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
 from irisfed.shared.config import DATABASE_URL_ENV
 from irisfed.shared.errors import IrisfedError
@@ -121,7 +128,6 @@ from irisfed.shared.messages import (
     SubmitReply,
     SubmitRequest,
     decode_reply,
-    decode_request,
     encoder,
 )
 from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
@@ -138,6 +144,7 @@ __all__ = [
     "Job",
     "NotFoundError",
     "Retry",
+    "SchemaMismatchError",
     "Servers",
     "SyncClient",
     "UnavailableError",
@@ -293,10 +300,7 @@ class Client:
         never_started, not_restarted, kill_sent, pending_owner_offline, already_requested,
         already_finished). Raises :class:`NotFoundError` for an unknown job. Safe to
         repeat (and so retried like submits)."""
-        try:
-            body = encoder.encode(decode_request(CancelRequest, encoder.encode({"job_id": job_id})))
-        except IrisfedError as exc:
-            raise InvalidRequestError(exc.message) from None
+        body = encoder.encode(CancelRequest(job_id=_checked_job_id(job_id)))
         reply = await self._request(self.subjects.cancel, body)
         if not isinstance(reply, CancelReply):
             raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
@@ -352,6 +356,7 @@ class Client:
     async def get(self, job_id: str) -> Job:
         """The job as Postgres has it now (a :class:`Job`); :class:`NotFoundError` if none.
         Needs a database URL."""
+        job_id = _checked_job_id(job_id)
         store = await self._get_store()
         try:
             row = await store.job_get(job_id)
@@ -375,6 +380,7 @@ class Client:
         is waited out.
         Raises :class:`NotFoundError` for an unknown job. Needs a database URL.
         """
+        job_id = _checked_job_id(job_id)
         store = await self._get_store()
         wake = asyncio.Event()
 
@@ -456,6 +462,14 @@ class Client:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _checked_job_id(job_id: str) -> str:
+    """``job_id`` if a job can have it, else :class:`InvalidRequestError` (no I/O)."""
+    try:
+        return checked_job_id(job_id)
+    except IrisfedError as exc:
+        raise InvalidRequestError(exc.message) from None
 
 
 def _answer_or_error(data: bytes) -> SubmitReply | CancelReply | IrisfedClientError:

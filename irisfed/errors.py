@@ -21,6 +21,7 @@ __all__ = [
     "InvalidRequestError",
     "IrisfedClientError",
     "NotFoundError",
+    "SchemaMismatchError",
     "UnavailableError",
     "UnknownPeerError",
     "error_for",
@@ -76,13 +77,20 @@ class InternalError(IrisfedClientError, code=ErrorCode.INTERNAL):
 
 
 class ConfigurationError(IrisfedClientError, code=ErrorCode.CONFIG_ERROR):
-    """The client is missing a setting (no NATS URL, no database URL for reads, a bad config file)."""
+    """A setting is missing or wrong, and no retry will fix it: no NATS URL, no database
+    URL for reads, a bad config file, a database URL that cannot be parsed, a login
+    Postgres refuses (wrong user or password, no such database)."""
+
+
+class SchemaMismatchError(ConfigurationError, code=ErrorCode.SCHEMA_MISMATCH):
+    """The database is not at the schema this irisfed needs (not migrated, or migrated by
+    another irisfed version): run ``irisfed migrate``. A :class:`ConfigurationError`."""
 
 
 _BY_CODE: dict[str, type[IrisfedClientError]] = {
     kind.code: kind
     for kind in (InvalidRequestError, ConflictError, UnknownPeerError, NotFoundError, UnavailableError,
-                 InternalError, ConfigurationError)
+                 InternalError, ConfigurationError, SchemaMismatchError)
 }
 
 

@@ -4,21 +4,55 @@ The wire contract has no NATS request for a job's state: Postgres is the truth. 
 client reads it with the statements every service uses (``irisfed.shared.queries``:
 ``job_get``, ``changelog_list_for_job``), decoded into the same typed rows
 (``irisfed.shared.records``), and failures classified the same way
-(``irisfed.shared.postgres``: ``Unavailable`` may pass, anything else will not). Reads
-only: a client changes nothing in the database.
+(``irisfed.shared.postgres``: ``Unavailable`` may pass, anything else will not; a
+refused login or a bad URL is a ``DatabaseConfigError``, a database not at this
+irisfed's schema a ``DatabaseSchemaMismatch``). Reads only: a client changes nothing in
+the database. A job id is checked as the router checks it (:func:`checked_job_id`)
+before any of it is sent.
 """
 
 from __future__ import annotations
 
 import asyncpg
+import msgspec
 
-from irisfed.shared.errors import Unavailable
-from irisfed.shared.postgres import set_json_codecs, translated_errors
+from irisfed.shared.errors import DatabaseSchemaMismatch, InvalidRequest, IrisfedError
+from irisfed.shared.messages import CancelRequest, decode_request, encoder
+from irisfed.shared.postgres import (
+    connecting,
+    schema_mismatch_message,
+    set_json_codecs,
+    translated_errors,
+)
 from irisfed.shared.queries import QUERIES
 from irisfed.shared.records import ChangelogEntry, JobRow
 
 # A client's reads are single-row lookups: a small pool, a short wait for it.
 CONNECT_TIMEOUT_S = 5.0
+SHOWN_ID_CHARS = 40  # an invalid id is quoted up to this many characters
+JOB_ID_RULE = "1 to 128 letters, digits, '.', '_' or '-', the first a letter or digit"
+
+
+def shown_job_id(job_id: object) -> str:
+    """``job_id`` quoted for a message, cut to its first characters when it is long."""
+    if not isinstance(job_id, str):
+        return f"a {type(job_id).__name__}"
+    if len(job_id) <= SHOWN_ID_CHARS:
+        return repr(job_id)
+    return f"{job_id[:SHOWN_ID_CHARS]!r}... ({len(job_id)} characters)"
+
+
+def checked_job_id(job_id: object) -> str:
+    """``job_id`` if the router would take it (as a cancel's, by the wire's own rule),
+    else ``InvalidRequest`` quoting at most its start. Pure: no I/O.
+
+    A string no job can have (NUL, which Postgres text cannot hold, or thousands of
+    characters) never reaches Postgres.
+    """
+    try:
+        return decode_request(CancelRequest, encoder.encode({"job_id": job_id})).job_id
+    except (IrisfedError, TypeError, msgspec.EncodeError):
+        raise InvalidRequest(f"not a job id: {shown_job_id(job_id)} (a job id is {JOB_ID_RULE})") from None
 
 
 class JobReads:
@@ -29,24 +63,48 @@ class JobReads:
 
     @classmethod
     async def connect(cls, database_url: str) -> JobReads:
-        """Open the pool (no schema check: a read the schema cannot answer says so itself)."""
-        try:
-            with translated_errors():  # refused for good (a bad password...): PermanentStoreError
-                pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2,
-                                                 timeout=CONNECT_TIMEOUT_S, init=set_json_codecs)
-        except Unavailable as exc:
-            raise Unavailable(f"cannot reach Postgres: {exc.__cause__ or exc}") from exc
+        """Open the pool. ``Unavailable`` when Postgres cannot be reached;
+        ``DatabaseConfigError`` when the URL cannot be parsed or the login is refused
+        (the URL named, its password not). No schema check: a read the schema cannot
+        answer raises ``DatabaseSchemaMismatch`` itself."""
+        with connecting(database_url):
+            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2,
+                                             timeout=CONNECT_TIMEOUT_S, init=set_json_codecs)
         return cls(pool)
 
     async def job_get(self, job_id: str) -> JobRow | None:
-        with translated_errors():
-            record = await self._pool.fetchrow(QUERIES["job_get"], job_id)
+        job_id = checked_job_id(job_id)
+        record = await self._read(self._pool.fetchrow, QUERIES["job_get"], job_id)
         return None if record is None else JobRow.from_record(record)
 
     async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
-        with translated_errors():
-            records = await self._pool.fetch(QUERIES["changelog_list_for_job"], job_id)
+        job_id = checked_job_id(job_id)
+        records = await self._read(self._pool.fetch, QUERIES["changelog_list_for_job"], job_id)
         return [ChangelogEntry.from_record(record) for record in records]
+
+    async def _read(self, read, query: str, *args):
+        """``read(query, *args)``, its failures translated; a schema mismatch also says
+        which revision the database is at."""
+        try:
+            with translated_errors():
+                return await read(query, *args)
+        except DatabaseSchemaMismatch as exc:
+            found = await self._revision()
+            if found is None:
+                raise
+            raise DatabaseSchemaMismatch(schema_mismatch_message(exc.__cause__ or exc, found),
+                                         exc.error_class, exc.sqlstate) from exc.__cause__
+
+    async def _revision(self) -> str | None:
+        """Where the database's schema is, as words for a message (None: cannot tell)."""
+        try:
+            with translated_errors():
+                if not await self._pool.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
+                    return "the database has no irisfed schema at all"
+                found = await self._pool.fetchval("SELECT max(version_num) FROM alembic_version")
+        except IrisfedError:
+            return None
+        return f"the database is at schema revision {found}" if found else "the database has no schema revision"
 
     async def close(self) -> None:
         await self._pool.close()

@@ -89,4 +89,20 @@ class SchemaMismatch(IrisfedError, code=ErrorCode.SCHEMA_MISMATCH):
     """The database is not at the schema revision this code was built for."""
 
 
+class DatabaseConfigError(PermanentStoreError, ConfigError, code=ErrorCode.CONFIG_ERROR):
+    """Postgres cannot be used with these settings, however often one tries.
+
+    A login refused (wrong password, no such role, not allowed to log in, no
+    ``pg_hba.conf`` entry), no such database, a database URL or connection parameter
+    that cannot be parsed. Both a ``ConfigError`` (the settings are the user's to fix)
+    and a ``PermanentStoreError`` (what a store's caller already handles).
+    """
+
+
+class DatabaseSchemaMismatch(PermanentStoreError, SchemaMismatch, code=ErrorCode.SCHEMA_MISMATCH):
+    """A statement names a table, column or function the database does not have: the
+    database is not at the schema this code was written for (not migrated, or migrated
+    by another irisfed version). Also a ``PermanentStoreError``."""
+
+
 RETRYABLE_CODES = frozenset({Unavailable.code})

@@ -2,7 +2,10 @@
 
 Which driver errors mean "not now" (retry: Postgres away, restarting, hung, the
 connection lost) and which mean "never" (refused for good), how each is told, and how
-JSON columns are read. The services' pools (``irisfed.services.common.db``) and the
+JSON columns are read. Two kinds of "never" are the user's settings rather than a
+statement, and are told as such: ``DatabaseConfigError`` (a login refused, no such
+database, a URL that cannot be parsed) and ``DatabaseSchemaMismatch`` (a table, column
+or function the database does not have: it is not at this irisfed's schema). The services' pools (``irisfed.services.common.db``) and the
 producers' client reads (``irisfed.reads``) both go through these, so a failure is
 classified one way everywhere.
 """
@@ -10,13 +13,21 @@ classified one way everywhere.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import asyncpg
 import msgspec
 
-from irisfed.shared.errors import IrisfedError, PermanentStoreError, Unavailable
+from irisfed.shared.errors import (
+    DatabaseConfigError,
+    DatabaseSchemaMismatch,
+    IrisfedError,
+    PermanentStoreError,
+    Unavailable,
+)
+from irisfed.shared.redact import _PASSWORD_PARAM, _USERINFO, redact
 
 # Errors that mean "Postgres is not there right now", as opposed to a bug or bad data.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -45,6 +56,18 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 # a session ended for idling in a transaction.
 TRANSIENT_SQLSTATES = ("08", "53", "57", "40001", "40P01", "55P03", "25P03")
 
+# SQLSTATEs that no retry fixes and that say the settings are wrong, not a statement:
+# invalid authorization (a wrong password, no such role, a role that may not log in,
+# no pg_hba.conf entry for this host, user and database) and no such database.
+CONFIGURATION_SQLSTATES = ("28", "3D000")
+
+# A statement naming what the database does not have: an undefined table, column or
+# function. Our statements are written for one schema revision, so the database is not
+# at it (never migrated, migrated by an older or newer irisfed, or not ours at all).
+SCHEMA_SQLSTATES = ("42P01", "42703", "42883")
+
+MIGRATE_HINT = "run `irisfed migrate` (or use the irisfed version that matches the database)"
+
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away by itself (retry later) rather than on every retry.
@@ -54,6 +77,8 @@ def is_transient(exc: BaseException) -> bool:
     argument, a bug) fails again the same way and must not be retried forever.
     """
     if isinstance(exc, asyncpg.exceptions.DataError):  # a bad argument (an InterfaceError)
+        return False
+    if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):  # a bad connection parameter
         return False
     if isinstance(exc, (Unavailable, *CONNECTION_ERRORS)):
         return True
@@ -70,22 +95,105 @@ def unavailable_message(exc: BaseException) -> str:
 def translate(exc: Exception) -> Exception:
     """The irisfed error for a driver (or network) error; anything else is returned as it is.
 
-    Transient (``is_transient``) → ``Unavailable``; a statement Postgres refused for
-    good → ``PermanentStoreError`` naming the database's error class and SQLSTATE.
+    Transient (``is_transient``) → ``Unavailable``; refused for good → a
+    ``PermanentStoreError`` naming the database's error class and SQLSTATE: a
+    ``DatabaseConfigError`` when the login or a connection parameter is wrong, a
+    ``DatabaseSchemaMismatch`` when the database lacks what a statement names, the
+    plain class for anything else (permission denied, a constraint, a bad argument).
     """
     if isinstance(exc, IrisfedError):
         return exc
     if is_transient(exc):
         return Unavailable(unavailable_message(exc))
-    if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
-        return PermanentStoreError(str(exc), error_class=type(exc).__name__,
-                                   sqlstate=getattr(exc, "sqlstate", None))
-    return exc
+    if not isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+        return exc
+    sqlstate = getattr(exc, "sqlstate", None)
+    named = {"error_class": type(exc).__name__, "sqlstate": sqlstate}
+    if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+        return DatabaseConfigError(f"invalid database connection setting: {redact(exc)}", **named)
+    if (sqlstate or "").startswith(CONFIGURATION_SQLSTATES):
+        return DatabaseConfigError(f"Postgres refused the connection: {redact(exc)}", **named)
+    if (sqlstate or "").startswith(SCHEMA_SQLSTATES):
+        return DatabaseSchemaMismatch(schema_mismatch_message(exc), **named)
+    return PermanentStoreError(str(exc), **named)
+
+
+def schema_mismatch_message(cause: BaseException, found: str = "") -> str:
+    """What a ``DatabaseSchemaMismatch`` says: the statement's error, where the
+    database's schema is when known (``found``), and what to do."""
+    seen = f"{cause}; {found}" if found else str(cause)
+    return f"the database is not at the schema this irisfed needs ({seen}); {MIGRATE_HINT}"
+
+
+def connect_error(exc: Exception, database_url: str) -> Exception:
+    """The irisfed error for a failure to open a connection (or pool) to ``database_url``.
+
+    As :func:`translate`, with the server named (its URL without the password) and two
+    more kinds of "never": a URL the driver cannot parse (it raises ``ValueError`` or
+    ``OverflowError`` before any I/O) is a ``DatabaseConfigError`` too. Anything else
+    that is not a driver error is returned as it is.
+    """
+    if isinstance(exc, IrisfedError):
+        return exc
+    where = redact(database_url)
+    if isinstance(exc, (ValueError, OverflowError)):  # asyncpg's ClientConfigurationError too
+        why = _scrubbed(exc, database_url)
+        if "***" in why:  # the driver quoted a piece of the password back: it split the URL
+            why += " (percent-encode any ':', '/', '?', '#', '[', ']' or '@' in the password)"
+        return DatabaseConfigError(f"invalid database URL {where}: {why}", error_class=type(exc).__name__)
+    if is_transient(exc):
+        why = "no answer in time" if isinstance(exc, TimeoutError) else redact(exc) or type(exc).__name__
+        return Unavailable(f"cannot reach Postgres at {where}: {why}")
+    translated = translate(exc)
+    if isinstance(translated, DatabaseConfigError):
+        return DatabaseConfigError(
+            f"Postgres at {where} refused the connection: {redact(exc)} (check the user, password and "
+            "database name in the database URL)", error_class=translated.error_class,
+            sqlstate=translated.sqlstate)
+    return translated
+
+
+@contextmanager
+def connecting(database_url: str) -> Iterator[None]:
+    """Open connections to ``database_url`` inside the block; failures raise as
+    :func:`connect_error` says (the driver's error as the cause)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - translated, or raised again as it was
+        translated = connect_error(exc, database_url)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+def _scrubbed(exc: BaseException, database_url: str) -> str:
+    """``exc``'s text without the URL's password, not even a piece of it.
+
+    A password with an unescaped ``/``, ``#`` or ``?`` splits the URL in odd places,
+    and the driver may then quote part of it back as a host or a port.
+    """
+    text = redact(exc) or type(exc).__name__
+    secrets = [m["password"] for m in _USERINFO.finditer(database_url)]
+    secrets += [m["password"] for m in _PASSWORD_PARAM.finditer(database_url)]
+    secrets = [secret for secret in secrets if secret]
+    if not secrets:
+        return text
+
+    def quoted(match: re.Match[str]) -> str:
+        inner = match[2]
+        return f"{match[1]}***{match[1]}" if inner and any(inner in s for s in secrets) else match[0]
+
+    text = re.sub(r"""(['"])(.*?)\1""", quoted, text)
+    for secret in secrets:
+        if len(secret) >= 3:
+            text = text.replace(secret, "***")
+    return text
 
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
-    """Raise driver errors inside the block as ``Unavailable`` / ``PermanentStoreError``."""
+    """Raise driver errors inside the block as :func:`translate` says (``Unavailable`` /
+    ``PermanentStoreError`` or one of its two named kinds)."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - translated, or raised again as it was

@@ -18,6 +18,8 @@ IRISFED_NATS_URL, IRISFED_CONFIG), then ``.irisfed/connect.json`` that a running
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -78,9 +80,49 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         try:
-            return handler(args)
+            code = handler(args)
+            sys.stdout.flush()  # a reader gone shows here, not in Python's flush at exit
+            return code
         except client.ReplyError as exc:  # the router's answer: exit 1
             print(f"irisfed: {redact(exc.message)}", file=sys.stderr)
             return 1
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise  # some other pipe: a failure like any other
+            return STDOUT_CLOSED
 
     return startup.guarded(run)
+
+
+# `irisfed jobs | head -3`: the reader went away. Say nothing and end as a program
+# killed by SIGPIPE would (128 + 13), which is what the shell expects of a pipeline.
+STDOUT_CLOSED = 141
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output's reader is gone (output to it fails with EPIPE); if so,
+    point it at /dev/null so that Python's own flush at exit stays quiet too."""
+    try:
+        sys.stdout.flush()  # what a failed buffered write left fails again
+        gone = _no_reader(sys.stdout.fileno())
+    except BrokenPipeError:
+        gone = True
+    except (OSError, ValueError):  # no stdout at all, or not a file
+        gone = False
+    if gone:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+    return gone
+
+
+def _no_reader(fd: int) -> bool:
+    """A pipe's (or socket's) writing end with nobody left to read: poll says error or hang-up."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return True  # cannot tell: a BrokenPipeError reaching here was most likely stdout's
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))

@@ -1,5 +1,6 @@
 """Reads of the unified view in Postgres: ``jobs``, ``job``, ``explain``, ``peers``,
-``logs`` and the live ``top``."""
+``logs`` and the live ``top``. A job id is checked before Postgres is asked
+(``irisfed.reads.checked_job_id``): one that no job can have is refused in one line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from irisfed.cli.connect import nats_client, open_store, print_json, subjects, with_store
+from irisfed.reads import checked_job_id
 from irisfed.services.common.startup import federation_config
 
 
@@ -27,8 +29,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def _job_and_history(args: argparse.Namespace):
     """The job row and its changelog, or (None, []) after saying it does not exist."""
 
+    job_id = checked_job_id(args.job_id)
+
     async def fetch(store):
-        return await store.job_get(args.job_id), await store.changelog_list_for_job(args.job_id)
+        return await store.job_get(job_id), await store.changelog_list_for_job(job_id)
 
     job, history = asyncio.run(with_store(args, fetch))
     if job is None:
@@ -79,7 +83,8 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    job = asyncio.run(with_store(args, lambda s: s.job_get(args.job_id)))
+    job_id = checked_job_id(args.job_id)
+    job = asyncio.run(with_store(args, lambda s: s.job_get(job_id)))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
         return 1

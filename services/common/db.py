@@ -4,7 +4,9 @@ Every service calls :func:`connect` at start; it refuses to run on a database
 that is not at the schema head this code was built for. This module and
 ``store.py`` are the only ones that know the driver: :func:`translated_errors`
 turns its errors into ``Unavailable`` (may go away by itself: retry) or
-``PermanentStoreError`` (will fail the same way again).
+``PermanentStoreError`` (will fail the same way again), and ``connecting`` does the
+same for opening a pool, a refused login or a bad URL becoming a
+``DatabaseConfigError``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ import asyncpg
 
 from irisfed.migrations import MIGRATIONS_DIR, head_revision
 from irisfed.shared.errors import SchemaMismatch, Unavailable
-from irisfed.shared.postgres import CONNECTION_ERRORS, set_json_codecs, translated_errors
+from irisfed.shared.postgres import (
+    CONNECTION_ERRORS,
+    connecting,
+    set_json_codecs,
+    translated_errors,
+)
 
 # A submit waiting on a dead database should fail fast with `unavailable`, not hang.
 CONNECT_TIMEOUT_S = 5.0
@@ -152,10 +159,10 @@ async def connect(
         timeout=timeouts.connect_s or None, command_timeout=timeouts.command_s or None,
         server_settings=timeouts.server_settings(), acquire_timeout=timeouts.acquire_s or None,
     )
-    try:
+    # Unreachable: Unavailable; a refused login, no such database, a URL that cannot be
+    # parsed: DatabaseConfigError (a ConfigError: one line, exit 2, never retried).
+    with connecting(database_url):
         await pool
-    except CONNECTION_ERRORS as exc:
-        raise Unavailable(f"cannot reach Postgres: {exc}") from exc
     if check:
         try:
             with translated_errors():
@@ -169,8 +176,9 @@ async def connect(
 
 async def ensure_database(admin_url: str, name: str) -> None:
     """Create database ``name`` on the server of ``admin_url`` unless it exists."""
-    with translated_errors():
+    with connecting(admin_url):
         conn = await asyncpg.connect(admin_url)
+    with translated_errors():
         try:
             if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
                 await conn.execute(f'CREATE DATABASE "{name.replace(chr(34), chr(34) * 2)}"')

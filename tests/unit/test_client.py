@@ -218,3 +218,56 @@ def test_errors_raised_inside_irisfed_keep_their_code():
     assert isinstance(translated(Unavailable("postgres at postgresql://u:pw@h/db is away")), UnavailableError)
     assert "pw" not in translated(Unavailable("postgresql://u:pw@h/db")).message
     assert translated(InvalidRequest("bad")).code == ErrorCode.INVALID_REQUEST
+
+
+# ---------------------------------------------------------------- ids and database settings, before any I/O
+
+HOSTILE_IDS = ["a\x00b", "x" * 5000, "", "-leading-dash", "has space", "../../etc", "ünïcødé"]
+
+
+@pytest.mark.parametrize("job_id", HOSTILE_IDS)
+async def test_an_id_no_job_can_have_is_refused_before_any_io(job_id):
+    """As the router refuses it for a cancel, and without a connection: the client has a
+    database URL, so any read that got through would open a socket (the unit guard)."""
+    client = Client(None, Servers("nats://h:4222", "postgresql://u:pw@h/db", "irisfed"))
+    reads = {"get": client.get(job_id), "wait": client.wait(job_id), "cancel": client.cancel(job_id),
+             "watch": anext(client.watch(job_id))}
+    for name, read in reads.items():
+        with pytest.raises(InvalidRequestError) as refused:
+            await read
+        message = refused.value.message
+        assert message.startswith("not a job id: ") and len(message) < 200, (name, message)
+        assert "\x00" not in message and not refused.value.retryable
+
+
+def test_a_long_id_is_quoted_by_its_first_characters_only():
+    from irisfed.reads import checked_job_id
+    from irisfed.shared.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=r"^not a job id: 'x{40}'\.\.\. \(5000 characters\)"):
+        checked_job_id("x" * 5000)
+    assert checked_job_id("nightly-2024.05_01") == "nightly-2024.05_01"
+    assert checked_job_id("y" * 128) == "y" * 128
+
+
+def test_database_settings_no_retry_can_fix_are_configuration_errors():
+    from irisfed.errors import SchemaMismatchError, translated
+    from irisfed.shared.errors import DatabaseConfigError, DatabaseSchemaMismatch
+
+    refused = translated(DatabaseConfigError(
+        "Postgres at postgresql://web:***@db:5432/irisfed refused the connection: password authentication "
+        "failed for user \"web\"", "InvalidPasswordError", "28P01"))
+    assert type(refused) is ConfigurationError and not refused.retryable and refused.code == "config_error"
+    mismatch = translated(DatabaseSchemaMismatch("the database is not at the schema this irisfed needs "
+                                                 "(relation \"jobs\" does not exist); run `irisfed migrate`"))
+    assert type(mismatch) is SchemaMismatchError and isinstance(mismatch, ConfigurationError)
+    assert mismatch.code == "schema_mismatch" and not mismatch.retryable and "irisfed migrate" in mismatch.message
+    assert type(error_for("schema_mismatch", "not migrated")) is SchemaMismatchError
+
+
+async def test_a_database_url_that_cannot_be_parsed_is_a_configuration_error_without_its_password():
+    client = Client(None, Servers("nats://h:4222", "postgresql://u:s3cret@[::1", "irisfed"))
+    with pytest.raises(ConfigurationError) as refused:
+        await client.get("j1")
+    assert "u:***@[::1" in refused.value.message and "s3cret" not in str(refused.value)
+    assert not refused.value.retryable
