@@ -29,7 +29,9 @@ WIRE_VERSION = 1
 # make a router buffer megabytes per request.
 MAX_BODY_BYTES = 64 * 1024
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# (?!\n): in Python a bare $ also matches before a final newline; "abc\n" is no id.
+# The lookahead means the same in ECMA regexes, so the exported JSON Schema agrees.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(?!\n)$"
 JobId = Annotated[str, Meta(pattern=JOB_ID_PATTERN, description="client idempotency key")]
 Text = Annotated[str, Meta(max_length=4096)]
 Name = Annotated[str, Meta(max_length=256)]

@@ -15,15 +15,29 @@ from irisfed.shared.errors import ConfigError
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
+    from sqlalchemy.exc import DBAPIError
+
     from irisfed.services.common import db
+    from irisfed.shared.redact import redact
 
     url = database_url(args)
-    if args.downgrade:
-        db.downgrade(url, args.downgrade)
-        print(f"downgraded to {args.downgrade}")
-    else:
-        db.migrate(url, args.revision)
-        print(f"database at schema revision {db.schema_head() if args.revision == 'head' else args.revision}")
+    try:
+        if args.downgrade:
+            db.downgrade(url, args.downgrade)
+            print(f"downgraded to {args.downgrade}")
+        else:
+            db.migrate(url, args.revision)
+            print(f"database at schema revision {db.schema_head() if args.revision == 'head' else args.revision}")
+    except (DBAPIError, OSError, CommandError, ValueError) as exc:
+        # Alembic wraps the driver's error (unreachable, refused login, bad URL): the
+        # innermost one says what happened; a migration's own bug stays a traceback.
+        cause = exc
+        while getattr(cause, "orig", None) is not None or cause.__cause__ is not None:
+            cause = getattr(cause, "orig", None) or cause.__cause__
+        print(f"irisfed: cannot migrate {redact(url)}: {redact(str(cause) or type(cause).__name__)}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -79,3 +79,11 @@ def test_a_reader_that_left_the_pipe_gets_silence(tmp_path, database_url, unbuff
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, ""), result.stderr
+
+
+def test_migrate_against_a_database_it_cannot_use_is_one_line(tmp_path, database_url):
+    closed = f"postgresql://irisfed:{SECRET}@127.0.0.1:1/db"  # nothing listens on port 1
+    line = _one_line(cli(tmp_path, closed, "migrate"))
+    assert line.startswith("irisfed: cannot migrate postgresql://irisfed:***@127.0.0.1:1/db: ")
+    refused = _one_line(cli(tmp_path, _as(database_url, "irisfed_no_such_role"), "migrate"))
+    assert "irisfed_no_such_role" in refused

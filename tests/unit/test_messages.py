@@ -71,6 +71,7 @@ def test_full_submit_roundtrips():
         (submit(job_id="bad id"), "job_id"),
         (submit(job_id="-leading"), "job_id"),
         (submit(job_id="x" * 129), "job_id"),
+        (submit(job_id="abc\n"), "job_id"),
         (submit(env={"A": 1}), "Expected `str`"),
         (submit(constraints=[{"key": "k", "op": "like", "value": "x"}]), "Invalid enum value 'like'"),
         (submit(constraints=[{"key": "k", "op": "gt", "value": "big"}]), "numeric"),
@@ -86,6 +87,19 @@ def test_bad_submits_raise_one_clear_error(body, fragment):
         decode_request(SubmitRequest, body)
     assert fragment in info.value.message
     assert info.value.code == "invalid_request"
+
+
+@pytest.mark.parametrize("job_id", ["abc\n", "abc\n\n", "\nabc"])
+def test_a_job_id_with_a_newline_is_no_id_anywhere(job_id):
+    import re
+
+    from irisfed.shared.messages import JOB_ID_PATTERN, CancelRequest
+
+    for kind, body in ((SubmitRequest, submit(job_id=job_id)), (CancelRequest, json.dumps({"job_id": job_id}).encode())):
+        with pytest.raises(InvalidRequest, match="job_id"):
+            decode_request(kind, body)
+    assert re.search(JOB_ID_PATTERN, job_id) is None
+    assert re.search(JOB_ID_PATTERN, job_id.strip())
 
 
 def test_oversize_body_rejected_before_parsing():
