@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -121,8 +122,20 @@ def pytest_runtest_setup(item):
     GUARD.active = True
 
 
-@pytest.hookimpl(trylast=True)
+UNIT_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
+    """Off before teardown when the next test is not a unit test (or there is none):
+    then fixtures of wider scope end too (the session's servers and engines), and
+    stopping them is not this test's doing."""
+    if nextitem is None or UNIT_DIR not in Path(nextitem.path).parents:
+        GUARD.active = False
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
     GUARD.active = False
 
 
