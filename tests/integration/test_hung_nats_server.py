@@ -22,28 +22,14 @@ from irisfed.services.router.service import Router, RouterSettings
 from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.tooling.servers import start_nats
 from tests.infra.factories import make_config
+from tests.infra.probes import ask, changelog_of, in_state, returns
 from tests.infra.waiting import wait_for
 
 WAIT_S = 30  # bounds a hang on a slow machine; never an assertion about time
 
 
-async def _true(value):
-    return value
 
 
-async def _ask(nc, prefix: str, verb: str, body: dict) -> dict:
-    reply = await nc.request(f"{prefix}.{verb}", json.dumps(body).encode(), timeout=WAIT_S)
-    return json.loads(reply.data)
-
-
-async def _history(pool, job_id: str) -> list[tuple]:
-    return [tuple(r) for r in await pool.fetch(
-        "SELECT seq, from_state, to_state, epoch FROM federation_changelog WHERE job_id = $1 ORDER BY seq", job_id)]
-
-
-async def _state(store: Store, job_id: str, state: str) -> bool:
-    row = await store.job_get(job_id)
-    return row is not None and row.state == state
 
 
 async def test_a_sigstopped_nats_server_loses_nothing_and_runs_nothing_twice(pool, tmp_path, subject_prefix):
@@ -65,14 +51,14 @@ async def test_a_sigstopped_nats_server_loses_nothing_and_runs_nothing_twice(poo
     try:
         await agent.start()
         await router.start()
-        await wait_for(lambda: _true("home" in router.view.reachable_ids()), "the local agent heard")
-        running = await _ask(producer, subject_prefix, "submit", {"job_id": "stopped-nats-a", "command": ["true"]})
+        await wait_for(lambda: returns("home" in router.view.reachable_ids()), "the local agent heard")
+        running = await ask(producer, subject_prefix, "submit", {"job_id": "stopped-nats-a", "command": ["true"]})
         assert running["disposition"] == "local"
-        await wait_for(lambda: _state(store, "stopped-nats-a", "running"), "the first job running")
+        await wait_for(lambda: in_state(store, "stopped-nats-a", "running"), "the first job running")
         os.kill(server.pid, signal.SIGSTOP)
         stopped = True
         # The agent finishes its job while NATS hangs: Postgres gets it anyway.
-        await wait_for(lambda: _state(store, "stopped-nats-a", "succeeded"), "the finish written while NATS hangs")
+        await wait_for(lambda: in_state(store, "stopped-nats-a", "succeeded"), "the finish written while NATS hangs")
         body = {"job_id": "stopped-nats-b", "command": ["true"]}
         with pytest.raises((nats.errors.TimeoutError, TimeoutError)):
             await asyncio.wait_for(producer.request(f"{subject_prefix}.submit", json.dumps(body).encode(),
@@ -81,9 +67,9 @@ async def test_a_sigstopped_nats_server_loses_nothing_and_runs_nothing_twice(poo
         stopped = False
         reply = await wait_for(lambda: _retry(producer, subject_prefix, body), "the retried submit answered")
         assert reply["job_id"] == "stopped-nats-b" and "error" not in reply
-        await wait_for(lambda: _state(store, "stopped-nats-b", "succeeded"), "the second job run")
+        await wait_for(lambda: in_state(store, "stopped-nats-b", "succeeded"), "the second job run")
         for job_id in ("stopped-nats-a", "stopped-nats-b"):
-            history = [(r[1], r[2]) for r in await _history(pool, job_id)]
+            history = [(r[1], r[2]) for r in await changelog_of(pool, job_id)]
             assert history.count(("assigned", "running")) == 1, history
             assert (await store.job_get(job_id)).attempts == 1
         assert await pool.fetchval("SELECT count(*) FROM jobs WHERE job_id LIKE 'stopped-nats-%'") == 2

@@ -7,7 +7,6 @@ history, and rewinds at most the sender's own advertisement.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 from irisfed.services.common.store import Store
@@ -33,13 +32,11 @@ from tests.infra.factories import (
     make_job,
     start_jobs,
 )
+from tests.infra.probes import ask, changelog_of, in_state, returns
 from tests.infra.waiting import wait_for
 
 WAIT_S = 30  # bounds a hang on a slow machine; never an assertion about time
 
-
-async def _true(value):
-    return value
 
 
 async def _router(pool, nc, prefix: str) -> Router:
@@ -48,14 +45,6 @@ async def _router(pool, nc, prefix: str) -> Router:
     return router
 
 
-async def _ask(nc, prefix: str, verb: str, body: dict) -> dict:
-    reply = await nc.request(f"{prefix}.{verb}", json.dumps(body).encode(), timeout=WAIT_S)
-    return json.loads(reply.data)
-
-
-async def _history(pool, job_id: str) -> list[tuple]:
-    return [tuple(r) for r in await pool.fetch(
-        "SELECT seq, from_state, to_state, epoch FROM federation_changelog WHERE job_id = $1 ORDER BY seq", job_id)]
 
 
 async def test_a_replayed_submit_after_the_job_finished_or_was_requeued_creates_nothing(pool, nats_client,
@@ -66,28 +55,28 @@ async def test_a_replayed_submit_after_the_job_finished_or_was_requeued_creates_
     try:
         body = {"job_id": "replayed-submit", "command": ["echo", "once"],
                 "constraints": [{"key": "device_type", "op": "eq", "value": "gpu"}]}
-        first = await _ask(nats_client, subject_prefix, "submit", body)
+        first = await ask(nats_client, subject_prefix, "submit", body)
         assert (first["disposition"], first["duplicate"]) == ("queue", False)
         job = type("J", (), {"job_id": "replayed-submit"})()  # the helpers read only job_id
         await assign_jobs(store, [job], "gpu-west")
         await start_jobs(store, [job], "gpu-west")
         # Lost and requeued under epoch 2 (as the tick does), then run and finished there.
         assert await pool.fetchval("SELECT irisfed_job_end_run('gpu-west', 'replayed-submit', 1, 'queued', 'lost')")
-        replay = await _ask(nats_client, subject_prefix, "submit", body)
+        replay = await ask(nats_client, subject_prefix, "submit", body)
         assert replay == {**first, "duplicate": True}
         row = await store.job_get("replayed-submit")
         assert (row.state, row.epoch, row.attempts) == ("queued", 2, 1)  # the replay reset nothing
         await assign_jobs(store, [job], "gpu-west", epoch=2)
         await start_jobs(store, [job], "gpu-west", epoch=3)
         assert await store.job_finish_batch("gpu-west", [("replayed-submit", 3, 0, False)])
-        history = await _history(pool, "replayed-submit")
+        history = await changelog_of(pool, "replayed-submit")
         for _ in range(3):
-            assert await _ask(nats_client, subject_prefix, "submit", body) == {**first, "duplicate": True}
+            assert await ask(nats_client, subject_prefix, "submit", body) == {**first, "duplicate": True}
         row = await store.job_get("replayed-submit")
         assert (row.state, row.epoch, row.attempts, row.exit_code) == ("succeeded", 3, 2, 0)
-        assert await _history(pool, "replayed-submit") == history
+        assert await changelog_of(pool, "replayed-submit") == history
         # The same id with another spec is still a conflict, not a second job.
-        other = await _ask(nats_client, subject_prefix, "submit", {**body, "command": ["echo", "twice"]})
+        other = await ask(nats_client, subject_prefix, "submit", {**body, "command": ["echo", "twice"]})
         assert other["error"]["code"] == "conflict"
         await assert_changelog_replays(store)
     finally:
@@ -103,22 +92,22 @@ async def test_a_replayed_cancel_after_a_requeue_kills_the_job_once_and_nothing_
     router = await _router(pool, nats_client, subject_prefix)
     try:
         body = {"job_id": "replayed-cancel", "command": ["true"], "cluster_pin": "gpu-west"}
-        first = await _ask(nats_client, subject_prefix, "submit", body)
+        first = await ask(nats_client, subject_prefix, "submit", body)
         assert first["state"] == "queued"
         job = type("J", (), {"job_id": "replayed-cancel"})()
         await assign_jobs(store, [job], "gpu-west")
         await start_jobs(store, [job], "gpu-west")
         assert await pool.fetchval("SELECT irisfed_job_end_run('gpu-west', 'replayed-cancel', 1, 'queued', 'lost')")
-        cancel = await _ask(nats_client, subject_prefix, "cancel", {"job_id": "replayed-cancel"})
+        cancel = await ask(nats_client, subject_prefix, "cancel", {"job_id": "replayed-cancel"})
         assert (cancel["state"], cancel["outcome"]) == ("killed", "not_restarted")
-        history = await _history(pool, "replayed-cancel")
+        history = await changelog_of(pool, "replayed-cancel")
         for _ in range(3):
-            again = await _ask(nats_client, subject_prefix, "cancel", {"job_id": "replayed-cancel"})
+            again = await ask(nats_client, subject_prefix, "cancel", {"job_id": "replayed-cancel"})
             assert (again["state"], again["outcome"]) == ("killed", "already_finished")
-        assert await _ask(nats_client, subject_prefix, "submit", body) == {**first, "duplicate": True}
+        assert await ask(nats_client, subject_prefix, "submit", body) == {**first, "duplicate": True}
         row = await store.job_get("replayed-cancel")
         assert (row.state, row.epoch, row.attempts) == ("killed", 2, 1)
-        assert await _history(pool, "replayed-cancel") == history
+        assert await changelog_of(pool, "replayed-cancel") == history
         # The old epoch's agent cannot revive it either.
         assert await store.job_start_batch("gpu-west", [("replayed-cancel", 2, None, "late")]) == {}
         await assert_changelog_replays(store)
@@ -144,8 +133,8 @@ async def test_replayed_assign_notices_and_forged_events_never_run_a_job_twice(p
     await start_jobs(store, [elsewhere], "tpu-east", epoch=3)
     await agent.start()
     try:
-        await wait_for(lambda: _state(store, done.job_id, "succeeded"), "the job to finish")
-        history = await _history(pool, done.job_id)
+        await wait_for(lambda: in_state(store, done.job_id, "succeeded"), "the job to finish")
+        history = await changelog_of(pool, done.job_id)
         # Replays: the finished job's own notice (epoch 1), the moved job's old notices
         # (epochs 1 and 3, the latter naming gpu-west), and events claiming both run again.
         for _ in range(20):
@@ -156,10 +145,10 @@ async def test_replayed_assign_notices_and_forged_events_never_run_a_job_twice(p
                     JobEvent(job.job_id, "running", "gpu-west", epoch, datetime.now(UTC))))
         await nats_client.flush()
         seen = agent.reconciled
-        await wait_for(lambda: _true(agent.reconciled >= seen + 2 and not agent.noticed
+        await wait_for(lambda: returns(agent.reconciled >= seen + 2 and not agent.noticed
                                      and not agent.start_wanted.is_set()), "the agent to take the replays")
         assert agent.runs == {} and agent.pending == {}
-        assert await _history(pool, done.job_id) == history
+        assert await changelog_of(pool, done.job_id) == history
         assert [(r[1], r[2]) for r in history].count(("assigned", "running")) == 1
         row = await store.job_get(elsewhere.job_id)
         assert (row.state, row.owner_peer_id, row.epoch) == ("running", "tpu-east", 3)
@@ -167,10 +156,6 @@ async def test_replayed_assign_notices_and_forged_events_never_run_a_job_twice(p
     finally:
         await agent.close()
 
-
-async def _state(store: Store, job_id: str, state: str) -> bool:
-    row = await store.job_get(job_id)
-    return row is not None and row.state == state
 
 
 async def test_a_replayed_old_run_heartbeat_rewinds_only_the_senders_own_advert(pool, nats_client, subject_prefix):
