@@ -35,9 +35,6 @@ from tests.infra.factories import (
 from tests.infra.probes import ask, changelog_of, in_state, returns
 from tests.infra.waiting import wait_for
 
-WAIT_S = 30  # bounds a hang on a slow machine; never an assertion about time
-
-
 
 async def _router(pool, nc, prefix: str) -> Router:
     router = Router(make_config(subject_prefix=prefix), pool, nc, RouterSettings(writers=1))
