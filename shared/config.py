@@ -22,6 +22,12 @@ slurm_partition = "gpu"                # optional: the cluster's default partiti
 id = "ml"
 backend = "ray"
 ray_address = "http://127.0.0.1:8265"  # the Ray dashboard (Jobs API)
+
+[[users]]                              # optional: users beside `default` (docs/design.md §3.2)
+id = "alice"
+max_band = "interactive"
+weight = 1.0
+quota = { gpu = 16, cpu = 256 }
 ```
 """
 
@@ -42,13 +48,14 @@ from irisfed.shared.reachability import (
     DEFAULT_HEARTBEAT_TTL_S,
 )
 from irisfed.shared.subjects import Subjects
+from irisfed.shared.users import UserConfig, UserTable, parse_users
 
 CONFIG_ENV = "IRISFED_CONFIG"
 DATABASE_URL_ENV = "IRISFED_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
-             "peers", "tick_interval_s", "assign_grace_s"}
+             "peers", "tick_interval_s", "assign_grace_s", "users"}
 _PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address"}
 BACKEND_KINDS = ("subprocess", "simulated", "slurm", "ray")
 
@@ -91,6 +98,15 @@ class FederationConfig:
     tick_interval_s: float = 1.0
     # How long a job may sit `assigned` on an unreachable peer before the tick requeues it.
     assign_grace_s: float = DEFAULT_ASSIGN_GRACE_S
+    users: tuple[UserConfig, ...] = ()  # configured users; `default` acts for v1 producers
+
+    @property
+    def user_table(self) -> UserTable:
+        return UserTable.of(self.users)
+
+    @property
+    def user_ids(self) -> tuple[str, ...]:
+        return tuple(u.id for u in self.users)
 
     @property
     def subjects(self) -> Subjects:
@@ -187,6 +203,7 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
         heartbeat_ttl_s=ttl,
         tick_interval_s=_positive(raw, "tick_interval_s", 1.0),
         assign_grace_s=_positive(raw, "assign_grace_s", DEFAULT_ASSIGN_GRACE_S),
+        users=parse_users(raw.get("users"), ids),
     )
 
 

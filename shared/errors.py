@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
     CONFIG_ERROR = "config_error"
     SCHEMA_MISMATCH = "schema_mismatch"
+    FORBIDDEN = "forbidden"
 
 
 class IrisfedError(Exception):
@@ -52,6 +53,10 @@ class Conflict(IrisfedError, code=ErrorCode.CONFLICT):
 
 class NotFound(IrisfedError, code=ErrorCode.NOT_FOUND):
     """No job has that job_id."""
+
+
+class Forbidden(IrisfedError, code=ErrorCode.FORBIDDEN):
+    """A request the user may not make: an unconfigured user's subject, a band above its max_band."""
 
 
 class Unavailable(IrisfedError, code=ErrorCode.UNAVAILABLE):

@@ -6,7 +6,8 @@ The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
 not grow with the federation (the first peers are listed, the rest counted). Peer codes: ``match``, ``unreachable``, ``no_backends``,
 ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
 ``no_free_capacity``, ``not_pinned_peer``, ``avoided``, ``insufficient_resources``,
-``held``, ``discovering``. Append only.
+``held``, ``discovering``. Append only. A job held back by its user's quota has no
+peer verdicts and ``"wait": "quota"``.
 
 A peer turned down for resources also carries ``"short": [{"resource", "asked",
 "available", "backend"}]`` (at most ``MAX_SHORTFALLS``): ``available`` is the most
@@ -49,14 +50,20 @@ def _peer(v: PeerVerdict) -> dict:
     return doc
 
 
-def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = ()) -> dict:
-    """The stored explanation of one decision (bounded: see MAX_EXPLAINED_PEERS)."""
+def explanation(by: str, rule: str, verdicts: Iterable[PeerVerdict] = (), code: str | None = None) -> dict:
+    """The stored explanation of one decision (bounded: see MAX_EXPLAINED_PEERS).
+
+    ``code`` names why a job waits when that is not a peer's doing (``quota``:
+    its user's quota is full); it is stored as ``"wait"``.
+    """
     verdicts = list(verdicts)
     doc: dict = {
         "by": by,
         "rule": rule,
         "peers": [_peer(v) for v in verdicts[:MAX_EXPLAINED_PEERS]],
     }
+    if code:
+        doc["wait"] = code
     if len(verdicts) > MAX_EXPLAINED_PEERS:
         more: dict[str, int] = {}
         for v in verdicts[MAX_EXPLAINED_PEERS:]:

@@ -23,6 +23,7 @@ from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp
 from irisfed.shared.errors import InvalidRequest
 from irisfed.shared.lifecycle import CancelOutcome
 from irisfed.shared.resources import MAX_RESOURCES, Resources, as_resources
+from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
 WIRE_VERSION = 1
 # Generous for any real job spec, small enough that a hostile producer cannot
@@ -117,9 +118,24 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
 
 
 class CancelRequest(Struct, forbid_unknown_fields=True, frozen=True):
-    """Request cancellation of a job (``<prefix>.cancel``, request/reply)."""
+    """Request cancellation of a job (``<prefix>.cancel``, ``<prefix>.cancel.<user>``,
+    request/reply): ``job_id`` is the id the user submitted under."""
 
     job_id: JobId
+
+
+# An operator names a job by its stored id (``alice:train-1``; shared.users).
+StoredJobId = Annotated[str, Meta(pattern=STORED_JOB_ID_PATTERN, description="a job's id as stored and "
+                                                                            "shown to operators")]
+
+
+class OperatorCancelRequest(Struct, forbid_unknown_fields=True, frozen=True):
+    """An operator cancels any job (``<prefix>.operator.cancel``, request/reply; only the
+    operator and web NATS users may publish there). ``by`` names which operator asked,
+    for the job's history (e.g. ``web``); it grants nothing."""
+
+    job_id: StoredJobId
+    by: Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_-]{0,31}(?!\n)$")] | None = None
 
 
 # ---------------------------------------------------------------- router → producer
@@ -265,6 +281,7 @@ _T = TypeVar("_T")
 _strict_decoders: dict[type, msgspec.json.Decoder] = {
     SubmitRequest: msgspec.json.Decoder(SubmitRequest),
     CancelRequest: msgspec.json.Decoder(CancelRequest),
+    OperatorCancelRequest: msgspec.json.Decoder(OperatorCancelRequest),
 }
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
@@ -331,6 +348,7 @@ WIRE_MESSAGES: tuple[type, ...] = (
     SubmitReply,
     ErrorReply,
     CancelRequest,
+    OperatorCancelRequest,
     CancelReply,
     Heartbeat,
     AssignmentNotice,

@@ -112,6 +112,7 @@ class Waiting:
     rule: str
     verdicts: tuple[PeerVerdict, ...] = ()
     holding: tuple[str, str] | None = None
+    code: str | None = None  # why it waits when no peer is to blame (``quota``: shared.users)
 
     @property
     def reason(self) -> str:

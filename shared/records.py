@@ -64,6 +64,7 @@ class NewJob(msgspec.Struct, frozen=True):
     reason: str
     explanation: Explanation | None  # stored once per decision; the row holds its key
     resources_json: str = '{"cpu":1}'  # the normalised request (shared.resources), as JSON text
+    user_id: str = "default"  # whose job it is (shared.users); job_id is already scoped by it
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ class JobPageQuery:
     text: str | None = None
     after: tuple[datetime, str] | None = None
     limit: int = 50
+    user_id: str | None = None
 
 
 # ---------------------------------------------------------------- rows the store returns
@@ -160,6 +162,8 @@ class JobRow(Row, frozen=True, array_like=True):
     explanation: dict[str, Any] | None  # job_explanations' document (joined)
     cancel_requested: bool
     cancel_requested_at: datetime | None
+    user_id: str = "default"
+    cancel_requested_by: str | None = None  # `user alice`, `operator (web)`
 
 
 class JobSummary(Row, frozen=True, array_like=True):
@@ -178,6 +182,7 @@ class JobSummary(Row, frozen=True, array_like=True):
     exit_code: int | None
     reason: str
     command: list[str] | None
+    user_id: str = "default"
 
 
 class SubmittedJob(Row, frozen=True, array_like=True):
@@ -222,7 +227,7 @@ class FinishedJob(Row, frozen=True, array_like=True):
 
 
 class ClaimedJob(Row, frozen=True, array_like=True):
-    """A queued job the tick claimed (``job_claim_queued``)."""
+    """A queued job the tick claimed (``job_claim_queued_by_user``)."""
 
     job_id: str
     epoch: int
@@ -235,6 +240,7 @@ class ClaimedJob(Row, frozen=True, array_like=True):
     preferences_json: str | None = None  # spec->'preferences'
     waited_s: float = 0.0  # since submit, by Postgres's clock
     cancel_requested: bool = False  # handed back with a cancel stored: killed, never placed
+    user_id: str = "default"
 
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> ClaimedJob:
@@ -394,6 +400,7 @@ class JobListRow(Row, frozen=True, array_like=True):
     reason: str
     command: Any
     labels: Any
+    user_id: str = "default"
 
 
 class OldestQueued(Row, frozen=True, array_like=True):

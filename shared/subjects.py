@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.users import DEFAULT_USER
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
@@ -30,6 +31,28 @@ class Subjects:
     @property
     def cancel(self) -> str:
         return f"{self.prefix}.cancel"
+
+    def submit_for(self, user: str) -> str:
+        """Where ``user`` submits (docs/design.md §3.2); ``default``'s is v1's ``submit``."""
+        return self.submit if user == DEFAULT_USER else f"{self.prefix}.submit.{user}"
+
+    def cancel_for(self, user: str) -> str:
+        """Where ``user`` asks for cancels; ``default``'s is v1's ``cancel``."""
+        return self.cancel if user == DEFAULT_USER else f"{self.prefix}.cancel.{user}"
+
+    @property
+    def operator_cancel(self) -> str:
+        """Operators cancel any job here (operator and web NATS users only)."""
+        return f"{self.prefix}.operator.cancel"
+
+    def user_of(self, subject: str, base: str) -> str | None:
+        """The user a request on ``subject`` speaks for, ``base`` being ``submit`` or
+        ``cancel``'s subject: ``default`` for ``base`` itself, the last token of
+        ``base.<user>``; None for any other subject."""
+        if subject == base:
+            return DEFAULT_USER
+        head, _, user = subject.rpartition(".")
+        return user if head == base and user else None
 
     @property
     def tick_wake(self) -> str:

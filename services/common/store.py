@@ -55,6 +55,7 @@ from irisfed.shared.records import (
     SubmittedJob,
     SyncState,
 )
+from irisfed.shared.resources import SLOTS, to_units
 
 _encoder = msgspec.json.Encoder()
 _R = TypeVar("_R", bound=Row)
@@ -225,15 +226,43 @@ class Store:
         """Lock ``job_id`` for the rest of this store's transaction."""
         return await self._one("job_get_for_update", JobToCancel, job_id)
 
-    async def job_request_cancel(self, job_id: str) -> None:
-        await self._execute("job_request_cancel", job_id)
+    async def job_request_cancel(self, job_id: str, requested_by: str | None = None) -> None:
+        await self._execute("job_request_cancel", job_id, requested_by)
+
+    async def job_quota_lock(self, users: Sequence[str]) -> None:
+        """Hold the quota lock of ``users`` until this store's transaction ends (sorted
+        here: every writer takes them in one order)."""
+        if users:
+            await self._fetchval("job_quota_lock", sorted(set(users)))
+
+    async def job_live_usage_by_user(self, users: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+        """What each user's live jobs hold, in units (shared.users), ``slots``: how many."""
+        held: dict[str, dict[str, int]] = {}
+        for r in await self._fetch("job_live_usage_by_user", None if users is None else list(users)):
+            name = r["resource"]
+            usage = held.setdefault(r["user_id"], {})
+            if name is None:
+                usage[SLOTS] = int(r["amount"])
+            else:
+                usage[name] = to_units(name, r["amount"])
+        return held
+
+    async def job_count_by_user(self) -> dict[str, dict[str, int]]:
+        """Queued, assigned and running jobs per user and state."""
+        counts: dict[str, dict[str, int]] = {}
+        for r in await self._fetch("job_count_by_user"):
+            counts.setdefault(r["user_id"], {})[r["state"]] = r["jobs"]
+        return counts
 
     # ------------------------------------------------------------ jobs: reading
 
     async def job_get(self, job_id: str) -> JobRow | None:
         return await self._one("job_get", JobRow, job_id)
 
-    async def job_list(self, state: str | None = None, limit: int = 100) -> list[JobSummary]:
+    async def job_list(self, state: str | None = None, limit: int = 100,
+                       user_id: str | None = None) -> list[JobSummary]:
+        if user_id is not None:
+            return await self._all("job_list_by_user", JobSummary, user_id, state, limit)
         if state is None:
             return await self._all("job_list", JobSummary, limit)
         return await self._all("job_list_by_state", JobSummary, state, limit)
@@ -287,10 +316,27 @@ class Store:
 
     # ------------------------------------------------------------ jobs: the tick
 
-    async def job_claim_queued(self, limit: int, after: tuple[int, datetime, str] | None = None) -> list[ClaimedJob]:
-        """Lock the next ``limit`` queued jobs after the cursor ``after`` (in a transaction)."""
-        neg_priority, submitted_at, job_id = after if after else (None, None, None)
-        return await self._all("job_claim_queued", ClaimedJob, limit, neg_priority, submitted_at, job_id)
+    async def job_list_queued_users(self) -> list[str]:
+        """Users with queued jobs."""
+        return [r["user_id"] for r in await self._fetch("job_list_queued_users")]
+
+    async def job_claim_queued(self, limit: int, after: tuple[int, datetime, str] | None = None,
+                               user_id: str = "default") -> list[ClaimedJob]:
+        """Lock the next ``limit`` queued jobs of ``user_id`` after its cursor ``after``."""
+        return await self.job_claim_queued_by_user({user_id: after}, limit)
+
+    async def job_claim_queued_by_user(self, cursors: Mapping[str, tuple[int, datetime, str] | None],
+                                       limit: int) -> list[ClaimedJob]:
+        """Lock the next ``limit`` queued jobs of each user in ``cursors`` after that user's
+        cursor (None: from its start), in a transaction; each user's in its own order."""
+        users = list(cursors)
+        priorities, times, ids = [], [], []
+        for user in users:
+            neg_priority, submitted_at, job_id = cursors[user] or (None, None, None)
+            priorities.append(neg_priority)
+            times.append(submitted_at)
+            ids.append(job_id)
+        return await self._all("job_claim_queued_by_user", ClaimedJob, users, priorities, times, ids, limit)
 
     async def job_count_live(self) -> dict[tuple[str, str | None], int]:
         """Slots in use: live jobs per (owner peer, backend)."""
@@ -405,7 +451,7 @@ class Store:
                 else "job_list_page")
         after_at, after_id = query.after if query.after else (None, None)
         return await self._all(name, JobListRow, query.state, query.owner_peer_id, query.labels or None,
-                               query.text or None, after_at, after_id, query.limit)
+                               query.text or None, after_at, after_id, query.limit, query.user_id)
 
     async def job_count_live_by_state(self) -> dict[str, int]:
         """Queued, assigned and running jobs (states with none are absent)."""

@@ -9,6 +9,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from irisfed.shared.constraints import Constraint, matches_all
 from irisfed.shared.explain import explanation
 from irisfed.shared.federation.peer import Backend
@@ -18,6 +20,7 @@ from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from irisfed.shared.records import Explanation, NewJob, SubmittedJob
 from irisfed.shared.resources import DEFAULT_RESOURCES, Resources
+from irisfed.shared.users import DEFAULT_USER, QUOTA, stored_job_id, user_job_id
 
 
 def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend],
@@ -101,17 +104,36 @@ def original_reply(row: SubmittedJob) -> bytes:
     else:
         peer_id = row.pinned_peer_id or ""
     verdicts = [PeerVerdictMsg(v["peer_id"], v["code"], v.get("detail", "")) for v in row.verdicts or ()]
-    return submit_reply(row.job_id, row.disposition, row.first_state, peer_id, row.first_reason, verdicts,
-                        duplicate=True)
+    return submit_reply(user_job_id(row.job_id), row.disposition, row.first_state, peer_id, row.first_reason,
+                        verdicts, duplicate=True)
 
 
-def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[NewJob, bytes]:
-    """The row to insert and the reply (JSON) to send once it is committed."""
+def quota_rejected(reason: str) -> Routed:
+    """What a submit asking more than its user's whole quota gets: rejected, naming it."""
+    return route(SubmitPlan(SubmitDisposition.REJECT, reason=reason), "", None)
+
+
+def waiting_for_quota(job: NewJob, reason: str) -> tuple[NewJob, bytes]:
+    """A LOCAL job whose user's quota is full at submit: queued instead of assigned,
+    with the quota as its reason (the tick places it once the user has room), and the
+    reply that says so (the same one a duplicate of it gets)."""
+    state = JobState.QUEUED
+    stored = Explanation(encoder.encode(explanation("router", reason, code=QUOTA)))
+    queued = msgspec.structs.replace(job, state=state.value, owner_peer_id=None, backend=None,
+                                     epoch=initial_epoch(state), reason=reason, explanation=stored)
+    return queued, submit_reply(user_job_id(job.job_id), job.disposition, state.value, "", reason, ())
+
+
+def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str,
+                 user: str = DEFAULT_USER) -> tuple[NewJob, bytes]:
+    """The row to insert and the reply (JSON) to send once it is committed. ``job_id`` is
+    the id ``user`` sent (or one made for it): the reply names it; the row is keyed by
+    its stored form (shared.users)."""
     plan = routed.plan
     reply = first_reply(routed, job_id)
     spec = request.canonical_spec()
     job = NewJob(
-        job_id=job_id,
+        job_id=stored_job_id(user, job_id),
         spec_json=spec.decode(),
         spec_hash=hashlib.sha256(spec).hexdigest(),
         state=routed.state.value,
@@ -127,5 +149,6 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str) -> tuple[N
         explanation=routed.explanation,
         resources_json=(encoder.encode(request.resource_request().as_dict()).decode() if request.resources
                         else _DEFAULT_RESOURCES_JSON),
+        user_id=user,
     )
     return job, reply

@@ -33,7 +33,9 @@ from irisfed.services.router.plan import (
     local_backend_for,
     original_reply,
     plan_new_job,
+    quota_rejected,
     route,
+    waiting_for_quota,
 )
 from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
@@ -42,6 +44,7 @@ from irisfed.shared.errors import (
     ConfigError,
     Conflict,
     ErrorCode,
+    Forbidden,
     IrisfedError,
     NotFound,
     PermanentStoreError,
@@ -56,6 +59,7 @@ from irisfed.shared.messages import (
     CancelReply,
     CancelRequest,
     JobEvent,
+    OperatorCancelRequest,
     SubmitRequest,
     TickWake,
     decode_request,
@@ -63,8 +67,10 @@ from irisfed.shared.messages import (
     error_reply,
 )
 from irisfed.shared.records import Move, NewJob
+from irisfed.shared.resources import resources_from_json
 from irisfed.shared.settings import require_count, require_seconds
 from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP
+from irisfed.shared.users import add_units, over_whole_quota, quota_wait, stored_job_id, user_job_id
 
 log = EventLogger("router")
 
@@ -150,14 +156,22 @@ class Router(Service):
         self._cancels: set[asyncio.Task] = set()  # cancels outliving their timed-out request
         self._plans: dict[tuple, tuple] = {}
         self.batches_committed = 0
+        self.users = config.user_table
+        self.quota_users = self.users.with_quota()
+        self.peer_ids = frozenset(config.peer_ids)
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         await self.refresh_view()
         await self.nc.subscribe(self.subjects.heartbeat(), cb=self.on_heartbeat)
-        await self.nc.subscribe(self.subjects.submit, queue=SUBMIT_QUEUE_GROUP, cb=self.on_submit)
-        await self.nc.subscribe(self.subjects.cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
+        # v1's subjects are the user `default`'s; `<base>.<user>` every other user's
+        # (docs/design.md §3.2: NATS lets only that user's credentials publish there).
+        for subject in (self.subjects.submit, self.subjects.submit_for("*")):
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_submit)
+        for subject in (self.subjects.cancel, self.subjects.cancel_for("*")):
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
+        await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_operator_cancel)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -187,11 +201,25 @@ class Router(Service):
 
     # ------------------------------------------------------------ submit
 
+    def _user(self, subject: str, base: str) -> str:
+        """The user a request on ``subject`` speaks for; Forbidden for one not configured."""
+        user = self.subjects.user_of(subject, base)
+        if user is None or not self.users.knows(user):
+            raise Forbidden(f"no user {subject.rpartition('.')[2]!r} is configured in this federation")
+        return user
+
     async def on_submit(self, msg: Msg) -> None:
         received = self.clock.monotonic()
         try:
+            user = self._user(msg.subject, self.subjects.submit)
             request = decode_request(SubmitRequest, msg.data)
-            job, reply = plan_new_job(request, self._route(request), request.job_id or self.new_job_id())
+            routed = None
+            if user in self.quota_users:
+                why = over_whole_quota(self.users.get(user), request.resource_request().units)
+                if why is not None:
+                    routed = quota_rejected(why)
+            job, reply = plan_new_job(request, routed or self._route(request),
+                                      request.job_id or self.new_job_id(), user)
         except IrisfedError as exc:
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
@@ -312,9 +340,14 @@ class Router(Service):
         first: dict[str, _Pending] = {}
         for item in batch:
             first.setdefault(item.job.job_id, item)
-        # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
-        created = await held.job_insert_batch([i.job for i in first.values()],
-                                              statement_timeout_s=self._left(deadline))
+        capped = [i for i in first.values()
+                  if i.job.state == JobState.ASSIGNED.value and i.job.user_id in self.quota_users]
+        if capped:
+            created = await self._insert_under_quota(held, first, capped, deadline)
+        else:
+            # One statement, so one implicit transaction: no BEGIN/COMMIT round trips.
+            created = await held.job_insert_batch([i.job for i in first.values()],
+                                                  statement_timeout_s=self._left(deadline))
         crash_point("router_after_commit")
         self.batches_committed += 1
         metrics.SUBMIT_BATCH.observe(len(batch))
@@ -345,12 +378,33 @@ class Router(Service):
         for item in repeats:
             row = existing[item.job.job_id]
             if row.spec_hash != item.job.spec_hash:
-                exc = Conflict(f"job_id {item.job.job_id!r} already names a job with a different spec")
+                exc = Conflict(f"job_id {user_job_id(item.job.job_id)!r} already names a job with a different spec")
                 metrics.SUBMIT_ERRORS.labels(exc.code).inc()
                 await self._answer(item, error_reply(exc.code, exc.message))
             else:
                 metrics.SUBMIT_DUPLICATES.inc()
                 await self._answer(item, original_reply(row))
+
+    async def _insert_under_quota(self, held: Store, first: dict[str, _Pending], capped: list[_Pending],
+                                  deadline: float) -> set[str]:
+        """Insert a batch holding LOCAL jobs of users with quotas: under those users'
+        quota locks, each such job is assigned only while its user's live jobs leave
+        room for it, and waits queued (code ``quota``) otherwise. The same locks
+        serialise ticks, so the quota is a hard cap whatever runs at once."""
+        users = sorted({i.job.user_id for i in capped})
+        async with held.transaction() as tx:
+            await tx.job_quota_lock(users)
+            usage = await tx.job_live_usage_by_user(users)
+            for item in capped:
+                units = resources_from_json(item.job.resources_json).units
+                user_usage = usage.setdefault(item.job.user_id, {})
+                why = quota_wait(self.users.get(item.job.user_id), user_usage, units)
+                if why is None:
+                    add_units(user_usage, units)
+                else:
+                    item.job, item.reply = waiting_for_quota(item.job, why)
+            return await tx.job_insert_batch([i.job for i in first.values()],
+                                             statement_timeout_s=self._left(deadline))
 
     async def _answer(self, item: _Pending, body: bytes) -> None:
         item.answered = True
@@ -395,9 +449,35 @@ class Router(Service):
     # ------------------------------------------------------------ cancel
 
     async def on_cancel(self, msg: Msg) -> None:
+        if msg.subject.rpartition(".")[2] in self.peer_ids and msg.subject != self.subjects.cancel:
+            return  # a cancel notice to that peer (P.cancel.<peer>), not a request
         try:
+            user = self._user(msg.subject, self.subjects.cancel)
             request = decode_request(CancelRequest, msg.data)
-            reply = await self._bounded(self.cancel(request.job_id))
+            reply = await self._bounded(self.cancel(stored_job_id(user, request.job_id), f"user {user}",
+                                                    shown_as=request.job_id))
+        except (Unavailable, TimeoutError) as exc:
+            metrics.DB_UNAVAILABLE.inc()
+            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
+            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry"))
+            return
+        except IrisfedError as exc:
+            if not isinstance(exc, PermanentStoreError):
+                await self._respond(msg, error_reply(exc.code, exc.message))
+                return
+            await self._cancel_failed(msg, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            await self._cancel_failed(msg, exc)
+            return
+        await self._respond(msg, encoder.encode(reply))
+
+    async def on_operator_cancel(self, msg: Msg) -> None:
+        """An operator's cancel: any job, named by its stored id (``alice:train-1``)."""
+        try:
+            request = decode_request(OperatorCancelRequest, msg.data)
+            by = f"operator ({request.by})" if request.by else "operator"
+            reply = await self._bounded(self.cancel(request.job_id, by))
         except (Unavailable, TimeoutError) as exc:
             metrics.DB_UNAVAILABLE.inc()
             why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
@@ -436,21 +516,27 @@ class Router(Service):
         task.add_done_callback(done)
         return await asyncio.wait_for(asyncio.shield(task), 2 * self.settings.submit_timeout_s)
 
-    async def cancel(self, job_id: str) -> CancelReply:
-        """Cancel ``job_id`` durably; the reply's outcome says what happened."""
+    async def cancel(self, job_id: str, requested_by: str = "user default", shown_as: str | None = None
+                     ) -> CancelReply:
+        """Cancel the job stored as ``job_id`` durably, as ``requested_by`` asked (``user
+        alice``, ``operator (web)``: the history names them); the reply's outcome says
+        what happened and names the job as its asker does (``shown_as``)."""
+        shown = job_id if shown_as is None else shown_as
         async with self.store.transaction() as tx:
             row = await tx.job_get_for_update(job_id)
             if row is None:
-                raise NotFound(f"no job {job_id!r}")
+                # Another user's job is answered exactly like no job at all (§3.2).
+                raise NotFound(f"no job {shown!r}")
             owner, epoch = row.owner_peer_id, row.epoch
             decision = cancel_decision(row.state, row.cancel_requested, row.attempts,
                                        owner_reachable=owner in self.view.reachable_ids())
             if decision.action is CancelAction.NOTHING:
-                return CancelReply(job_id, row.state, decision.outcome)
-            await tx.job_request_cancel(job_id)
+                return CancelReply(shown, row.state, decision.outcome)
+            await tx.job_request_cancel(job_id, requested_by)
             if decision.action is CancelAction.KILL_NOW:
                 await tx.job_move(Move(job_id, row.state, JobState.KILLED, epoch, actor="router",
-                                       owner_peer_id=owner, reason=decision.outcome.meaning))
+                                       owner_peer_id=owner,
+                                       reason=f"{decision.outcome.meaning} (cancelled by {requested_by})"))
         # Committed: now tell the owner (it also finds the flag on its next reconcile).
         if owner:
             await publish(self.nc, self.subjects.cancel_notice(owner), CancelNotice(job_id, owner, epoch))
@@ -459,5 +545,6 @@ class Router(Service):
                           JobEvent(job_id, JobState.KILLED, owner or "", epoch, self.clock.now(),
                                    reason=decision.outcome.meaning))
         metrics.CANCELS.labels(decision.outcome).inc()
-        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=decision.outcome)
-        return CancelReply(job_id, decision.new_state, decision.outcome)
+        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=decision.outcome,
+                 requested_by=requested_by)
+        return CancelReply(shown, decision.new_state, decision.outcome)

@@ -43,6 +43,7 @@ from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.explain import explanation
+from irisfed.shared.fair_share import FairShareRun, within_quota
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import AssignmentNotice, Heartbeat, JobEvent
 from irisfed.shared.placement import (
@@ -98,6 +99,9 @@ class TickResult:
     waiting: int = 0
 
 
+Cursor = dict[str, tuple[int, datetime, str] | None]  # user → keyset of its last job claimed (None: none yet)
+
+
 @dataclass
 class _Batch:
     """Claimed jobs, placed, holding their row locks in an open transaction."""
@@ -107,13 +111,16 @@ class _Batch:
     rows: list[ClaimedJob]
     placements: list[Placement]
     waiting: list[Waiting]
+    cursor: Cursor  # the users with more queued, each after its last job claimed here
     resources: dict[str, Resources] = field(default_factory=dict)  # each claimed job's request
     cancelled: list[Move] = field(default_factory=list)  # queued with a cancel stored: to kill, not place
 
-    @property
-    def cursor(self) -> tuple[int, datetime, str]:
-        last = self.rows[-1]
-        return (-last.priority, last.submitted_at, last.job_id)
+    def user_of(self) -> dict[str, str]:
+        return {r.job_id: r.user_id for r in self.rows}
+
+
+async def _nothing() -> dict:
+    return {}
 
 
 class Tick(Service):
@@ -129,6 +136,8 @@ class Tick(Service):
     ) -> None:
         super().__init__(config, pool, nc, settings, clock)
         self.view = PeerView.exported(config, self.clock.monotonic)
+        self.users = config.user_table
+        self.quota_users = self.users.with_quota()
         self.wake = asyncio.Event()
         # Newest heartbeat per peer since the last write, with when we heard it (monotonic):
         # it is persisted as old as it is, so one held back through a Postgres outage is
@@ -308,7 +317,7 @@ class Tick(Service):
                 spare = None  # the second connection, taken only when a second batch is needed
                 while batch is not None:
                     following = None
-                    more = len(batch.rows) == self.settings.batch_size and run.has_room()
+                    more = bool(batch.cursor) and run.placement.has_room()
                     if more and pipelined:
                         spare = spare or await connections.enter_async_context(self.store.connection())
                         committed, claimed = await asyncio.gather(
@@ -333,7 +342,7 @@ class Tick(Service):
                         await left.claim.rollback_quietly()
 
     async def _open_run(self, bound: Store, peers, now: float, concurrent: bool
-                        ) -> tuple[tuple[Transaction, list[ClaimedJob]] | None, PlacementRun]:
+                        ) -> tuple[tuple[Transaction, list[ClaimedJob], Cursor] | None, FairShareRun]:
         """The first claim (None: nothing queued) and the run's placement state.
 
         Slots and resources in use are counted once per run; the run's placement state
@@ -344,13 +353,22 @@ class Tick(Service):
         (every submit burst) waits for one round trip instead of two in a row. The counts are a
         snapshot either way; taken beside the claim they are no staler than before it.
         """
+        users = await bound.job_list_queued_users()
+        if not users:
+            return None, FairShareRun(PlacementRun(peers, {}, now), self.users, {})
+        cursor: Cursor = dict.fromkeys(users)
+        # One user without a quota needs no one's usage: its own order is the whole order.
+        shared_by = len(users) > 1 or users[0] in self.quota_users
         if not concurrent:  # a pool of one: everything on the held connection, in turn
             live, used = await bound.job_live_usage()
-            claimed = await self._claim(bound, None)
+            held = await bound.job_live_usage_by_user() if shared_by else {}
+            claimed = await self._claim(bound, cursor)
         else:
-            claimed, usage = await asyncio.gather(self._claim(bound, None), self.store.job_live_usage(),
-                                                  return_exceptions=True)
-            failed = next((r for r in (claimed, usage) if isinstance(r, BaseException)), None)
+            claimed, usage, held = await asyncio.gather(
+                self._claim(bound, cursor), self.store.job_live_usage(),
+                self.store.job_live_usage_by_user() if shared_by else _nothing(),
+                return_exceptions=True)
+            failed = next((r for r in (claimed, usage, held) if isinstance(r, BaseException)), None)
             if failed is not None:
                 if claimed is not None and not isinstance(claimed, BaseException):
                     await claimed[0].rollback_quietly()
@@ -358,36 +376,52 @@ class Tick(Service):
             live, used = usage
         run = PlacementRun(peers, live, now, used=used, policy=self.settings.policy,
                            reserve_after_s=self.settings.reserve_after_s)
-        return claimed, run
+        return claimed, FairShareRun(run, self.users, held)
 
-    async def _claim(self, bound: Store, cursor) -> tuple[Transaction, list[ClaimedJob]] | None:
-        """Open a transaction on ``bound``'s connection and claim the next batch after
-        ``cursor`` (None, the transaction rolled back: the queue is drained)."""
+    async def _claim(self, bound: Store, cursor: Cursor) -> tuple[Transaction, list[ClaimedJob], Cursor] | None:
+        """Open a transaction on ``bound``'s connection and claim the next batch: each
+        user of ``cursor`` its share of the batch size, after its own cursor (None, the
+        transaction rolled back: the queue is drained). Also the cursor after it: the
+        users whose share came back full (they may have more queued)."""
+        per_user = max(1, self.settings.batch_size // len(cursor))
         claim = await bound.begin()
         try:
-            rows = await bound.job_claim_queued(self.settings.batch_size, cursor)
+            rows = await bound.job_claim_queued_by_user(cursor, per_user)
         except BaseException:
             await claim.rollback_quietly()
             raise
         if not rows:
             await claim.rollback()
             return None
-        return claim, rows
+        count: dict[str, int] = {}
+        last: dict[str, ClaimedJob] = {}
+        for row in rows:
+            count[row.user_id] = count.get(row.user_id, 0) + 1
+            last[row.user_id] = row
+        after: Cursor = {user: (-row.priority, row.submitted_at, row.job_id)
+                         for user, row in last.items() if count[user] == per_user}
+        return claim, rows, after
 
-    async def _placed(self, bound: Store, claim: Transaction, rows: list[ClaimedJob], run: PlacementRun) -> _Batch:
+    async def _placed(self, bound: Store, claim: Transaction, rows: list[ClaimedJob], cursor: Cursor,
+                      run: FairShareRun) -> _Batch:
         """Place claimed ``rows`` in ``run`` (the claim stays open until the batch commits)."""
         try:
             kills = {r.job_id: move for r in rows if (move := stored_cancel_move(r)) is not None}
             cancelled = list(kills.values())
-            jobs = [queued_job_from_row(r) for r in rows if r.job_id not in kills]
-            placements, waiting = run.place(jobs)
+            by_user: dict[str, list] = {}
+            resources: dict[str, Resources] = {}
+            for r in rows:
+                if r.job_id not in kills:
+                    job = queued_job_from_row(r)
+                    by_user.setdefault(r.user_id, []).append(job)
+                    resources[job.job_id] = job.resources
+            placements, waiting = run.place(by_user)
         except BaseException:
             await claim.rollback_quietly()
             raise
-        return _Batch(bound, claim, rows, placements, waiting, {job.job_id: job.resources for job in jobs},
-                      cancelled)
+        return _Batch(bound, claim, rows, placements, waiting, cursor, resources, cancelled)
 
-    async def _claim_batch(self, bound: Store, cursor, run: PlacementRun) -> _Batch | None:
+    async def _claim_batch(self, bound: Store, cursor: Cursor, run: FairShareRun) -> _Batch | None:
         """Claim the next batch after ``cursor`` on ``bound``'s connection and place it
         (None: queue drained)."""
         claimed = await self._claim(bound, cursor)
@@ -395,14 +429,29 @@ class Tick(Service):
 
     async def _commit_batch(self, batch: _Batch) -> list[AssignedJob]:
         """Assign (CAS on epoch, changelog in the same statement), explain the rest, kill
-        the cancelled (rare: one statement each), commit."""
+        the cancelled (rare: one statement each), commit.
+
+        Placements of users with quotas are checked once more under those users' quota
+        locks against what their live jobs hold now, committed by anyone (other ticks,
+        routers' LOCAL jobs): a quota is a hard cap, not a snapshot's guess. Those that
+        no longer fit stay queued (their room goes back to the run with the lost CASes).
+        """
         try:
             # The claim holds their rows: these CASes cannot lose.
             batch.cancelled = [m for m in batch.cancelled if await batch.store.job_move(m) is not None]
+            placements = batch.placements
+            user_of = batch.user_of()
+            capped = sorted({user_of[p.job_id] for p in placements} & self.quota_users)
+            if capped:
+                await batch.store.job_quota_lock(capped)
+                held = await batch.store.job_live_usage_by_user(capped)
+                placements, over = within_quota(
+                    [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held)
+                batch.waiting.extend(over)
             moved = await batch.store.job_assign_batch(
-                [(p.job_id, p.epoch, p.peer_id, p.backend) for p in batch.placements])
+                [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements])
             await batch.store.job_explain_batch([
-                (w.job_id, explanation("tick", w.rule, w.verdicts), w.rule) for w in batch.waiting])
+                (w.job_id, explanation("tick", w.rule, w.verdicts, w.code), w.rule) for w in batch.waiting])
         except BaseException:
             await batch.claim.rollback_quietly()
             raise
@@ -411,14 +460,18 @@ class Tick(Service):
         await batch.claim.commit()
         return moved
 
-    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], run: PlacementRun,
+    async def _announce_batch(self, batch: _Batch, moved: list[AssignedJob], run: FairShareRun,
                               result: TickResult) -> None:
-        """After commit: give back slots and resources of lost CASes, then tell agents and watchers."""
+        """After commit: give back slots and resources of lost CASes (and of placements
+        over quota), then tell agents and watchers."""
         crash_point("tick_after_commit")
         result.waiting += len(batch.waiting)
         placed = {p.job_id: p for p in batch.placements}
-        for job_id in placed.keys() - {row.job_id for row in moved}:
-            run.release(placed[job_id], batch.resources[job_id])
+        lost = placed.keys() - {row.job_id for row in moved}
+        if lost:
+            user_of = batch.user_of()
+            for job_id in lost:
+                run.release(user_of[job_id], placed[job_id], batch.resources[job_id])
         priority_of = {r.job_id: r.priority for r in batch.rows}
         now_dt = self.clock.now()
         for move in batch.cancelled:

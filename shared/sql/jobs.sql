@@ -14,7 +14,8 @@ WITH input AS (
     SELECT * FROM json_to_recordset($1::text::json) AS t(
         job_id text, spec_json text, spec_hash text, state text, disposition text,
         pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
-        priority int, deadline_s double precision, reason text, explanation text, resources_json text)
+        priority int, deadline_s double precision, reason text, explanation text, resources_json text,
+        user_id text)
 ), explained AS (
     INSERT INTO job_explanations (key, explanation, verdicts)
     SELECT key, explanation, verdicts
@@ -23,14 +24,14 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
                       backend, epoch, max_retries, priority, deadline_at, reason, explanation_key,
-                      assigned_at, finished_at, resources)
+                      assigned_at, finished_at, resources, user_id)
     SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
            reason, explanation,
            CASE WHEN state = 'assigned' THEN now() END,
            CASE WHEN state = 'rejected' THEN now() END,
-           COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb)
+           COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb), COALESCE(user_id, 'default')
     FROM input
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, state, owner_peer_id, epoch, reason, submitted_at,
@@ -65,7 +66,7 @@ WHERE j.job_id = ANY($1::text[]);
 SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.backend,
        j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
        j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
-       e.explanation, j.cancel_requested, j.cancel_requested_at
+       e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by
 FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
 WHERE j.job_id = $1;
 
@@ -77,7 +78,8 @@ SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs
 -- The unified view: newest first (a range of job_listing_newest, each job by its key).
 -- One listing row per job (its key): a second one, forged, is refused.
 SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
-       j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command
+       j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command,
+       j.user_id
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $1;
@@ -85,11 +87,20 @@ LIMIT $1;
 -- job_list_by_state --
 -- job_list for one state ($1): a range of jobs_by_state_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
-       submitted_at, updated_at, exit_code, reason, spec->'command' AS command
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id
 FROM jobs
 WHERE state = $1
 ORDER BY submitted_at DESC, job_id DESC
 LIMIT $2;
+
+-- job_list_by_user --
+-- job_list for one user ($1), optionally one state ($2): a range of jobs_by_user_newest.
+SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id
+FROM jobs
+WHERE user_id = $1 AND ($2::text IS NULL OR state = $2)
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $3;
 
 -- job_count_by_state --
 -- How many jobs are in each state (states with none are absent).
@@ -122,8 +133,10 @@ SELECT job_id, $2, $4, COALESCE(owner_peer_id, $6), epoch, $9, $7 FROM moved
 RETURNING seq;
 
 -- job_request_cancel --
--- Durably remember a cancel; the owner applies it when it sees it.
-UPDATE jobs SET cancel_requested = true, cancel_requested_at = now(), updated_at = now()
+-- Durably remember a cancel and who asked ($2: `user alice`, `operator (web)`); the
+-- owner applies it when it sees it. A later request does not rename the first asker.
+UPDATE jobs SET cancel_requested = true, cancel_requested_at = now(), updated_at = now(),
+                cancel_requested_by = coalesce(cancel_requested_by, $2)
 WHERE job_id = $1;
 
 -- job_start_batch --
@@ -146,22 +159,6 @@ SELECT job_id, state, reason FROM irisfed_job_finish_batch($1, $2::text[], $3::b
 -- (state, epoch, owner $1), with changelog (actor $1) and sync state in the same
 -- statement (function: migration 0004). Returns the changelog seq; NULL: the CAS lost.
 SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
-
--- job_claim_queued --
--- Lock the next batch of queued jobs in priority order, after the keyset cursor
--- ($2, $3, $4) = (-priority, submitted_at, job_id) of the last job seen (NULLs: from the
--- start). The cursor matches jobs_queued_by_priority, so each batch is an index range
--- scan. SKIP LOCKED lets several ticks claim disjoint batches.
-SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
-       spec->>'constraints' AS constraints_json, resources::text AS resources_json,
-       spec->>'preferences' AS preferences_json,
-       extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested
-FROM jobs
-WHERE state = 'queued'
-  AND ($2::int IS NULL OR (-priority, submitted_at, job_id) > ($2::int, $3::timestamptz, $4::text))
-ORDER BY -priority, submitted_at, job_id
-LIMIT $1
-FOR UPDATE SKIP LOCKED;
 
 -- job_count_live --
 -- Slots in use per peer and backend: assigned and running jobs.
@@ -283,11 +280,12 @@ SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING co
 -- same conditions.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
   AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($8::text IS NULL OR j.user_id = $8)
   AND ($3::jsonb IS NULL OR l.labels @> $3::jsonb)
   AND ($4::text IS NULL OR l.search_text ILIKE '%' || $4 || '%')
 ORDER BY l.submitted_at DESC, l.job_id DESC
@@ -297,13 +295,14 @@ LIMIT $7;
 -- job_list_page for one state ($1 given): a range of jobs_by_state_newest.
 SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
        attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
 FROM jobs
 WHERE state = $1
   AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($2::text IS NULL OR owner_peer_id = $2)
   AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
   AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+  AND ($8::text IS NULL OR user_id = $8)
 ORDER BY submitted_at DESC, job_id DESC
 LIMIT $7;
 
@@ -311,13 +310,14 @@ LIMIT $7;
 -- job_list_page for one owner peer ($2 given): a range of jobs_by_owner_newest.
 SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
        attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
 FROM jobs
 WHERE owner_peer_id = $2
   AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR state = $1)
   AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
   AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+  AND ($8::text IS NULL OR user_id = $8)
 ORDER BY submitted_at DESC, job_id DESC
 LIMIT $7;
 
@@ -325,12 +325,13 @@ LIMIT $7;
 -- job_list_page for jobs whose labels contain $3 (given): job_listing_by_label (GIN), then sorted.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE l.labels @> $3::jsonb
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
   AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($8::text IS NULL OR j.user_id = $8)
   AND ($4::text IS NULL OR l.search_text ILIKE '%' || $4 || '%')
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $7;
@@ -340,12 +341,13 @@ LIMIT $7;
 -- job_listing_by_text (trigrams) when the server has pg_trgm, then sorted.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE l.search_text ILIKE '%' || $4 || '%'
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
   AND ($2::text IS NULL OR j.owner_peer_id = $2)
+  AND ($8::text IS NULL OR j.user_id = $8)
   AND ($3::jsonb IS NULL OR l.labels @> $3::jsonb)
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $7;
@@ -369,3 +371,66 @@ LIMIT 1;
 SELECT date_trunc('minute', submitted_at) AS minute, count(*) AS jobs
 FROM job_listing WHERE submitted_at >= $1
 GROUP BY 1;
+
+-- job_list_queued_users --
+-- Users with queued jobs: a skip scan of jobs_queued_by_user (one index probe per
+-- user, however deep each user's queue is).
+WITH RECURSIVE users AS (
+    (SELECT user_id FROM jobs WHERE state = 'queued' ORDER BY user_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.user_id FROM jobs j WHERE j.state = 'queued' AND j.user_id > users.user_id
+            ORDER BY j.user_id LIMIT 1)
+    FROM users WHERE users.user_id IS NOT NULL
+)
+SELECT user_id FROM users WHERE user_id IS NOT NULL;
+
+-- job_claim_queued_by_user --
+-- Lock the next queued jobs of each user $1[i] in that user's own order (priority, then
+-- submit time), at most $5 each, after that user's keyset cursor ($2[i], $3[i], $4[i]) =
+-- (-priority, submitted_at, job_id) of its last job seen (NULLs: from its start). One
+-- range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
+-- disjoint batches. The tick orders the users by fair share (shared/fair_share.py).
+SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
+       j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id
+FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::text[]) AS c(user_id, neg_priority, submitted_at, job_id)
+CROSS JOIN LATERAL (
+    SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
+           spec->>'constraints' AS constraints_json, resources::text AS resources_json,
+           spec->>'preferences' AS preferences_json,
+           extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id
+    FROM jobs
+    WHERE state = 'queued' AND user_id = c.user_id
+      AND (c.neg_priority IS NULL
+           OR (-priority, submitted_at, job_id) > (c.neg_priority, c.submitted_at, c.job_id))
+    ORDER BY -priority, submitted_at, job_id
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+) j;
+
+-- job_live_usage_by_user --
+-- What each user's assigned and running jobs hold (all users when $1 is NULL, else
+-- those in $1): a row with resource NULL counts its live jobs, the others sum what
+-- they asked per resource. Quota and fair share read it.
+WITH live AS (
+    SELECT user_id, resources FROM jobs
+    WHERE state IN ('assigned', 'running') AND ($1::text[] IS NULL OR user_id = ANY($1::text[]))
+)
+SELECT user_id, NULL::text AS resource, count(*)::float8 AS amount FROM live GROUP BY user_id
+UNION ALL
+SELECT user_id, r.key, sum(r.value::numeric)::float8
+FROM live, jsonb_each_text(live.resources) AS r
+GROUP BY user_id, r.key;
+
+-- job_quota_lock --
+-- Serialise every writer that may make users $1 (sorted by the caller, so two writers
+-- never wait on each other in a cycle) hold more: routers assigning LOCAL jobs and
+-- ticks assigning placements take these locks, then read the users' live usage, then
+-- write, in one transaction. Ending work needs no lock: it only frees room.
+SELECT count(pg_advisory_xact_lock(hashtextextended('irisfed.quota.' || u, 0)))
+FROM unnest($1::text[]) AS u;
+
+-- job_count_by_user --
+-- Queued, assigned and running jobs per user (users with none are absent).
+SELECT user_id, state, count(*)::bigint AS jobs
+FROM jobs WHERE state IN ('queued', 'assigned', 'running')
+GROUP BY user_id, state;

@@ -1,0 +1,133 @@
+"""Fair share and quotas in placement: the order users' queued jobs are placed in. Pure, no I/O.
+
+The rule (docs/scheduling.md, "Fair share"): among queued jobs, the user whose live
+usage is the smallest *weighted dominant share* goes first — the largest fraction of
+any federation total (advertised by reachable backends, slots included) that its
+assigned and running jobs hold, divided by its weight — recomputed after every
+placement; within a user, its own priority, then submit time. Users with equal shares
+go by whose next job has waited longest. A job that would take its user over any
+amount of its quota is not placed: it waits with the code ``quota``.
+
+``FairShareRun`` wraps one ``PlacementRun`` (which owns room, holds and ranking) and
+decides only the order and the quota, so a single user's queue is placed exactly as
+before fair share existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from heapq import heappop, heappush
+
+from irisfed.shared.placement import Placement, PlacementRun, QueuedJob, Waiting
+from irisfed.shared.resources import SLOTS, as_resources, offered_units
+from irisfed.shared.users import QUOTA, Usage, UserTable, add_units, dominant_share, quota_wait
+
+
+def federation_totals(run: PlacementRun) -> Usage:
+    """What the reachable backends advertise in all, in units, slots included."""
+    totals: Usage = {}
+    for peer in run.reachable:
+        for backend in peer.backends:
+            totals[SLOTS] = totals.get(SLOTS, 0) + max(0, int(backend.total))
+            for name, amount in backend.resources.items():
+                totals[name] = totals.get(name, 0) + offered_units(name, amount.total)
+    return totals
+
+
+class FairShareRun:
+    """Places claimed jobs of many users in fair-share order, under their quotas.
+
+    ``held``: what each user's live jobs hold (units; ``slots``: how many), read when
+    the run starts; it grows with every placement made here (and shrinks with
+    ``release``), so later batches of the same run see earlier ones.
+    """
+
+    __slots__ = ("held", "placement", "totals", "users")
+
+    def __init__(self, placement: PlacementRun, users: UserTable, held: Mapping[str, Mapping[str, int]]) -> None:
+        self.placement = placement
+        self.users = users
+        self.held: dict[str, Usage] = {user: dict(usage) for user, usage in held.items()}
+        self.totals = federation_totals(placement)
+
+    def share(self, user: str) -> float:
+        return dominant_share(self.held.get(user, {}), self.totals, self.users.get(user).weight)
+
+    def place(self, jobs_by_user: Mapping[str, Sequence[QueuedJob]]) -> tuple[list[Placement], list[Waiting]]:
+        """Place each user's jobs (in that user's order) interleaved by fair share."""
+        quota_users = self.users.with_quota()
+        queues = [(user, jobs) for user, jobs in jobs_by_user.items() if jobs]
+        if len(queues) == 1 and queues[0][0] not in quota_users:
+            # One user without a quota: its order is the whole order.
+            user, jobs = queues[0]
+            placements, waiting = self.placement.place(jobs)
+            if placements:
+                self._take(user, {p.job_id for p in placements}, jobs)
+            return placements, waiting
+        placements: list[Placement] = []
+        waiting: list[Waiting] = []
+        heap: list[tuple[float, float, int, str]] = []
+        position = dict.fromkeys(jobs_by_user, 0)
+        for n, (user, jobs) in enumerate(queues):
+            heappush(heap, (self.share(user), -jobs[0].waited_s, n, user))
+        place = self.placement.place
+        while heap:
+            _, _, n, user = heappop(heap)
+            jobs = queues[n][1]
+            i = position[user]
+            job = jobs[i]
+            position[user] = i + 1
+            resources = as_resources(job.resources)
+            held = self.held.setdefault(user, {})
+            why = quota_wait(self.users.get(user), held, resources.units) if user in quota_users else None
+            if why is not None:
+                waiting.append(Waiting(job.job_id, why, code=QUOTA))
+            else:
+                placed, left = place((job,))
+                if placed:
+                    placements.extend(placed)
+                    add_units(held, resources.units)
+                else:
+                    waiting.extend(left)
+            if i + 1 < len(jobs):
+                heappush(heap, (self.share(user), -jobs[i + 1].waited_s, n, user))
+        return placements, waiting
+
+    def _take(self, user: str, placed: set[str], jobs: Iterable[QueuedJob]) -> None:
+        held = self.held.setdefault(user, {})
+        for job in jobs:
+            if job.job_id in placed:
+                add_units(held, as_resources(job.resources).units)
+
+    def release(self, user: str, placement: Placement, resources) -> None:
+        """Give back a placement whose commit failed: its room and its user's share."""
+        self.placement.release(placement, resources)
+        add_units(self.held.setdefault(user, {}), as_resources(resources).units, sign=-1)
+
+
+def within_quota(placements: Sequence[tuple[Placement, str, object]], users: UserTable,
+                 held: Mapping[str, Mapping[str, int]]) -> tuple[list[Placement], list[Waiting]]:
+    """The placements (each with its user and resources, in placement order) that fit
+    their users' quotas over ``held`` (what each user's live jobs hold now, read under
+    that user's quota lock), and the rest as waiting with the code ``quota``.
+
+    The commit-time check that makes a quota a hard cap whatever number of routers and
+    ticks run: ``held`` is read after every other writer's commit for these users.
+    """
+    quota_users = users.with_quota()
+    running: dict[str, Usage] = {}
+    kept: list[Placement] = []
+    waiting: list[Waiting] = []
+    for placement, user, resources in placements:
+        if user not in quota_users:
+            kept.append(placement)
+            continue
+        usage = running.setdefault(user, dict(held.get(user, {})))
+        units = as_resources(resources).units
+        why = quota_wait(users.get(user), usage, units)
+        if why is None:
+            add_units(usage, units)
+            kept.append(placement)
+        else:
+            waiting.append(Waiting(placement.job_id, why, code=QUOTA))
+    return kept, waiting
