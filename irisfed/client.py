@@ -115,7 +115,7 @@ from irisfed.jobs import (
     job_view,
     new_job_id,
 )
-from irisfed.reads import JobReads, checked_job_id
+from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
 from irisfed.shared.config import DATABASE_URL_ENV
 from irisfed.shared.errors import IrisfedError
@@ -125,6 +125,7 @@ from irisfed.shared.messages import (
     CancelRequest,
     ErrorReply,
     JobEvent,
+    OperatorCancelRequest,
     SubmitReply,
     SubmitRequest,
     decode_reply,
@@ -133,6 +134,7 @@ from irisfed.shared.messages import (
 from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
 from irisfed.shared.redact import redact
 from irisfed.shared.subjects import Subjects
+from irisfed.shared.users import stored_job_id
 
 __all__ = [
     "Client",
@@ -204,6 +206,7 @@ class Client:
         self._nc = nc
         self.servers = servers
         self.subjects = Subjects(servers.prefix)
+        self.user = servers.user
         self.timeout = timeout
         self.retry = retry or Retry()
         self.poll_interval = poll_interval
@@ -218,7 +221,7 @@ class Client:
     def connect(cls, nats_url: str | None = None, database_url: str | None = None, *,
                 prefix: str | None = None, timeout: float = 5.0, retry: Retry | None = None,
                 poll_interval: float = 1.0, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
-                name: str = "irisfed-client",
+                name: str = "irisfed-client", user: str | None = None,
                 on_retry: Callable[[int, IrisfedClientError, float], None] | None = None) -> _Connecting:
         """Connect to the federation: ``client = await Client.connect()`` or
         ``async with Client.connect() as client: ...`` (closed at the end).
@@ -231,11 +234,15 @@ class Client:
         - ``retry``: :class:`Retry` (``Retry(attempts=1)`` never retries).
         - ``poll_interval``: how often ``watch``/``wait`` re-read Postgres without an event.
         - ``on_retry(attempt, error, delay_s)``: called before each retry (e.g. to log it).
+        - ``user``: the configured user to act as (else ``IRISFED_USER``, else the NATS
+          URL's ``user-<id>``, else ``default``). Its submits and cancels go to its own
+          subjects, which only its NATS credentials may publish; ``get``/``wait``/``watch``
+          read its jobs by the ids it submitted under.
 
         Raises :class:`ConfigurationError` without a NATS URL and
         :class:`UnavailableError` when NATS cannot be reached.
         """
-        servers = resolve_servers(nats_url, database_url, prefix=prefix, state_dir=state_dir)
+        servers = resolve_servers(nats_url, database_url, prefix=prefix, state_dir=state_dir, user=user)
 
         async def open_client() -> Client:
             wakers: set[asyncio.Event] = set()
@@ -290,7 +297,7 @@ class Client:
         if request.job_id is None:
             request = msgspec.structs.replace(request, job_id=new_job_id())
         request = checked_submit(request)
-        reply = await self._request(self.subjects.submit, encoder.encode(request))
+        reply = await self._request(self.subjects.submit_for(self.user), encoder.encode(request))
         if not isinstance(reply, SubmitReply):
             raise InternalError(f"the router answered a submit with {type(reply).__name__}")
         return reply
@@ -301,7 +308,21 @@ class Client:
         already_finished). Raises :class:`NotFoundError` for an unknown job. Safe to
         repeat (and so retried like submits)."""
         body = encoder.encode(CancelRequest(job_id=_checked_job_id(job_id)))
-        reply = await self._request(self.subjects.cancel, body)
+        reply = await self._request(self.subjects.cancel_for(self.user), body)
+        if not isinstance(reply, CancelReply):
+            raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
+        return reply
+
+    async def operator_cancel(self, job_id: str, by: str | None = None) -> CancelReply:
+        """An operator's cancel of any user's job, named by its stored id (``alice:train-1``;
+        a ``default`` job's id is bare). Needs the operator's NATS credentials (the
+        operators' subject refuses anyone else). ``by`` names the operator in the job's
+        history (``operator (by)``)."""
+        try:
+            request = OperatorCancelRequest(job_id=checked_stored_job_id(job_id), by=by)
+        except IrisfedError as exc:
+            raise InvalidRequestError(exc.message) from None
+        reply = await self._request(self.subjects.operator_cancel, encoder.encode(request))
         if not isinstance(reply, CancelReply):
             raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
         return reply
@@ -359,7 +380,7 @@ class Client:
         job_id = _checked_job_id(job_id)
         store = await self._get_store()
         try:
-            row = await store.job_get(job_id)
+            row = await store.job_get(stored_job_id(self.user, job_id))
         except IrisfedError as exc:
             raise translated(exc) from None
         if row is None:
@@ -381,6 +402,7 @@ class Client:
         Raises :class:`NotFoundError` for an unknown job. Needs a database URL.
         """
         job_id = _checked_job_id(job_id)
+        stored = stored_job_id(self.user, job_id)
         store = await self._get_store()
         wake = asyncio.Event()
 
@@ -389,7 +411,7 @@ class Client:
 
         subscription = None
         try:
-            subscription = await self._nc.subscribe(self.subjects.events(job_id), cb=on_event)
+            subscription = await self._nc.subscribe(self.subjects.events(stored), cb=on_event)
         except nats.errors.Error as exc:  # events are a shortcut; Postgres is the truth
             log.debug("irisfed client: no events for %s (%s); polling Postgres", job_id, exc)
         self._wakers.add(wake)
@@ -401,8 +423,8 @@ class Client:
                 try:
                     # The changelog first: the job row read after it is at least as new, so a
                     # terminal entry finds the job's exit code and reason there.
-                    entries = await store.changelog_list_for_job(job_id)
-                    job = await store.job_get(job_id)
+                    entries = await store.changelog_list_for_job(stored)
+                    job = await store.job_get(stored)
                 except IrisfedError as exc:
                     error = translated(exc)
                     if not error.retryable:
@@ -583,6 +605,9 @@ class SyncClient:
     def cancel(self, job_id: str) -> CancelReply:
         """:meth:`Client.cancel`."""
         return self._runner.run(self._client.cancel(job_id))
+
+    def operator_cancel(self, job_id: str, by: str | None = None) -> CancelReply:
+        return self._runner.run(self._client.operator_cancel(job_id, by))
 
     def get(self, job_id: str) -> Job:
         """:meth:`Client.get`."""

@@ -19,6 +19,7 @@ from irisfed.shared.errors import IrisfedError
 from irisfed.shared.ids import ALPHABET
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.shared.messages import ConstraintSpec, JobEvent, SubmitRequest, decode_request, encoder
+from irisfed.shared.users import user_job_id
 
 __all__ = ["ConstraintLike", "Job", "build_submit", "checked_submit", "constraint_wire", "job_event",
            "job_view", "new_job_id"]
@@ -140,6 +141,7 @@ class Job(Struct, frozen=True):
     updated_at: datetime
     finished_at: datetime | None
     spec: dict[str, Any]
+    user: str = "default"  # whose job it is; ``job_id`` is the id that user sent
 
     @property
     def terminal(self) -> bool:
@@ -148,7 +150,7 @@ class Job(Struct, frozen=True):
 
 
 def job_view(row) -> Job:
-    return Job(job_id=row.job_id, state=str(row.state), disposition=row.disposition,
+    return Job(job_id=user_job_id(row.job_id), user=row.user_id, state=str(row.state), disposition=row.disposition,
                peer_id=row.owner_peer_id or "", pinned_peer_id=row.pinned_peer_id or "", epoch=row.epoch,
                attempts=row.attempts, exit_code=row.exit_code, reason=row.reason,
                cancel_requested=row.cancel_requested, submitted_at=row.submitted_at,

@@ -17,7 +17,7 @@ import asyncpg
 import msgspec
 
 from irisfed.shared.errors import DatabaseSchemaMismatch, InvalidRequest, IrisfedError
-from irisfed.shared.messages import CancelRequest, decode_request, encoder
+from irisfed.shared.messages import CancelRequest, OperatorCancelRequest, decode_request, encoder
 from irisfed.shared.postgres import (
     connecting,
     schema_mismatch_message,
@@ -40,6 +40,16 @@ def shown_job_id(job_id: object) -> str:
     if len(job_id) <= SHOWN_ID_CHARS:
         return repr(job_id)
     return f"{job_id[:SHOWN_ID_CHARS]!r}... ({len(job_id)} characters)"
+
+
+def checked_stored_job_id(job_id: object) -> str:
+    """``job_id`` if it is a job's stored id (``alice:train-1``, or a ``default`` job's
+    bare id: what operators see), else ``InvalidRequest``. Pure: no I/O."""
+    try:
+        return decode_request(OperatorCancelRequest, encoder.encode({"job_id": job_id})).job_id
+    except (IrisfedError, TypeError, msgspec.EncodeError):
+        raise InvalidRequest(f"not a job id: {shown_job_id(job_id)} (a job id is [USER:]ID, USER a configured "
+                             f"user, ID {JOB_ID_RULE})") from None
 
 
 def checked_job_id(job_id: object) -> str:

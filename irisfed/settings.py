@@ -10,12 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from irisfed.errors import ConfigurationError
 from irisfed.shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV, load_config
 from irisfed.shared.errors import IrisfedError
 from irisfed.shared.redact import redact
 from irisfed.shared.subjects import Subjects
+from irisfed.shared.users import DEFAULT_USER, USER_ENV, USER_ROLE_PREFIX, validate_user_id
 
 __all__ = ["CONNECT_FILE", "DEFAULT_PREFIX", "DEFAULT_STATE_DIR", "Retry", "Servers", "resolve_servers"]
 
@@ -58,11 +60,12 @@ class Servers:
     nats_url: str
     database_url: str | None
     prefix: str
+    user: str = DEFAULT_USER  # the user requests speak for (its subjects; docs/design.md §3.2)
 
     def __repr__(self) -> str:  # never show a password
         return (f"Servers(nats_url={redact(self.nats_url)!r}, "
                 f"database_url={redact(self.database_url) if self.database_url else None!r}, "
-                f"prefix={self.prefix!r})")
+                f"prefix={self.prefix!r}, user={self.user!r})")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -75,9 +78,25 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def user_of_url(nats_url: str) -> str | None:
+    """The configured user whose NATS user (``user-<id>``) the URL carries, if any."""
+    first = nats_url.split(",", 1)[0].strip()
+    try:
+        name = urlsplit(first if "://" in first else f"nats://{first}").username
+    except ValueError:
+        return None
+    if name and name.startswith(USER_ROLE_PREFIX):
+        candidate = unquote(name)[len(USER_ROLE_PREFIX):]
+        try:
+            return validate_user_id(candidate)
+        except IrisfedError:
+            return None
+    return None
+
+
 def resolve_servers(nats_url: str | None = None, database_url: str | None = None, *,
                     prefix: str | None = None, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
-                    environ: Mapping[str, str] | None = None) -> Servers:
+                    environ: Mapping[str, str] | None = None, user: str | None = None) -> Servers:
     """The servers and subject prefix a client uses, as documented in the module.
 
     Each setting: the argument, else the environment (``IRISFED_NATS_URL``,
@@ -85,8 +104,25 @@ def resolve_servers(nats_url: str | None = None, database_url: str | None = None
     ``<state_dir>/connect.json`` written by ``irisfed up``. Only the NATS URL is
     required; a missing database URL is ``None`` (``get``/``wait``/``watch`` then say
     how to give one).
+
+    The user: ``user``, else ``IRISFED_USER``, else the URL's NATS user ``user-<id>``,
+    else ``default``. A user other than ``default`` with no URL given or in the
+    environment takes ``<state_dir>/users/<id>.json`` (its own credentials).
     """
     env = os.environ if environ is None else environ
+    user = user or env.get(USER_ENV) or None
+    if user is not None:
+        try:
+            validate_user_id(user, "user")
+        except IrisfedError as exc:
+            raise ConfigurationError(exc.message) from None
+        if user != DEFAULT_USER and not nats_url and not env.get(NATS_URL_ENV):
+            own = Path(state_dir) / "users" / f"{user}.json"
+            if not own.exists():
+                raise ConfigurationError(
+                    f"no NATS credentials for user {user!r}: pass its nats_url, eval \"$(irisfed env --user "
+                    f"{user})\" while `irisfed up` runs, or add it to the federation's [[users]] and restart")
+            nats_url = _read_json(own).get("nats_url")
     read: list[dict[str, Any]] = []
 
     def connect() -> dict[str, Any]:  # read only when a setting is missing
@@ -113,6 +149,8 @@ def resolve_servers(nats_url: str | None = None, database_url: str | None = None
         Subjects(prefix)
     except IrisfedError as exc:
         raise ConfigurationError(exc.message) from None
-    return Servers(nats_url=nats_url, database_url=database_url, prefix=prefix)
+    if user is None:
+        user = user_of_url(nats_url) or DEFAULT_USER
+    return Servers(nats_url=nats_url, database_url=database_url, prefix=prefix, user=user)
 
 

@@ -34,6 +34,8 @@ from irisfed.shared.resources import (
 )
 
 DEFAULT_USER = "default"
+USER_ENV = "IRISFED_USER"  # the user a client acts as when not told (`irisfed env --user` sets it)
+USER_ROLE_PREFIX = "user-"  # configured user U's NATS user is `user-U`
 USER_ID_PATTERN = r"^[a-z][a-z0-9_-]{0,31}(?!\n)$"
 _USER_ID_RE = re.compile(USER_ID_PATTERN)
 SEPARATOR = ":"

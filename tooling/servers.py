@@ -146,12 +146,12 @@ def start_nats(
 
 
 def start_secured_nats(folder: Path, prefix: str, peer_ids: Iterable[str], *, auth_dir: Path | None = None,
-                       **options) -> tuple[ServerProcess, NatsAuth]:
+                       user_ids: Iterable[str] = (), **options) -> tuple[ServerProcess, NatsAuth]:
     """:func:`start_nats` with auth on: one user per role (``irisfed.services.common.nats_auth``)
     for subject prefix ``prefix``; the server config and the passwords (0600) go to
     ``auth_dir`` (default ``folder``). The config file stays in ``server.extra["config_file"]``,
     for starting the server again."""
-    auth = NatsAuth.create(prefix, peer_ids)
+    auth = NatsAuth.create(prefix, peer_ids, user_ids)
     conf, _ = auth.write(auth_dir or folder)
     server = start_nats(folder, config_file=conf, **options)
     server.extra["config_file"] = conf

@@ -108,7 +108,7 @@ def cmd_nats_auth(args: argparse.Namespace) -> int:
     from irisfed.services.common.nats_auth import NatsAuth
 
     config = federation_config(args)
-    auth = NatsAuth.create(config.subject_prefix, config.peer_ids)
+    auth = NatsAuth.create(config.subject_prefix, config.peer_ids, config.user_ids)
     conf, creds = auth.write(Path(args.out))
     print(f"wrote {conf} (nats-server -c {conf}) and {creds} (0600: one password per role)")
     print("roles: " + ", ".join(auth.permissions))

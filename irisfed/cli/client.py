@@ -10,11 +10,12 @@ from typing import Any
 
 import msgspec
 
-from irisfed.cli.connect import nats_client, open_store, print_json, subjects
+from irisfed.cli.connect import cli_user, nats_client, open_store, print_json, subjects
 from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.resources import ResourceError, normalize_request, parse_amount_flags
 from irisfed.shared.shorthands import parse_constraint, parse_pairs
+from irisfed.shared.users import stored_job_id
 
 
 class ReplyError(IrisfedError):
@@ -76,7 +77,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["env"] = parse_pairs(args.env, "--env")
     if args.label:
         body["labels"] = parse_pairs(args.label, "--label")
-    reply = asyncio.run(_request(args, subjects(args).submit, json.dumps(body).encode()))
+    user = cli_user(args)
+    reply = asyncio.run(_request(args, subjects(args).submit_for(user), json.dumps(body).encode()))
     if args.json:
         print_json(reply)
         return 1 if "error" in reply else 0
@@ -90,12 +92,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(printable(f"  {reply['reason']}"))
         return 3
     if args.wait:
-        return _watch(args, reply["job_id"])
+        return _watch(args, stored_job_id(user, reply["job_id"]))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_request(args, subjects(args).cancel, json.dumps({"job_id": args.job_id}).encode()))
+    if args.operator:
+        if getattr(args, "user", None):
+            raise ConfigError("--operator cancels any user's job by its stored id (alice:train-1); drop --user")
+        subject, body = subjects(args).operator_cancel, {"job_id": args.job_id, "by": "cli"}
+    else:
+        subject, body = subjects(args).cancel_for(cli_user(args)), {"job_id": args.job_id}
+    reply = asyncio.run(_request(args, subject, json.dumps(body).encode()))
     if args.json:
         print_json(reply)
         return 1 if "error" in reply else 0

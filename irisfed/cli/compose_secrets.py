@@ -33,6 +33,7 @@ from irisfed.services.common.db_roles import login_roles, peer_role
 from irisfed.services.common.nats_auth import (
     render_server_config,
     role_permissions,
+    user_role,
     with_credentials,
 )
 from irisfed.services.common.private import write_private
@@ -81,7 +82,7 @@ def write_secrets(config: FederationConfig, out: Path, database: str = f"postgre
         stored.update({role: secrets.token_urlsafe(24) for role in roles if role not in stored})
         (out / "db-credentials.json").write_text(json.dumps(stored, indent=2) + "\n")
 
-    permissions = role_permissions(config.subject_prefix, config.peer_ids)
+    permissions = role_permissions(config.subject_prefix, config.peer_ids, config.user_ids)
     nats_passwords_file = out / "nats-credentials.json"
     nats_passwords = json.loads(_keep_or_write(nats_passwords_file, lambda: "{}"))
     if set(permissions) - set(nats_passwords):
@@ -90,7 +91,8 @@ def write_secrets(config: FederationConfig, out: Path, database: str = f"postgre
     write_private(out / "nats.conf", render_server_config(permissions, nats_passwords))
 
     nats_base = nats
-    for service, (role, user) in {**service_roles(config), "operator": (None, "operator")}.items():
+    users = {f"user-{u}": (None, user_role(u)) for u in config.user_ids}
+    for service, (role, user) in {**service_roles(config), "operator": (None, "operator"), **users}.items():
         if role is not None:
             write_private(out / f"{service}.database-url", with_credentials(db_base, role, stored[role]) + "\n")
         write_private(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]) + "\n")

@@ -5,14 +5,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from irisfed.services.common.startup import database_url, federation_config, nats_url
-from irisfed.shared.errors import Unavailable
+from irisfed.settings import DEFAULT_STATE_DIR, user_of_url
+from irisfed.shared.config import NATS_URL_ENV
+from irisfed.shared.errors import ConfigError, Unavailable
 from irisfed.shared.redact import redact
 from irisfed.shared.subjects import Subjects
+from irisfed.shared.users import DEFAULT_USER, USER_ENV, validate_user_id
+
+
+def _asked_user(args: argparse.Namespace) -> str | None:
+    user = getattr(args, "user", None) or os.environ.get(USER_ENV) or None
+    return None if user is None else validate_user_id(user, "--user")
+
+
+def client_nats_url(args: argparse.Namespace) -> str:
+    """The NATS URL a user's command connects with: the flags' or the environment's, else
+    (for ``--user ID`` other than ``default``) ``.irisfed/users/ID.json``, else
+    ``.irisfed/connect.json``'s."""
+    user = _asked_user(args)
+    explicit = (getattr(args, "nats_url", None) or getattr(args, "nats_url_file", None)
+                or os.environ.get(NATS_URL_ENV) or os.environ.get(f"{NATS_URL_ENV}_FILE"))
+    if user not in (None, DEFAULT_USER) and not explicit:
+        own = Path(DEFAULT_STATE_DIR) / "users" / f"{user}.json"
+        try:
+            return json.loads(own.read_text())["nats_url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ConfigError(f"no NATS credentials for user {user!r}: pass --nats-url, eval \"$(irisfed env "
+                              f"--user {user})\" while `irisfed up` runs, or add it to [[users]] and restart "
+                              f"`irisfed up`") from None
+    return nats_url(args)
+
+
+def cli_user(args: argparse.Namespace) -> str:
+    """The user a command speaks for: ``--user``, else ``IRISFED_USER``, else the NATS
+    URL's ``user-<id>``, else ``default``."""
+    return _asked_user(args) or user_of_url(client_nats_url(args)) or DEFAULT_USER
 
 
 def subjects(args: argparse.Namespace) -> Subjects:
@@ -29,7 +63,7 @@ async def nats_client(args: argparse.Namespace, **options):
     """
     from irisfed.services.common.bus import connect_client
 
-    url = nats_url(args)
+    url = client_nats_url(args)
 
     async def quiet(exc: Exception) -> None:  # nats-py would print a traceback per attempt
         pass

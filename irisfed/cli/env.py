@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from irisfed.shared.config import CONFIG_ENV, DATABASE_URL_ENV, NATS_URL_ENV
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.nats_urls import inbox_prefix_for_url
+from irisfed.shared.users import USER_ENV, validate_user_id
 
 ROLE_FILES = {"producer": "producer.json", "operator": "connect.json"}
 
@@ -53,9 +54,17 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     return ",".join(servers), user, password
 
 
-def env_lines(role: str, state_dir: Path) -> list[str]:
-    """The lines ``irisfed env`` prints: comments and ``export NAME=VALUE`` (shell-quoted)."""
-    source = state_dir / ROLE_FILES[role]
+def user_file(state_dir: Path, user_id: str) -> Path:
+    """Where ``irisfed up`` keeps configured user ``user_id``'s NATS credentials (0600)."""
+    return state_dir / "users" / f"{validate_user_id(user_id, 'user')}.json"
+
+
+def env_lines(role: str, state_dir: Path, user: str | None = None) -> list[str]:
+    """The lines ``irisfed env`` prints: comments and ``export NAME=VALUE`` (shell-quoted).
+    With ``user``: that configured user's credentials (``role`` is then its name)."""
+    source = user_file(state_dir, user) if user else state_dir / ROLE_FILES[role]
+    if user:
+        role = f"user-{user}"
     data = _read(source)
     nats_url = data["nats_url"]
     servers, user, password = split_credentials(nats_url)
@@ -76,6 +85,8 @@ def env_lines(role: str, state_dir: Path) -> list[str]:
     if password is not None:
         context.append('--password "$NATS_PASSWORD"')
     context += [f"--inbox-prefix {inbox}", "--select"]
+    if user:
+        exports[USER_ENV] = user
     lines = [f"# irisfed {role} environment, from {source} (written by `irisfed up`)"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
     lines.append(f"# replies to this user arrive under {inbox}; for the nats CLI: {' '.join(context)}")
@@ -83,9 +94,10 @@ def env_lines(role: str, state_dir: Path) -> list[str]:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    lines = env_lines(args.role, Path(args.state_dir).resolve())
+    user = getattr(args, "user", None)
+    lines = env_lines(args.role, Path(args.state_dir).resolve(), user)
     print("\n".join(lines))
     if sys.stdout.isatty():  # printed for a person: say how it is meant to be used
-        flag = "" if args.role == "producer" else f" --role {args.role}"
+        flag = f" --user {user}" if user else "" if args.role == "producer" else f" --role {args.role}"
         print(f"# (this prints secrets for a shell to read: eval \"$(irisfed env{flag})\")", file=sys.stderr)
     return 0

@@ -30,6 +30,13 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide", action="store_true", help="show long cells whole instead of cut with …")
 
 
+def _user_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", metavar="ID",
+                   help="act as this configured user, on its own subjects (the NATS URL must carry its "
+                        "credentials: eval \"$(irisfed env --user ID)\"); default: the URL's user-<ID>, "
+                        "else `default`")
+
+
 def _about_one_job(sub, name: str, help: str) -> None:
     p = sub.add_parser(name, help=help)
     add_server_flags(p, nats=False)
@@ -49,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("env", help='shell exports for a role while `irisfed up` runs: eval "$(irisfed env)"')
     p.add_argument("--role", choices=["producer", "operator"], default="producer",
                    help="producer: NATS as the producer user (default); operator: the CLI's NATS user and the database")
+    p.add_argument("--user", metavar="ID",
+                   help="a configured user's NATS credentials (.irisfed/users/ID.json) instead of --role's")
     p.add_argument("--state-dir", default=".irisfed", help="the state folder of `irisfed up`")
 
     for command in SERVICES:  # router, tick, peer-agent, web: flags of their own (services/*/flags.py)
@@ -61,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a job: irisfed submit [flags] -- COMMAND...")
     _client_flags(p)
+    _user_flag(p)
     p.add_argument("--database-url", help="for --wait")
     p.add_argument("--id", help="job_id (idempotency key)")
     p.add_argument("--name")
@@ -80,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a job")
     _client_flags(p)
+    _user_flag(p)
+    p.add_argument("--operator", action="store_true",
+                   help="cancel any user's job by its stored id (alice:train-1), on the operators' subject "
+                        "(needs the operator's NATS credentials)")
     p.add_argument("job_id")
 
     p = sub.add_parser("watch", help="follow one job until it ends")

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from irisfed.services.common import db
+from irisfed.services.common.nats_auth import user_role
 from irisfed.services.common.private import write_private
 from irisfed.shared.config import (
     CONFIG_ENV,
@@ -94,7 +95,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                       f"(`irisfed env` prints the URL to use)", flush=True)
             print(f"starting NATS on port {nats_port} (auth on: one user per service) ...", flush=True)
             nats, auth = start_secured_nats(state / "nats", config.subject_prefix, config.peer_ids,
-                                            port=nats_port)
+                                            user_ids=config.user_ids, port=nats_port)
             nats_url = supervisor.add_server(nats).url
         print("migrating ...", flush=True)
         db.migrate(db_url)
@@ -117,6 +118,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         # The producer user (submit and cancel only), for `irisfed env` and producers' code.
         producer_url = auth.url(nats_url, "producer") if auth else nats_url
         _write_private(state / "producer.json", {"nats_url": producer_url, "config": str(config_path)})
+        # Each configured user's own NATS user (its subjects only), for `irisfed env --user ID`.
+        users_dir = state / "users"
+        users_dir.mkdir(mode=0o700, exist_ok=True)
+        for user_id in config.user_ids:
+            user_url = auth.url(nats_url, user_role(user_id)) if auth else nats_url
+            _write_private(users_dir / f"{user_id}.json",
+                           {"nats_url": user_url, "config": str(config_path), "user": user_id})
         pids_file = state / "pids.json"
         # Every PID we started, so tests and operators can check they are gone.
         pids_file.write_text(json.dumps(supervisor.pids()))
@@ -127,6 +135,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         print('  producers: eval "$(irisfed env)" exports NATS_URL, NATS_USER, NATS_PASSWORD and '
               'IRISFED_NATS_URL as the producer user (--role operator: the CLI\'s, with the database)',
               flush=True)
+        if config.user_ids:
+            print(f"  users: {', '.join(config.user_ids)}: eval \"$(irisfed env --user ID)\" exports that user's "
+                  f"NATS credentials ({users_dir}/ID.json)", flush=True)
         print(f"  elsewhere: export {CONFIG_ENV}={config_path} and {DATABASE_URL_ENV}, {NATS_URL_ENV} "
               f"from {connect_file} (it holds the passwords)", flush=True)
         metrics = ", ".join(f"{name} http://127.0.0.1:{port}/metrics" for name, port in metrics_ports.items())

@@ -4,16 +4,20 @@ Roles and what they may do (``P`` is the subject prefix):
 
 | role | publish | subscribe |
 |---|---|---|
-| producer | P.submit, P.cancel | _INBOX_producer.> (its replies) |
-| operator | P.submit, P.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit, P.cancel, P.heartbeat.* |
+| producer (the user ``default``) | P.submit, P.cancel | _INBOX_producer.> (its replies) |
+| user-U (each configured user U) | P.submit.U, P.cancel.U | _INBOX_user-U.> (its replies) |
+| operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX_operator.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.* |
 | tick | P.assign.*, P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
 | agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
-| web | P.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
+| web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
 So a peer agent cannot advertise as another peer nor read another peer's
-assignments, and a producer can only ask. Replies are private too: a user that
+assignments, a producer can only ask, and a user can only ask for itself: the router
+takes the user from the subject, which only that user's credentials may publish
+(docs/design.md §3.2). No user id is a peer id (the configuration refuses it), so
+``P.cancel.U`` is never also a peer's cancel notices. Replies are private too: a user that
 makes requests gets its own inbox prefix, ``_INBOX_<user>`` (:func:`inbox_prefix`),
 and may subscribe only below it, never to ``_INBOX.>`` where everyone's replies
 would be; our clients derive the prefix from the user in their URL
@@ -33,6 +37,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from irisfed.services.common.private import write_private
 from irisfed.shared.nats_urls import inbox_prefix
+from irisfed.shared.users import USER_ROLE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,30 @@ class Permissions:
     allow_responses: bool = False
 
 
-def role_permissions(prefix: str, peer_ids: Iterable[str]) -> dict[str, Permissions]:
-    """The permission set of every role for a federation's prefix and peers."""
+def user_role(user_id: str) -> str:
+    """The NATS user of configured user ``user_id``."""
+    return f"{USER_ROLE_PREFIX}{user_id}"
+
+
+def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> dict[str, Permissions]:
+    """The permission set of every role for a federation's prefix, peers and users."""
     p = prefix
     roles = {
         "producer": Permissions((f"{p}.submit", f"{p}.cancel"), (f"{inbox_prefix('producer')}.>",)),
-        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.tick.ping"),
+        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping"),
                                 (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
         "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake"),
-                              (f"{p}.submit", f"{p}.cancel", f"{p}.heartbeat.*"), allow_responses=True),
+                              (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
+                               f"{p}.operator.cancel", f"{p}.heartbeat.*"), allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
-        "web": Permissions((f"{p}.cancel",), (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
+        "web": Permissions((f"{p}.operator.cancel",),
+                           (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
         "admin": Permissions((">",), (">",)),
     }
+    for user_id in user_ids:
+        role = user_role(user_id)
+        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}"), (f"{inbox_prefix(role)}.>",))
     for peer_id in peer_ids:
         roles[f"agent-{peer_id}"] = Permissions(
             (f"{p}.heartbeat.{peer_id}", f"{p}.events.*"), (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}"))
@@ -106,8 +121,8 @@ class NatsAuth:
     passwords: dict[str, str]
 
     @classmethod
-    def create(cls, prefix: str, peer_ids: Iterable[str]) -> NatsAuth:
-        permissions = role_permissions(prefix, peer_ids)
+    def create(cls, prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> NatsAuth:
+        permissions = role_permissions(prefix, peer_ids, user_ids)
         return cls(permissions, generate_credentials(permissions))
 
     def server_config(self) -> str:
