@@ -80,10 +80,12 @@ def _toml_key(key: str) -> str:
     return key if _BARE_KEY.fullmatch(key) else _toml_value(key)
 
 
-def render_config(peers: Iterable[Peer], comment: str = "", **settings: Any) -> str:
+def render_config(peers: Iterable[Peer], comment: str = "", users: Iterable[Mapping[str, Any]] = (),
+                  **settings: Any) -> str:
     """The federation's TOML: ``settings`` (``local_cluster``, ``heartbeat_ttl_s`` ...) then
-    one ``[[peers]]`` table per peer; ``comment`` lines go on top. Raises ConfigError
-    when the parser the services use would refuse the result."""
+    one ``[[peers]]`` table per peer and one ``[[users]]`` table per user (its keys as
+    given: ``id``, ``weight``, ``quota`` ...); ``comment`` lines go on top. Raises
+    ConfigError when the parser the services use would refuse the result."""
     lines = [f"# {line}".rstrip() for line in comment.splitlines()]
     lines += [f"{key} = {_toml_value(value)}" for key, value in settings.items() if value is not None]
     for peer in peers:
@@ -99,14 +101,17 @@ def render_config(peers: Iterable[Peer], comment: str = "", **settings: Any) -> 
         for key in ("slurm_partition", "ray_address"):
             if getattr(peer, key) is not None:
                 lines.append(f"{key} = {_toml_value(getattr(peer, key))}")
+    for user in users:
+        lines += ["", "[[users]]", *(f"{key} = {_toml_value(value)}" for key, value in user.items())]
     text = "\n".join(lines) + "\n"
     parse_config(tomllib.loads(text))  # what the services will say about it, said now
     return text
 
 
-def write_config(path: Path, peers: Iterable[Peer], comment: str = "", **settings: Any) -> FederationConfig:
+def write_config(path: Path, peers: Iterable[Peer], comment: str = "", users: Iterable[Mapping[str, Any]] = (),
+                 **settings: Any) -> FederationConfig:
     """Render (see :func:`render_config`) to ``path``; return it as the services will read it."""
-    text = render_config(peers, comment, **settings)
+    text = render_config(peers, comment, users, **settings)
     path.write_text(text)
     return parse_config(tomllib.loads(text))
 

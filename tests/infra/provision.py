@@ -24,6 +24,8 @@ NATS_URL_ENV = "IRISFED_TEST_NATS_URL"
 # Every peer id the tests use; the NATS users are generated for these. Tests use
 # one-token subject prefixes, so the permissions are written for the prefix "*".
 TEST_PEERS = ("home", "gpu-west", "tpu-east", "gpu-east")
+# Every configured user the tests use (their NATS users are user-<id>).
+TEST_USERS = ("alice", "bob")
 
 
 @dataclass
@@ -95,7 +97,8 @@ def provision_servers() -> Servers:
             if missing_nats:
                 # Local NATS runs with auth on: every service gets its own user.
                 servers.nats, servers.nats_auth = start_secured_nats(folder / "nats", "*", TEST_PEERS,
-                                                                     auth_dir=folder / "nats-auth")
+                                                                     auth_dir=folder / "nats-auth",
+                                                                     user_ids=TEST_USERS)
                 servers._cleanups.append(servers.nats.stop)
                 servers.nats_plain_url = servers.nats.url
                 servers.nats_url = servers.nats_auth.url(servers.nats.url, "admin")
