@@ -7,8 +7,8 @@ client reads it with the statements every service uses (``irisfed.shared.queries
 (``irisfed.shared.postgres``: ``Unavailable`` may pass, anything else will not; a
 refused login or a bad URL is a ``DatabaseConfigError``, a database not at this
 irisfed's schema a ``DatabaseSchemaMismatch``). Reads only: a client changes nothing in
-the database. A job id is checked as the router checks it (:func:`checked_job_id`)
-before any of it is sent.
+the database. A job id is checked as the router checks it (:func:`checked_job_id`, or
+:func:`checked_stored_job_id` for a stored ``user:id``) before any of it is sent.
 """
 
 from __future__ import annotations
@@ -83,12 +83,13 @@ class JobReads:
         return cls(pool)
 
     async def job_get(self, job_id: str) -> JobRow | None:
-        job_id = checked_job_id(job_id)
+        """The job stored as ``job_id`` (``alice:train-1``; a ``default`` job's id bare)."""
+        job_id = checked_stored_job_id(job_id)
         record = await self._read(self._pool.fetchrow, QUERIES["job_get"], job_id)
         return None if record is None else JobRow.from_record(record)
 
     async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
-        job_id = checked_job_id(job_id)
+        job_id = checked_stored_job_id(job_id)
         records = await self._read(self._pool.fetch, QUERIES["changelog_list_for_job"], job_id)
         return [ChangelogEntry.from_record(record) for record in records]
 

@@ -103,14 +103,32 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 1 if summary.violations else 0
 
 
+def _kept_passwords(path: Path) -> dict[str, str]:
+    """Role → password from an earlier ``nats-auth`` run's credentials file (none: {})."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) and v for v in data.values()):
+        raise ConfigError(f"{path} is not a role → password table: move it away to start afresh")
+    return data
+
+
 def cmd_nats_auth(args: argparse.Namespace) -> int:
     """Generate NATS users per role for a federation: a server config and a credentials file."""
     from irisfed.services.common.nats_auth import NatsAuth
 
     config = federation_config(args)
-    auth = NatsAuth.create(config.subject_prefix, config.peer_ids, config.user_ids)
+    existing = Path(args.out) / "nats-credentials.json"
+    kept = _kept_passwords(existing)
+    auth = NatsAuth.create(config.subject_prefix, config.peer_ids, config.user_ids, keep=kept)
     conf, creds = auth.write(Path(args.out))
     print(f"wrote {conf} (nats-server -c {conf}) and {creds} (0600: one password per role)")
+    if kept:
+        print(f"kept the passwords of roles already in {existing}; new roles got new ones "
+              f"(reload the server: nats-server --signal reload=PID)")
     print("roles: " + ", ".join(auth.permissions))
     return 0
 

@@ -62,6 +62,7 @@ def user_file(state_dir: Path, user_id: str) -> Path:
 def env_lines(role: str, state_dir: Path, user: str | None = None) -> list[str]:
     """The lines ``irisfed env`` prints: comments and ``export NAME=VALUE`` (shell-quoted).
     With ``user``: that configured user's credentials (``role`` is then its name)."""
+    irisfed_user = user
     source = user_file(state_dir, user) if user else state_dir / ROLE_FILES[role]
     if user:
         role = f"user-{user}"
@@ -85,8 +86,8 @@ def env_lines(role: str, state_dir: Path, user: str | None = None) -> list[str]:
     if password is not None:
         context.append('--password "$NATS_PASSWORD"')
     context += [f"--inbox-prefix {inbox}", "--select"]
-    if user:
-        exports[USER_ENV] = user
+    if irisfed_user:
+        exports[USER_ENV] = irisfed_user
     lines = [f"# irisfed {role} environment, from {source} (written by `irisfed up`)"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
     lines.append(f"# replies to this user arrive under {inbox}; for the nats CLI: {' '.join(context)}")

@@ -121,9 +121,13 @@ class NatsAuth:
     passwords: dict[str, str]
 
     @classmethod
-    def create(cls, prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> NatsAuth:
+    def create(cls, prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = (),
+               keep: dict[str, str] | None = None) -> NatsAuth:
+        """Users for these roles; ``keep``: passwords to keep for roles that still exist
+        (adding a user or a peer then changes no one else's credentials)."""
         permissions = role_permissions(prefix, peer_ids, user_ids)
-        return cls(permissions, generate_credentials(permissions))
+        fresh = generate_credentials(role for role in permissions if role not in (keep or {}))
+        return cls(permissions, {role: (keep or {}).get(role) or fresh[role] for role in permissions})
 
     def server_config(self) -> str:
         return render_server_config(self.permissions, self.passwords)

@@ -283,3 +283,29 @@ async def test_fair_share_interleaves_users_and_respects_weights(federation, as_
     weighted = await _fair_round(federation, alice, bob, "weighted")
     weighted_before = weighted[:len(weighted) - weighted[::-1].index("bob")].count("alice")
     assert weighted_before < alice_before_bobs_last, (weighted_before, alice_before_bobs_last)
+
+
+async def test_the_client_acts_as_the_user_its_credentials_name(federation, as_user, servers):
+    from irisfed.client import Client, NotFoundError
+
+    federation.config_path.write_text(users_config(federation.prefix, [{"id": "alice"}]))
+    await federation.start_federation("home")
+    await as_user("alice")  # (skips without the tests' own NATS users)
+    async with Client.connect(servers.nats_url_for("user-alice"), federation.database_url,
+                              prefix=federation.prefix) as client:
+        assert client.user == "alice"  # from the URL's user-alice
+        reply = await client.submit(["sleep", "300"], job_id="c1")
+        assert (reply.job_id, reply.duplicate) == ("c1", False)
+        job = await client.get("c1")
+        assert (job.job_id, job.user, job.state) in {("c1", "alice", "assigned"), ("c1", "alice", "running")}
+        assert (await client.cancel("c1")).job_id == "c1"
+        assert (await client.wait("c1", timeout=60)).state == "killed"
+    async with Client.connect(servers.nats_url_for("producer"), federation.database_url,
+                              prefix=federation.prefix) as default:
+        assert default.user == "default"
+        with pytest.raises(NotFoundError):
+            await default.get("c1")  # the default user's c1 does not exist
+        with pytest.raises(NotFoundError):
+            await default.cancel("c1")
+    killed = await federation.job("alice:c1")
+    assert killed.state == "killed" and killed.cancel_requested_by == "user alice"

@@ -1,6 +1,7 @@
 """Least privilege on NATS: each role may touch only its own subjects."""
 
 import asyncio
+import json
 
 import nats
 import pytest
@@ -93,19 +94,20 @@ async def test_the_web_user_reads_events_and_may_only_ask_for_a_cancel(secured_n
     try:
         await web.subscribe("irisfed.events.*")
         await web.subscribe("irisfed.heartbeat.*")
-        await web.publish("irisfed.cancel", b"{}")  # allowed: what an operator's cancel sends
+        await web.publish("irisfed.operator.cancel", b"{}")  # allowed: what an operator's cancel sends
         await web.flush()
         for forged in ("irisfed.submit", "irisfed.assign.gpu-west", "irisfed.events.job-1",
-                       "irisfed.heartbeat.gpu-west", "irisfed.cancel.gpu-west"):
+                       "irisfed.heartbeat.gpu-west", "irisfed.cancel.gpu-west", "irisfed.cancel"):
             await web.publish(forged, b"forged")
         await web.subscribe("irisfed.assign.*")
         await web.flush()
 
         async def refused():
-            while len(errors) < 6:
+            while len(errors) < 7:
                 await asyncio.sleep(0.02)
         await asyncio.wait_for(refused(), timeout=10)
-        assert not any('"irisfed.cancel"' in e or "events.*" in e or "heartbeat.*" in e for e in errors), errors
+        assert not any('"irisfed.operator.cancel"' in e or "events.*" in e or "heartbeat.*" in e for e in errors), errors
+        assert any('publish to "irisfed.cancel"' in e for e in errors)
         assert any('subscription to "irisfed.assign.*"' in e for e in errors)
     finally:
         await web.close()
@@ -119,11 +121,34 @@ async def test_wrong_password_is_refused(secured_nats):
 
 
 def test_permissions_table_per_role():
-    roles = role_permissions("acme", ["gpu"])
+    roles = role_permissions("acme", ["gpu"], ["alice"])
     assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*")
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu")
     assert roles["producer"].publish == ("acme.submit", "acme.cancel")
     assert roles["router"].allow_responses and not roles["producer"].allow_responses
+    # A user may ask only for itself, and read only its own replies.
+    assert roles["user-alice"].publish == ("acme.submit.alice", "acme.cancel.alice")
+    assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
+    assert not roles["user-alice"].allow_responses
+    assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)
+    assert roles["web"].publish == ("acme.operator.cancel",)
+    assert "acme.operator.cancel" in roles["operator"].publish
+    assert not any("operator" in p for role in ("producer", "user-alice") for p in roles[role].publish)
+
+
+def test_nats_auth_keeps_existing_passwords_and_adds_users(tmp_path):
+    config = tmp_path / "f.toml"
+    config.write_text('local_cluster = "a"\n[[peers]]\nid = "a"\n')
+    out = tmp_path / "out"
+    assert main(["nats-auth", "--config", str(config), "--out", str(out)]) == 0
+    before = json.loads((out / "nats-credentials.json").read_text())
+    config.write_text(config.read_text() + '[[users]]\nid = "alice"\nquota = { gpu = 2 }\n')
+    assert main(["nats-auth", "--config", str(config), "--out", str(out)]) == 0
+    after = json.loads((out / "nats-credentials.json").read_text())
+    assert {k: after[k] for k in before} == before  # nobody else's credentials changed
+    assert set(after) - set(before) == {"user-alice"} and after["user-alice"]
+    assert '"acme' not in (out / "nats-auth.conf").read_text()
+    assert '"irisfed.submit.alice"' in (out / "nats-auth.conf").read_text()
 
 
 def test_nats_auth_command_writes_private_files(tmp_path):

@@ -36,3 +36,28 @@ def test_the_command_prints_the_exports(tmp_path, capsys):
     assert main(["env", "--state-dir", str(state), "--role", "operator"]) == 0
     out = capsys.readouterr().out
     assert "export IRISFED_DATABASE_URL=" in out and "export NATS_USER=operator" in out
+
+
+def test_a_users_exports_are_its_own_credentials_and_name_it(tmp_path, capsys):
+    import json
+    import os
+
+    state = up_state(tmp_path)
+    (state / "users").mkdir()
+    (state / "users" / "alice.json").write_text(json.dumps(
+        {"nats_url": "nats://user-alice:s3cret@127.0.0.1:4222", "config": "/x/f.toml", "user": "alice"}))
+    os.chmod(state / "users" / "alice.json", 0o600)
+    lines = env_lines("producer", state, user="alice")
+    assert "export IRISFED_NATS_URL=nats://user-alice:s3cret@127.0.0.1:4222" in lines
+    assert "export NATS_USER=user-alice" in lines and "export IRISFED_USER=alice" in lines
+    assert "--inbox-prefix _INBOX_user-alice " in lines[-1]
+    assert main(["env", "--state-dir", str(state), "--user", "alice"]) == 0
+    assert "export IRISFED_USER=alice" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("user", ["bob", "../producer", "Alice", "a.b"])
+def test_a_user_without_credentials_or_no_user_at_all_is_refused(tmp_path, capsys, user):
+    state = up_state(tmp_path)
+    assert main(["env", "--state-dir", str(state), "--user", user]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and ("irisfed up" in captured.err or "invalid" in captured.err)

@@ -133,3 +133,19 @@ def test_secret_files_are_private_and_kept_when_run_again(tmp_path):
     again = {p.name: p.read_text() for p in write_secrets(config, tmp_path)}
     assert first == again
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in tmp_path.iterdir())
+
+
+def test_each_configured_user_gets_its_own_nats_credentials(tmp_path):
+    from irisfed.cli.compose_secrets import write_secrets
+    from irisfed.shared.config import parse_config
+
+    config = parse_config({"peers": [{"id": "home"}], "local_cluster": "home",
+                           "users": [{"id": "alice"}, {"id": "bob", "quota": {"gpu": 2}}]})
+    write_secrets(config, tmp_path)
+    for user in ("alice", "bob"):
+        url = (tmp_path / f"user-{user}.nats-url").read_text()
+        assert url.startswith(f"nats://user-{user}:")
+        assert oct((tmp_path / f"user-{user}.nats-url").stat().st_mode & 0o777) == "0o600"
+    conf = (tmp_path / "nats.conf").read_text()
+    assert '"irisfed.submit.alice", "irisfed.cancel.alice"' in conf
+    assert '"_INBOX_user-bob.>"' in conf
