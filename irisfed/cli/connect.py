@@ -26,21 +26,25 @@ def _asked_user(args: argparse.Namespace) -> str | None:
 
 
 def client_nats_url(args: argparse.Namespace) -> str:
-    """The NATS URL a user's command connects with: the flags' or the environment's, else
-    (for ``--user ID`` other than ``default``) ``.irisfed/users/ID.json``, else
-    ``.irisfed/connect.json``'s."""
+    """The NATS URL a user's command connects with: the flags' or the environment's,
+    unless ``--user ID`` (not ``default``) names another user than that URL's
+    ``user-<id>``: then ``.irisfed/users/ID.json`` (what ``irisfed up`` wrote)."""
     user = _asked_user(args)
     explicit = (getattr(args, "nats_url", None) or getattr(args, "nats_url_file", None)
                 or os.environ.get(NATS_URL_ENV) or os.environ.get(f"{NATS_URL_ENV}_FILE"))
-    if user not in (None, DEFAULT_USER) and not explicit:
-        own = Path(DEFAULT_STATE_DIR) / "users" / f"{user}.json"
-        try:
-            return json.loads(own.read_text())["nats_url"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ConfigError(f"no NATS credentials for user {user!r}: pass --nats-url, eval \"$(irisfed env "
-                              f"--user {user})\" while `irisfed up` runs, or add it to [[users]] and restart "
-                              f"`irisfed up`") from None
-    return nats_url(args)
+    url = nats_url(args) if explicit else None
+    if user in (None, DEFAULT_USER) or (url is not None and user_of_url(url) == user):
+        return url or nats_url(args)
+    own = Path(DEFAULT_STATE_DIR) / "users" / f"{user}.json"
+    try:
+        return json.loads(own.read_text())["nats_url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if url is not None and user_of_url(url) is None:
+        return url  # an operator's or admin's URL, or a server without auth: the server decides
+    holder = f"the NATS URL is {user_of_url(url)!r}'s" if url is not None else f"there is no {own}"
+    raise ConfigError(f"--user {user}: {holder}; use {user}'s credentials (eval \"$(irisfed env --user "
+                      f"{user})\" while `irisfed up` runs, or --nats-url with them)")
 
 
 def cli_user(args: argparse.Namespace) -> str:

@@ -309,3 +309,27 @@ async def test_the_client_acts_as_the_user_its_credentials_name(federation, as_u
             await default.cancel("c1")
     killed = await federation.job("alice:c1")
     assert killed.state == "killed" and killed.cancel_requested_by == "user alice"
+
+
+async def test_the_command_line_submits_and_cancels_as_a_user(federation, as_user, servers):
+    federation.config_path.write_text(users_config(federation.prefix, [{"id": "alice"}, {"id": "bob"}]))
+    await federation.start_federation("home")
+    await as_user("alice")  # (skips without the tests' own NATS users)
+    alice_url = servers.nats_url_for("user-alice")
+    made = federation.cli("submit", "--user", "alice", "--nats-url", alice_url, "--id", "cli-1", "--",
+                          "sleep", "300")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("cli-1: local → assigned on home")
+    assert (await federation.job("alice:cli-1")).user_id == "alice"
+    # The URL's user-alice is the user when --user is not given.
+    cancelled = federation.cli("cancel", "--nats-url", alice_url, "cli-1")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith("cli-1: ")
+    await federation.wait_state("alice:cli-1", "killed")
+    # Another user's name with alice's credentials: said at once, nothing sent.
+    refused = federation.cli("submit", "--user", "bob", "--nats-url", alice_url, "--", "true")
+    assert refused.returncode == 2 and "--user bob: the NATS URL is 'alice''s" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "s3cret" not in refused.stderr
+    bad = federation.cli("submit", "--user", "Bob;rm", "--", "true")
+    assert bad.returncode == 2 and "invalid" in bad.stderr
+    assert [j.job_id for j in await federation.store.job_list(None, 50)] == ["alice:cli-1"]
