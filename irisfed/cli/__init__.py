@@ -1,8 +1,8 @@
 """``irisfed``: the command line for operators and users.
 
 The parts, by what a command does: ``client`` (submit, cancel, watch: requests
-over NATS), ``reads`` (jobs, job, explain, peers, logs, top: the unified view in
-Postgres), ``admin`` (migrate, nats-auth, db-roles, schema, health, chaos,
+over NATS), ``reads`` (jobs, job, explain, peers, users, logs, top: the unified
+view in Postgres), ``admin`` (migrate, nats-auth, db-roles, schema, health, chaos,
 bench) and ``up``; ``parser`` holds every command's flags, ``connect`` how
 commands reach the servers, ``views`` what they draw. ``irisfed router|tick|
 peer-agent|web`` run the services through their own start-up
@@ -60,6 +60,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "jobs": reads.cmd_jobs,
     "job": reads.cmd_job,
     "peers": reads.cmd_peers,
+    "users": reads.cmd_users,
     "logs": reads.cmd_logs,
     "watch": client.cmd_watch,
     "health": admin.cmd_health,

@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("jobs", help="list jobs (the unified view)")
     add_server_flags(p, nats=False)
     p.add_argument("--state")
+    p.add_argument("--user", metavar="ID", help="only this user's jobs")
     p.add_argument("--limit", type=int, default=50)
     _output_flags(p)
 
@@ -168,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     _about_one_job(sub, "explain", "why a job was rejected, is queued, or went where it went")
 
     p = sub.add_parser("peers", help="peers and their newest advertisement")
+    add_server_flags(p, nats=False)
+    _output_flags(p)
+
+    p = sub.add_parser("users", help="users: live usage against quota, weight, fair share, queued and "
+                                     "running jobs")
     add_server_flags(p, nats=False)
     _output_flags(p)
 

@@ -1,23 +1,40 @@
 """Reads of the unified view in Postgres: ``jobs``, ``job``, ``explain``, ``peers``,
-``logs`` and the live ``top``. A job id is checked before Postgres is asked
-(``irisfed.reads.checked_job_id``): one that no job can have is refused in one line."""
+``users``, ``logs`` and the live ``top``. A job id (the stored one operators see:
+``alice:train-1``, a ``default`` job's bare) is checked before Postgres is asked
+(``irisfed.reads.checked_stored_job_id``), and so is a ``--user``: one that nothing can
+have is refused in one line (exit 2)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from pathlib import Path
 
 from irisfed.cli.connect import nats_client, open_store, print_json, subjects, with_store
-from irisfed.reads import checked_job_id
+from irisfed.reads import checked_stored_job_id, shown_job_id
 from irisfed.services.common.startup import federation_config
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.users import USER_ID_PATTERN
+
+_USER_ID = re.compile(USER_ID_PATTERN)
+
+
+def checked_user_id(user_id: object, flag: str = "--user") -> str:
+    """``user_id`` if it is a user id (``shared.users.USER_ID_PATTERN``), else a one-line
+    ``ConfigError`` quoting at most its start. Pure: no I/O."""
+    if isinstance(user_id, str) and _USER_ID.match(user_id):
+        return user_id
+    raise ConfigError(f"{flag} {shown_job_id(user_id)} is not a user id (a lower-case letter, then up to 31 "
+                      "lower-case letters, digits, '_' or '-')")
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit)))
+    user = None if getattr(args, "user", None) is None else checked_user_id(args.user)
+    rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit, user_id=user)))
     mode = views.output_mode(args)
     if mode == "json":
         print_json(rows)
@@ -29,7 +46,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def _job_and_history(args: argparse.Namespace):
     """The job row and its changelog, or (None, []) after saying it does not exist."""
 
-    job_id = checked_job_id(args.job_id)
+    job_id = checked_stored_job_id(args.job_id)
 
     async def fetch(store):
         return await store.job_get(job_id), await store.changelog_list_for_job(job_id)
@@ -62,8 +79,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     mode = views.output_mode(args)
     if mode == "json":
-        print_json({"job_id": job.job_id, "state": job.state, "disposition": job.disposition,
-                    "reason": job.reason, "explanation": job.explanation})
+        explained = job.explanation or {}
+        print_json({"job_id": job.job_id, "user_id": job.user_id, "state": job.state,
+                    "disposition": job.disposition, "reason": job.reason, "wait": explained.get("wait"),
+                    "explanation": job.explanation})
     else:
         views.print_explain(job, history, views.Out(mode, args.wide))
     return 0
@@ -82,8 +101,30 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_users(args: argparse.Namespace) -> int:
+    """Each user: live usage against quota, weight, weighted dominant share of what the
+    reachable peers advertise, queued and live jobs (every configured user, and any with jobs)."""
+    from irisfed.cli import views
+
+    config = federation_config(args, required=False)
+
+    async def fetch(store):
+        return (await store.job_live_usage_by_user(), await store.job_count_by_user(),
+                await store.peer_heartbeat_list())
+
+    held, counts, peers = asyncio.run(with_store(args, fetch))
+    totals = views.federation_totals(peers, config)
+    lines = views.user_lines(config, held, counts, totals)
+    mode = views.output_mode(args)
+    if mode == "json":
+        print_json(views.users_json(lines))
+    else:
+        views.Out(mode, args.wide).grid(views.users_grid(lines, totals))
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
-    job_id = checked_job_id(args.job_id)
+    job_id = checked_stored_job_id(args.job_id)
     job = asyncio.run(with_store(args, lambda s: s.job_get(job_id)))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)

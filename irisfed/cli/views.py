@@ -1,4 +1,4 @@
-"""Renderings of the unified view: jobs, one job, peers.
+"""Renderings of the unified view: jobs, one job, peers, users.
 
 Everything a job, a producer or a peer chose (ids, names, labels, commands,
 reasons, advertised attributes) reaches the screen through :func:`lit`: a rich
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,7 +29,8 @@ from rich.text import Text
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
-from irisfed.shared.resources import fmt_amount, from_units, offer_units
+from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, offered_units
+from irisfed.shared.users import DEFAULT_USER, QUOTA, UserTable, describe_usage, dominant_share
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
@@ -54,7 +56,7 @@ def output_mode(args) -> str:
 class Grid:
     """A table to print: its title, column names and rows of literal cells."""
 
-    title: str
+    title: str | Text  # a str is read as markup: ours only
     columns: Sequence[str]
     rows: list[list[Text]] = field(default_factory=list)
 
@@ -89,17 +91,48 @@ class Out:
             for line in aligned(grid.columns, [[_one_line(cell.plain) for cell in row] for row in grid.rows]):
                 print(line)
 
-    def _rich(self, grid: Grid) -> Table:
+    def _rich(self, grid: Grid, fit: bool = True) -> Table:
+        """``grid`` as a rich table; ``fit``: cut to this console's width (short cells and
+        ids whole), else only ids kept whole (a table printed elsewhere: ``top``)."""
         table = Table(title=grid.title)
-        for column in grid.columns:
-            if self.wide:
+        if self.wide:
+            for column in grid.columns:
                 table.add_column(column, overflow="fold")
-            else:  # one line a row: a long cell is cut with … (ids keep their full width)
+        elif fit:  # one line a row: a long cell is cut with …
+            for column, (least, most) in zip(grid.columns, fitted_widths(grid, self.console.width), strict=True):
+                table.add_column(column, overflow="ellipsis", no_wrap=True, min_width=least, max_width=most)
+        else:
+            for column in grid.columns:
                 table.add_column(column, overflow="ellipsis", no_wrap=True,
-                                 min_width=17 if column in ("job", "peer") else None)
+                                 min_width=ID_WIDTH if column in ("job", "peer") else None)
         for row in grid.rows:
             table.add_row(*row)
         return table
+
+
+SHORT_CELL = 12  # a column whose cells are all this short (numbers, states, user ids) is never cut
+ID_WIDTH = 17  # job and peer ids keep at least this much
+LEAST_WIDTH = 5  # what any other long column keeps
+
+
+def fitted_widths(grid: Grid, width: int) -> list[tuple[int | None, int | None]]:
+    """(min, max) width of each column so that the table fits ``width`` cells: short
+    columns whole; the rest share what is left, the narrowest first (none cut below
+    its least); nothing limited when the whole table fits."""
+    natural = [max([len(column), *(row[i].cell_len for row in grid.rows)]) for i, column in enumerate(grid.columns)]
+    short = [n <= max(SHORT_CELL, len(column)) for n, column in zip(natural, grid.columns, strict=True)]
+    least = [n if is_short else ID_WIDTH if column in ("job", "peer") else LEAST_WIDTH
+             for n, is_short, column in zip(natural, short, grid.columns, strict=True)]
+    room = width - 3 * len(natural) - 1  # a border and two spaces of padding a column, one border more
+    left = room - sum(n for n, is_short in zip(natural, short, strict=True) if is_short)
+    cut = sorted((i for i, is_short in enumerate(short) if not is_short), key=natural.__getitem__)
+    limits: dict[int, int] = {}
+    for k, i in enumerate(cut):  # max-min fair: the narrowest keep all they need, the rest share
+        fair = left // (len(cut) - k) if left > 0 else 0
+        limits[i] = max(least[i], min(natural[i], fair))
+        left -= limits[i]
+    return [(least[i], None) if short[i] or limits[i] >= natural[i] else (least[i], limits[i])
+            for i in range(len(natural))]
 
 
 def aligned(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -145,16 +178,17 @@ def _ago(when: datetime | None) -> str:
 
 
 def jobs_grid(rows: Sequence[JobSummary], title: str = "jobs") -> Grid:
-    grid = Grid(title, ("job", "state", "peer", "epoch", "exit", "submitted", "command", "reason"))
+    grid = Grid(title, ("job", "user", "state", "peer", "epoch", "exit", "submitted", "command", "reason"))
     for row in rows:
-        grid.add(lit(row.job_id), _state(row.state), lit(row.owner_peer_id or row.pinned_peer_id or "-"),
+        grid.add(lit(row.job_id), lit(row.user_id), _state(row.state),
+                 lit(row.owner_peer_id or row.pinned_peer_id or "-"),
                  str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
                  _ago(row.submitted_at), lit(" ".join(row.command or [])), lit(row.reason or "-"))
     return grid
 
 
 def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
-    return Out()._rich(jobs_grid(rows, title))
+    return Out()._rich(jobs_grid(rows, title), fit=False)
 
 
 def backend_resources(backends: Sequence[dict]) -> str:
@@ -194,13 +228,14 @@ def peers_grid(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None
 
 
 def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
-    return Out()._rich(peers_grid(rows, config))
+    return Out()._rich(peers_grid(rows, config), fit=False)
 
 
 def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
     out = out or Out()
     spec = job.spec
     out.line(lit(job.job_id, "bold"), "  ", lit(job.state), "  (", lit(job.disposition), ")")
+    out.line("  user        ", lit(job.user_id))
     out.line("  command     ", lit(" ".join(spec["command"])))
     if spec.get("name"):
         out.line("  name        ", lit(spec["name"]))
@@ -211,7 +246,9 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
     out.line("  exit code   ", "-" if job.exit_code is None else str(job.exit_code))
     out.line("  reason      ", lit(job.reason or "-"))
     if job.cancel_requested:
-        out.line("  cancel      requested")
+        # Who asked: `user alice`, `operator (cli)`; none recorded before users existed.
+        out.line("  cancel      requested by ", lit(job.cancel_requested_by or "(not recorded)"),
+                 f"  {_ago(job.cancel_requested_at)}" if job.cancel_requested_at else "")
     grid = Grid("history", ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"))
     for row in history:
         grid.add(str(row.seq), row.at.strftime("%H:%M:%S.%f")[:-3], lit(row.from_state or "(new)"),
@@ -240,6 +277,10 @@ def now_stamp() -> str:
     return time.strftime("%H:%M:%S")
 
 
+# Why a queued job waits when that is not a peer's doing (the explanation's "wait").
+WAIT_CODES = {QUOTA: "its user's live jobs hold all its quota allows"}
+
+
 def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
     """A person's answer to "why is this job where it is?"."""
     from irisfed.shared.explain import PEER_CODES
@@ -251,6 +292,10 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
     if explained:
         out.line("  decided by  ", lit(explained["by"]))
         out.line("  rule        ", lit(explained["rule"]))
+        wait = explained.get("wait")
+        if wait and state == JobState.QUEUED:  # a placed job's last word may still be its wait
+            meaning = f"  ({WAIT_CODES[wait]})" if isinstance(wait, str) and wait in WAIT_CODES else ""
+            out.line("  waiting     ", lit(wait, "yellow"), meaning)
     elif job.reason:
         out.line("  reason      ", lit(job.reason))
     placed = [row for row in history if row.to_state == JobState.ASSIGNED]
@@ -270,3 +315,109 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
     if more:
         counts = ", ".join(f"{count} {PEER_CODES.get(code, code)}" for code, count in more.items())
         out.line(lit(f"  and {sum(more.values())} more peers: {counts}"))
+
+
+# ---------------------------------------------------------------- users
+
+
+def federation_totals(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> dict[str, int]:
+    """What the reachable peers advertise in all, in units, ``slots`` included: the
+    totals fair share divides by (``irisfed.shared.fair_share.federation_totals``, from
+    the heartbeat rows; with a config, only its peers count, as the tick's view)."""
+    peers = set(config.peer_ids) if config else None
+    totals: dict[str, int] = {}
+    for row in rows:
+        if not row.reachable or (peers is not None and row.peer_id not in peers):
+            continue
+        for backend in row.backends if isinstance(row.backends, list) else ():
+            if not isinstance(backend, Mapping):
+                continue
+            capacity = backend.get("capacity")
+            slots = offered_units(SLOTS, capacity.get("total")) if isinstance(capacity, Mapping) else 0
+            totals[SLOTS] = totals.get(SLOTS, 0) + slots
+            raw = backend.get("resources")
+            amounts = {name: (v.get("total"), v.get("free")) for name, v in raw.items() if isinstance(v, Mapping)} \
+                if isinstance(raw, Mapping) else {}
+            for name, (total, _free) in offer_units(amounts).items():
+                totals[name] = totals.get(name, 0) + total
+    return totals
+
+
+@dataclass(frozen=True, slots=True)
+class UserLine:
+    """One user's row of ``irisfed users``. Amounts in units (cpu: millicores; ``slots``:
+    live jobs). ``quota``, ``weight`` and ``max_band`` are None when no configuration was read."""
+
+    user_id: str
+    configured: bool
+    held: Mapping[str, int]
+    quota: Mapping[str, int] | None
+    weight: float | None
+    max_band: str | None
+    share: float  # weighted dominant share of the federation totals (weight 1 when unknown)
+    queued: int
+    running: int  # assigned + running
+
+
+def user_lines(config: FederationConfig | None, held: Mapping[str, Mapping[str, int]],
+               counts: Mapping[str, Mapping[str, int]], totals: Mapping[str, int]) -> list[UserLine]:
+    """Every configured user and every user with queued or live jobs, by id; with a
+    configuration also ``default``, which is always a user (v1's producers act as it)."""
+    table = config.user_table if config else UserTable()
+    ids = set(table.users) | set(held) | set(counts) | ({DEFAULT_USER} if config else set())
+    lines = []
+    for user_id in sorted(ids):
+        user = table.get(user_id)
+        usage = dict(held.get(user_id, {}))
+        states = counts.get(user_id, {})
+        weight = user.weight if config else None
+        lines.append(UserLine(
+            user_id=user_id, configured=user_id in table.users, held=usage,
+            quota=user.quota_units() if config else None, weight=weight,
+            max_band=user.max_band if config else None,
+            share=dominant_share(usage, totals, weight or 1.0),
+            queued=int(states.get("queued", 0)),
+            running=int(states.get("assigned", 0)) + int(states.get("running", 0))))
+    return lines
+
+
+def _units(name: str, units: int) -> str:
+    return fmt_amount(units if name == SLOTS else from_units(name, units))
+
+
+def usage_cell(line: UserLine) -> str:
+    """``gpu 2/2, cpu 3/-``: what the user's live jobs hold against its quota (``-``: no
+    cap), the resources with a quota first; without a configuration, just what they hold."""
+    quota = line.quota or {}
+    held = {name: units for name, units in line.held.items() if units and (name != SLOTS or name in quota)}
+    names = sorted(quota) + sorted(set(held) - set(quota))
+    if line.quota is None:
+        return ", ".join(f"{name} {_units(name, held[name])}" for name in names) or "-"
+    parts = [f"{name} {_units(name, held.get(name, 0))}/{_units(name, quota[name]) if name in quota else '-'}"
+             for name in names]
+    return ", ".join(parts) or "-"
+
+
+def totals_text(totals: Mapping[str, int]) -> str:
+    """``slots 16, cpu 64, gpu 8``: what shares are shares of."""
+    names = ([SLOTS] if SLOTS in totals else []) + sorted(set(totals) - {SLOTS})
+    return ", ".join(f"{name} {_units(name, totals[name])}" for name in names) or "nothing advertised"
+
+
+def users_grid(lines: Sequence[UserLine], totals: Mapping[str, int] | None = None) -> Grid:
+    title = Text("users") if totals is None else Text.assemble("users (shares of ", lit(totals_text(totals)), ")")
+    grid = Grid(title, ("user", "usage/quota", "weight", "share", "queued", "running", "max_band"))
+    for line in lines:
+        grid.add(lit(line.user_id, "" if line.configured else "dim"), lit(usage_cell(line)),
+                 "-" if line.weight is None else f"{line.weight:g}", f"{line.share:.3f}",
+                 str(line.queued), str(line.running), lit(line.max_band or "-"))
+    return grid
+
+
+def users_json(lines: Sequence[UserLine]) -> list[dict[str, Any]]:
+    """``irisfed users --json``: amounts in each resource's own unit (``slots``: live jobs)."""
+    return [{"user_id": line.user_id, "configured": line.configured,
+             "usage": describe_usage(line.held),
+             "quota": None if line.quota is None else describe_usage(line.quota),
+             "weight": line.weight, "share": line.share, "queued": line.queued, "running": line.running,
+             "max_band": line.max_band} for line in lines]
