@@ -16,11 +16,12 @@ from tests.infra.factories import make_config
 class RouterThread:
     """A router on its own event loop, so sync (hypothesis) tests can call it."""
 
-    def __init__(self, database_url: str, nats_url: str) -> None:
+    def __init__(self, database_url: str, nats_url: str, prefix: str | None = None, **config) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.prefix = f"h{uuid.uuid4().hex[:10]}"
+        self.prefix = prefix or f"h{uuid.uuid4().hex[:10]}"
+        self.config = config  # make_config overrides (e.g. users)
         self.run(self._start(database_url, nats_url))
 
     def run(self, coro, timeout: float = 30):
@@ -30,7 +31,7 @@ class RouterThread:
         self.pool = await dbmod.connect(database_url)
         self.service_nc = await connect_client(nats_url)
         self.client = await connect_client(nats_url)
-        self.router = Router(make_config(subject_prefix=self.prefix), self.pool, self.service_nc)
+        self.router = Router(make_config(subject_prefix=self.prefix, **self.config), self.pool, self.service_nc)
         await self.router.start()
 
     async def _request(self, verb: str, body: bytes) -> dict:

@@ -1,0 +1,110 @@
+"""The router with several users, on real Postgres and nats-server: the subject names
+the user, ids are scoped by it, and LOCAL jobs of users with quotas are assigned only
+under their quota locks, whichever router takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from irisfed.services.common.store import Store
+from tests.infra.factories import advertise
+from tests.infra.routers import RouterThread
+
+USERS = [{"id": "alice", "quota": {"slots": 3}}, {"id": "bob"}]
+
+
+def _ask(router: RouterThread, subject: str, body: dict, timeout: float = 10) -> bytes:
+    async def ask() -> bytes:
+        return (await router.client.request(f"{router.prefix}.{subject}", json.dumps(body).encode(),
+                                            timeout=timeout)).data
+    return router.run(ask())
+
+
+def _home(router: RouterThread, slots: int = 50) -> Store:
+    store = Store(router.pool)
+    router.run(advertise(store, "home", slots=slots, device_type="cpu"))
+    router.run(router.router.refresh_view())
+    return store
+
+
+def test_local_jobs_past_the_quota_wait_queued_and_repeat_their_first_reply(database_url, servers):
+    router = RouterThread(database_url, servers.nats_url, users=USERS)
+    try:
+        store = _home(router)
+        first = [_ask(router, "submit.alice", {"job_id": f"q{i}", "command": ["true"]}) for i in range(5)]
+        replies = [json.loads(raw) for raw in first]
+        assert [(r["job_id"], r["disposition"], r["state"]) for r in replies] == [
+            ("q0", "local", "assigned"), ("q1", "local", "assigned"), ("q2", "local", "assigned"),
+            ("q3", "local", "queued"), ("q4", "local", "queued")]
+        assert replies[3]["reason"] == "quota: alice holds 3 of 3 slots; this job asks 1 more"
+        job = router.run(store.job_get("alice:q3"))
+        assert (job.state, job.owner_peer_id, job.user_id) == ("queued", None, "alice")
+        assert job.explanation["wait"] == "quota" and job.explanation["rule"] == replies[3]["reason"]
+        # A resubmission gets the first reply again, byte for byte but `duplicate`.
+        for raw, i in ((first[0], 0), (first[3], 3)):
+            again = _ask(router, "submit.alice", {"job_id": f"q{i}", "command": ["true"]})
+            assert again == raw.replace(b'"duplicate":false', b'"duplicate":true')
+        # Bob has no quota; the default user neither.
+        assert json.loads(_ask(router, "submit.bob", {"command": ["true"]}))["state"] == "assigned"
+        assert json.loads(_ask(router, "submit", {"command": ["true"]}))["state"] == "assigned"
+    finally:
+        router.close()
+
+
+def test_two_routers_racing_never_assign_past_a_quota(database_url, servers):
+    one = RouterThread(database_url, servers.nats_url, users=USERS)
+    two = RouterThread(database_url, servers.nats_url, prefix=one.prefix, users=USERS)
+    try:
+        store = _home(one)
+        two.run(two.router.refresh_view())
+
+        async def burst() -> list[dict]:
+            replies = await asyncio.gather(*(
+                one.client.request(f"{one.prefix}.submit.alice",
+                                   json.dumps({"job_id": f"r{i}", "command": ["true"]}).encode(), timeout=15)
+                for i in range(40)))
+            return [json.loads(r.data) for r in replies]
+
+        replies = one.run(burst())
+        assert all("error" not in r for r in replies), replies
+        states = [r["state"] for r in replies]
+        assert states.count("assigned") == 3 and states.count("queued") == 37
+        rows = one.run(store.job_list(None, 100, user_id="alice"))
+        assert sum(1 for r in rows if r.state == "assigned") == 3
+        assert one.router.batches_committed and two.router.batches_committed  # both took part
+    finally:
+        two.close()
+        one.close()
+
+
+def test_subjects_decide_the_user_and_peers_notices_are_not_requests(database_url, servers):
+    router = RouterThread(database_url, servers.nats_url, users=USERS)
+    try:
+        store = _home(router)
+        for subject in ("submit", "submit.alice", "submit.bob"):
+            assert json.loads(_ask(router, subject, {"job_id": "same", "command": ["true"]}))["job_id"] == "same"
+        rows = router.run(store.job_list(None, 10))
+        assert sorted((r.job_id, r.user_id) for r in rows) == [
+            ("alice:same", "alice"), ("bob:same", "bob"), ("same", "default")]
+        refused = json.loads(_ask(router, "cancel.alice", {"job_id": "nope"}))
+        assert refused["error"] == {"code": "not_found", "message": "no job 'nope'"}
+        forbidden = json.loads(_ask(router, "submit.carol", {"command": ["true"]}))
+        assert forbidden["error"]["code"] == "forbidden"
+        # A request on a peer's cancel-notice subject (P.cancel.home) gets no answer and changes nothing.
+        try:
+            _ask(router, "cancel.home", {"job_id": "same"}, timeout=1)
+        except Exception as exc:  # noqa: BLE001 - no responder, or no reply in time
+            assert "timeout" in type(exc).__name__.lower() or "responders" in type(exc).__name__.lower()
+        else:
+            raise AssertionError("the router answered a peer's cancel-notice subject")
+        assert not router.run(store.job_get("same")).cancel_requested
+        # The operator subject takes stored ids, and names the operator.
+        reply = json.loads(_ask(router, "operator.cancel", {"job_id": "bob:same", "by": "web"}))
+        assert reply["job_id"] == "bob:same"
+        assert router.run(store.job_get("bob:same")).cancel_requested_by == "operator (web)"
+        for bad in ({"job_id": "same", "by": "Web Ops"}, {"job_id": "bob:same", "user": "bob"},
+                    {"job_id": "bob::same"}):
+            assert json.loads(_ask(router, "operator.cancel", bad))["error"]["code"] == "invalid_request"
+    finally:
+        router.close()
