@@ -179,3 +179,40 @@ async def test_0011_and_0012_go_down_and_up_with_jobs_in_place(empty_database_ur
         assert [(r[0], r[2], r[3]) for r in await listing()] == [(r[0], r[2], r[3]) for r in listed]
     finally:
         await pool.close()
+
+
+async def test_0013_gives_existing_jobs_the_default_user_and_goes_back(empty_database_url):
+    url = empty_database_url
+    await asyncio.to_thread(dbmod.migrate, url, "0012")
+    pool = await dbmod.connect(url, max_size=2, check=False)
+    try:
+        await pool.execute(
+            "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, owner_peer_id, epoch) VALUES "
+            "('old', '{}', 'h', 'running', 'queue', 'gpu-west', 1)")
+
+        async def finish_function() -> tuple:
+            return tuple(await pool.fetchrow(
+                "SELECT prosrc, proconfig::text, prosecdef, proowner, proacl::text FROM pg_proc "
+                "WHERE proname = 'irisfed_job_finish_batch'"))
+
+        as_0012 = await finish_function()
+        await asyncio.to_thread(dbmod.migrate, url, "0013")
+        assert await pool.fetchval("SELECT user_id FROM jobs WHERE job_id = 'old'") == "default"
+        assert {"jobs_queued_by_user", "jobs_live_by_user", "jobs_by_user_newest"} <= await _indexes(url)
+        as_0013 = await finish_function()
+        assert as_0013[0] != as_0012[0] and as_0013[1:] == as_0012[1:]
+        # A stored cancel's ending names who asked.
+        await pool.execute("UPDATE jobs SET cancel_requested = true, cancel_requested_by = 'user alice' "
+                           "WHERE job_id = 'old'")
+        await pool.execute("SELECT * FROM irisfed_job_finish_batch('gpu-west', ARRAY['old'], ARRAY[1]::bigint[], "
+                           "ARRAY[137], ARRAY[false])")
+        assert await pool.fetchval("SELECT reason FROM jobs WHERE job_id = 'old'") == "cancelled by user alice"
+        assert await pool.fetchval("SELECT detail FROM federation_changelog WHERE job_id = 'old' "
+                                   "ORDER BY seq DESC LIMIT 1") == "cancelled by user alice"
+        await asyncio.to_thread(dbmod.downgrade, url, "0012")
+        assert await finish_function() == as_0012  # byte for byte, and the same rights
+        assert await pool.fetchval("SELECT count(*) FROM information_schema.columns "
+                                   "WHERE table_name = 'jobs' AND column_name IN ('user_id', 'cancel_requested_by')") == 0
+        await asyncio.to_thread(dbmod.migrate, url)
+    finally:
+        await pool.close()
