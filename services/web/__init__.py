@@ -6,12 +6,12 @@ The parts, from the edges in:
   (``events.*``, ``heartbeat.*``) and the Postgres polling that replaces them while
   NATS is away;
 - ``app``: the routes (pages, their live fragments, ``/events``, ``/api/charts``,
-  login, cancel) and the headers every response carries;
+  ``/api/users``, login, cancel) and the headers every response carries;
 - ``reads``: what each page reads from the store, with the caches shared by every
   viewer, and a job's log tail;
 - pure helpers, each unit-tested: ``filters`` (the job list's filters and its
   keyset cursor), ``security`` (sessions, CSRF), ``present`` (what pages show: bars,
-  ages, verdicts, a redacted spec), ``charts`` (series rebuilt from counts and the
+  ages, verdicts, a redacted spec, users' usage against their quotas), ``charts`` (series rebuilt from counts and the
   changelog), ``live`` (per-viewer coalescing and server-sent events).
 
 Every value a producer, a peer or a user wrote reaches a page through Jinja's

@@ -9,9 +9,10 @@ reverse proxy (``--root-path /prefix``) requests are accepted with or without th
 prefix (the proxy may strip it or not) and every link, form, static and stream URL
 is built from it.
 
-Routes: ``/`` (federation), ``/jobs``, ``/jobs/{job_id}``, ``POST /jobs/{job_id}/cancel``,
-``/charts``, ``/api/charts``, ``/events`` (server-sent events), ``/login``,
-``POST /logout``, ``/healthz``, ``/static/...``.
+Routes: ``/`` (federation), ``/jobs``, ``/jobs/{job_id}`` (a stored id: ``alice:train-1``
+for a user's job), ``POST /jobs/{job_id}/cancel``, ``/users``, ``/api/users``, ``/charts``,
+``/api/charts``, ``/events`` (server-sent events), ``/login``, ``POST /logout``,
+``/healthz``, ``/static/...``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from irisfed.services.web.security import (
     same_secret,
 )
 from irisfed.shared.errors import ErrorCode, Unavailable
-from irisfed.shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+from irisfed.shared.messages import CANCEL_OUTCOMES
+from irisfed.shared.users import DEFAULT_USER, STORED_JOB_ID_PATTERN, user_job_id
 
 if TYPE_CHECKING:
     from irisfed.services.web.service import WebService
@@ -67,10 +69,11 @@ HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 MAX_FORM_BYTES = 8 * 1024
-_JOB_ID = re.compile(JOB_ID_PATTERN)
+_JOB_ID = re.compile(STORED_JOB_ID_PATTERN)
 CANCEL_ERRORS = {
     ErrorCode.NOT_FOUND.value: "the router knows no such job",
     ErrorCode.INVALID_REQUEST.value: "the router refused the request as invalid",
+    ErrorCode.FORBIDDEN.value: "the router refused it as not allowed",
     ErrorCode.UNAVAILABLE.value: "no router answered (NATS or the router is unreachable); try again",
     ErrorCode.INTERNAL.value: "the router failed to answer; try again",
 }
@@ -201,6 +204,7 @@ class Pages:
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
             fmt_time=present.fmt_time, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
+            user_ids=sorted({DEFAULT_USER, *web.config.user_ids}),
             refused_retry_ms=round(web.settings.refused_retry_s * 1000),  # app.js reads it from <body>
         )
         # A refused live stream: when to try again (app.js polls meanwhile), whole seconds.
@@ -264,13 +268,14 @@ class Pages:
             chosen = parse_filters(request.query_params.multi_items())
         except FilterError as exc:
             typed = {k: present.text(v, 300) for k, v in request.query_params.multi_items()}
-            form = {"state": typed.get("state", ""), "peer": typed.get("peer", ""), "text": typed.get("text", ""),
+            form = {"state": typed.get("state", ""), "peer": typed.get("peer", ""), "user": typed.get("user", ""),
+                    "text": typed.get("text", ""),
                     "labels": [present.text(v, 300) for k, v in request.query_params.multi_items()
                                if k == "label"][:MAX_LABELS]}
             return self.render(request, "_jobs.html" if fragment else "jobs.html", 400, page="jobs",
                                error=str(exc), form=form, rows=[], next_url="", live_url="", filtered=True)
         page = await job_page(self.web.store, chosen, self.web.settings.page_size)
-        form = {"state": chosen.state, "peer": chosen.peer, "text": chosen.text,
+        form = {"state": chosen.state, "peer": chosen.peer, "user": chosen.user, "text": chosen.text,
                 "labels": [f"{k}={v}" for k, v in chosen.labels]}
         next_url = self.u("/jobs") + chosen.query_string(page.next_after) if page.next_after else ""
         return self.render(request, "_jobs.html" if fragment else "jobs.html", page="jobs", error="", form=form,
@@ -292,7 +297,8 @@ class Pages:
         job = story.job
         template = "_job.html" if self.fragment(request) else "job.html"
         return self.render(request, template, page="jobs", story=story, job=job, notice=notice,
-                           spec=present.spec_view(job.spec), steps=present.timeline(story.history),
+                           sent_id=user_job_id(job.job_id), spec=present.spec_view(job.spec),
+                           steps=present.timeline(story.history),
                            why=present.explained(story.odd_explanation if story.odd_explanation is not None
                                                  else job.explanation, story.history))
 
@@ -313,6 +319,23 @@ class Pages:
         log.info("cancel_requested", job_id=job_id, result=f"{kind}:{value}", client=_client(request))
         query = urlencode({"cancel" if kind == "outcome" else "cancel_error": value})
         return RedirectResponse(f"{self.job_url(job_id)}?{query}", status_code=303)
+
+    async def _users(self) -> tuple[list[present.UserRow], dict[str, int]]:
+        """Every user's row (its live usage against its quota, its weighted dominant share
+        of what the reachable peers advertise), and those totals."""
+        web = self.web
+        usage = await web.federation.users.get()
+        totals = present.federation_totals(web.view.peers(), web.clock.monotonic())
+        return present.user_rows(web.config.users, usage.held, usage.counts, totals), totals
+
+    async def users(self, request: Request) -> Response:
+        rows, totals = await self._users()
+        template = "_users.html" if self.fragment(request) else "users.html"
+        return self.render(request, template, page="users", users=rows, totals=present.amounts(totals))
+
+    async def users_data(self, request: Request) -> Response:
+        rows, totals = await self._users()
+        return JSONResponse(present.users_document(rows, totals))
 
     async def charts(self, request: Request) -> Response:
         return self.render(request, "charts.html", page="charts")
@@ -414,6 +437,8 @@ def build_app(web: WebService) -> ASGIApp:
         Route("/jobs", pages.jobs),
         Route("/jobs/{job_id}", pages.job),
         Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
+        Route("/users", pages.users),
+        Route("/api/users", pages.users_data),
         Route("/charts", pages.charts),
         Route("/api/charts", pages.charts_data),
         Route("/events", pages.events),

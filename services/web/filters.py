@@ -4,7 +4,8 @@
 Every value comes from a URL anyone can type, so every one is checked (length,
 characters, form) and a bad one is a ``FilterError`` whose message the page shows
 (HTTP 400), never a failed query. The cursor is opaque to people:
-base64url of ``<submitted_at ISO>|<job_id>``, the last row of the previous page.
+base64url of ``<submitted_at ISO>|<job_id>``, the last row of the previous page (a
+stored id: ``alice:train-1`` for a user's job, shared.users).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from urllib.parse import urlencode
 
 from irisfed.shared.federation.peer import PEER_ID_PATTERN
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.messages import JOB_ID_PATTERN
 from irisfed.shared.records import JobPageQuery
+from irisfed.shared.users import STORED_JOB_ID_PATTERN, USER_ID_PATTERN
 
 MAX_TEXT = 200
 MAX_LABELS = 8
@@ -28,9 +29,10 @@ MAX_LABEL_PART = 256  # a label key or value (the wire's limit)
 MAX_CURSOR = 400
 STATES = tuple(s.value for s in JobState)
 
-_JOB_ID = re.compile(JOB_ID_PATTERN)
+_JOB_ID = re.compile(STORED_JOB_ID_PATTERN)
 _PEER_ID = re.compile(PEER_ID_PATTERN)
-_KNOWN = ("state", "peer", "label", "text", "after")
+_USER_ID = re.compile(USER_ID_PATTERN)
+_KNOWN = ("state", "peer", "user", "label", "text", "after")
 
 
 class FilterError(ValueError):
@@ -46,15 +48,16 @@ class JobFilter:
     labels: tuple[tuple[str, str], ...] = ()
     text: str = ""
     after: tuple[datetime, str] | None = None
+    user: str = ""  # whose jobs (shared.users); "": everyone's
 
     def query(self, limit: int) -> JobPageQuery:
         return JobPageQuery(state=self.state or None, owner_peer_id=self.peer or None,
                             labels=dict(self.labels) or None, text=like_escape(self.text) or None,
-                            after=self.after, limit=limit)
+                            after=self.after, limit=limit, user_id=self.user or None)
 
     def params(self, after: tuple[datetime, str] | None = None) -> list[tuple[str, str]]:
         """The query string's fields for these filters (and the cursor ``after``)."""
-        fields = [("state", self.state), ("peer", self.peer)]
+        fields = [("state", self.state), ("peer", self.peer), ("user", self.user)]
         fields += [("label", f"{k}={v}") for k, v in self.labels]
         fields += [("text", self.text)]
         if after is not None:
@@ -68,7 +71,7 @@ class JobFilter:
 
     @property
     def active(self) -> bool:
-        return bool(self.state or self.peer or self.labels or self.text)
+        return bool(self.state or self.peer or self.user or self.labels or self.text)
 
 
 def like_escape(text: str) -> str:
@@ -109,6 +112,9 @@ def parse_filters(items: Iterable[tuple[str, str]]) -> JobFilter:
     peer = _one(items, "peer")
     if peer and not _PEER_ID.fullmatch(peer):
         raise FilterError("a peer id is letters, digits, '_' or '-' (at most 64)")
+    user = _one(items, "user")
+    if user and not _USER_ID.fullmatch(user):
+        raise FilterError("a user id is a lower-case letter, then up to 31 lower-case letters, digits, '_' or '-'")
     raw_labels = [v for k, v in items if k == "label" and v.strip()]
     if len(raw_labels) > MAX_LABELS:
         raise FilterError(f"at most {MAX_LABELS} label filters")
@@ -119,7 +125,7 @@ def parse_filters(items: Iterable[tuple[str, str]]) -> JobFilter:
         raise FilterError(f"the text filter is at most {MAX_TEXT} characters")
     cursor = _one(items, "after")
     after = decode_cursor(cursor) if cursor else None
-    return JobFilter(state=state, peer=peer, labels=labels, text=text, after=after)
+    return JobFilter(state=state, peer=peer, labels=labels, text=text, after=after, user=user)
 
 
 def encode_cursor(submitted_at: datetime, job_id: str) -> str:

@@ -1,5 +1,5 @@
 """What the pages show, as plain values: bars, ages, peers, a job's spec, its
-timeline and the verdicts that explain it. Pure.
+timeline and the verdicts that explain it, users' usage against their quotas. Pure.
 
 Stored values are read defensively (a field of the wrong type shows as text or is
 left out, never fails the page), and strings that may carry a URL with a password
@@ -25,9 +25,12 @@ from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.records import ChangelogEntry
 from irisfed.shared.redact import redact
-from irisfed.shared.resources import fmt_amount, from_units, offer_units
+from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, offered_units
+from irisfed.shared.users import UserConfig, dominant_share
 
-_URL_SAFE = re.compile(r"[A-Za-z0-9_.~-]+")  # what quote() leaves as it is (every job id)
+# What a job's URL keeps as it is: every character of a stored job id (``alice:train-1``;
+# its ':' is safe in a path that starts with "/").
+_URL_SAFE = re.compile(r"[A-Za-z0-9_.~:-]+")
 STEP = 5  # bar widths come in 5% steps: one CSS class each (no inline styles under the CSP)
 
 
@@ -49,8 +52,8 @@ def text(value: Any, limit: int | None = None) -> str:
 
 
 def path_part(value: str) -> str:
-    """``value`` as one URL path segment."""
-    return value if _URL_SAFE.fullmatch(value) else quote(value, safe="")
+    """``value`` as one URL path segment (after a "/")."""
+    return value if _URL_SAFE.fullmatch(value) else quote(value, safe=":")
 
 
 def fmt_age(seconds: float | None) -> str:
@@ -149,6 +152,125 @@ def peer_cards(peers: Iterable[FederationPeer], now: float) -> list[PeerCard]:
         cards.append(PeerCard(peer.peer_id, peer.is_reachable(now), age is not None, fmt_age(age), peer.ttl_s,
                               backends))
     return cards
+
+
+# ---------------------------------------------------------------- users
+
+
+def federation_totals(peers: Iterable[FederationPeer], now: float) -> dict[str, int]:
+    """What the reachable peers' backends advertise in all, in units, slots included:
+    the totals the tick's fair share divides by (shared.fair_share.federation_totals)."""
+    totals: dict[str, int] = {}
+    for peer in peers:
+        if not peer.is_reachable(now):
+            continue
+        for backend in peer.backends:
+            total = backend.total if isinstance(backend.total, int) and not isinstance(backend.total, bool) else 0
+            totals[SLOTS] = totals.get(SLOTS, 0) + max(0, total)
+            for name, amount in backend.resources.items():
+                totals[name] = totals.get(name, 0) + offered_units(name, getattr(amount, "total", 0))
+    return totals
+
+
+def _units_amount(name: str, units: int) -> int | float:
+    return units if name == SLOTS else from_units(name, units)
+
+
+def amounts(units: Mapping[str, int]) -> list[tuple[str, str]]:
+    """Units by resource → (name, amount in its own unit), slots first, then by name."""
+    return [(name, fmt_amount(_units_amount(name, units[name])))
+            for name in sorted(units, key=lambda name: (name != SLOTS, name))]
+
+
+@dataclass(frozen=True)
+class Use:
+    """One resource of a user: what its live jobs hold, against its quota (None: no cap)."""
+
+    name: str
+    held: int | float
+    quota: int | float | None
+    step: int  # the bar's width class (0 without a quota)
+
+    @property
+    def full(self) -> bool:
+        return self.quota is not None and self.held >= self.quota
+
+    @property
+    def shown(self) -> str:
+        """``2 / 2``, ``3 / —`` (no cap)."""
+        return f"{fmt_amount(self.held)} / {'—' if self.quota is None else fmt_amount(self.quota)}"
+
+
+@dataclass(frozen=True)
+class UserRow:
+    """One user on the Users page."""
+
+    user_id: str
+    configured: bool  # in the federation config (else: weight 1, no quota, the default max_band)
+    max_band: str
+    weight: float
+    share: float  # weighted dominant share of the federation's advertised totals
+    queued: int
+    assigned: int
+    running: int
+    usage: list[Use]
+
+    @property
+    def live(self) -> int:
+        return self.assigned + self.running
+
+    @property
+    def weight_text(self) -> str:
+        return fmt_amount(self.weight)
+
+    @property
+    def share_text(self) -> str:
+        return f"{self.share * 100:.1f}%"
+
+
+def _count(counts: Mapping[str, Any], state: str) -> int:
+    value = counts.get(state, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def user_rows(users: Iterable[UserConfig], held: Mapping[str, Mapping[str, int]],
+              counts: Mapping[str, Mapping[str, int]], totals: Mapping[str, int]) -> list[UserRow]:
+    """Every configured user, and every user with live jobs (``default``, or one since
+    removed from the config: weight 1, no quota), by id.
+
+    ``held``: each user's live usage in units (``slots``: its live jobs), ``counts``: its
+    queued, assigned and running jobs, ``totals``: the federation's (``federation_totals``).
+    A user's resources are those its quota caps and those its live jobs hold (slots
+    only when capped: the live count says the rest).
+    """
+    configured = {u.id: u for u in users}
+    rows = []
+    for user_id in sorted(set(configured) | set(held) | set(counts)):
+        user = configured.get(user_id) or UserConfig(user_id)
+        usage = held.get(user_id, {})
+        caps = user.quota_units()
+        names = sorted({name for name, units in usage.items() if units and name != SLOTS} | set(caps))
+        uses = [Use(name, _units_amount(name, usage.get(name, 0)),
+                    user.quota[name] if name in user.quota else None,
+                    bar_step(usage.get(name, 0), caps[name]) if name in caps else 0)
+                for name in names]
+        mine = counts.get(user_id, {})
+        rows.append(UserRow(user_id, user_id in configured, user.max_band, user.weight,
+                            dominant_share(usage, totals, user.weight), _count(mine, "queued"),
+                            _count(mine, "assigned"), _count(mine, "running"), uses))
+    return rows
+
+
+def users_document(rows: Sequence[UserRow], totals: Mapping[str, int]) -> dict[str, Any]:
+    """The Users page as JSON (``/api/users``): amounts in each resource's own unit."""
+    return {
+        "totals": {name: _units_amount(name, units) for name, units in sorted(totals.items())},
+        "users": [{
+            "user": row.user_id, "configured": row.configured, "max_band": row.max_band, "weight": row.weight,
+            "share": row.share, "queued": row.queued, "assigned": row.assigned, "running": row.running,
+            "usage": {use.name: {"held": use.held, "quota": use.quota} for use in row.usage},
+        } for row in rows],
+    }
 
 
 # ---------------------------------------------------------------- one job
@@ -279,6 +401,7 @@ class Explained:
     more: list[tuple[str, int]]
     placed: str  # "on X at epoch N (by)" for the last placement, else ""
     raw: str = ""  # a stored explanation that is not an object, as (redacted) JSON text
+    wait: str = ""  # why it waits when no peer is the reason (``quota``), else ""
 
 
 def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Explained:
@@ -301,7 +424,8 @@ def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Expla
     where = (f"on {text(placed[-1].peer_id) or '-'} at epoch {placed[-1].epoch} ({text(placed[-1].actor)})"
              if placed else "")
     raw = "" if explanation is None or isinstance(explanation, Mapping) else odd_text(explanation)
-    return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where, raw)
+    return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where, raw,
+                     text(doc.get("wait"), 40))
 
 
 def odd_text(value: Any, limit: int = 2000) -> str:
@@ -362,15 +486,16 @@ def job_row_html(row: Any, job_url: Callable[[str], str]) -> str:
     """One row of the Jobs page (a ``JobListRow``), every value escaped."""
     owner = row.owner_peer_id or (f"pinned {row.pinned_peer_id}" if row.pinned_peer_id else "-")
     iso = row.submitted_at.isoformat()
-    values = [row.job_id, job_url(row.job_id), text(row.name, 60), row.state, owner, str(row.epoch),
-              str(row.attempts), iso, iso[:19].replace("T", " "), command_line(row.command, 80),
+    values = [row.job_id, job_url(row.job_id), text(row.user_id, 40), text(row.name, 60), row.state, owner,
+              str(row.epoch), str(row.attempts), iso, iso[:19].replace("T", " "), command_line(row.command, 80),
               text(redact(text(row.reason)), 100)]
     for key, value in label_pairs(row.labels):
         values += (text(key, 40), text(value, 40))
-    job_id, url, name, state, owner, epoch, attempts, iso, when, command, reason, *pairs = _cells(values)
+    job_id, url, user, name, state, owner, epoch, attempts, iso, when, command, reason, *pairs = _cells(values)
     label_html = "".join(f'<code class="label">{pairs[i]}={pairs[i + 1]}</code> ' for i in range(0, len(pairs), 2))
     return (f'<tr id="job-{job_id}" data-testid="job-row" data-job-id="{job_id}">'
             f'<th scope="row"><a href="{url}" data-testid="job-link">{job_id}</a></th>'
+            f'<td data-testid="job-user">{user}</td>'
             f"<td>{name}</td>"
             f'<td data-testid="job-state" data-state="{state}"><span class="state state-{state}">{state}</span></td>'
             f"<td>{owner}</td>"

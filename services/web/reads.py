@@ -1,7 +1,7 @@
 """What each page reads, and the caches every viewer shares.
 
 Pages re-fetch their fragments whenever something changes, so many viewers ask at
-once: what the federation page and the charts read is loaded by one caller at a
+once: what the federation, users and charts pages read is loaded by one caller at a
 time and shared for a short while (``Shared``); a job list page and a job are read
 per request (each an index range: cheap). A job's log tail is read from the file
 system in a thread (a hung network file system must not stall the server).
@@ -75,16 +75,29 @@ class Queue:
     oldest: OldestQueued | None
 
 
+@dataclass(frozen=True)
+class UserUsage:
+    """Every user's live jobs: what they hold (units, shared.users; ``slots``: how many)
+    and how many are queued, assigned and running (users with none are absent)."""
+
+    held: dict[str, dict[str, int]]
+    counts: dict[str, dict[str, int]]
+
+
 class FederationReads:
     def __init__(self, store: Store, snapshot_s: float, totals_s: float, clock: Callable[[], float]) -> None:
         self.store = store
         self.queue = Shared(self._queue, snapshot_s, clock)
         self.totals = Shared(store.job_count_by_state, totals_s, clock)
+        self.users = Shared(self._users, snapshot_s, clock)
 
     async def _queue(self) -> Queue:
         return Queue(await self.store.job_count_live_by_state(),
                      await self.store.job_count_queued_by_class(QUEUE_CLASSES),
                      await self.store.job_get_oldest_queued())
+
+    async def _users(self) -> UserUsage:
+        return UserUsage(await self.store.job_live_usage_by_user(), await self.store.job_count_by_user())
 
 
 # ---------------------------------------------------------------- the job list

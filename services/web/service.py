@@ -18,7 +18,10 @@ and Postgres polling when NATS is away.
   while it is, so a lost message still reaches the pages); pages say which.
 
 It only reads Postgres (in production as the read-only ``irisfed_web`` role) and
-sends one kind of message: an operator's cancel, the same request the CLI sends.
+sends one kind of message: an operator's cancel of any user's job, on
+``<prefix>.operator.cancel`` with the job's stored id and ``"by": "web"`` (what
+``irisfed cancel --operator`` sends with ``cli``; the web's NATS user may publish
+nowhere else).
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ from irisfed.services.web.settings import WebSettings
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
-from irisfed.shared.messages import CANCEL_OUTCOMES, JOB_ID_PATTERN
+from irisfed.shared.messages import CANCEL_OUTCOMES
+from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
 log = EventLogger("web")
 
-_JOB_ID = re.compile(JOB_ID_PATTERN)
+_JOB_ID = re.compile(STORED_JOB_ID_PATTERN)
+CANCELLED_BY = "web"  # the operator's name in a cancelled job's history: `operator (web)`
 EVENTS_PER_FLUSH = MAX_IDS + 1  # job events read per flush; one more than a batch names
 CHANGES_PER_POLL = 2000  # changelog rows read per poll; more at once are "many jobs changed"
 STOP_WAIT_S = 5.0  # for the HTTP server to finish its responses on shutdown
@@ -221,7 +226,8 @@ class WebService(Service):
             self.broker.all_jobs_changed()
 
     def on_event(self, msg: Any) -> None:
-        """``events.<job_id>``: that job moved (the subject says which; the body is not needed)."""
+        """``events.<job_id>``: that job moved (the subject says which, by its stored id;
+        the body is not needed)."""
         job_id = msg.subject[len(self.subjects.events("")):]
         if _JOB_ID.fullmatch(job_id):
             self.broker.job_changed(job_id)
@@ -232,14 +238,15 @@ class WebService(Service):
             self.broker.peers_changed()
 
     async def cancel(self, job_id: str) -> tuple[str, str]:
-        """Ask the router to cancel ``job_id``: ("outcome", one of CANCEL_OUTCOMES) or
-        ("error", an error code)."""
+        """Ask the router, as an operator, to cancel the job stored as ``job_id`` (any
+        user's: ``alice:train-1``): ("outcome", one of CANCEL_OUTCOMES) or ("error", an
+        error code)."""
         nc = self.nc
         if nc is None or not nc.is_connected:
             return "error", "unavailable"
+        body = json.dumps({"job_id": job_id, "by": CANCELLED_BY}).encode()
         try:
-            reply = await nc.request(self.subjects.cancel, json.dumps({"job_id": job_id}).encode(),
-                                     timeout=self.settings.cancel_timeout_s)
+            reply = await nc.request(self.subjects.operator_cancel, body, timeout=self.settings.cancel_timeout_s)
             body = json.loads(reply.data)
         except (nats.errors.Error, TimeoutError, ValueError):
             return "error", "unavailable"

@@ -19,7 +19,7 @@ OPERATOR_TOKEN_ENV = "IRISFED_WEB_OPERATOR_TOKEN"
 DEFAULT_OPERATOR_TOKEN_FILE = Path(".irisfed") / "web-operator-token"
 # The dashboard's own first path segments: a --root-path must not start with one, or a
 # request could mean either (the app accepts paths with or without the prefix).
-OWN_PATHS = ("jobs", "charts", "api", "events", "login", "logout", "healthz", "static")
+OWN_PATHS = ("jobs", "users", "charts", "api", "events", "login", "logout", "healthz", "static")
 # A browser's setTimeout holds at most ~24.8 days (2**31 - 1 ms) and fires at once
 # beyond: a longer wait for a refused stream would ask again at once, in a loop.
 MAX_REFUSED_RETRY_S = 24 * 3600

@@ -11,6 +11,8 @@ tests/engines/fixtures.py) driven by Playwright over CDP, against a real federat
 - ``dashboard``: router, tick, agents ``home`` (cpu/memory) and ``gpu-west`` (with
   GPUs) advertising ``--resource`` shapes, and the dashboard on a free port with an
   operator token file; ``dashboard.url(path)``, ``dashboard.token``, ``dashboard.fed``.
+  The federation's config has the ``[[users]]`` of ``federation_users`` (TOML; none
+  unless a test module overrides that fixture).
 """
 
 from __future__ import annotations
@@ -56,7 +58,16 @@ class Dashboard:
 
 
 @pytest.fixture
-async def dashboard(federation: Federation, tmp_path: Path) -> Dashboard:  # noqa: F811 - the imported fixture
+def federation_users() -> str:
+    """``[[users]]`` tables (TOML) for the federation's config, written before anything
+    starts; a test module overrides this fixture to have users."""
+    return ""
+
+
+@pytest.fixture
+async def dashboard(federation: Federation, tmp_path: Path, federation_users: str) -> Dashboard:  # noqa: F811
+    if federation_users:
+        federation.config_path.write_text(federation.config_path.read_text() + "\n" + federation_users)
     token_file = tmp_path / "web-operator-token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)

@@ -7,20 +7,25 @@ import re
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
+import msgspec
 
 from irisfed.services.common.store import Store
 from irisfed.services.web.service import WebService
 from irisfed.services.web.settings import Secret, WebSettings
-from tests.infra.factories import make_config
+from irisfed.shared.records import NewJob
+from irisfed.shared.users import stored_job_id
+from tests.infra.factories import make_config, make_job
 
 TOKEN = "operator-token-for-tests-0123456789"
 
 
 @asynccontextmanager
-async def running_web(pool, nc, prefix: str, listen: bool = False, **settings):
-    """A started dashboard (``listen``: with its real HTTP server on a free port)."""
+async def running_web(pool, nc, prefix: str, listen: bool = False, users: list[dict] | None = None, **settings):
+    """A started dashboard (``listen``: with its real HTTP server on a free port; ``users``:
+    the config's ``[[users]]`` tables)."""
     values = {"operator_token": Secret(TOKEN), "port": 0, **settings}
-    web = WebService(make_config(subject_prefix=prefix), Store(pool), nc, WebSettings(**values))
+    config = make_config(subject_prefix=prefix, **({"users": users} if users is not None else {}))
+    web = WebService(config, Store(pool), nc, WebSettings(**values))
     await web.start(listen=listen)
     try:
         yield web
@@ -33,9 +38,26 @@ def client_for(web: WebService) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=web.app), base_url="http://testserver")
 
 
+def user_job(user: str, job_id: str, **fields) -> NewJob:
+    """``user``'s job ``job_id`` as the router would build it: stored as ``<user>:<job_id>``
+    (the default user's bare), queued unless told."""
+    job = make_job(job_id=job_id, **fields)
+    return msgspec.structs.replace(job, job_id=stored_job_id(user, job_id), user_id=user)
+
+
 def job_ids(html: str) -> list[str]:
     """The job ids of a page's job rows, in page order."""
     return re.findall(r'data-testid="job-row" data-job-id="([^"]+)"', html)
+
+
+def user_ids(html: str) -> list[str]:
+    """The user ids of the Users page's rows, in page order (as the HTML has them)."""
+    return re.findall(r'data-testid="user-row" data-user-id="([^"]+)"', html)
+
+
+def user_row(html: str, user_id: str) -> str:
+    """The HTML of one row of the Users page."""
+    return html.split(f'data-testid="user-row" data-user-id="{user_id}"', 1)[1].split("</tr>", 1)[0]
 
 
 def csrf_of(html: str) -> str:

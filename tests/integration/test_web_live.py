@@ -18,7 +18,7 @@ from irisfed.services.common.store import Store
 from irisfed.services.router.service import Router
 from irisfed.services.web.security import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 from tests.infra.factories import insert_jobs, make_config, make_job
-from tests.infra.web import TOKEN, client_for, csrf_of, log_in, running_web
+from tests.infra.web import TOKEN, client_for, csrf_of, log_in, running_web, user_job
 
 WAIT_S = 30  # the longest any step may take before the test fails (never a timing assertion)
 
@@ -79,15 +79,22 @@ async def test_cancel_needs_a_logged_in_operator_and_the_csrf_token(pool, nats_c
         assert 'data-testid="login-link"' in (await client.get("/")).text
 
 
-async def test_cancel_goes_to_the_router_as_the_cli_sends_it(pool, nats_client, subject_prefix):
-    """Without a router: the request made on <prefix>.cancel, answered by a test responder."""
+async def test_cancel_goes_to_the_router_as_an_operators_cancel(pool, nats_client, subject_prefix):
+    """Without a router: the request made on <prefix>.operator.cancel with the stored id
+    and ``"by": "web"``, answered by a test responder; nothing is asked on <prefix>.cancel."""
     asked: list[bytes] = []
+    as_default_user: list[bytes] = []
 
     async def answer(msg):
         asked.append(msg.data)
-        await msg.respond(json.dumps({"job_id": "j1", "state": "running", "outcome": "kill_sent"}).encode())
+        await msg.respond(json.dumps({"job_id": json.loads(msg.data)["job_id"], "state": "running",
+                                      "outcome": "kill_sent"}).encode())
 
-    await nats_client.subscribe(f"{subject_prefix}.cancel", cb=answer)
+    async def wrong_subject(msg):
+        as_default_user.append(msg.data)
+
+    await nats_client.subscribe(f"{subject_prefix}.operator.cancel", cb=answer)
+    await nats_client.subscribe(f"{subject_prefix}.cancel", cb=wrong_subject)
     await nats_client.flush()
     async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
         await log_in(client)
@@ -96,7 +103,39 @@ async def test_cancel_goes_to_the_router_as_the_cli_sends_it(pool, nats_client, 
         csrf = csrf_of((await client.get("/")).text)  # ... but an operator's CSRF token is on every page
         done = await client.post("/jobs/j1/cancel", data={"csrf": csrf})
         assert done.headers["location"] == "/jobs/j1?cancel=kill_sent"
-    assert [json.loads(a) for a in asked] == [{"job_id": "j1"}]
+        # A user's job, by its stored id (with its ':' as typed or escaped).
+        done = await client.post("/jobs/alice:train-1/cancel", data={"csrf": csrf})
+        assert done.headers["location"] == "/jobs/alice:train-1?cancel=kill_sent"
+        done = await client.post("/jobs/bob%3Aeval.2/cancel", data={"csrf": csrf})
+        assert done.headers["location"] == "/jobs/bob:eval.2?cancel=kill_sent"
+        for hostile in ("Alice:x", "alice:bob:x", ":x", "alice:", "alice:%3Cscript%3E", "a" * 33 + ":x"):
+            refused = await client.post(f"/jobs/{hostile}/cancel", data={"csrf": csrf})
+            assert refused.status_code == 404, hostile
+        await nats_client.flush()
+    assert [json.loads(a) for a in asked] == [{"job_id": "j1", "by": "web"}, {"job_id": "alice:train-1", "by": "web"},
+                                              {"job_id": "bob:eval.2", "by": "web"}]
+    assert as_default_user == []
+
+
+async def test_an_operator_cancels_a_users_job_and_its_page_names_who_asked(pool, nats_client, subject_prefix,
+                                                                            router):
+    store = Store(pool)
+    job = user_job("alice", "train-1")
+    await insert_jobs(store, [job])
+    async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
+        await log_in(client)
+        url = "/jobs/alice:train-1"
+        page = await client.get(url)
+        assert page.status_code == 200 and 'data-testid="cancel-button"' in page.text
+        assert 'data-testid="cancel-requested-by"' not in page.text
+        csrf = csrf_of(page.text.split('data-testid="cancel-form"', 1)[1])
+        done = await client.post(url + "/cancel", data={"csrf": csrf})
+        assert done.status_code == 303 and done.headers["location"] == f"{url}?cancel=never_started"
+        after = await client.get(done.headers["location"])
+        assert 'data-state="killed"' in after.text
+        assert '<dd data-testid="cancel-requested-by">operator (web)</dd>' in after.text
+    row = await store.job_get("alice:train-1")
+    assert (row.state, row.cancel_requested_by) == ("killed", "operator (web)")
 
 
 async def test_without_a_token_the_dashboard_is_view_only(pool, nats_client, subject_prefix):
