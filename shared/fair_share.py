@@ -18,19 +18,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from heapq import heappop, heappush
 
+from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.placement import Placement, PlacementRun, QueuedJob, Waiting
 from irisfed.shared.resources import SLOTS, as_resources, offered_units
 from irisfed.shared.users import QUOTA, Usage, UserTable, add_units, dominant_share, quota_wait
 
 
-def federation_totals(run: PlacementRun) -> Usage:
-    """What the reachable backends advertise in all, in units, slots included."""
+def federation_totals(peers: Iterable[FederationPeer], now: float | None = None) -> Usage:
+    """What the backends of the peers reachable at ``now`` (every one given, when None)
+    advertise in all, in units, slots included: what dominant shares divide by. The
+    tick, ``irisfed users`` and the dashboard all count with this."""
     totals: Usage = {}
-    for peer in run.reachable:
+    for peer in peers:
+        if now is not None and not peer.is_reachable(now):
+            continue
         for backend in peer.backends:
-            totals[SLOTS] = totals.get(SLOTS, 0) + max(0, int(backend.total))
+            totals[SLOTS] = totals.get(SLOTS, 0) + offered_units(SLOTS, backend.total)
             for name, amount in backend.resources.items():
-                totals[name] = totals.get(name, 0) + offered_units(name, amount.total)
+                totals[name] = totals.get(name, 0) + offered_units(name, getattr(amount, "total", 0))
     return totals
 
 
@@ -48,7 +53,7 @@ class FairShareRun:
         self.placement = placement
         self.users = users
         self.held: dict[str, Usage] = {user: dict(usage) for user, usage in held.items()}
-        self.totals = federation_totals(placement)
+        self.totals = federation_totals(placement.reachable)
 
     def share(self, user: str) -> float:
         return dominant_share(self.held.get(user, {}), self.totals, self.users.get(user).weight)

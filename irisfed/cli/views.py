@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from irisfed.shared.config import FederationConfig
+from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
-from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, offered_units
+from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units
 from irisfed.shared.users import DEFAULT_USER, QUOTA, UserTable, describe_usage, dominant_share
 
 STATE_STYLE = {
@@ -322,25 +324,24 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
 
 def federation_totals(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> dict[str, int]:
     """What the reachable peers advertise in all, in units, ``slots`` included: the
-    totals fair share divides by (``irisfed.shared.fair_share.federation_totals``, from
-    the heartbeat rows; with a config, only its peers count, as the tick's view)."""
-    peers = set(config.peer_ids) if config else None
-    totals: dict[str, int] = {}
+    totals fair share divides by (``irisfed.shared.fair_share.federation_totals``), from
+    the heartbeat rows; with a config, only its peers count, as in the tick's view. A
+    row that is not a valid advertisement counts as nothing, as the services skip it."""
+    from irisfed.services.common.peer_view import backends_from_wire
+    from irisfed.shared.fair_share import federation_totals as totals_of
+    from irisfed.shared.messages import BackendAd
+
+    wanted = set(config.peer_ids) if config else None
+    peers = []
     for row in rows:
-        if not row.reachable or (peers is not None and row.peer_id not in peers):
+        if not row.reachable or (wanted is not None and row.peer_id not in wanted):
             continue
-        for backend in row.backends if isinstance(row.backends, list) else ():
-            if not isinstance(backend, Mapping):
-                continue
-            capacity = backend.get("capacity")
-            slots = offered_units(SLOTS, capacity.get("total")) if isinstance(capacity, Mapping) else 0
-            totals[SLOTS] = totals.get(SLOTS, 0) + slots
-            raw = backend.get("resources")
-            amounts = {name: (v.get("total"), v.get("free")) for name, v in raw.items() if isinstance(v, Mapping)} \
-                if isinstance(raw, Mapping) else {}
-            for name, (total, _free) in offer_units(amounts).items():
-                totals[name] = totals.get(name, 0) + total
-    return totals
+        try:
+            msgspec.convert(row.backends, list[BackendAd])
+            peers.append(FederationPeer(row.peer_id, backends_from_wire(row.backends)))
+        except (msgspec.ValidationError, KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return totals_of(peers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -441,11 +441,12 @@ class Store:
         """One page of jobs, newest first, after ``query.after``.
 
         Runs the form of ``job_list_page`` that leads with the filter an index serves
-        best: labels, then a text of 3 characters or more, then owner, then state, else
+        best: labels, then a text of 3 characters or more, then user, then owner, then state, else
         newest first (the other filters are conditions of the same query).
         """
         name = ("job_list_page_by_label" if query.labels
                 else "job_list_page_by_text" if query.text and len(query.text) >= self._TRIGRAM
+                else "job_list_page_by_user" if query.user_id
                 else "job_list_page_by_owner" if query.owner_peer_id
                 else "job_list_page_by_state" if query.state
                 else "job_list_page")

@@ -57,6 +57,7 @@ from irisfed.services.web.security import (
     same_secret,
 )
 from irisfed.shared.errors import ErrorCode, Unavailable
+from irisfed.shared.fair_share import federation_totals
 from irisfed.shared.messages import CANCEL_OUTCOMES
 from irisfed.shared.users import DEFAULT_USER, STORED_JOB_ID_PATTERN, user_job_id
 
@@ -325,7 +326,7 @@ class Pages:
         of what the reachable peers advertise), and those totals."""
         web = self.web
         usage = await web.federation.users.get()
-        totals = present.federation_totals(web.view.peers(), web.clock.monotonic())
+        totals = federation_totals(web.view.peers(), web.clock.monotonic())
         return present.user_rows(web.config.users, usage.held, usage.counts, totals), totals
 
     async def users(self, request: Request) -> Response:

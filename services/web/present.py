@@ -25,7 +25,7 @@ from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.records import ChangelogEntry
 from irisfed.shared.redact import redact
-from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, offered_units
+from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units
 from irisfed.shared.users import UserConfig, dominant_share
 
 # What a job's URL keeps as it is: every character of a stored job id (``alice:train-1``;
@@ -155,21 +155,6 @@ def peer_cards(peers: Iterable[FederationPeer], now: float) -> list[PeerCard]:
 
 
 # ---------------------------------------------------------------- users
-
-
-def federation_totals(peers: Iterable[FederationPeer], now: float) -> dict[str, int]:
-    """What the reachable peers' backends advertise in all, in units, slots included:
-    the totals the tick's fair share divides by (shared.fair_share.federation_totals)."""
-    totals: dict[str, int] = {}
-    for peer in peers:
-        if not peer.is_reachable(now):
-            continue
-        for backend in peer.backends:
-            total = backend.total if isinstance(backend.total, int) and not isinstance(backend.total, bool) else 0
-            totals[SLOTS] = totals.get(SLOTS, 0) + max(0, total)
-            for name, amount in backend.resources.items():
-                totals[name] = totals.get(name, 0) + offered_units(name, getattr(amount, "total", 0))
-    return totals
 
 
 def _units_amount(name: str, units: int) -> int | float:

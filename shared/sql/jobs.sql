@@ -321,6 +321,21 @@ WHERE owner_peer_id = $2
 ORDER BY submitted_at DESC, job_id DESC
 LIMIT $7;
 
+-- job_list_page_by_user --
+-- job_list_page for one user ($8 given): a range of jobs_by_user_newest.
+SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
+       attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
+FROM jobs
+WHERE user_id = $8
+  AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
+  AND ($1::text IS NULL OR state = $1)
+  AND ($2::text IS NULL OR owner_peer_id = $2)
+  AND ($3::jsonb IS NULL OR spec->'labels' @> $3::jsonb)
+  AND ($4::text IS NULL OR (job_id || ' ' || coalesce(spec->>'name', '')) ILIKE '%' || $4 || '%')
+ORDER BY submitted_at DESC, job_id DESC
+LIMIT $7;
+
 -- job_list_page_by_label --
 -- job_list_page for jobs whose labels contain $3 (given): job_listing_by_label (GIN), then sorted.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,

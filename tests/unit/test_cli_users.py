@@ -67,7 +67,8 @@ def assert_safe(text: str, mode: str) -> None:
 
 
 def test_totals_count_reachable_configured_peers_in_units():
-    home = rows.peer_heartbeat_row(peer_id="home", backends=[{"name": "main", "capacity": {"total": 2, "free": 2}}])
+    home = rows.peer_heartbeat_row(peer_id="home", backends=[{"name": "main", "attributes": {},
+                                                              "capacity": {"total": 2, "free": 2}}])
     gone = gpu_west(peer_id="tpu-east", reachable=False)
     stranger = gpu_west(peer_id="mars")  # not in the configuration: the tick ignores it too
     assert views.federation_totals([gpu_west(), home, gone, stranger], config()) == TOTALS
@@ -76,11 +77,17 @@ def test_totals_count_reachable_configured_peers_in_units():
 
 
 def test_totals_ignore_nonsense_in_advertisements():
+    # A row that is no valid advertisement counts as nothing, as the services skip it.
     odd = rows.peer_heartbeat_row(peer_id="home", backends=[
-        {"name": "a", "capacity": {"total": -3}, "resources": {"gpu": {"total": "lots"}, "BAD[x]": {"total": 9},
-                                                              "slots": {"total": 5}, "cpu": {"total": 0.5}}},
+        {"name": "a", "attributes": {}, "capacity": {"total": -3, "free": 0},
+         "resources": {"gpu": {"total": "lots", "free": 0}}},
         {"name": "b", "capacity": "full", "resources": ["gpu"]}, "not a backend"])
-    assert views.federation_totals([odd]) == {"slots": 0, "gpu": 0, "cpu": 500}
+    assert views.federation_totals([odd]) == {}
+    # Amounts a valid advertisement cannot mean (negative, huge) offer nothing or are capped.
+    shaky = rows.peer_heartbeat_row(peer_id="home", backends=[
+        {"name": "a", "attributes": {}, "capacity": {"total": -3, "free": 0},
+         "resources": {"gpu": {"total": -2, "free": 0}, "cpu": {"total": 0.5, "free": 0}}}])
+    assert views.federation_totals([shaky]) == {"slots": 0, "gpu": 0, "cpu": 500}
 
 
 # ---------------------------------------------------------------- users: rows
@@ -301,7 +308,7 @@ def test_the_users_command_reads_usage_counts_and_heartbeats(monkeypatch, capsys
 
         async def peer_heartbeat_list(self):
             return [gpu_west(), rows.peer_heartbeat_row(
-                peer_id="home", backends=[{"name": "main", "capacity": {"total": 2, "free": 2}}])]
+                peer_id="home", backends=[{"name": "main", "attributes": {}, "capacity": {"total": 2, "free": 2}}])]
 
     async def fake_with_store(args, read):
         return await read(Store())

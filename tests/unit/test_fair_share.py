@@ -32,8 +32,11 @@ def order(placements):
 
 
 def test_totals_count_slots_and_advertised_resources():
-    fair = run([peer("a", slots=4, gpu=8, cpu=16), peer("b", slots=2, cpu=4)])
-    assert federation_totals(fair.placement) == {"slots": 6, "gpu": 8, "cpu": 20_000}
+    peers = [peer("a", slots=4, gpu=8, cpu=16), peer("b", slots=2, cpu=4)]
+    assert federation_totals(peers) == {"slots": 6, "gpu": 8, "cpu": 20_000}
+    gone = FederationPeer("c", peers[0].backends, last_heartbeat_at=NOW - 100, ttl_s=6)
+    assert federation_totals([*peers, gone], NOW) == federation_totals(peers)
+    assert run([*peers, gone]).totals == {"slots": 6, "gpu": 8, "cpu": 20_000}
 
 
 def test_one_user_is_placed_in_its_own_order():
