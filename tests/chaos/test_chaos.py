@@ -3,7 +3,10 @@
 12 schedules run the services on the database owner and 8 on their own restricted
 login roles (`irisfed db-roles`: row-level security), all on durable Postgres with
 crash restarts, stalls, SIGKILLed agents whose real runs live on, and a rogue agent
-user forging heartbeats (tooling/chaos/ says what each checks).
+user forging heartbeats (tooling/chaos/ says what each checks). Three users submit and
+cancel, each with its own NATS credentials: two with quotas their bursts fill, job ids
+shared between users, cancels of other users' jobs; the identity (§6.9) and quota
+(§6.10, a replay of the changelog) checks run after every schedule.
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
@@ -47,4 +50,7 @@ def test_chaos_schedules_keep_every_invariant(capsys, restricted):
     assert len(summary.kinds) >= 5, summary.kinds  # of many kinds
     assert summary.jobs > 0
     assert sum(r.runs for r in summary.results) > 0  # real processes ran (and were watched)
+    assert summary.shared_ids > 0  # one job_id sent by two users (two jobs)
+    assert summary.foreign_cancels > 0  # users cancelled jobs that were not theirs
+    assert summary.quotas_reached, "no quota was ever filled: the workload did not test them"
     assert summary.violations == []

@@ -8,6 +8,13 @@ jobs in their own sessions, which outlive a SIGKILLed agent), two are
 go through proxies. Postgres runs durable (fsync and synchronous_commit on), so
 a crash that loses an acknowledged submit is a finding, not an artefact.
 
+The producers are the federation's users: ``default`` (v1's subjects, the
+``producer`` NATS user) and the configured ``alice`` (a quota of 2 live jobs) and
+``bob`` (quotas of 2 cores and 1 gpu), each on its own subjects with its own NATS user
+(``user-<id>``). They sometimes reuse another user's job_id, burst past their quotas,
+cancel jobs that are not theirs (answered ``not_found``) and send bodies naming a user
+(refused).
+
 A seeded schedule mixes submits, cancels and faults: agent kills (also while its
 real runs go on), partitions (NATS, Postgres or both), Postgres stalls (a
 server that hangs: the proxy holds every byte, nothing is reset) for one
@@ -20,8 +27,12 @@ restored, it waits for every acknowledged job to end and checks docs/design.md �
 nothing lost, the changelog replays to ``jobs``, epochs never go back, pinned
 jobs only on their pin, no double success, never-started cancels never started;
 no unpinned job placed on a peer whose agent had been down for over a TTL; no
-two live processes of one job under different epochs (see ``RunWatcher``); and no
-service exiting by itself or logging a dead background task (``task_died``).
+two live processes of one job under different epochs (see ``RunWatcher``); no
+service exiting by itself or logging a dead background task (``task_died``); identity
+(§6.9: every job is the job its user sent on its own subject, one job_id from two
+users is two jobs, a cancel from another user never touched a job, a stored cancel
+names the job's own user or an operator); and quotas (§6.10: replaying the changelog
+in ``seq`` order, no user's live jobs ever held more than its quota).
 
 ``ChaosSettings.restricted_roles`` runs the services on their own Postgres login
 roles (``irisfed db-roles``: row-level security) instead of the owner.

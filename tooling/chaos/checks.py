@@ -1,5 +1,12 @@
 """After the faults: wait for every acknowledged job to end, then check the invariants
-(docs/design.md §6), the double-run rule and the services' logs."""
+(docs/design.md §6), the double-run rule and the services' logs.
+
+Users (invariants 9 and 10): every job belongs to the user whose subject sent it and
+is one that user sent (so one job_id from two users is two jobs), a cancel from a
+user whose job it was not left the job alone, a stored cancel names the job's own
+user or an operator; and replaying the changelog in ``seq`` order, no user's live
+jobs ever held more than its quota (tooling/invariants.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -16,20 +24,51 @@ import asyncpg
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
 from irisfed.shared.lifecycle import TERMINAL_STATES
+from irisfed.shared.users import quota_units
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
+from irisfed.tooling.chaos.workload import SENT_BY_LABEL
 from irisfed.tooling.chaos.world import CONVERGE_TIMEOUT_S, DOWN_SLACK_S, HEARTBEAT_TTL_S
-from irisfed.tooling.invariants import changelog_violations
+from irisfed.tooling.invariants import (
+    changelog_violations,
+    identity_violations,
+    job_holdings,
+    job_identities,
+    peak_live_usage,
+    quota_violations,
+)
 
 # Agent → [[killed, restarted or None], ...] (time.time()), as ChaosFederation.down.
 Outages = Mapping[str, list[list[float | None]]]
+# User → resource → the most its live jobs may hold (as configured; ``slots``: jobs).
+Quotas = Mapping[str, Mapping[str, int | float]]
+
+
+@dataclass
+class Ledger:
+    """What a schedule's users sent, for the identity checks (invariant 9)."""
+
+    sent: set[tuple[str, str]] = field(default_factory=set)  # (user, job_id) of every submit sent
+    owner_of: dict[str, tuple[str, str]] = field(default_factory=dict)  # acknowledged: stored id → (user, job_id)
+    foreign_cancels: list[tuple[str, str]] = field(default_factory=list)  # (asker, stored id of another's job)
+    own_cancels: set[str] = field(default_factory=set)  # stored ids their own user asked to cancel
+    forged: int = 0  # bodies naming a user, sent to be refused
+
+    def shared_ids(self) -> int:
+        """Job ids that two or more users sent (each user's its own job)."""
+        users: dict[str, int] = {}
+        for _, job_id in self.sent:
+            users[job_id] = users.get(job_id, 0) + 1
+        return sum(1 for n in users.values() if n > 1)
 
 
 async def converge_and_check(database_url: str, result: ScheduleResult, acked: Mapping[str, dict],
                              never_started: set[str], outages: Outages,
-                             restart_exited: Callable[[], None]) -> None:
+                             restart_exited: Callable[[], None], ledger: Ledger | None = None,
+                             quotas: Quotas | None = None) -> None:
     """Wait (up to CONVERGE_TIMEOUT_S) for every acknowledged job to end, restarting any
-    service that exits meanwhile; then record in ``result`` every invariant broken."""
+    service that exits meanwhile; then record in ``result`` every invariant broken.
+    ``acked`` and ``never_started`` hold stored job ids (``alice:x``)."""
     pool = await dbmod.with_retry(lambda: dbmod.connect(database_url, max_size=2), attempts=50)
     store = Store(pool)
     try:
@@ -57,6 +96,16 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
                 violations.append(f"{job_id}: cancel said never_started but it started")
         violations.extend(await changelog_violations(store))
         violations.extend(await placed_on_dead_agents(pool, outages))
+        if ledger is not None:
+            identities = await job_identities(pool, SENT_BY_LABEL)
+            violations.extend(identity_violations(identities, ledger.sent, ledger.foreign_cancels,
+                                                  ledger.own_cancels))
+            result.shared_ids = ledger.shared_ids()
+            result.foreign_cancels = len(ledger.foreign_cancels)
+        if quotas:
+            changelog, holdings = await store.changelog_list_all(), await job_holdings(pool)
+            violations.extend(quota_violations(changelog, holdings, quotas))
+            result.quotas_reached = quotas_reached(peak_live_usage(changelog, holdings), quotas)
     finally:
         await pool.close()
 
@@ -81,6 +130,12 @@ async def placed_on_dead_agents(pool: asyncpg.Pool, outages: Outages) -> list[st
                                 f"{row['at'] - killed:.1f}s after its agent was killed "
                                 f"(TTL {HEARTBEAT_TTL_S:g}s) and before it was started again")
     return problems
+
+
+def quotas_reached(peaks: Mapping[str, Mapping[str, int]], quotas: Quotas) -> list[str]:
+    """``user:resource`` of each quota some moment's live jobs filled (the workload hit it)."""
+    return [f"{user}:{name}" for user, quota in sorted(quotas.items()) for name, amount in sorted(quota.items())
+            if peaks.get(user, {}).get(name, 0) >= quota_units(name, amount)]
 
 
 def check_runs(watcher: RunWatcher, result: ScheduleResult) -> None:

@@ -19,6 +19,9 @@ class ScheduleResult:
     converge_s: float = 0.0  # from "everything restored" to every acknowledged job ended
     # Wall time by phase (set-up, each step, converge, teardown): where a schedule's time goes.
     phases: list[tuple[str, float]] = field(default_factory=list)
+    shared_ids: int = 0  # job ids sent by two or more users (two jobs each)
+    foreign_cancels: int = 0  # cancels sent by a user whose job it was not
+    quotas_reached: list[str] = field(default_factory=list)  # user:resource quotas live jobs filled
 
     def fault(self, kind: str) -> None:
         self.faults += 1
@@ -44,13 +47,29 @@ class ChaosSummary:
         return sum(r.jobs for r in self.results)
 
     @property
+    def shared_ids(self) -> int:
+        return sum(r.shared_ids for r in self.results)
+
+    @property
+    def foreign_cancels(self) -> int:
+        return sum(r.foreign_cancels for r in self.results)
+
+    @property
+    def quotas_reached(self) -> Counter:
+        """user:resource → in how many schedules live jobs filled that quota."""
+        return Counter(q for r in self.results for q in r.quotas_reached)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
     def line(self) -> str:
         kinds = " ".join(f"{kind}={n}" for kind, n in sorted(self.kinds.items()))
         runs = sum(r.runs for r in self.results)
+        full = ",".join(f"{quota}:{n}" for quota, n in sorted(self.quotas_reached.items()))
         return (f"chaos: schedules={len(self.results)} faults={self.faults} jobs={self.jobs} "
                 f"violations={len(self.violations)} seed={self.seed} "
                 f"roles={'restricted' if self.restricted_roles else 'owner'} runs={runs} "
+                f"| users: shared_ids={self.shared_ids} foreign_cancels={self.foreign_cancels} "
+                f"quotas_full={full or 'none'} "
                 f"| faults by kind: {kinds or 'none'}")

@@ -1,5 +1,15 @@
 """One seeded chaos schedule: its own database and subject prefix, producers and
-faults in turns, then convergence and the checks."""
+faults in turns, then convergence and the checks.
+
+The producers are the federation's users (world.SUBMITTERS): ``default`` on v1's
+subjects with the ``producer`` NATS user, every configured user on its own subjects
+with its own NATS user. A new job sometimes reuses a job_id another user already
+sent (two users, two jobs); quota users sometimes send a burst bigger than their
+quota; some cancels come from a user whose job it is not (the answer must be
+``not_found``, the job untouched); and now and then a body names a user (it must be
+refused: identity comes from the subject alone). The :class:`Ledger` keeps what was
+sent, for the identity checks.
+"""
 
 from __future__ import annotations
 
@@ -15,23 +25,35 @@ import nats
 
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
+from irisfed.services.common.nats_auth import user_role
 from irisfed.services.common.store import Store
 from irisfed.shared.errors import ErrorCode
 from irisfed.shared.lifecycle import CancelOutcome
-from irisfed.tooling.chaos.checks import check_logs, check_runs, converge_and_check
+from irisfed.shared.resources import as_resources
+from irisfed.shared.users import DEFAULT_USER, over_whole_quota, stored_job_id
+from irisfed.tooling.chaos.checks import Ledger, check_logs, check_runs, converge_and_check
 from irisfed.tooling.chaos.faults import ACTIONS, Faults, quiet
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
 from irisfed.tooling.chaos.workload import job_body
 from irisfed.tooling.chaos.world import (
     PEERS,
+    QUOTAS,
     REQUEST_TIMEOUT_S,
     SERVICES,
+    SUBMITTERS,
     ChaosFederation,
     Servers,
+    chaos_config,
     config_text,
 )
 from irisfed.tooling.federation import login_role_urls
+
+SHARED_ID_P = 0.25  # a new job takes a job_id another user already sent
+BURST_P = 0.35  # a submit step is one quota user's burst of 3-4 jobs
+FOREIGN_CANCEL_P = 0.3  # a cancel step's cancel comes from a user whose job it is not
+FOREIGN_AFTER_SUBMIT_P = 0.3  # after a submit step, a user cancels another user's job too
+FORGED_USER_P = 0.15  # after a submit step, a body that names a user is sent too
 
 
 class Schedule:
@@ -48,8 +70,10 @@ class Schedule:
         self.template = template
         self.say = say
         self.result = ScheduleResult(index, log_dir=str(folder))
-        self.acked: dict[str, dict] = {}  # job_id → first successful reply
-        self.never_started: set[str] = set()
+        self.acked: dict[str, dict] = {}  # stored job id → first successful reply
+        self.never_started: set[str] = set()  # stored job ids
+        self.ledger = Ledger()
+        self.users = chaos_config().user_table
         self.run_log = folder / "runs.log"
         self.watcher = RunWatcher(self.run_log, folder / "work")
 
@@ -74,10 +98,14 @@ class Schedule:
         self.watcher.start()
         for name in SERVICES:
             self.fed.start(name)
-        # As a producer would: its own user, so its own inbox prefix (_INBOX_producer).
-        self.nc = await connect_client(self.servers.auth.url(self.servers.nats.url, "producer"),
-                                       max_reconnect_attempts=-1,
-                                       reconnect_time_wait=0.2, error_cb=quiet)
+        # As producers would: each its own NATS user, so its own inbox prefix (_INBOX_producer,
+        # _INBOX_user-alice ...): the default user as v1's producer, the others as user-<id>.
+        self.clients: dict = {}
+        for user in SUBMITTERS:
+            role = "producer" if user == DEFAULT_USER else user_role(user)
+            self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats.url, role),
+                                                      max_reconnect_attempts=-1,
+                                                      reconnect_time_wait=0.2, error_cb=quiet)
         self.prefix = prefix
         self.faults = Faults(self.rng, self.result, self.fed, self.servers, self.watcher, prefix, self.submit)
         try:
@@ -93,11 +121,12 @@ class Schedule:
                 phase("gap")
             await self.faults.mend_all()
             await converge_and_check(database_url, self.result, self.acked, self.never_started, self.fed.down,
-                                     self._restart_exited)
+                                     self._restart_exited, self.ledger, QUOTAS)
             phase("converge+checks")
         finally:
             await self.faults.close()
-            await self.nc.close()
+            for client in self.clients.values():
+                await client.close()
             self.result.violations.extend(self.fed.reap())
             self.fed.close()
             phase("stop")
@@ -111,10 +140,18 @@ class Schedule:
         action = rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
         if action == "submit" or not self.acked and action == "cancel":
             # Producers in parallel (each retrying on its own); drawn in order, so seeded.
-            bodies = [self._new_job() for _ in range(rng.randint(1, 4))]
-            await asyncio.gather(*(self._send(body) for body in bodies))
+            if rng.random() < BURST_P:  # one quota user asks for more than its quota at once
+                user = rng.choice(sorted(QUOTAS))
+                jobs = [self._new_job(user=user) for _ in range(rng.randint(3, 4))]
+            else:
+                jobs = [self._new_job() for _ in range(rng.randint(1, 4))]
+            await asyncio.gather(*(self._send(user, body) for user, body in jobs))
+            if rng.random() < FORGED_USER_P:
+                await self._send_forged_user()
+            if self.acked and rng.random() < FOREIGN_AFTER_SUBMIT_P:
+                await self._cancel_one(foreign=True)
         elif action == "cancel":
-            await self._cancel(rng.choice(sorted(self.acked)))
+            await self._cancel_one(foreign=rng.random() < FOREIGN_CANCEL_P)
         else:
             await self.faults.inject(action)
         return action
@@ -139,45 +176,110 @@ class Schedule:
             while time.monotonic() < deadline:
                 rows = await Store(pool).peer_heartbeat_list()
                 if len([r for r in rows if r.reachable]) == len(PEERS):
-                    if await self._request("cancel", {"job_id": "ready-probe"}) is not None:
+                    # Every user's cancel subject answers (not_found): the router serves them all.
+                    replies = [await self._request("cancel", {"job_id": "ready-probe"}, user) for user in SUBMITTERS]
+                    if all(reply is not None for reply in replies):
                         return
                 await asyncio.sleep(0.1)
         finally:
             await pool.close()
         raise RuntimeError("the federation did not come up")
 
-    # ------------------------------------------------------------ the producer
+    # ------------------------------------------------------------ the producers
 
-    async def _request(self, verb: str, body: dict) -> dict | None:
+    async def _request(self, verb: str, body: dict, user: str = DEFAULT_USER) -> dict | None:
+        """A request as ``user``: on its own subject (v1's for ``default``), with its own NATS user."""
+        subject = f"{self.prefix}.{verb}" if user == DEFAULT_USER else f"{self.prefix}.{verb}.{user}"
         try:
-            reply = await self.nc.request(f"{self.prefix}.{verb}", json.dumps(body).encode(),
-                                          timeout=REQUEST_TIMEOUT_S)
+            reply = await self.clients[user].request(subject, json.dumps(body).encode(), timeout=REQUEST_TIMEOUT_S)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError):
             return None
         return json.loads(reply.data)
 
     async def submit(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0) -> None:
-        await self._send(self._new_job(kind, pin, min_s))
+        await self._send(*self._new_job(kind, pin, min_s))
 
-    def _new_job(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0) -> dict:
+    def _new_job(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0,
+                 user: str | None = None) -> tuple[str, dict]:
+        """A new job of ``user`` (drawn when None) and that user; recorded as sent at once."""
+        rng = self.rng
+        user = user or rng.choice(SUBMITTERS)
         self.result.jobs += 1
-        job_id = f"s{self.index}-j{self.result.jobs}-{self.rng.randrange(1 << 20):x}"
-        return job_body(self.rng, job_id, self.run_log, kind, pin, min_s)
+        job_id = f"s{self.index}-j{self.result.jobs}-{rng.randrange(1 << 20):x}"
+        if rng.random() < SHARED_ID_P:  # an id another user sent: the same id, another job
+            mine = {i for u, i in self.ledger.sent if u == user}
+            theirs = sorted({i for u, i in self.ledger.sent if u != user} - mine)
+            if theirs:
+                job_id = rng.choice(theirs)
+        self.ledger.sent.add((user, job_id))
+        return user, job_body(rng, job_id, self.run_log, kind, pin, min_s, user)
 
-    async def _send(self, body: dict) -> None:
+    async def _send(self, user: str, body: dict) -> None:
         job_id = body["job_id"]
+        stored = stored_job_id(user, job_id)
+        over = over_whole_quota(self.users.get(user), as_resources(body.get("resources") or None).units)
         for _ in range(3):  # producers retry with the same job_id: idempotent
-            reply = await self._request("submit", body)
+            reply = await self._request("submit", body, user)
             if reply is None or reply.get("error", {}).get("code") == ErrorCode.UNAVAILABLE:
                 await asyncio.sleep(0.2)
                 continue
             if "error" in reply:
-                self.result.violations.append(f"{job_id}: unexpected error {reply['error']}")
-            else:
-                self.acked.setdefault(job_id, reply)
+                self.result.violations.append(f"{stored}: unexpected error {reply['error']}")
+                break
+            self.acked.setdefault(stored, reply)
+            self.ledger.owner_of[stored] = (user, job_id)
+            if reply.get("job_id") != job_id:
+                self.result.violations.append(f"{stored}: {user} sent job_id {job_id!r}, the reply names "
+                                              f"{reply.get('job_id')!r}")
+            if over is not None and (reply.get("disposition") != "reject" or "quota" not in reply.get("reason", "")):
+                self.result.violations.append(f"{stored}: asks more than {user}'s whole quota ({over}) but was "
+                                              f"answered {reply.get('disposition')}: {reply.get('reason')!r}")
             break
 
-    async def _cancel(self, job_id: str) -> None:
-        reply = await self._request("cancel", {"job_id": job_id})
+    async def _send_forged_user(self) -> None:
+        """A body naming another user: decoded strictly, it must be refused and write nothing
+        (invariant 9: nothing in a body speaks for a user; the job_id is sent by no one)."""
+        user = self.rng.choice(SUBMITTERS)
+        claimed = self.rng.choice([u for u in SUBMITTERS if u != user])
+        self.ledger.forged += 1
+        body = job_body(self.rng, f"s{self.index}-forged-{self.ledger.forged}", self.run_log, user=user)
+        body["user_id"] = claimed
+        reply = await self._request("submit", body, user)
+        code = (reply or {}).get("error", {}).get("code")
+        if reply is not None and code not in (ErrorCode.INVALID_REQUEST, ErrorCode.UNAVAILABLE):
+            self.result.violations.append(f"{body['job_id']}: {user}'s submit naming user {claimed} in its body "
+                                          f"was answered {reply} (expected invalid_request)")
+
+    async def _cancel_one(self, foreign: bool) -> None:
+        """Cancel an acknowledged job (drawn): as its own user, or (``foreign``) as a user
+        whose job it is not, if one never sent that job_id (on its subject the id names no
+        job of its own); no such user: its own user cancels it."""
+        rng = self.rng
+        stored = rng.choice(sorted(self.acked))
+        owner, job_id = self.ledger.owner_of[stored]
+        others = [u for u in SUBMITTERS if u != owner and (u, job_id) not in self.ledger.sent]
+        if foreign and others:
+            await self._cancel_foreign(rng.choice(others), stored, job_id)
+        else:
+            await self._cancel(owner, job_id)
+
+    async def _cancel(self, user: str, job_id: str) -> None:
+        """``user`` cancels its own job ``job_id``."""
+        stored = stored_job_id(user, job_id)
+        self.ledger.own_cancels.add(stored)
+        reply = await self._request("cancel", {"job_id": job_id}, user)
         if reply and reply.get("outcome") == CancelOutcome.NEVER_STARTED:
-            self.never_started.add(job_id)
+            self.never_started.add(stored)
+        if reply and "error" not in reply and reply.get("job_id") != job_id:
+            self.result.violations.append(f"{stored}: {user} cancelled {job_id!r}, the reply names "
+                                          f"{reply.get('job_id')!r}")
+
+    async def _cancel_foreign(self, asker: str, stored: str, job_id: str) -> None:
+        """``asker`` cancels ``job_id``, which names no job of its own but another user's
+        (``stored``): the answer is ``not_found`` and the job is left alone (checked at the end)."""
+        self.ledger.foreign_cancels.append((asker, stored))
+        reply = await self._request("cancel", {"job_id": job_id}, asker)
+        code = (reply or {}).get("error", {}).get("code")
+        if reply is not None and code not in (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE):
+            self.result.violations.append(f"{stored}: {asker}, whose job it is not, cancelled {job_id!r} and was "
+                                          f"answered {reply} (expected not_found)")

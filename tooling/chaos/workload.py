@@ -1,10 +1,17 @@
-"""What the chaos producers submit: short real jobs that log when they start and end."""
+"""What the chaos producers submit: short real jobs that log when they start and end.
+
+Each job is some user's (world.SUBMITTERS): its ``chaos.user`` label names the user
+whose subject it was sent on, so the checks can tell a spec that reached another
+user's job. bob's jobs ask resources his quota counts; now and then one asks more cpu
+than his whole quota, which the router must reject naming the quota.
+"""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+from irisfed.shared.users import DEFAULT_USER
 from irisfed.tooling.chaos.world import MAX_JOB_S, PEERS
 
 # What every job runs on the subprocess peers ($1 seconds, exit $2, log to $3).
@@ -18,11 +25,17 @@ ONLY_ON = {
     "gpu-b": [{"key": "device_variant", "op": "eq", "value": "a100"}],
     "tpu": [{"key": "device_type", "op": "eq", "value": "tpu"}],
 }
+SENT_BY_LABEL = "chaos.user"  # the user whose subject the job was sent on
+# bob's cpu asks (his quota: 2 cores), and how often he asks more than the whole quota.
+BOB_CPU = (0.5, 1, 1.5)
+OVER_QUOTA_CPU = 3
+OVER_QUOTA_P = 0.05
 
 
 def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = None,
-             pin: str | None = None, min_s: float = 0.0) -> dict:
-    """A random job; ``kind`` forces its kind (``only:PEER``: constrained to that peer alone)."""
+             pin: str | None = None, min_s: float = 0.0, user: str = DEFAULT_USER) -> dict:
+    """A random job of ``user``; ``kind`` forces its kind (``only:PEER``: constrained to
+    that peer alone)."""
     kind = kind or rng.choice(["local", "gpu", "gpu", "tpu", "pinned", "impossible", "variant"])
     duration = f"{rng.uniform(min_s, MAX_JOB_S):.2f}"
     exit_code = "1" if rng.random() < 0.1 else "0"
@@ -31,7 +44,7 @@ def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = 
         # Real on the subprocess peers; the simulated ones read the labels instead.
         "command": ["sh", "-c", JOB_SCRIPT, "chaos-job", duration, exit_code, str(run_log)],
         "max_retries": rng.randint(0, 2),
-        "labels": {"sim.duration_s": duration, "sim.exit_code": exit_code},
+        "labels": {"sim.duration_s": duration, "sim.exit_code": exit_code, SENT_BY_LABEL: user},
         "priority": rng.randint(0, 3),
     }
     if kind in ("gpu", "tpu"):
@@ -44,4 +57,11 @@ def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = 
         body["constraints"] = [{"key": "device_type", "op": "eq", "value": "fpga"}]
     elif kind.startswith("only:"):
         body["constraints"] = ONLY_ON[kind.split(":", 1)[1]]
+    if user == "bob":
+        resources: dict = {"cpu": rng.choice(BOB_CPU)}
+        if kind in ("gpu", "variant") or kind in ("only:gpu-a", "only:gpu-b"):
+            resources["gpu"] = 1
+        if rng.random() < OVER_QUOTA_P:
+            resources["cpu"] = OVER_QUOTA_CPU
+        body["resources"] = resources
     return body

@@ -15,7 +15,8 @@ import asyncpg
 
 from irisfed.services.common.db_roles import apply_roles
 from irisfed.services.common.nats_auth import NatsAuth
-from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, parse_config
+from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
+from irisfed.shared.users import DEFAULT_USER
 from irisfed.tooling.federation import (
     LocalFederation,
     Peer,
@@ -36,6 +37,17 @@ PEERS = {
 # These agents run real processes; the others are simulated. Both are gpu peers, so
 # unpinned gpu work can move between two real backends.
 SUBPROCESS_PEERS = ("gpu-a", "gpu-b")
+# Users beside `default` (v1's producer, on P.submit and P.cancel), each submitting and
+# cancelling with its own NATS user (user-<id>, on P.submit.<id> and P.cancel.<id>).
+# The peers advertise slots only, so quotas alone hold these back: alice may have two
+# jobs live at once; bob's jobs ask 0.5 to 1.5 cores (his gpu ones a gpu too) and he may
+# hold 2 cores and 1 gpu. Both burst past their quotas now and then (workload.py).
+USERS: dict[str, dict] = {
+    "alice": {"quota": {"slots": 2}},
+    "bob": {"weight": 2.0, "quota": {"cpu": 2, "gpu": 1}},
+}
+SUBMITTERS = (DEFAULT_USER, *USERS)
+QUOTAS = {user: spec["quota"] for user, spec in USERS.items() if spec.get("quota")}
 SERVICES = ("router", "tick", *PEERS)
 CONVERGE_TIMEOUT_S = 90.0
 REQUEST_TIMEOUT_S = 2.0
@@ -61,9 +73,15 @@ DOWN_SLACK_S = 0.5
 def config_text(prefix: str) -> str:
     peers = [Peer(peer_id, attrs, slots=3, backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated")
              for peer_id, attrs in PEERS.items()]
-    return render_config(peers, local_cluster="home", subject_prefix=prefix,
+    return render_config(peers, users=[{"id": user, **spec} for user, spec in USERS.items()],
+                         local_cluster="home", subject_prefix=prefix,
                          heartbeat_interval_s=HEARTBEAT_INTERVAL_S, heartbeat_ttl_s=HEARTBEAT_TTL_S,
                          tick_interval_s=HEARTBEAT_INTERVAL_S, assign_grace_s=ASSIGN_GRACE_S)
+
+
+def chaos_config(prefix: str = "chaos") -> FederationConfig:
+    """The federation's configuration as its services read it."""
+    return parse_config(tomllib.loads(config_text(prefix)))
 
 
 class ChaosFederation(LocalFederation):
@@ -133,7 +151,9 @@ class Servers:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         # Subject prefixes differ per schedule (one token each): permissions for "*".
-        self.nats, self.auth = start_secured_nats(folder / "nats", "*", PEERS, auth_dir=folder / "nats-auth")
+        # Every user gets its own NATS user (user-<id>), allowed only its own subjects.
+        self.nats, self.auth = start_secured_nats(folder / "nats", "*", PEERS, auth_dir=folder / "nats-auth",
+                                                  user_ids=USERS)
         self.auth_conf = self.nats.extra["config_file"]
         # Durable (fsync, synchronous_commit): an acknowledged submit must survive a crash.
         self.postgres = start_postgres(folder / "pg", durable=True)
@@ -216,7 +236,7 @@ def wait_group_gone(pgid: int, timeout: float = 15.0) -> None:
 async def create_roles(database_url: str) -> dict[str, str]:
     """``irisfed db-roles`` for the chaos federation (roles are cluster-wide; their
     peer mapping is copied with the template to every schedule's database)."""
-    config = parse_config(tomllib.loads(config_text("chaos")))
+    config = chaos_config()
     conn = await asyncpg.connect(database_url)
     try:
         return await apply_roles(conn, config)
