@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -17,6 +19,7 @@ import nats
 from irisfed.bench.report import Bench
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
+from irisfed.services.common.nats_auth import NatsAuth
 from irisfed.services.common.store import Store
 from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, write_config
 
@@ -38,26 +41,38 @@ def bench_env() -> dict[str, str]:
 
 
 class Deployment:
-    """A fresh database, a config, and irisfed services as subprocesses."""
+    """A fresh database, a config, and irisfed services as subprocesses.
+
+    ``users``: the config's ``[[users]]`` tables (``id``, ``weight``, ``quota`` ...; none:
+    every job is the user ``default``'s, as in v1). ``auth``: the NATS server's users
+    (``start_secured_nats``, made for :func:`prefix_of` ``name``); each service connects
+    as its own role, otherwise without credentials."""
 
     def __init__(self, bench: Bench, admin_url: str, nats_url: str, name: str,
-                 peers: list[PeerSpec], interval: float = 1.0, ttl: float = 3600.0) -> None:
+                 peers: list[PeerSpec], interval: float = 1.0, ttl: float = 3600.0,
+                 users: Sequence[Mapping[str, Any]] = (), auth: NatsAuth | None = None) -> None:
         self.bench = bench
         self.admin_url = admin_url
         self.name = name
         self.database_url = admin_url.rsplit("/", 1)[0] + f"/bench_{name}"
         self.nats_url = nats_url
-        self.prefix = f"b{name}"
+        self.auth = auth
+        self.prefix = prefix_of(name)
         self.config_path = bench.folder / f"{name}.toml"
         self.config = write_config(
             self.config_path, [Peer(peer_id, attrs, slots, "simulated") for peer_id, attrs, slots in peers],
-            local_cluster=peers[0][0], subject_prefix=self.prefix, heartbeat_interval_s=interval,
+            users=users, local_cluster=peers[0][0], subject_prefix=self.prefix, heartbeat_interval_s=interval,
             heartbeat_ttl_s=ttl, tick_interval_s=0.5)
         log_level = os.environ.get("IRISFED_BENCH_LOG_LEVEL", "warning")
         self.services = LocalFederation(
             Supervisor(bench.folder), self.config_path, self.database_url, nats_url,
             env={**bench_env(), "IRISFED_CONFIG": str(self.config_path)}, work_dir=bench.folder / "work",
-            args=["--log-level", log_level], log_prefix=f"{name}-")
+            auth=auth, args=["--log-level", log_level], log_prefix=f"{name}-")
+
+    def nats_url_as(self, role: str) -> str:
+        """The NATS URL a client acting as ``role`` (``admin``, ``producer``, ``user-<id>``)
+        connects with: with that role's credentials when the server has users."""
+        return self.auth.url(self.nats_url, role) if self.auth is not None else self.nats_url
 
     @property
     def processes(self):
@@ -117,14 +132,21 @@ def is_ack(data: bytes) -> bool:
     return b'"disposition"' in data
 
 
+def prefix_of(name: str) -> str:
+    """The subject prefix of the deployment called ``name``."""
+    return f"b{name}"
+
+
 @contextlib.asynccontextmanager
-async def routed(bench: Bench, admin_url: str, nats_url: str, name: str, peers: list[PeerSpec], advertised=None):
-    """A fresh deployment, its peers advertised and a router answering; closed on exit."""
-    dep = Deployment(bench, admin_url, nats_url, name, peers)
+async def routed(bench: Bench, admin_url: str, nats_url: str, name: str, peers: list[PeerSpec], advertised=None,
+                 users: Sequence[Mapping[str, Any]] = (), auth: NatsAuth | None = None):
+    """A fresh deployment, its peers advertised and a router answering; closed on exit.
+    The client it yields is the NATS ``admin`` when the server has users (``auth``)."""
+    dep = Deployment(bench, admin_url, nats_url, name, peers, users=users, auth=auth)
     await dep.create()
     await dep.advertise(peers if advertised is None else advertised)
     dep.start("router")
-    nc = await connect_client(nats_url)
+    nc = await connect_client(dep.nats_url_as("admin"))
     try:
         await dep.wait_router(nc)
         yield dep, nc

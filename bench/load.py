@@ -53,9 +53,9 @@ class _Inbox:
     """
 
     def __init__(self, nc: nats.NATS, subject: str, body: Callable[[int], bytes], total: int,
-                 check: Callable[[bytes], bool] | None) -> None:
+                 check: Callable[[bytes], bool] | None, inbox: str = "_BENCH") -> None:
         self.nc, self.subject, self.body, self.total, self.check = nc, subject, body, total, check
-        self.prefix = f"_BENCH.{uuid.uuid4().hex}."
+        self.prefix = f"{inbox}.{uuid.uuid4().hex}."
         self.sent_at = [0.0] * total
         self.latencies: list[float] = []
         self.errors = 0
@@ -93,9 +93,12 @@ class _Inbox:
 
 
 async def closed_loop(nc: nats.NATS, subject: str, body: Callable[[int], bytes], concurrency: int,
-                      total: int, check: Callable[[bytes], bool] | None = None, patience_s: float = 300) -> Run:
-    """Keep ``concurrency`` requests in flight until ``total`` are answered."""
-    inbox = _Inbox(nc, subject, body, total, check)
+                      total: int, check: Callable[[bytes], bool] | None = None, patience_s: float = 300,
+                      inbox_prefix: str = "_BENCH") -> Run:
+    """Keep ``concurrency`` requests in flight until ``total`` are answered. Replies come
+    to ``<inbox_prefix>.<random>.<i>``: a NATS user with permissions may read only its
+    own inbox (``inbox_prefix_for_url`` of its URL)."""
+    inbox = _Inbox(nc, subject, body, total, check, inbox_prefix)
     await inbox.open()
     next_i = min(concurrency, total)
 
@@ -111,6 +114,29 @@ async def closed_loop(nc: nats.NATS, subject: str, body: Callable[[int], bytes],
         await inbox.send(i)
     await inbox.wait(patience_s)
     return Run(len(inbox.latencies), time.perf_counter() - started, inbox.latencies, inbox.errors)
+
+
+@dataclass
+class Client:
+    """One load generator's connection: where it sends, and the inbox its NATS user may read."""
+
+    nc: nats.NATS
+    subject: str
+    inbox_prefix: str = "_BENCH"
+
+
+async def closed_loops(clients: list[Client], body: Callable[[int, int], bytes], concurrency: int, total: int,
+                       check: Callable[[bytes], bool] | None = None) -> Run:
+    """:func:`closed_loop` on every client at once, ``concurrency`` and ``total`` split
+    evenly between them (``body(client, i)``: client's ``i``-th request); one Run over
+    the wall time of all of them."""
+    each, share = max(1, concurrency // len(clients)), max(1, total // len(clients))
+    started = time.perf_counter()
+    runs = await asyncio.gather(*(
+        closed_loop(c.nc, c.subject, lambda i, n=n: body(n, i), each, share, check, inbox_prefix=c.inbox_prefix)
+        for n, c in enumerate(clients)))
+    return Run(sum(r.done for r in runs), time.perf_counter() - started,
+               [latency for r in runs for latency in r.latencies], sum(r.errors for r in runs))
 
 
 async def open_loop(nc: nats.NATS, subject: str, body: Callable[[int], bytes], rate: float,

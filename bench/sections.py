@@ -1,9 +1,10 @@
 """The bench sections: irisfed's figures, each beside its same-run baseline.
 
-``submit`` (durable submits, closed and open loop), ``dispatch`` (submit → running
+``submit`` (durable submits, closed and open loop; per-user subjects against v1's),
+``dispatch`` (submit → running
 of QUEUE jobs through router, tick and agents, and of LOCAL jobs through the router
-and the local agent), ``tick`` (placements per second, by slots
-and with multi-resource requests),
+and the local agent), ``tick`` (placements per second, by slots,
+with multi-resource requests, and many users' queues under fair share and quotas),
 ``heartbeat`` (fan-in cost) and ``scale`` (submit and tick cost against rows in
 ``jobs`` and against the number of peers).
 """
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -26,13 +28,17 @@ from irisfed.bench.deployment import (
     PeerSpec,
     cpu_seconds,
     is_ack,
+    prefix_of,
     routed,
     submit_body,
 )
-from irisfed.bench.load import Run, closed_loop, median, open_loop, spread
+from irisfed.bench.load import Client, Run, closed_loop, closed_loops, median, open_loop, spread
 from irisfed.bench.report import Bench, Figure
 from irisfed.services.common.bus import connect_client
+from irisfed.services.common.nats_auth import user_role
 from irisfed.shared.lifecycle import JobState
+from irisfed.shared.nats_urls import inbox_prefix_for_url
+from irisfed.shared.users import DEFAULT_USER
 
 
 async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
@@ -74,6 +80,84 @@ async def submit_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
                               f"achieved {run.rate:,.0f}/s, errors {run.errors}"))
         jobs = await dep.pool.fetchval("SELECT count(*) FROM jobs")
         bench.add(Figure("submit", "jobs committed (all acked submits)", jobs, "rows"))
+    await submit_users_bench(bench, admin_url, nats_url)
+
+
+SUBMIT_USERS = [f"team{n}" for n in range(10)]  # the per-user submit figure's users (no peer's ids)
+SUBMIT_USERS_ROUNDS = 5  # runs of each side, alternating: a shared machine's drift falls on both
+
+
+async def submit_users_bench(bench: Bench, admin_url: str, nats_url: str, concurrency: int = 100) -> None:
+    """Durable submits on per-user subjects against v1's, in one deployment on a NATS
+    server with users (``start_secured_nats``): the same closed loop (``concurrency`` in
+    flight) over one connection per configured user, once as the user ``default``
+    (NATS user ``producer``, every connection on ``P.submit``) and once as the users
+    themselves (``user-U`` on ``P.submit.U``). Only the subjects and credentials
+    differ, so the ratio is what users cost a submit. SUBMIT_USERS_ROUNDS rounds, each
+    a run of both sides, which goes first alternating (so neither always follows the
+    other's writes); each side's median is its figure, and the note gives each
+    round's own ratio (two runs seconds apart: the least drift between them).
+    ``nats_url`` is not used: the bench's own server has no users, so this figure
+    starts one that has."""
+    from irisfed.tooling.servers import start_secured_nats
+
+    name, users = "submitusers", SUBMIT_USERS
+    total = bench.profile.n(5_000, 25_000)  # per run; 2 × SUBMIT_USERS_ROUNDS runs
+    server, auth = start_secured_nats(bench.folder / "nats-users", prefix_of(name), [p for p, _, _ in GPU_PEERS],
+                                      user_ids=users, jetstream=False)
+    connections = []
+    try:
+        async with routed(bench, admin_url, server.url, name, GPU_PEERS, users=[{"id": u} for u in users],
+                          auth=auth) as (dep, _):
+            async def client(role: str, subject: str) -> Client:
+                url = dep.nats_url_as(role)
+                nc = await connect_client(url)
+                connections.append(nc)
+                return Client(nc, subject, inbox_prefix_for_url(url))
+
+            default, own = [], []
+            for user in users:  # made in turn, so neither side has all the older connections
+                default.append(await client("producer", f"{dep.prefix}.submit"))
+                own.append(await client(user_role(user), f"{dep.prefix}.submit.{user}"))
+
+            def body(label: str):
+                return lambda n, i: submit_body(f"{label}c{n}")(i)
+
+            # Not measured: connections, the router's batches and prepared statements warm.
+            for side, label in ((default, "wd"), (own, "wu")):
+                await closed_loops(side, body(label), concurrency, total // 5, check=is_ack)
+            runs: dict[str, list[Run]] = {"default": [], "users": []}
+            for attempt in range(SUBMIT_USERS_ROUNDS):  # which side goes first alternates
+                order = (("default", default), ("users", own))
+                for side, side_clients in order if attempt % 2 == 0 else reversed(order):
+                    runs[side].append(await closed_loops(side_clients, body(f"{side[0]}{attempt}"), concurrency,
+                                                         total, check=is_ack))
+            # Each side's jobs are stored as its own (user_id from the subject).
+            stored = dict(await dep.pool.fetch("SELECT user_id, count(*) FROM jobs GROUP BY user_id"))
+    finally:
+        for nc in connections:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        server.stop()
+    best = {side: sorted(r, key=lambda run: run.rate)[len(r) // 2] for side, r in runs.items()}
+    rounds = " ".join(f"{u.rate / d.rate:.2f}" for d, u in zip(runs["default"], runs["users"], strict=True))
+    setup = f"{len(users)} connections × {concurrency // len(users)} in flight, NATS with users"
+
+    def note(run: Run) -> str:
+        return (f"{setup}; p50 {run.pct(0.5) * 1e3:.2f} ms, p99 {run.pct(0.99) * 1e3:.2f} ms, "
+                f"errors {run.errors}")
+
+    theirs = best["default"].rate
+    bench.add(Figure("submit", f"durable submits/s as the default user on P.submit, {concurrency} in flight",
+                     theirs, "req/s", runs=spread([r.rate for r in runs["default"]]), note=note(best["default"])))
+    ratio = best["users"].rate / theirs
+    bench.add(Figure("submit", f"durable submits/s as {len(users)} users on P.submit.<user>, {concurrency} in flight",
+                     best["users"].rate, "req/s", f"default user on P.submit ({theirs:,.0f} req/s)", ratio,
+                     "≥ 0.95× default user", ratio >= 0.95, spread([r.rate for r in runs["users"]]),
+                     f"{note(best['users'])}; round ratios {rounds}; rows stored: "
+                     f"{stored.get(DEFAULT_USER, 0):,} the default user's, "
+                     f"{sum(n for u, n in stored.items() if u != DEFAULT_USER):,} over "
+                     f"{len(stored.keys() - {DEFAULT_USER})} users"))
 
 
 DISPATCH_PEERS: list[PeerSpec] = [("home", {"device_type": "cpu"}, 1000)] + [
@@ -252,9 +336,10 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
 KINDS = ("cpu", "gpu", "tpu")
 
 
-def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False):
+def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False, user: str = DEFAULT_USER):
     """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers;
-    with ``resources``, the mixed request of :func:`_job_resources`."""
+    with ``resources``, the mixed request of :func:`_job_resources`; ``user``'s (its id
+    stored as ``<user>:<id>``, its ``user_id`` set, as the router does from the subject)."""
     from irisfed.services.router.plan import plan_new_job, route
     from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
     from irisfed.shared.messages import SubmitRequest
@@ -265,14 +350,17 @@ def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = Fals
         raw["resources"] = _job_resources(i)
     request = msgspec.convert(raw, SubmitRequest)
     new, _ = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="bench"), "p0", None),
-                          f"{state[0]}{i}")
+                          f"{state[0]}{i}", user)
     return new if state == JobState.QUEUED else msgspec.structs.replace(new, state=state)
 
 
 async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState = JobState.QUEUED,
-                       resources: bool = False) -> None:
+                       resources: bool = False, user_of: Callable[[int], str] | None = None) -> None:
+    """Jobs ``start`` to ``stop`` (:func:`_bench_job`), job ``i`` the user ``user_of(i)``'s
+    (all ``default``'s without it)."""
     for first in range(start, stop, 5000):
-        await dep.store.job_insert_batch([_bench_job(i, state, resources)
+        await dep.store.job_insert_batch([_bench_job(i, state, resources,
+                                                     DEFAULT_USER if user_of is None else user_of(i))
                                           for i in range(first, min(stop, first + 5000))])
     # Set-up is not measured: statistics fresh, and the fill's dirty pages written now
     # rather than by a checkpoint in the middle of the figure that follows.
@@ -280,18 +368,39 @@ async def _insert_jobs(dep: Deployment, start: int, stop: int, state: JobState =
     await dep.pool.execute("CHECKPOINT")
 
 
+# The tick with many users: every QUOTA_EVERY-th user has a quota of half its jobs' cpu.
+QUOTA_EVERY = 10
+
+
+def _tick_users(users: int, jobs: int) -> list[dict]:
+    """``[[users]]`` for ``jobs`` queued jobs of ``users`` users (``u<n>``, weights 1–4):
+    every QUOTA_EVERY-th with a cpu quota of half of what its jobs ask (each asks one
+    cpu), so half its jobs wait with the code ``quota``."""
+    per_user = jobs // users
+    return [{"id": f"u{n}", "weight": float(1 + n % 4),
+             **({"quota": {"cpu": max(1, per_user // 2)}} if n % QUOTA_EVERY == 0 else {})}
+            for n in range(users)]
+
+
 async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, peer_count: int,
                      filler: int = 0, label: str = "", resources: bool = False,
-                     placed: list[int] | None = None) -> float:
+                     placed: list[int] | None = None, users: int = 0,
+                     waited: list[int] | None = None) -> float:
     """Assignments per second of one ``Tick.run_once()`` over ``jobs`` queued jobs and
     ``peer_count`` peers, each with twice the slots (and, with ``resources``, twice the
     resources) its share of the queue needs, so every job is placed. ``placed`` gets
-    how many were."""
+    how many were, ``waited`` how many were left queued (explained).
+
+    With ``users``, the jobs belong to that many configured users (:func:`_tick_users`:
+    consecutive blocks of ``jobs // users``), placed in fair-share order, the quota'd
+    users' beyond their quota left waiting; without, all are the user ``default``'s."""
     from irisfed.services.tick.service import Tick
 
     peers = [(f"p{i}", {"device_type": KINDS[i % 3], "zone": f"z{i % 4}"}, max(1, 2 * jobs // peer_count))
              for i in range(peer_count)]
-    dep = Deployment(bench, admin_url, nats_url, f"tick{jobs}x{peer_count}{label}", peers)
+    configured = _tick_users(users, jobs) if users else []
+    per_user = jobs // users if users else jobs
+    dep = Deployment(bench, admin_url, nats_url, f"tick{jobs}x{peer_count}{label}", peers, users=configured)
     await dep.create()
     try:
         if resources:
@@ -299,7 +408,8 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
         else:
             await dep.advertise(peers)
         await _insert_jobs(dep, 0, filler, JobState.SUCCEEDED)
-        await _insert_jobs(dep, 0, jobs, resources=resources)
+        await _insert_jobs(dep, 0, jobs, resources=resources,
+                           user_of=(lambda i: f"u{min(i // per_user, users - 1)}") if users else None)
         tick = Tick(dep.config, dep.pool, None)
         await tick.refresh_view()
         started = time.perf_counter()
@@ -307,6 +417,8 @@ async def tick_bench(bench: Bench, admin_url: str, nats_url: str, jobs: int, pee
         elapsed = time.perf_counter() - started
         if placed is not None:
             placed.append(len(result.assigned))
+        if waited is not None:
+            waited.append(result.waiting)
         return len(result.assigned) / elapsed
     finally:
         await dep.close()
@@ -456,11 +568,29 @@ async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
 
 async def tick_section(bench: Bench, admin_url: str, nats_url: str) -> None:
     jobs, peers = bench.profile.n(10_000, 100_000), bench.profile.n(20, 100)
-    rates = [await tick_bench(bench, admin_url, nats_url, jobs, peers, label=f"r{i}") for i in range(3)]
-    ratio = median(rates) / bench.baselines["pg_claim"]
-    bench.add(Figure("tick", f"assignments/s, {jobs:,} queued × {peers} peers", median(rates), "jobs/s",
+    # The jobs of one user (``default``, as in v1), and the same jobs and peers as the
+    # jobs of many users: claimed per user, placed in weighted dominant-share order,
+    # quotas checked as placed and again under the users' locks at commit. Runs
+    # alternate, so a shared machine's drift falls on both alike.
+    users = bench.profile.n(100, 1000)
+    rates, user_rates, placed, waited = [], [], [], []
+    for i in range(3):
+        rates.append(await tick_bench(bench, admin_url, nats_url, jobs, peers, label=f"r{i}"))
+        user_rates.append(await tick_bench(bench, admin_url, nats_url, jobs, peers, label=f"u{i}", users=users,
+                                           placed=placed, waited=waited))
+    single = median(rates)
+    ratio = single / bench.baselines["pg_claim"]
+    bench.add(Figure("tick", f"assignments/s, {jobs:,} queued × {peers} peers", single, "jobs/s",
                      "batched claim", ratio, "≥ 25,000/s and ≥ 0.5× claim",
-                     median(rates) >= 25_000 and ratio >= 0.5, spread(rates)))
+                     single >= 25_000 and ratio >= 0.5, spread(rates)))
+    ratio = median(user_rates) / single
+    quota_users = len(range(0, users, QUOTA_EVERY))
+    bench.add(Figure("tick", f"assignments/s, {jobs:,} queued of {users:,} users × {peers} peers, fair share",
+                     median(user_rates), "jobs/s", f"single user, same jobs and peers ({single:,.0f}/s)", ratio,
+                     "≥ 0.85× single user", ratio >= 0.85, spread(user_rates),
+                     f"{jobs // users} jobs per user, weights 1–4; every {QUOTA_EVERY}th user ({quota_users}) "
+                     f"with a cpu quota of half its jobs; placed {_span(placed)}/{jobs:,}, left waiting "
+                     f"{_span(waited)} (quota)"))
     # The same through multi-resource placement: every job asks cpu and memory (and gpu
     # or tpu), every peer advertises each resource's total and free amount.
     placed: list[int] = []
@@ -473,6 +603,12 @@ async def tick_section(bench: Bench, admin_url: str, nats_url: str) -> None:
                      median(rates) >= 25_000 and ratio >= 0.5, spread(rates),
                      f"jobs: cpu 1–8, memory 1–8 GiB, gpu or tpu 1–4; peers: {min(nodes)}–{max(nodes)} "
                      f"nodes of cpu 64–256, 4 GiB/cpu, 8 gpu or tpu; placed {min(placed):,}/{jobs:,}"))
+
+
+def _span(values: list[int]) -> str:
+    """``9,500`` or ``9,480–9,500``: what several runs counted."""
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
 
 
 async def scale_section(bench: Bench, admin_url: str, nats_url: str) -> None:

@@ -189,3 +189,79 @@ def test_bench_filler_jobs_take_the_state_asked_for():
     queued, done = _bench_job(7), _bench_job(7, JobState.SUCCEEDED)
     assert (queued.state, done.state) == (JobState.QUEUED, JobState.SUCCEEDED)
     assert done.job_id != queued.job_id and done.priority == queued.priority
+
+
+def test_tick_users_have_valid_config_and_every_tenth_a_quota_it_hits():
+    """The fair-share tick figure's users: a config the services accept, every
+    QUOTA_EVERY-th user capped at half of what its jobs ask, the others uncapped."""
+    from irisfed.bench.sections import KINDS, QUOTA_EVERY, _tick_users
+    from irisfed.tooling.federation import Peer, render_config
+
+    jobs, count = 2000, 20
+    users = _tick_users(count, jobs)
+    assert [u["id"] for u in users] == [f"u{n}" for n in range(count)]
+    capped = [u for u in users if "quota" in u]
+    assert [u["id"] for u in capped] == [f"u{n}" for n in range(0, count, QUOTA_EVERY)]
+    assert all(u["quota"] == {"cpu": jobs // count // 2} for u in capped)  # each job asks one cpu
+    assert {u["weight"] for u in users} == {1.0, 2.0, 3.0, 4.0}
+    render_config([Peer(f"p{i}", {"device_type": KINDS[i % 3]}, 10, "simulated") for i in range(3)],
+                  users=users, local_cluster="p0")  # raises if the services would refuse it
+
+
+def test_bench_jobs_belong_to_the_user_asked_for():
+    """Rows inserted directly are stored as the router stores a user's submit."""
+    from irisfed.bench.sections import _bench_job
+
+    mine, theirs = _bench_job(7, user="u3"), _bench_job(7)
+    assert (mine.user_id, mine.job_id) == ("u3", f"u3:{theirs.job_id}")
+    assert theirs.user_id == "default" and ":" not in theirs.job_id
+    assert mine.spec_hash == theirs.spec_hash and mine.priority == theirs.priority
+
+
+class _EchoNats:
+    """Just enough of a nats-py client for the load generator: a publish with a reply
+    subject is answered at once on that subject, if someone subscribed to it."""
+
+    def __init__(self) -> None:
+        self.subs: dict[str, object] = {}
+        self.published: list[tuple[str, str]] = []
+
+    async def subscribe(self, subject, cb, **_):
+        self.subs[subject.removesuffix("*")] = cb
+        parent = self
+
+        class Sub:
+            async def unsubscribe(self):
+                parent.subs.pop(subject.removesuffix("*"))
+        return Sub()
+
+    async def flush(self):
+        pass
+
+    async def publish(self, subject, body, reply=""):
+        self.published.append((subject, reply))
+        prefix = reply[:reply.rindex(".") + 1]
+
+        class Msg:
+            data, headers = b'{"disposition": "queue"}', None
+        Msg.subject = reply
+        asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self.subs[prefix](Msg)))
+
+
+def test_closed_loops_split_the_load_and_reply_to_each_clients_own_inbox():
+    from irisfed.bench.deployment import is_ack
+    from irisfed.bench.load import Client, closed_loops
+
+    clients = [Client(_EchoNats(), f"p.submit.u{n}", f"_INBOX_user-u{n}") for n in range(4)]
+    bodies = []
+
+    def body(n, i):
+        bodies.append((n, i))
+        return b"{}"
+
+    run = asyncio.run(closed_loops(clients, body, concurrency=8, total=40, check=is_ack))
+    assert (run.done, run.errors, len(run.latencies)) == (40, 0, 40)
+    assert sorted(bodies) == [(n, i) for n in range(4) for i in range(10)]
+    for n, client in enumerate(clients):
+        assert {subject for subject, _ in client.nc.published} == {f"p.submit.u{n}"}
+        assert all(reply.startswith(f"_INBOX_user-u{n}.") for _, reply in client.nc.published)
