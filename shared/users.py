@@ -175,7 +175,10 @@ def _amount(name: str, units: int) -> str:
 
 def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[str, int]]) -> str | None:
     """Why a job of ``units`` must wait for ``user``'s quota (``held``: what its live jobs
-    hold now), or None when it fits: ``quota: alice holds 16 of 16 gpu``."""
+    hold now), or None when it fits: ``quota: this job's 1 gpu would take alice over its
+    quota of 16 gpu``. The words name the quota and the job, not what the user holds
+    now, so a waiting job's stored reason does not change (and is not written again)
+    each time the user's usage moves; ``irisfed users`` shows the usage."""
     quota = user.quota
     if not quota:
         return None
@@ -184,8 +187,8 @@ def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[
     for name, amount in user.quota_units().items():
         want = asked.get(name, 0)
         if want and held.get(name, 0) + want > amount:
-            return (f"quota: {user.id} holds {_amount(name, held.get(name, 0))} of {_amount(name, amount)} "
-                    f"{name}; this job asks {_amount(name, want)} more")
+            return (f"quota: this job's {_amount(name, want)} {name} would take {user.id} over its quota of "
+                    f"{_amount(name, amount)} {name}")
     return None
 
 

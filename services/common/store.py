@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -59,7 +59,10 @@ from irisfed.shared.resources import SLOTS, to_units
 
 _encoder = msgspec.json.Encoder()
 _R = TypeVar("_R", bound=Row)
-_checked: set[str] = set()  # queries whose columns were checked against their row type
+_checked: set[str] = set()
+# A keyset cursor before every queued job: -priority is at least -1,000,000 (the wire's
+# bound), and every submit time is after -infinity.
+_BEFORE_EVERY_JOB = (-(2**31), datetime.min.replace(tzinfo=UTC), "")  # queries whose columns were checked against their row type
 
 
 def _json(value: object) -> str:
@@ -192,9 +195,9 @@ class Store:
         with translated_errors():
             return await self.db.fetchrow(QUERIES[name], *args)
 
-    async def _fetchval(self, name: str, *args: Any) -> Any:
+    async def _fetchval(self, name: str, *args: Any, limit_s: float | None = None) -> Any:
         with translated_errors():
-            return await self.db.fetchval(QUERIES[name], *args)
+            return await self.db.fetchval(QUERIES[name], *args, timeout=limit_s)
 
     async def _execute(self, name: str, *args: Any) -> None:
         with translated_errors():
@@ -229,16 +232,22 @@ class Store:
     async def job_request_cancel(self, job_id: str, requested_by: str | None = None) -> None:
         await self._execute("job_request_cancel", job_id, requested_by)
 
-    async def job_quota_lock(self, users: Sequence[str]) -> None:
+    async def job_quota_lock(self, users: Sequence[str], wait_s: float) -> None:
         """Hold the quota lock of ``users`` until this store's transaction ends (sorted
-        here: every writer takes them in one order)."""
+        here: every writer takes them in one order), waiting ``wait_s`` at most for them
+        (then ``Unavailable``: another writer holds one, maybe hung)."""
         if users:
-            await self._fetchval("job_quota_lock", sorted(set(users)))
+            await self._fetchval("transaction_lock_timeout", f"{max(1, round(wait_s * 1000))}ms")
+            await self._fetchval("job_quota_lock", sorted(set(users)), limit_s=wait_s + 1.0)
 
-    async def job_live_usage_by_user(self, users: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
-        """What each user's live jobs hold, in units (shared.users), ``slots``: how many."""
+    async def job_live_usage_by_user(self, users: Sequence[str] | None = None,
+                                     statement_timeout_s: float | None = None) -> dict[str, dict[str, int]]:
+        """What the live jobs of ``users`` (None: every user) hold, in units (shared.users),
+        ``slots``: how many."""
+        records = (await self._fetch("job_live_usage_all_users", limit_s=statement_timeout_s) if users is None
+                   else await self._fetch("job_live_usage_by_user", list(users), limit_s=statement_timeout_s))
         held: dict[str, dict[str, int]] = {}
-        for r in await self._fetch("job_live_usage_by_user", None if users is None else list(users)):
+        for r in records:
             name = r["resource"]
             usage = held.setdefault(r["user_id"], {})
             if name is None:
@@ -332,7 +341,7 @@ class Store:
         users = list(cursors)
         priorities, times, ids = [], [], []
         for user in users:
-            neg_priority, submitted_at, job_id = cursors[user] or (None, None, None)
+            neg_priority, submitted_at, job_id = cursors[user] or _BEFORE_EVERY_JOB
             priorities.append(neg_priority)
             times.append(submitted_at)
             ids.append(job_id)

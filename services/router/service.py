@@ -159,6 +159,7 @@ class Router(Service):
         self.users = config.user_table
         self.quota_users = self.users.with_quota()
         self.peer_ids = frozenset(config.peer_ids)
+        self._own_subjects = f"{self.subjects.prefix}."
 
     # ------------------------------------------------------------ lifecycle
 
@@ -208,8 +209,20 @@ class Router(Service):
             raise Forbidden(f"no user {subject.rpartition('.')[2]!r} is configured in this federation")
         return user
 
+    def _forged_reply(self, msg: Msg) -> bool:
+        """A request whose reply subject is one of the federation's own (``P.cancel.<peer>``,
+        ``P.assign.<peer>``, another user's ``P.submit.<user>``): the router may publish
+        there, so answering would let a requester speak through it. Dropped unanswered."""
+        if msg.reply and msg.reply.startswith(self._own_subjects):
+            metrics.SUBMIT_ERRORS.labels(ErrorCode.FORBIDDEN).inc()
+            log.warning("request_reply_subject_refused", subject=msg.subject, reply=msg.reply[:200])
+            return True
+        return False
+
     async def on_submit(self, msg: Msg) -> None:
         received = self.clock.monotonic()
+        if self._forged_reply(msg):
+            return
         try:
             user = self._user(msg.subject, self.subjects.submit)
             request = decode_request(SubmitRequest, msg.data)
@@ -393,8 +406,10 @@ class Router(Service):
         serialise ticks, so the quota is a hard cap whatever runs at once."""
         users = sorted({i.job.user_id for i in capped})
         async with held.transaction() as tx:
-            await tx.job_quota_lock(users)
-            usage = await tx.job_live_usage_by_user(users)
+            # Within the batch's budget: a writer holding a lock (a hung tick) costs this
+            # batch an `unavailable` in time, never the router its answers.
+            await tx.job_quota_lock(users, wait_s=self._left(deadline))
+            usage = await tx.job_live_usage_by_user(users, statement_timeout_s=self._left(deadline))
             for item in capped:
                 units = resources_from_json(item.job.resources_json).units
                 user_usage = usage.setdefault(item.job.user_id, {})
@@ -451,6 +466,8 @@ class Router(Service):
     async def on_cancel(self, msg: Msg) -> None:
         if msg.subject.rpartition(".")[2] in self.peer_ids and msg.subject != self.subjects.cancel:
             return  # a cancel notice to that peer (P.cancel.<peer>), not a request
+        if self._forged_reply(msg):
+            return
         try:
             user = self._user(msg.subject, self.subjects.cancel)
             request = decode_request(CancelRequest, msg.data)
@@ -474,6 +491,8 @@ class Router(Service):
 
     async def on_operator_cancel(self, msg: Msg) -> None:
         """An operator's cancel: any job, named by its stored id (``alice:train-1``)."""
+        if self._forged_reply(msg):
+            return
         try:
             request = decode_request(OperatorCancelRequest, msg.data)
             by = f"operator ({request.by})" if request.by else "operator"

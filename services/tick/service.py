@@ -58,6 +58,7 @@ from irisfed.shared.records import AssignedJob, ClaimedJob, Move
 from irisfed.shared.resources import Resources
 from irisfed.shared.settings import require_count
 from irisfed.shared.subjects import TICK_QUEUE_GROUP
+from irisfed.shared.users import QUOTA
 
 log = EventLogger("tick")
 
@@ -65,6 +66,10 @@ log = EventLogger("tick")
 # The queue-depth gauge is refreshed apart from the tick: it scans the whole queue.
 QUEUE_DEPTH_INTERVAL_S = 5.0
 QUEUE_DEPTH_CLASSES = 20  # label sets exported at most; the rest are summed as "other"
+# A commit waits this long at most for its users' quota locks (a router or another
+# tick holds them for one short transaction); past it the batch is rolled back (its
+# rows go back to the queue) and the next pass tries again.
+QUOTA_LOCK_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class TickResult:
     expired: int = 0
     recovered: int = 0
     waiting: int = 0
+    claimed: int = 0  # queued rows this pass read and locked
 
 
 Cursor = dict[str, tuple[int, datetime, str] | None]  # user → keyset of its last job claimed (None: none yet)
@@ -409,6 +415,7 @@ class Tick(Service):
             kills = {r.job_id: move for r in rows if (move := stored_cancel_move(r)) is not None}
             cancelled = list(kills.values())
             by_user: dict[str, list] = {}
+            user_of = {r.job_id: r.user_id for r in rows}
             resources: dict[str, Resources] = {}
             for r in rows:
                 if r.job_id not in kills:
@@ -416,6 +423,13 @@ class Tick(Service):
                     by_user.setdefault(r.user_id, []).append(job)
                     resources[job.job_id] = job.resources
             placements, waiting = run.place(by_user)
+            # A user whose every job here waited on its quota is not claimed further
+            # this pass: its next jobs would wait too, and a backlog far past a quota
+            # must not make every pass read all of it.
+            at_quota = {user for user, jobs in by_user.items() if jobs} - {
+                user_of[w.job_id] for w in waiting if w.code != QUOTA} - {
+                user_of[p.job_id] for p in placements} if waiting else set()
+            cursor = {user: after for user, after in cursor.items() if user not in at_quota}
         except BaseException:
             await claim.rollback_quietly()
             raise
@@ -443,7 +457,7 @@ class Tick(Service):
             user_of = batch.user_of()
             capped = sorted({user_of[p.job_id] for p in placements} & self.quota_users)
             if capped:
-                await batch.store.job_quota_lock(capped)
+                await batch.store.job_quota_lock(capped, wait_s=QUOTA_LOCK_WAIT_S)
                 held = await batch.store.job_live_usage_by_user(capped)
                 placements, over = within_quota(
                     [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held)
@@ -466,6 +480,7 @@ class Tick(Service):
         over quota), then tell agents and watchers."""
         crash_point("tick_after_commit")
         result.waiting += len(batch.waiting)
+        result.claimed += len(batch.rows)
         placed = {p.job_id: p for p in batch.placements}
         lost = placed.keys() - {row.job_id for row in moved}
         if lost:

@@ -402,8 +402,9 @@ SELECT user_id FROM users WHERE user_id IS NOT NULL;
 -- job_claim_queued_by_user --
 -- Lock the next queued jobs of each user $1[i] in that user's own order (priority, then
 -- submit time), at most $5 each, after that user's keyset cursor ($2[i], $3[i], $4[i]) =
--- (-priority, submitted_at, job_id) of its last job seen (NULLs: from its start). One
--- range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
+-- (-priority, submitted_at, job_id) of its last job seen (the store passes a cursor
+-- before every job for a user's start, never NULLs: a plain row comparison is what
+-- lets the index seek to it). One range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
 -- disjoint batches. The tick orders the users by fair share (shared/fair_share.py).
 SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
        j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id
@@ -415,20 +416,32 @@ CROSS JOIN LATERAL (
            extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id
     FROM jobs
     WHERE state = 'queued' AND user_id = c.user_id
-      AND (c.neg_priority IS NULL
-           OR (-priority, submitted_at, job_id) > (c.neg_priority, c.submitted_at, c.job_id))
+      AND (-priority, submitted_at, job_id) > (c.neg_priority, c.submitted_at, c.job_id)
     ORDER BY -priority, submitted_at, job_id
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 ) j;
 
 -- job_live_usage_by_user --
--- What each user's assigned and running jobs hold (all users when $1 is NULL, else
--- those in $1): a row with resource NULL counts its live jobs, the others sum what
--- they asked per resource. Quota and fair share read it.
+-- What the assigned and running jobs of users $1 hold (quota checks, under their
+-- locks: a range of jobs_live_by_user per user): a row with resource NULL counts a
+-- user's live jobs, the others sum what they asked per resource.
 WITH live AS (
     SELECT user_id, resources FROM jobs
-    WHERE state IN ('assigned', 'running') AND ($1::text[] IS NULL OR user_id = ANY($1::text[]))
+    WHERE user_id = ANY($1::text[]) AND state IN ('assigned', 'running')
+)
+SELECT user_id, NULL::text AS resource, count(*)::float8 AS amount FROM live GROUP BY user_id
+UNION ALL
+SELECT user_id, r.key, sum(r.value::numeric)::float8
+FROM live, jsonb_each_text(live.resources) AS r
+GROUP BY user_id, r.key;
+
+-- job_live_usage_all_users --
+-- job_live_usage_by_user for every user (fair share reads it once per tick pass, the
+-- views too). A statement of its own: one plan for "these users" and "all users"
+-- would be a generic plan that scans every live job for a few users.
+WITH live AS (
+    SELECT user_id, resources FROM jobs WHERE state IN ('assigned', 'running')
 )
 SELECT user_id, NULL::text AS resource, count(*)::float8 AS amount FROM live GROUP BY user_id
 UNION ALL
@@ -443,6 +456,11 @@ GROUP BY user_id, r.key;
 -- write, in one transaction. Ending work needs no lock: it only frees room.
 SELECT count(pg_advisory_xact_lock(hashtextextended('irisfed.quota.' || u, 0)))
 FROM unnest($1::text[]) AS u;
+
+-- transaction_lock_timeout --
+-- How long this transaction's next lock waits may last ($1: e.g. '800ms'), then
+-- lock_not_available (transient: the writer answers `unavailable`).
+SELECT set_config('lock_timeout', $1, true);
 
 -- job_count_by_user --
 -- Queued, assigned and running jobs per user (users with none are absent).

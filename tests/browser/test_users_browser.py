@@ -96,7 +96,7 @@ async def test_the_users_view_shows_usage_against_quotas_follows_live_and_shows_
     await expect(page.get_by_test_id("job-sent-id")).to_have_text("gpu-b")
     await expect(page.get_by_test_id("waiting")).to_have_attribute("data-wait", "quota")
     await expect(page.get_by_test_id("waiting")).to_contain_text(
-        "waiting: quota — quota: alice holds 1 of 1 gpu; this job asks 1 more")
+        "waiting: quota — quota: this job's 1 gpu would take alice over its quota of 1 gpu")
 
     # The Users view, from the navigation.
     users = await page.context.new_page()

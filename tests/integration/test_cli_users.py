@@ -47,7 +47,7 @@ id = "bob"
 max_band = "batch"
 quota = { cpu = 8, slots = 3 }
 """
-QUOTA_RULE = "quota: alice holds 2 of 2 gpu; this job asks 1 more"
+QUOTA_RULE = "quota: this job's 1 gpu would take alice over its quota of 2 gpu"
 
 
 def job_of(user: str, job_id: str, **fields):

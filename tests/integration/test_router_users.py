@@ -37,7 +37,7 @@ def test_local_jobs_past_the_quota_wait_queued_and_repeat_their_first_reply(data
         assert [(r["job_id"], r["disposition"], r["state"]) for r in replies] == [
             ("q0", "local", "assigned"), ("q1", "local", "assigned"), ("q2", "local", "assigned"),
             ("q3", "local", "queued"), ("q4", "local", "queued")]
-        assert replies[3]["reason"] == "quota: alice holds 3 of 3 slots; this job asks 1 more"
+        assert replies[3]["reason"] == "quota: this job's 1 slots would take alice over its quota of 3 slots"
         job = router.run(store.job_get("alice:q3"))
         assert (job.state, job.owner_peer_id, job.user_id) == ("queued", None, "alice")
         assert job.explanation["wait"] == "quota" and job.explanation["rule"] == replies[3]["reason"]
@@ -106,5 +106,40 @@ def test_subjects_decide_the_user_and_peers_notices_are_not_requests(database_ur
         for bad in ({"job_id": "same", "by": "Web Ops"}, {"job_id": "bob:same", "user": "bob"},
                     {"job_id": "bob::same"}):
             assert json.loads(_ask(router, "operator.cancel", bad))["error"]["code"] == "invalid_request"
+    finally:
+        router.close()
+
+
+def test_a_reply_subject_inside_the_federation_is_never_answered(database_url, servers):
+    """A requester may name any reply subject; the router may publish on peers' cancel
+    notices, assignments and users' subjects, so a request whose reply would land there
+    is dropped unanswered (and writes nothing)."""
+    router = RouterThread(database_url, servers.nats_url, users=USERS)
+    try:
+        store = _home(router)
+
+        async def forge() -> list[bytes]:
+            heard: list[bytes] = []
+
+            async def spy(msg) -> None:
+                heard.append(msg.data)
+
+            await router.client.subscribe(f"{router.prefix}.>", cb=spy)
+            for subject, body, reply in (
+                    ("submit.alice", {"job_id": "f1", "command": ["true"]}, f"{router.prefix}.cancel.home"),
+                    ("submit", {"job_id": "f2", "command": ["true"]}, f"{router.prefix}.assign.home"),
+                    ("cancel.bob", {"job_id": "x"}, f"{router.prefix}.submit.alice"),
+                    ("operator.cancel", {"job_id": "x"}, f"{router.prefix}.events.x")):
+                await router.client.publish(f"{router.prefix}.{subject}", json.dumps(body).encode(), reply=reply)
+            await router.client.flush()
+            await asyncio.sleep(1.0)  # a reply, were one sent, would have come by now
+            return heard
+
+        heard = router.run(forge())
+        assert all(b'"disposition"' not in data and b'"error"' not in data and b'"outcome"' not in data
+                   for data in heard), heard
+        assert router.run(store.job_list(None, 10)) == []
+        # The same requests with an inbox of their own are answered.
+        assert json.loads(_ask(router, "submit.alice", {"job_id": "f1", "command": ["true"]}))["job_id"] == "f1"
     finally:
         router.close()

@@ -7,6 +7,7 @@ dominant shares of what the peers advertise, counts) with its JSON twin."""
 from __future__ import annotations
 
 import json
+import html
 import re
 from datetime import UTC, datetime
 
@@ -124,7 +125,7 @@ async def test_a_job_page_names_who_asked_for_its_cancel_and_a_quota_wait(pool, 
     waiting = user_job("alice", "gpu-3", resources={"gpu": 1})
     asked = user_job("bob", "long-1")
     await insert_jobs(store, [waiting, asked])
-    rule = "quota: alice holds 2 of 2 gpu; this job asks 1 more"
+    rule = "quota: this job's 1 gpu would take alice over its quota of 2 gpu"
     await store.job_explain_batch([(waiting.job_id, explanation("tick", rule, code="quota"), rule)])
     await store.job_request_cancel(asked.job_id, "user bob")
     await store.job_request_cancel(asked.job_id, "operator (web)")  # a later asker does not rename the first
@@ -132,8 +133,8 @@ async def test_a_job_page_names_who_asked_for_its_cancel_and_a_quota_wait(pool, 
         page = (await client.get("/jobs/alice:gpu-3")).text
         said = page.split('data-testid="waiting"', 1)[1].split("</p>", 1)[0]
         assert 'data-wait="quota"' in said
-        assert re.sub(r"<[^>]+>", "", said.split(">", 1)[1]) == (
-            "Decided by tick, waiting: quota — quota: alice holds 2 of 2 gpu; this job asks 1 more")
+        assert html.unescape(re.sub(r"<[^>]+>", "", said.split(">", 1)[1])) == (
+            "Decided by tick, waiting: quota — quota: this job's 1 gpu would take alice over its quota of 2 gpu")
         assert "cancel-requested-by" not in page
 
         page = (await client.get("/jobs/bob:long-1")).text

@@ -91,7 +91,7 @@ def test_quota_holds_back_a_user_and_says_why():
         {"alice": jobs("alice", 4, gpu=1, cpu=1), "bob": jobs("bob", 2, gpu=1, cpu=1)})
     assert sorted(p.job_id for p in placements) == ["alice-0", "alice-1", "bob-0", "bob-1"]
     assert [(w.job_id, w.code) for w in waiting] == [("alice-2", QUOTA), ("alice-3", QUOTA)]
-    assert waiting[0].reason == "quota: alice holds 2 of 2 gpu; this job asks 1 more"
+    assert waiting[0].reason == "quota: this job's 1 gpu would take alice over its quota of 2 gpu"
 
 
 def test_quota_counts_what_the_user_already_holds_and_later_batches():

@@ -133,9 +133,13 @@ def test_quota_waits_name_the_user_the_resource_and_what_it_holds():
     assert quota_wait(GPU2, {}, units(gpu=1, cpu=0.5)) is None
     assert quota_wait(GPU2, {"gpu": 1, "cpu": 500}, units(gpu=1, cpu=0.5)) is None
     why = quota_wait(GPU2, {"gpu": 2, "cpu": 0}, units(gpu=1, cpu=0))
-    assert why == "quota: alice holds 2 of 2 gpu; this job asks 1 more"
+    assert why == "quota: this job's 1 gpu would take alice over its quota of 2 gpu"
+    # The words do not change with what the user holds (a stored reason is not rewritten).
+    assert quota_wait(GPU2, {"gpu": 1, "cpu": 0}, units(gpu=2, cpu=0)) == (
+        "quota: this job's 2 gpu would take alice over its quota of 2 gpu")
     # cpu in millicores inside, in cores in words.
-    assert quota_wait(GPU2, {"cpu": 1500}, units(cpu=0.5)).startswith("quota: alice holds 1.5 of 1.5 cpu")
+    assert quota_wait(GPU2, {"cpu": 1500}, units(cpu=0.5)) == (
+        "quota: this job's 0.5 cpu would take alice over its quota of 1.5 cpu")
     # A resource the quota does not name is not capped.
     assert quota_wait(GPU2, {"tpu": 10**6}, units(tpu=8, cpu=0)) is None
     assert quota_wait(UserConfig("bob"), {"gpu": 10**6}, units(gpu=8)) is None
@@ -144,7 +148,7 @@ def test_quota_waits_name_the_user_the_resource_and_what_it_holds():
 def test_a_slots_quota_caps_how_many_jobs_are_live():
     user = UserConfig("alice", quota={"slots": 2})
     assert quota_wait(user, {"slots": 1}, units()) is None
-    assert quota_wait(user, {"slots": 2}, units()) == "quota: alice holds 2 of 2 slots; this job asks 1 more"
+    assert quota_wait(user, {"slots": 2}, units()) == "quota: this job's 1 slots would take alice over its quota of 2 slots"
 
 
 def test_a_job_larger_than_the_whole_quota_is_named():
