@@ -6,8 +6,8 @@ dominant shares of what the peers advertise, counts) with its JSON twin."""
 
 from __future__ import annotations
 
-import json
 import html
+import json
 import re
 from datetime import UTC, datetime
 
