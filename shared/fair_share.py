@@ -39,6 +39,22 @@ def federation_totals(peers: Iterable[FederationPeer], now: float | None = None)
     return totals
 
 
+# With many users a batch claims at least this many jobs of each (up to
+# CLAIM_BATCHES_AT_MOST batches' worth in all): a batch's fixed costs (a range probe per
+# user, the quota check at commit) then spread over more jobs, and each batch shows
+# fair share more of every user's queue.
+CLAIM_PER_USER_AT_LEAST = 10
+CLAIM_BATCHES_AT_MOST = 10
+
+
+def claim_share(batch_size: int, users: int) -> int:
+    """How many queued jobs of each of ``users`` one claim takes: an equal part of the
+    batch, at least CLAIM_PER_USER_AT_LEAST while the claim stays within
+    CLAIM_BATCHES_AT_MOST batches, and at least one."""
+    widest = min(CLAIM_PER_USER_AT_LEAST, CLAIM_BATCHES_AT_MOST * batch_size // users)
+    return max(1, batch_size // users, widest)
+
+
 class FairShareRun:
     """Places claimed jobs of many users in fair-share order, under their quotas.
 

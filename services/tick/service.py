@@ -43,7 +43,7 @@ from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.explain import explanation
-from irisfed.shared.fair_share import FairShareRun, within_quota
+from irisfed.shared.fair_share import FairShareRun, claim_share, within_quota
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import AssignmentNotice, Heartbeat, JobEvent
 from irisfed.shared.placement import (
@@ -389,7 +389,7 @@ class Tick(Service):
         user of ``cursor`` its share of the batch size, after its own cursor (None, the
         transaction rolled back: the queue is drained). Also the cursor after it: the
         users whose share came back full (they may have more queued)."""
-        per_user = max(1, self.settings.batch_size // len(cursor))
+        per_user = claim_share(self.settings.batch_size, len(cursor))
         claim = await bound.begin()
         try:
             rows = await bound.job_claim_queued_by_user(cursor, per_user)

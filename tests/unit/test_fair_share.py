@@ -135,3 +135,15 @@ def test_no_run_ever_places_a_user_over_its_quota(requests, held_gpu, slots):
         if "slots" in quota:
             assert len(mine) <= quota["slots"]
     assert len(placements) + len(waiting) == len(requests)
+
+
+def test_a_claim_takes_an_equal_part_of_the_batch_and_more_with_many_users():
+    from irisfed.shared.fair_share import CLAIM_BATCHES_AT_MOST, claim_share
+
+    assert claim_share(1000, 1) == 1000
+    assert claim_share(1000, 2) == 500
+    assert claim_share(1000, 100) == 10
+    assert claim_share(1000, 1000) == 10  # ten batches' worth at most in one claim
+    assert claim_share(1000, 100_000) == 1
+    assert all(claim_share(1000, n) * n <= CLAIM_BATCHES_AT_MOST * 1000 or claim_share(1000, n) == 1
+               for n in range(1, 20_000, 7))
