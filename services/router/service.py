@@ -464,39 +464,31 @@ class Router(Service):
     # ------------------------------------------------------------ cancel
 
     async def on_cancel(self, msg: Msg) -> None:
+        """A user's cancel (``P.cancel``: ``default``; ``P.cancel.<user>``), by the id it sent."""
         if msg.subject.rpartition(".")[2] in self.peer_ids and msg.subject != self.subjects.cancel:
             return  # a cancel notice to that peer (P.cancel.<peer>), not a request
-        if self._forged_reply(msg):
-            return
-        try:
+
+        async def work() -> CancelReply:
             user = self._user(msg.subject, self.subjects.cancel)
             request = decode_request(CancelRequest, msg.data)
-            reply = await self._bounded(self.cancel(stored_job_id(user, request.job_id), f"user {user}",
-                                                    shown_as=request.job_id))
-        except (Unavailable, TimeoutError) as exc:
-            metrics.DB_UNAVAILABLE.inc()
-            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
-            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry"))
-            return
-        except IrisfedError as exc:
-            if not isinstance(exc, PermanentStoreError):
-                await self._respond(msg, error_reply(exc.code, exc.message))
-                return
-            await self._cancel_failed(msg, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            await self._cancel_failed(msg, exc)
-            return
-        await self._respond(msg, encoder.encode(reply))
+            return await self._bounded(self.cancel(stored_job_id(user, request.job_id), f"user {user}",
+                                                   shown_as=request.job_id))
+        await self._answer_cancel(msg, work)
 
     async def on_operator_cancel(self, msg: Msg) -> None:
         """An operator's cancel: any job, named by its stored id (``alice:train-1``)."""
+        async def work() -> CancelReply:
+            request = decode_request(OperatorCancelRequest, msg.data)
+            by = f"operator ({request.by})" if request.by else "operator"
+            return await self._bounded(self.cancel(request.job_id, by))
+        await self._answer_cancel(msg, work)
+
+    async def _answer_cancel(self, msg: Msg, work: Callable[[], Any]) -> None:
+        """Run a cancel request's ``work`` and answer it, whatever happens."""
         if self._forged_reply(msg):
             return
         try:
-            request = decode_request(OperatorCancelRequest, msg.data)
-            by = f"operator ({request.by})" if request.by else "operator"
-            reply = await self._bounded(self.cancel(request.job_id, by))
+            reply = await work()
         except (Unavailable, TimeoutError) as exc:
             metrics.DB_UNAVAILABLE.inc()
             why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
