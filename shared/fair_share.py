@@ -49,9 +49,9 @@ CLAIM_BATCHES_AT_MOST = 10
 
 def claim_share(batch_size: int, users: int) -> int:
     """How many queued jobs of each of ``users`` one claim takes: an equal part of the
-    batch, at least CLAIM_PER_USER_AT_LEAST while the claim stays within
-    CLAIM_BATCHES_AT_MOST batches, and at least one."""
-    widest = min(CLAIM_PER_USER_AT_LEAST, CLAIM_BATCHES_AT_MOST * batch_size // users)
+    batch, at least CLAIM_PER_USER_AT_LEAST (never more than a batch) while the claim
+    stays within CLAIM_BATCHES_AT_MOST batches, and at least one."""
+    widest = min(CLAIM_PER_USER_AT_LEAST, batch_size, CLAIM_BATCHES_AT_MOST * batch_size // users)
     return max(1, batch_size // users, widest)
 
 

@@ -145,5 +145,6 @@ def test_a_claim_takes_an_equal_part_of_the_batch_and_more_with_many_users():
     assert claim_share(1000, 100) == 10
     assert claim_share(1000, 1000) == 10  # ten batches' worth at most in one claim
     assert claim_share(1000, 100_000) == 1
+    assert claim_share(2, 1) == 2 and claim_share(2, 2) == 2  # never more of one user than a batch
     assert all(claim_share(1000, n) * n <= CLAIM_BATCHES_AT_MOST * 1000 or claim_share(1000, n) == 1
                for n in range(1, 20_000, 7))
