@@ -90,3 +90,9 @@ def must_kill_run(cancel_stored: bool, run_told: bool) -> bool:
     """Whether an agent must kill a run of its own: its job carries a stored cancel
     (``cancel_stored``) that the run has not been told yet (``run_told``)."""
     return cancel_stored and not run_told
+
+
+def cancelled_by(requested_by: str | None) -> str:
+    """The words that start a cancelled run's reason: who asked (``jobs.cancel_requested_by``:
+    ``user alice``, ``operator (web)``) when it is known."""
+    return f"cancelled by {requested_by}" if requested_by else "cancelled"

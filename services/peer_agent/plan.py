@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from irisfed.services.peer_agent.backends import LiveRun
-from irisfed.shared.cancel import must_kill_run, under_cancel
+from irisfed.shared.cancel import cancelled_by, must_kill_run, under_cancel
 from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow, Move, OwnedJob
@@ -196,7 +196,7 @@ def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
     failure = after_infra_failure(job.attempts, job.max_retries)
     if under_cancel(failure.to_state, row.cancel_requested) is JobState.KILLED:
         return Move(row.job_id, JobState.RUNNING, JobState.KILLED, row.epoch, actor=peer_id,
-                    owner_peer_id=peer_id, reason="cancelled while its agent was down")
+                    owner_peer_id=peer_id, reason=f"{cancelled_by(job.cancel_requested_by)} while its agent was down")
     return Move(row.job_id, JobState.RUNNING, failure.to_state, row.epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id),
                 new_epoch=epoch_after(JobState.RUNNING, failure.to_state, row.epoch),
@@ -215,8 +215,9 @@ def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: Jo
     what = f"{'run lost' if lost else 'launch failed'}: {error}"
     failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
     if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
+        asker = job.cancel_requested_by if job is not None else None
         return Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
-                    reason=f"cancelled; {what}")
+                    reason=f"{cancelled_by(asker)}; {what}")
     return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id),
                 new_epoch=epoch_after(JobState.RUNNING, failure.to_state, epoch),

@@ -48,7 +48,7 @@ async def test_federation_on_db_roles_retries_recovers_orphans_and_cancels(feder
         assert (job["state"], job["attempts"]) == ("succeeded", 2)
         assert ("running", "queued", "home", 2) in await _changes(federation, orphan["job_id"])
         job = await federation.wait_state(doomed["job_id"], *TERMINAL, timeout=30)
-        assert (job["state"], job["reason"]) == ("killed", "cancelled while its agent was down")
+        assert (job["state"], job["reason"]) == ("killed", "cancelled by user default while its agent was down")
         assert (await _changes(federation, doomed["job_id"]))[-1][:3] == ("running", "killed", "home")
     finally:
         for pid in pids:  # the leftover copies, should the restarted agent not have killed them

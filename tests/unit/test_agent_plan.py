@@ -164,6 +164,9 @@ def test_an_orphan_out_of_retries_fails_and_a_cancelled_one_is_killed():
         JobState.FAILED, "gpu-west", "agent on gpu-west restarted while running it; no retries left")
     killed = orphan_move("gpu-west", owned("j", cancel_requested=True), job_row(attempts=1, max_retries=5))
     assert (killed.to_state, killed.reason) == (JobState.KILLED, "cancelled while its agent was down")
+    asked = msgspec.structs.replace(job_row(attempts=1, max_retries=5), cancel_requested_by="user alice")
+    assert orphan_move("gpu-west", owned("j", cancel_requested=True), asked).reason == (
+        "cancelled by user alice while its agent was down")
 
 
 def test_a_launch_error_is_retried_like_any_infrastructure_failure():
@@ -186,6 +189,8 @@ def test_a_launch_error_or_lost_run_of_a_cancelled_job_kills_it_instead_of_handi
             JobState.RUNNING, JobState.KILLED, None, "p")
         assert move.reason.startswith("cancelled; ")
     assert launch_error_move("p", "j", 1, "node died", stored, lost=True).reason == "cancelled; run lost: node died"
+    asked = msgspec.structs.replace(stored, cancel_requested_by="operator (web)")
+    assert launch_error_move("p", "j", 1, "boom", asked).reason == "cancelled by operator (web); launch failed: boom"
 
 
 def test_a_run_whose_outcome_its_engine_lost_fails_and_is_never_retried():
