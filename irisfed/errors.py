@@ -17,6 +17,7 @@ from irisfed.shared.redact import redact
 __all__ = [
     "ConfigurationError",
     "ConflictError",
+    "ForbiddenError",
     "InternalError",
     "InvalidRequestError",
     "IrisfedClientError",
@@ -68,6 +69,11 @@ class NotFoundError(IrisfedClientError, code=ErrorCode.NOT_FOUND):
     """No job has that job_id."""
 
 
+class ForbiddenError(IrisfedClientError, code=ErrorCode.FORBIDDEN):
+    """A request this user may not make: a band above its ``max_band``, or a user the
+    federation does not configure."""
+
+
 class UnavailableError(IrisfedClientError, code=ErrorCode.UNAVAILABLE):
     """No answer (no router, a timeout, NATS or Postgres away) after every retry."""
 
@@ -89,8 +95,8 @@ class SchemaMismatchError(ConfigurationError, code=ErrorCode.SCHEMA_MISMATCH):
 
 _BY_CODE: dict[str, type[IrisfedClientError]] = {
     kind.code: kind
-    for kind in (InvalidRequestError, ConflictError, UnknownPeerError, NotFoundError, UnavailableError,
-                 InternalError, ConfigurationError, SchemaMismatchError)
+    for kind in (InvalidRequestError, ConflictError, UnknownPeerError, NotFoundError, ForbiddenError,
+                 UnavailableError, InternalError, ConfigurationError, SchemaMismatchError)
 }
 
 

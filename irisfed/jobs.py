@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Struct
 
 from irisfed.errors import InvalidRequestError
+from irisfed.shared.bands import DEFAULT_BAND, band_name
 from irisfed.shared.constraints import Constraint
 from irisfed.shared.errors import IrisfedError
 from irisfed.shared.ids import ALPHABET
@@ -84,9 +85,13 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
                  env: Mapping[str, str] | None = None, constraints: Sequence[ConstraintLike] = (),
                  resources: Mapping[str, float] | None = None, preferences: Sequence[ConstraintLike] = (),
                  cluster_pin: str = "", priority: int = 0, max_retries: int | None = None,
-                 deadline_s: float | None = None, labels: Mapping[str, str] | None = None) -> SubmitRequest:
+                 deadline_s: float | None = None, labels: Mapping[str, str] | None = None,
+                 band: str | None = None, max_preemptions: int | None = None,
+                 dry_run: bool = False) -> SubmitRequest:
     """The :class:`~shared.messages.SubmitRequest` for these arguments, checked as the router
-    checks it (raises :class:`InvalidRequestError`), with a fresh job_id when none is given."""
+    checks it (raises :class:`InvalidRequestError`), with a fresh job_id when none is given.
+    ``band`` (``batch``, ``interactive``, ``production``) and ``max_preemptions``: None
+    leaves the contract's defaults; ``dry_run``: ask what the submit would do, writing nothing."""
     if isinstance(command, str):
         raise InvalidRequestError("command is a list of strings (the program, then its arguments), "
                                   f"e.g. {command.split()!r}")
@@ -112,6 +117,12 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
         body["deadline_s"] = deadline_s
     if labels:
         body["labels"] = dict(labels)
+    if band is not None:
+        body["band"] = band
+    if max_preemptions is not None:
+        body["max_preemptions"] = max_preemptions
+    if dry_run:
+        body["dry_run"] = True
     return checked_submit(body)
 
 
@@ -142,6 +153,8 @@ class Job(Struct, frozen=True):
     finished_at: datetime | None
     spec: dict[str, Any]
     user: str = "default"  # whose job it is; ``job_id`` is the id that user sent
+    band: str = DEFAULT_BAND  # its priority band: ``batch``, ``interactive`` or ``production``
+    preemptions: int = 0  # times it was preempted (stopped for a higher band's job, then requeued)
 
     @property
     def terminal(self) -> bool:
@@ -154,7 +167,8 @@ def job_view(row) -> Job:
                peer_id=row.owner_peer_id or "", pinned_peer_id=row.pinned_peer_id or "", epoch=row.epoch,
                attempts=row.attempts, exit_code=row.exit_code, reason=row.reason,
                cancel_requested=row.cancel_requested, submitted_at=row.submitted_at,
-               updated_at=row.updated_at, finished_at=row.finished_at, spec=row.spec)
+               updated_at=row.updated_at, finished_at=row.finished_at, spec=row.spec,
+               band=band_name(row.band), preemptions=row.preemptions)
 
 
 def job_event(job_id: str, entry, job) -> JobEvent:

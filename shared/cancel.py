@@ -12,6 +12,7 @@ a stored cancel is never handed on to another run:
 | the router | finished | nothing |
 | the tick, claiming queued jobs | queued with a stored cancel | killed, never placed |
 | the tick, recovering a lost owner's job | assigned, running | killed, not requeued |
+| the tick, preempting the job (`job_preempt_batch`) | assigned, running | killed, not requeued |
 | the owner's agent, reconciling | running, its run not told yet | its run is killed |
 | the owner's agent, a run that exited | running | killed, whatever the exit code |
 | the owner's agent, a run lost, never launched, orphaned, or whose outcome the engine lost | running | killed, not requeued nor failed |

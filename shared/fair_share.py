@@ -1,6 +1,7 @@
 """Fair share and quotas in placement: the order users' queued jobs are placed in. Pure, no I/O.
 
-The rule (docs/scheduling.md, "Fair share"): among queued jobs, the user whose live
+The rule (docs/scheduling.md, "Fair share"): bands come first (shared/bands.py): a
+user's next job of a higher band goes before any of a lower one. Within a band, the user whose live
 usage is the smallest *weighted dominant share* goes first — the largest fraction of
 any federation total (advertised by reachable backends, slots included) that its
 assigned and running jobs hold, divided by its weight — recomputed after every
@@ -84,16 +85,17 @@ class FairShareRun:
             placements, waiting = self.placement.place(jobs)
             if placements:
                 self._take(user, {p.job_id for p in placements}, jobs)
+                self._free_victims(placements)
             return placements, waiting
         placements: list[Placement] = []
         waiting: list[Waiting] = []
-        heap: list[tuple[float, float, int, str]] = []
+        heap: list[tuple[int, float, float, int, str]] = []
         position = dict.fromkeys(jobs_by_user, 0)
         for n, (user, jobs) in enumerate(queues):
-            heappush(heap, (self.share(user), -jobs[0].waited_s, n, user))
+            heappush(heap, (-jobs[0].band, self.share(user), -jobs[0].waited_s, n, user))
         place = self.placement.place
         while heap:
-            _, _, n, user = heappop(heap)
+            _, _, _, n, user = heappop(heap)
             jobs = queues[n][1]
             i = position[user]
             job = jobs[i]
@@ -108,10 +110,11 @@ class FairShareRun:
                 if placed:
                     placements.extend(placed)
                     add_units(held, resources.units)
+                    self._free_victims(placed)
                 else:
                     waiting.extend(left)
             if i + 1 < len(jobs):
-                heappush(heap, (self.share(user), -jobs[i + 1].waited_s, n, user))
+                heappush(heap, (-jobs[i + 1].band, self.share(user), -jobs[i + 1].waited_s, n, user))
         return placements, waiting
 
     def _take(self, user: str, placed: set[str], jobs: Iterable[QueuedJob]) -> None:
@@ -120,8 +123,20 @@ class FairShareRun:
             if job.job_id in placed:
                 add_units(held, as_resources(job.resources).units)
 
+    def _free_victims(self, placements: Iterable[Placement]) -> None:
+        """Placements that preempted: their victims' users hold less from now on."""
+        preempted = self.placement.preempted
+        if not preempted:
+            return
+        for placement in placements:
+            for victim in preempted.get(placement.job_id, ()):
+                add_units(self.held.setdefault(victim.user_id, {}), victim.units, sign=-1)
+
     def release(self, user: str, placement: Placement, resources) -> None:
-        """Give back a placement whose commit failed: its room and its user's share."""
+        """Give back a placement whose commit failed: its room and its user's share (and
+        its victims', whose preemption did not happen either)."""
+        for victim in self.placement.preempted.get(placement.job_id, ()):
+            add_units(self.held.setdefault(victim.user_id, {}), victim.units)
         self.placement.release(placement, resources)
         add_units(self.held.setdefault(user, {}), as_resources(resources).units, sign=-1)
 

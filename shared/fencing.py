@@ -8,8 +8,10 @@ The epoch moves on by exactly one (``EPOCH_STEP``) when a move
 - hands the job to a runner: → ``assigned`` (the tick's placement; a LOCAL job is
   created already assigned, under ``initial_epoch``), or
 - takes the job from a runner that did not end it itself: back to ``queued`` from
-  ``assigned`` or ``running`` (a retry, a lost owner), or any ending that the tick
-  decides for an owner that is unreachable (its copy may still be running).
+  ``assigned`` or ``running`` (a retry, a lost owner, a preemption), or any ending
+  that the tick decides while the owner's copy may still be running (an unreachable
+  owner; a preemption that fails or kills the job: ``owner_unreachable=True`` is
+  that case's rule too, and ``job_preempt_batch`` applies it in SQL).
 Every other move keeps the epoch: a runner ending its own run, a cancel of a job
 that never started (its state alone fences the start), a deadline passing in the
 queue.

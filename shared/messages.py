@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from functools import lru_cache
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import msgspec
 from msgspec import Meta, Struct
 
+from irisfed.shared.bands import BANDS, DEFAULT_BAND, DEFAULT_MAX_PREEMPTIONS, MAX_PREEMPTIONS_LIMIT
 from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp
 from irisfed.shared.errors import InvalidRequest
 from irisfed.shared.lifecycle import CancelOutcome
@@ -38,7 +39,10 @@ Text = Annotated[str, Meta(max_length=4096)]
 Name = Annotated[str, Meta(max_length=256)]
 MapKey = Annotated[str, Meta(min_length=1, max_length=256)]
 Scalar = str | int | float
+Band = Literal["batch", "interactive", "production"]  # shared.bands.BANDS (checked below)
 
+
+assert get_args(Band) == BANDS
 
 # ---------------------------------------------------------------- producer → router
 
@@ -85,6 +89,12 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
                          Meta(max_length=MAX_RESOURCES)] = {}
     # Soft constraints: they rank the peers that can take the job, never reject it.
     preferences: Annotated[list[ConstraintSpec], Meta(max_length=64)] = []
+    # Added with bands (docs/design.md §3.3); their defaults are omitted from the spec,
+    # so a job submitted without them keeps its hash.
+    band: Band = DEFAULT_BAND
+    max_preemptions: Annotated[int, Meta(ge=0, le=MAX_PREEMPTIONS_LIMIT)] = DEFAULT_MAX_PREEMPTIONS
+    # Answer what the submit would do now, and write nothing. Not part of the job.
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -110,7 +120,7 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
         """
         request = self.resource_request()
         resources = {} if request.is_default() else request.as_dict()
-        return _canonical.encode(msgspec.structs.replace(self, job_id=None, resources=resources))
+        return _canonical.encode(msgspec.structs.replace(self, job_id=None, resources=resources, dry_run=False))
 
     def spec_hash(self) -> str:
         """A stable hash of everything but ``job_id``: same hash, same job."""
@@ -159,6 +169,46 @@ class SubmitReply(Struct, frozen=True):
     duplicate: bool
     reason: str
     verdicts: list[PeerVerdictMsg] = []
+
+
+class DryRunPlacement(Struct, frozen=True):
+    """Where a dry-run job would be placed now, and whom it would preempt there."""
+
+    peer_id: str
+    backend: str
+    preempts: list[str] = []  # stored ids of the live jobs it would stop (§3.3), in victim order
+
+
+class DryRunReply(Struct, frozen=True):
+    """Answer to a submit with ``dry_run: true``: what the submit would do now. Nothing
+    was written (no job, no history, no event, no lock).
+
+    ``job_id``, ``disposition``, ``state``, ``peer_id``, ``reason``, ``verdicts`` and
+    ``duplicate`` are exactly what the real submit's reply would say now (a job_id that
+    already names this user's job: the original answer with ``duplicate`` true; a
+    different spec: the ``conflict`` error instead of this reply). ``band``: the band
+    the job asks. ``placement``: where it would go now — a LOCAL job: the local cluster
+    and backend; a queued one: where the tick would place it (the peer, the backend and
+    the jobs it would preempt there), judged against the live jobs in Postgres but not
+    against other queued jobs. None while it would wait; then ``waiting`` says why (the
+    tick's rule, with its ``; cannot preempt: ...`` clause), ``waiting_code`` is
+    ``quota`` when its user's quota holds it back, and ``waiting_verdicts`` judge each
+    peer. A rejected job or a duplicate has neither.
+    """
+
+    job_id: str
+    disposition: str
+    state: str
+    peer_id: str
+    reason: str
+    verdicts: list[PeerVerdictMsg] = []
+    duplicate: bool = False
+    band: str = DEFAULT_BAND
+    placement: DryRunPlacement | None = None
+    waiting: str = ""
+    waiting_code: str = ""
+    waiting_verdicts: list[PeerVerdictMsg] = []
+    dry_run: bool = True
 
 
 class ErrorBody(Struct, frozen=True):
@@ -286,7 +336,7 @@ _strict_decoders: dict[type, msgspec.json.Decoder] = {
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
     for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake,
-                 SubmitReply, CancelReply, ErrorReply)
+                 SubmitReply, DryRunReply, CancelReply, ErrorReply)
 }
 
 
@@ -329,13 +379,16 @@ def decode_internal(kind: type[_T], data: bytes) -> _T:
     return message
 
 
-def decode_reply(data: bytes) -> SubmitReply | CancelReply | ErrorReply:
-    """Decode a router reply, for clients: an error, a submit reply or a cancel reply."""
+def decode_reply(data: bytes) -> SubmitReply | DryRunReply | CancelReply | ErrorReply:
+    """Decode a router reply, for clients: an error, a submit reply (or dry-run answer)
+    or a cancel reply."""
     raw = msgspec.json.decode(data)
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, ErrorReply)
     if isinstance(raw, dict) and "outcome" in raw:
         return msgspec.convert(raw, CancelReply)
+    if isinstance(raw, dict) and raw.get("dry_run") is True:
+        return msgspec.convert(raw, DryRunReply)
     return msgspec.convert(raw, SubmitReply)
 
 
@@ -346,6 +399,7 @@ def error_reply(code: str, message: str) -> bytes:
 WIRE_MESSAGES: tuple[type, ...] = (
     SubmitRequest,
     SubmitReply,
+    DryRunReply,
     ErrorReply,
     CancelRequest,
     OperatorCancelRequest,

@@ -30,6 +30,10 @@ first within a priority):
   (best fit: big holes stay whole for big jobs), ``spread`` the most. Where fits tie
   (backends advertising no resources) the most free slots wins, which spreads
   slot-only work as before resources existed.
+- Preemption (shared/preemption.py). Given a ``VictimPool`` (``pool``), a job of a
+  band above ``batch`` that finds no room stops the fewest live jobs of strictly
+  lower bands on one backend where it then fits, and is placed there; the victims
+  and the placement are in ``preempted`` for the caller to commit together.
 - Anti-starvation. A job that has waited ``reserve_after_s`` or longer and finds no
   room *holds* the backend where it would fit soonest: of the backends it could ever
   fit on (by their totals) and not already held, the one with the smallest
@@ -51,9 +55,20 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import NamedTuple
 
+from irisfed.shared.bands import DEFAULT_BAND_RANK
 from irisfed.shared.constraints import Constraint, matches_all
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.federation.router import PeerVerdict, judge_peer
+from irisfed.shared.preemption import (
+    LOWEST_BAND,
+    NO_LOWER_BAND,
+    ONLY_HELD,
+    STILL_NO_ROOM,
+    Candidate,
+    VictimPool,
+    choose_victims,
+    victims_rank,
+)
 from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
     Resources,
@@ -92,6 +107,7 @@ class QueuedJob(NamedTuple):
     resources: Resources = DEFAULT_RESOURCES
     preferences: tuple[Constraint, ...] = ()
     waited_s: float = 0.0
+    band: int = DEFAULT_BAND_RANK  # shared.bands: what it may preempt
 
 
 class Placement(NamedTuple):
@@ -381,8 +397,9 @@ class PlacementRun:
     do, so those are dropped and rebuilt as the next jobs need them; releases are rare.
     """
 
-    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_seq", "holder", "holds", "matched",
-                 "now", "peers", "reachable", "reserve_after_s", "rooms", "rooms_of_peer", "sign")
+    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_no_victims", "_seq", "holder", "holds",
+                 "matched", "now", "peers", "pool", "preempted", "reachable", "reserve_after_s", "rooms",
+                 "rooms_of_peer", "sign")
 
     def __init__(
         self,
@@ -432,6 +449,13 @@ class PlacementRun:
         # again for the same reasons: explain it once (again when holds change).
         self._explained: dict[tuple, Waiting] = {}
         self._no_hold: set[tuple] = set()  # kinds that found every backend they could hold taken
+        # Preemption: what lower-band jobs run where (None: not loaded; preempt nothing),
+        # each preemption made (the placed job → its victims), and the kinds of job (with
+        # their band) found to have nothing to preempt: the pool and rooms only shrink
+        # in a run and holds only grow, so they stay so.
+        self.pool: VictimPool | None = None
+        self.preempted: dict[str, tuple[Candidate, ...]] = {}
+        self._no_victims: dict[tuple, str] = {}
 
     def has_room(self) -> bool:
         """Does any reachable backend still have a free slot?"""
@@ -444,12 +468,21 @@ class PlacementRun:
         if room is None:
             return
         room.give(as_resources(resources).units)
+        victims = self.preempted.pop(placement.job_id, ())
+        for victim in victims:
+            room.take(victim.units)  # the victims keep their room: the preemption did not happen
+        if victims and self.pool is not None:
+            self.pool.restore(victims)
+        self._grown()
+
+    def _grown(self) -> None:
         # Rooms only shrank until now; the heaps, explanations and the rooms dropped from
         # heaps relied on it. Holds and what no kind could hold depend on totals: kept.
         self._kinds.clear()
         self._by_id.clear()
         self._changed.clear()
         self._explained.clear()
+        self._no_victims.clear()
 
     def place(self, jobs: Iterable[QueuedJob]) -> tuple[list[Placement], list[Waiting]]:
         """Place ``jobs`` in order after everything placed before; return placements and jobs left waiting."""
@@ -487,6 +520,25 @@ class PlacementRun:
                     choice = _place_avoiding(job, kind, holds)
                 else:
                     choice = kind.best(holds, job.job_id)
+            cannot_preempt = None
+            if choice is None and job.band <= 0:
+                cannot_preempt = LOWEST_BAND
+            elif choice is None and self.pool is not None:
+                preemption = self._preempt(job, units, kind)
+                if isinstance(preemption, str):
+                    cannot_preempt = preemption
+                else:
+                    room, victims = preemption
+                    for victim in victims:
+                        room.give(victim.units)
+                    room.take(units)
+                    self.pool.remove(victims)
+                    self.preempted[job.job_id] = victims
+                    self._grown()
+                    kind = None
+                    last = (None, None, None)
+                    placements.append(Placement(job.job_id, job.epoch, room.peer_id, room.name))
+                    continue
             if choice is None:
                 holding = None
                 if reserve_after_s is not None and job.waited_s >= reserve_after_s:
@@ -505,6 +557,8 @@ class PlacementRun:
                 if holding is not None:
                     rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
                             f"(waiting {reserve_after_s:g}s or more)")
+                if cannot_preempt is not None:
+                    rule = f"{rule}; cannot preempt: {cannot_preempt}"
                 waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
                 continue
             choice.take(units)
@@ -523,8 +577,7 @@ class PlacementRun:
             placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
         return placements, waiting
 
-    def _kind(self, constraints: tuple[Constraint, ...], units: tuple[tuple[str, int], ...],
-              preferences: tuple[Constraint, ...]) -> _Kind:
+    def _matching(self, constraints: tuple[Constraint, ...]) -> list[tuple[str, str]]:
         matching = self.matched.get(constraints)
         if matching is None:
             matching = self.matched[constraints] = [
@@ -533,8 +586,53 @@ class PlacementRun:
                 for backend in peer.backends
                 if matches_all(constraints, backend.attributes)
             ]
+        return matching
+
+    def _kind(self, constraints: tuple[Constraint, ...], units: tuple[tuple[str, int], ...],
+              preferences: tuple[Constraint, ...]) -> _Kind:
         rooms = self.rooms
-        return _Kind([rooms[m] for m in matching if m in rooms], units, preferences, self.sign, self._seq)
+        return _Kind([rooms[m] for m in self._matching(constraints) if m in rooms], units, preferences, self.sign,
+                     self._seq)
+
+    def _preempt(self, job: QueuedJob, units: tuple[tuple[str, int], ...],
+                 kind: _Kind | None) -> tuple[_Room, tuple[Candidate, ...]] | str:
+        """Where ``job`` could preempt its way in, and whom (shared/preemption.py), or
+        why it cannot."""
+        key = (job.constraints, units, job.pinned_peer_id, job.avoid_peers, job.band)
+        known = self._no_victims.get(key)
+        if known is not None:
+            return known
+        if job.pinned_peer_id:
+            rooms = [room for room in self.rooms_of_peer.get(job.pinned_peer_id, ()) if room.can_ever_hold(units)]
+        else:
+            rooms = kind.holdable if kind is not None else [
+                room for m in self._matching(job.constraints) if (room := self.rooms.get(m)) is not None
+                and room.can_ever_hold(units)]
+        preferred = [room for room in rooms if room.peer_id not in job.avoid_peers]
+        groups = (preferred, rooms) if job.avoid_peers and len(preferred) < len(rooms) else (rooms,)
+        why = NO_LOWER_BAND
+        holds = self.holds
+        for group in groups:
+            best = None
+            for room in group:
+                found = self.pool.on(room.key, job.band)
+                if not found:
+                    continue
+                hold = holds.get(room.key) if holds else None
+                if hold is not None and hold.job_id != job.job_id:
+                    why = ONLY_HELD if why == NO_LOWER_BAND else why
+                    continue
+                victims = choose_victims(units, room.free, room.slots, room.legacy, found)
+                if not victims:  # None: not enough there; (): it fits (it would have been placed)
+                    why = STILL_NO_ROOM
+                    continue
+                rank = (victims_rank(victims), _rank(room, units, job.preferences, self.sign))
+                if best is None or rank < best[0]:
+                    best = (rank, room, victims)
+            if best is not None:
+                return best[1], best[2]
+        self._no_victims[key] = why
+        return why
 
 
 def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold],

@@ -65,6 +65,7 @@ class NewJob(msgspec.Struct, frozen=True):
     explanation: Explanation | None  # stored once per decision; the row holds its key
     resources_json: str = '{"cpu":1}'  # the normalised request (shared.resources), as JSON text
     user_id: str = "default"  # whose job it is (shared.users); job_id is already scoped by it
+    band: int = 1  # its band's rank (shared.bands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,8 @@ class JobRow(Row, frozen=True, array_like=True):
     cancel_requested_at: datetime | None
     user_id: str = "default"
     cancel_requested_by: str | None = None  # `user alice`, `operator (web)`
+    band: int = 1  # its band's rank (shared.bands)
+    preemptions: int = 0  # times preempted (never counted as retries)
 
 
 class JobSummary(Row, frozen=True, array_like=True):
@@ -183,6 +186,8 @@ class JobSummary(Row, frozen=True, array_like=True):
     reason: str
     command: list[str] | None
     user_id: str = "default"
+    band: int = 1  # its band's rank (shared.bands)
+    preemptions: int = 0  # times preempted
 
 
 class SubmittedJob(Row, frozen=True, array_like=True):
@@ -241,6 +246,7 @@ class ClaimedJob(Row, frozen=True, array_like=True):
     waited_s: float = 0.0  # since submit, by Postgres's clock
     cancel_requested: bool = False  # handed back with a cancel stored: killed, never placed
     user_id: str = "default"
+    band: int = 1  # its band's rank (shared.bands)
 
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> ClaimedJob:
@@ -289,6 +295,33 @@ class LostPeerJob(Row, frozen=True, array_like=True):
     max_retries: int
     pinned_peer_id: str | None
     cancel_requested: bool = False  # a cancel stored while the owner was away: applied, never requeued
+    preemptions: int = 0  # times preempted: those runs are not retries (shared.retry)
+
+
+class PreemptibleJob(Row, frozen=True, array_like=True):
+    """A live job of a lower band that a waiting job may preempt (``job_list_preemptible``)."""
+
+    job_id: str
+    epoch: int
+    state: JobState
+    owner_peer_id: str
+    backend: str | None
+    band: int
+    resources_json: str | None
+    user_id: str
+    since: float  # when it took its room (started, else assigned), seconds since the epoch
+
+
+class PreemptedJob(Row, frozen=True, array_like=True):
+    """A victim moved by ``job_preempt_batch``: its new state and epoch, the peer whose
+    run it fences, and the job it made room for."""
+
+    job_id: str
+    state: JobState
+    epoch: int
+    run_owner: str
+    reason: str
+    preemptor: str
 
 
 class JobStateRow(Row, frozen=True, array_like=True):
@@ -401,6 +434,8 @@ class JobListRow(Row, frozen=True, array_like=True):
     command: Any
     labels: Any
     user_id: str = "default"
+    band: int = 1  # its band's rank (shared.bands)
+    preemptions: int = 0  # times preempted
 
 
 class OldestQueued(Row, frozen=True, array_like=True):

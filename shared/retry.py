@@ -4,7 +4,9 @@ Infrastructure failures (peer lost while running a job, agent restarted under a
 running job, backend launch error) are retried while the job's ``max_retries``
 allows: the job goes back to the queue with no owner, under a new epoch
 (``irisfed.shared.fencing``: its old runner is fenced). Out of retries, it fails. User failures (the command
-exited non-zero) are final and never come here.
+exited non-zero) are final and never come here. Neither are preemptions
+(docs/design.md §3.3): a run ended by preemption is not a retry, so the starts a
+job's retries count leave out one per preemption (``max_preemptions`` caps those).
 
 Who applies it: the tick (``irisfed.services.tick.plan.recover_from_lost_peer``) and the
 peer agent (``irisfed.services.peer_agent.plan``: orphans and launch errors).
@@ -17,9 +19,11 @@ from dataclasses import dataclass
 from irisfed.shared.lifecycle import JobState
 
 
-def may_retry_infra_failure(attempts: int, max_retries: int) -> bool:
-    """Whether a job that has been started ``attempts`` times may be started again."""
-    retries_used = max(0, attempts - 1)
+def may_retry_infra_failure(attempts: int, max_retries: int, preemptions: int = 0) -> bool:
+    """Whether a job that has been started ``attempts`` times, ``preemptions`` of those
+    runs ended by preemption, may be started again. (A job preempted before it started
+    is counted too: that preemption spares it one retry, in its favour.)"""
+    retries_used = max(0, attempts - 1 - preemptions)
     return retries_used < max_retries
 
 
@@ -47,6 +51,6 @@ RETRY = InfraFailure(JobState.QUEUED)
 GIVE_UP = InfraFailure(JobState.FAILED)
 
 
-def after_infra_failure(attempts: int, max_retries: int) -> InfraFailure:
+def after_infra_failure(attempts: int, max_retries: int, preemptions: int = 0) -> InfraFailure:
     """Requeue while retries remain, else fail."""
-    return RETRY if may_retry_infra_failure(attempts, max_retries) else GIVE_UP
+    return RETRY if may_retry_infra_failure(attempts, max_retries, preemptions) else GIVE_UP

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from irisfed.shared.bands import BANDS, DEFAULT_BAND
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.resources import (
     SLOTS,
@@ -42,9 +43,7 @@ SEPARATOR = ":"
 # A stored job id: an optional "<user>:" before the id the user sent (shared.messages).
 STORED_JOB_ID_PATTERN = r"^(?:[a-z][a-z0-9_-]{0,31}:)?[A-Za-z0-9][A-Za-z0-9._-]{0,127}(?!\n)$"
 
-# Priority bands, lowest first (§3.3). Kept here because a user's ``max_band`` names one.
-BANDS = ("batch", "interactive", "production")
-DEFAULT_MAX_BAND = "interactive"
+DEFAULT_MAX_BAND = DEFAULT_BAND
 
 QUOTA = "quota"  # the waiting code of a job held back by its user's quota
 

@@ -15,7 +15,7 @@ WITH input AS (
         job_id text, spec_json text, spec_hash text, state text, disposition text,
         pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
         priority int, deadline_s double precision, reason text, explanation text, resources_json text,
-        user_id text)
+        user_id text, band smallint)
 ), explained AS (
     INSERT INTO job_explanations (key, explanation, verdicts)
     SELECT key, explanation, verdicts
@@ -24,14 +24,15 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
                       backend, epoch, max_retries, priority, deadline_at, reason, explanation_key,
-                      assigned_at, finished_at, resources, user_id)
+                      assigned_at, finished_at, resources, user_id, band)
     SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
            reason, explanation,
            CASE WHEN state = 'assigned' THEN now() END,
            CASE WHEN state = 'rejected' THEN now() END,
-           COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb), COALESCE(user_id, 'default')
+           COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb), COALESCE(user_id, 'default'),
+           COALESCE(band, 1)
     FROM input
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, state, owner_peer_id, epoch, reason, submitted_at,
@@ -66,7 +67,8 @@ WHERE j.job_id = ANY($1::text[]);
 SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.backend,
        j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
        j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
-       e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by
+       e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by,
+       j.band, j.preemptions
 FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
 WHERE j.job_id = $1;
 
@@ -79,7 +81,7 @@ SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs
 -- One listing row per job (its key): a second one, forged, is refused.
 SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
        j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command,
-       j.user_id
+       j.user_id, j.band, j.preemptions
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $1;
@@ -87,7 +89,7 @@ LIMIT $1;
 -- job_list_by_state --
 -- job_list for one state ($1): a range of jobs_by_state_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
-       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions
 FROM jobs
 WHERE state = $1
 ORDER BY submitted_at DESC, job_id DESC
@@ -96,7 +98,7 @@ LIMIT $2;
 -- job_list_by_user --
 -- job_list for one user ($1), optionally one state ($2): a range of jobs_by_user_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
-       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions
 FROM jobs
 WHERE user_id = $1 AND ($2::text IS NULL OR state = $2)
 ORDER BY submitted_at DESC, job_id DESC
@@ -183,20 +185,21 @@ FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY owner_peer_id, backend, r.key;
 
 -- job_assign_batch --
--- The tick's commit: queued → assigned for many jobs at once, CAS on epoch.
+-- The tick's commit: queued → assigned for many jobs at once, CAS on epoch. $5: each
+-- one's history detail (NULL: 'placed'; a preempting job names its victims).
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
-        AS t(job_id, epoch, peer_id, backend)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[])
+        AS t(job_id, epoch, peer_id, backend, detail)
 ), moved AS (
     UPDATE jobs SET state = 'assigned', epoch = jobs.epoch + 1, owner_peer_id = input.peer_id,
                     backend = input.backend, assigned_at = now(), updated_at = now(),
                     reason = 'assigned to ' || input.peer_id
     FROM input
     WHERE jobs.job_id = input.job_id AND jobs.state = 'queued' AND jobs.epoch = input.epoch
-    RETURNING jobs.job_id, jobs.owner_peer_id, jobs.epoch
+    RETURNING jobs.job_id, jobs.owner_peer_id, jobs.epoch, coalesce(input.detail, 'placed') AS detail
 ), logged AS (
     INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
-    SELECT job_id, 'queued', 'assigned', owner_peer_id, epoch, 'tick', 'placed' FROM moved
+    SELECT job_id, 'queued', 'assigned', owner_peer_id, epoch, 'tick', detail FROM moved
 )
 SELECT job_id, owner_peer_id, epoch FROM moved;
 
@@ -242,7 +245,8 @@ ORDER BY priority DESC, submitted_at, job_id;
 -- from heartbeats, TTL and grace), at most $2, locked. Pinned jobs never move, so they
 -- are filtered here, before the LIMIT: a lost peer full of pinned work cannot hide the
 -- rest. owner = ANY($1) is a range scan of jobs_live_by_owner (partial: live rows only).
-SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id, cancel_requested
+SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id, cancel_requested,
+       preemptions
 FROM jobs
 WHERE state IN ('assigned', 'running')
   AND owner_peer_id = ANY($1::text[])
@@ -280,7 +284,8 @@ SELECT 'other', 'other', sum(jobs)::bigint FROM ranked WHERE rank > $1 HAVING co
 -- same conditions.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id,
+       j.band, j.preemptions
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
   AND ($1::text IS NULL OR j.state = $1)
@@ -295,7 +300,7 @@ LIMIT $7;
 -- job_list_page for one state ($1 given): a range of jobs_by_state_newest.
 SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
        attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id, band, preemptions
 FROM jobs
 WHERE state = $1
   AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
@@ -310,7 +315,7 @@ LIMIT $7;
 -- job_list_page for one owner peer ($2 given): a range of jobs_by_owner_newest.
 SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
        attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id, band, preemptions
 FROM jobs
 WHERE owner_peer_id = $2
   AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
@@ -325,7 +330,7 @@ LIMIT $7;
 -- job_list_page for one user ($8 given): a range of jobs_by_user_newest.
 SELECT job_id, coalesce(spec->>'name', '') AS name, state, owner_peer_id, pinned_peer_id, epoch,
        attempts, priority, submitted_at, updated_at, exit_code, reason, spec->'command' AS command,
-       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id
+       coalesce(spec->'labels', '{}'::jsonb) AS labels, user_id, band, preemptions
 FROM jobs
 WHERE user_id = $8
   AND (submitted_at, job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
@@ -340,7 +345,8 @@ LIMIT $7;
 -- job_list_page for jobs whose labels contain $3 (given): job_listing_by_label (GIN), then sorted.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id,
+       j.band, j.preemptions
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE l.labels @> $3::jsonb
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
@@ -356,7 +362,8 @@ LIMIT $7;
 -- job_listing_by_text (trigrams) when the server has pg_trgm, then sorted.
 SELECT j.job_id, coalesce(j.spec->>'name', '') AS name, j.state, j.owner_peer_id, j.pinned_peer_id,
        j.epoch, j.attempts, j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason,
-       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id
+       j.spec->'command' AS command, coalesce(j.spec->'labels', '{}'::jsonb) AS labels, j.user_id,
+       j.band, j.preemptions
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 WHERE l.search_text ILIKE '%' || $4 || '%'
   AND (l.submitted_at, l.job_id) < (coalesce($5::timestamptz, 'infinity'), coalesce($6::text, ''))
@@ -400,25 +407,28 @@ WITH RECURSIVE users AS (
 SELECT user_id FROM users WHERE user_id IS NOT NULL;
 
 -- job_claim_queued_by_user --
--- Lock the next queued jobs of each user $1[i] in that user's own order (priority, then
--- submit time), at most $5 each, after that user's keyset cursor ($2[i], $3[i], $4[i]) =
--- (-priority, submitted_at, job_id) of its last job seen (the store passes a cursor
+-- Lock the next queued jobs of each user $1[i] in that user's own order (band, then
+-- priority, then submit time), at most $6 each, after that user's keyset cursor
+-- ($2[i], $3[i], $4[i], $5[i]) = (-band, -priority, submitted_at, job_id) of its last
+-- job seen (the store passes a cursor
 -- before every job for a user's start, never NULLs: a plain row comparison is what
 -- lets the index seek to it). One range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
 -- disjoint batches. The tick orders the users by fair share (shared/fair_share.py).
 SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
-       j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id
-FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::text[]) AS c(user_id, neg_priority, submitted_at, job_id)
+       j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id,
+       j.band
+FROM unnest($1::text[], $2::int[], $3::int[], $4::timestamptz[], $5::text[])
+    AS c(user_id, neg_band, neg_priority, submitted_at, job_id)
 CROSS JOIN LATERAL (
     SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
            spec->>'constraints' AS constraints_json, resources::text AS resources_json,
            spec->>'preferences' AS preferences_json,
-           extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id
+           extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band
     FROM jobs
     WHERE state = 'queued' AND user_id = c.user_id
-      AND (-priority, submitted_at, job_id) > (c.neg_priority, c.submitted_at, c.job_id)
-    ORDER BY -priority, submitted_at, job_id
-    LIMIT $5
+      AND (-band, -priority, submitted_at, job_id) > (c.neg_band, c.neg_priority, c.submitted_at, c.job_id)
+    ORDER BY -band, -priority, submitted_at, job_id
+    LIMIT $6
     FOR UPDATE SKIP LOCKED
 ) j;
 
@@ -467,3 +477,70 @@ SELECT set_config('lock_timeout', $1, true);
 SELECT user_id, state, count(*)::bigint AS jobs
 FROM jobs WHERE state IN ('queued', 'assigned', 'running')
 GROUP BY user_id, state;
+
+-- job_list_preemptible --
+-- Live jobs of bands below $1 (never production: shared/bands.py) on peers $2: what a
+-- waiting job of band $1 may preempt (docs/scheduling.md, "Preemption"), with what
+-- each asked and since when it holds its room (started, else assigned; seconds since
+-- the epoch). A range of jobs_live_by_band, read only when a waiting job could use it.
+SELECT job_id, epoch, state, owner_peer_id, backend, band, resources::text AS resources_json, user_id,
+       extract(epoch from coalesce(started_at, assigned_at, updated_at))::float8 AS since
+FROM jobs
+WHERE state IN ('assigned', 'running') AND band < least($1::int, 2) AND owner_peer_id = ANY($2::text[]);
+
+-- job_lock_victims --
+-- Lock the chosen victims that are still as the tick saw them (CAS on state, epoch and
+-- owner: $1..$4), in job id order, skipping any another writer holds (an agent
+-- finishing it, another tick preempting it): the tick preempts only for jobs whose
+-- every victim came back, so a victim in flux costs a pass, never a needless victim.
+SELECT job_id
+FROM jobs
+WHERE (job_id, state, epoch, owner_peer_id) IN (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]))
+  AND state IN ('assigned', 'running')
+ORDER BY job_id
+FOR UPDATE SKIP LOCKED;
+
+-- job_preempt_batch --
+-- Preempt victims $1 (locked by job_lock_victims, CAS on state $2, epoch $3, owner $4)
+-- for jobs $5 (each victim's preemptor): back to the queue at its old place under a new
+-- epoch (its run is fenced), no owner or backend, its preemptions counted, a changelog
+-- row saying by whom. A victim already preempted max_preemptions times (its spec; 100
+-- when absent) fails instead; one whose cancel was stored ends killed (the user asked).
+-- Both keep their owner on record and are fenced the same way.
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[])
+        AS t(job_id, state, epoch, owner_peer_id, preemptor)
+), decided AS (
+    SELECT input.*, jobs.preemptions,
+           CASE WHEN jobs.cancel_requested THEN 'killed'
+                WHEN jobs.preemptions >= coalesce((jobs.spec->>'max_preemptions')::int, 100) THEN 'failed'
+                ELSE 'queued' END AS to_state,
+           coalesce((jobs.spec->>'max_preemptions')::int, 100) AS max_preemptions,
+           coalesce(jobs.cancel_requested_by, 'request') AS cancelled_by
+    FROM input JOIN jobs USING (job_id)
+    WHERE jobs.state = input.state AND jobs.epoch = input.epoch AND jobs.owner_peer_id = input.owner_peer_id
+), moved AS (
+    UPDATE jobs SET
+        state = decided.to_state,
+        epoch = jobs.epoch + 1,
+        owner_peer_id = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.owner_peer_id END,
+        backend = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.backend END,
+        preemptions = jobs.preemptions + 1,
+        reason = CASE decided.to_state
+            WHEN 'queued' THEN 'preempted by ' || decided.preemptor
+            WHEN 'failed' THEN 'preempted by ' || decided.preemptor || '; preempted '
+                               || decided.preemptions + 1 || ' times, more than its max_preemptions '
+                               || decided.max_preemptions
+            ELSE 'preempted by ' || decided.preemptor || '; cancelled by ' || decided.cancelled_by END,
+        updated_at = now(),
+        finished_at = CASE WHEN decided.to_state = 'queued' THEN jobs.finished_at ELSE now() END
+    FROM decided
+    WHERE jobs.job_id = decided.job_id
+    RETURNING jobs.job_id, jobs.state, jobs.epoch, jobs.owner_peer_id, jobs.reason, decided.state AS from_state,
+              decided.owner_peer_id AS run_owner, decided.preemptor
+), logged AS (
+    INSERT INTO federation_changelog (job_id, from_state, to_state, peer_id, epoch, actor, detail)
+    SELECT job_id, from_state, state, owner_peer_id, epoch, 'tick', reason FROM moved
+)
+SELECT job_id, state, epoch, run_owner, reason, preemptor FROM moved;
