@@ -37,6 +37,8 @@ ROUTER_QUEUE = Gauge("irisfed_router_queue_depth", "Submits waiting for a group-
 
 # tick
 ASSIGNMENTS = Counter("irisfed_assignments_total", "Jobs assigned to a peer by the tick")
+PREEMPTIONS = Counter("irisfed_preemptions_total",
+                      "Live jobs preempted for a job of a higher band, by what became of them", ["result"])
 FAILOVERS = Counter("irisfed_failovers_total", "Live jobs recovered from lost peers or agents, by result", ["result"])
 UNSCHEDULABLE = Counter("irisfed_unschedulable_total", "Queued jobs that passed their deadline")
 TICK_SECONDS = Histogram("irisfed_tick_duration_seconds", "Duration of one tick run")

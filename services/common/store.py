@@ -25,6 +25,8 @@ from irisfed.shared.messages import Heartbeat
 from irisfed.shared.postgres import translated_errors
 from irisfed.shared.queries import QUERIES
 from irisfed.shared.records import (
+    PreemptedJob,
+    PreemptibleJob,
     AcceptedJob,
     AssignedJob,
     ChangelogBounds,
@@ -59,10 +61,10 @@ from irisfed.shared.resources import SLOTS, to_units
 
 _encoder = msgspec.json.Encoder()
 _R = TypeVar("_R", bound=Row)
-_checked: set[str] = set()
-# A keyset cursor before every queued job: -priority is at least -1,000,000 (the wire's
-# bound), and every submit time is after -infinity.
-_BEFORE_EVERY_JOB = (-(2**31), datetime.min.replace(tzinfo=UTC), "")  # queries whose columns were checked against their row type
+_checked: set[str] = set()  # queries whose columns were checked against their row type
+# A keyset cursor before every queued job: -band is at least -2, -priority at least
+# -1,000,000 (the wire's bound), and every submit time is after -infinity.
+_BEFORE_EVERY_JOB = (-(2**15), -(2**31), datetime.min.replace(tzinfo=UTC), "")
 
 
 def _json(value: object) -> str:
@@ -329,23 +331,25 @@ class Store:
         """Users with queued jobs."""
         return [r["user_id"] for r in await self._fetch("job_list_queued_users")]
 
-    async def job_claim_queued(self, limit: int, after: tuple[int, datetime, str] | None = None,
+    async def job_claim_queued(self, limit: int, after: tuple[int, int, datetime, str] | None = None,
                                user_id: str = "default") -> list[ClaimedJob]:
         """Lock the next ``limit`` queued jobs of ``user_id`` after its cursor ``after``."""
         return await self.job_claim_queued_by_user({user_id: after}, limit)
 
-    async def job_claim_queued_by_user(self, cursors: Mapping[str, tuple[int, datetime, str] | None],
+    async def job_claim_queued_by_user(self, cursors: Mapping[str, tuple[int, int, datetime, str] | None],
                                        limit: int) -> list[ClaimedJob]:
         """Lock the next ``limit`` queued jobs of each user in ``cursors`` after that user's
-        cursor (None: from its start), in a transaction; each user's in its own order."""
+        cursor (-band, -priority, submitted_at, job_id; None: from its start), in a
+        transaction; each user's in its own order."""
         users = list(cursors)
-        priorities, times, ids = [], [], []
+        bands, priorities, times, ids = [], [], [], []
         for user in users:
-            neg_priority, submitted_at, job_id = cursors[user] or _BEFORE_EVERY_JOB
+            neg_band, neg_priority, submitted_at, job_id = cursors[user] or _BEFORE_EVERY_JOB
+            bands.append(neg_band)
             priorities.append(neg_priority)
             times.append(submitted_at)
             ids.append(job_id)
-        return await self._all("job_claim_queued_by_user", ClaimedJob, users, priorities, times, ids, limit)
+        return await self._all("job_claim_queued_by_user", ClaimedJob, users, bands, priorities, times, ids, limit)
 
     async def job_count_live(self) -> dict[tuple[str, str | None], int]:
         """Slots in use: live jobs per (owner peer, backend)."""
@@ -366,12 +370,15 @@ class Store:
                 used.setdefault(key, {})[r["resource"]] = r["amount"]
         return live, used
 
-    async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]]) -> list[AssignedJob]:
-        """Commit (job_id, epoch, peer_id, backend) placements; return what actually moved."""
+    async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]],
+                               details: Mapping[str, str] | None = None) -> list[AssignedJob]:
+        """Commit (job_id, epoch, peer_id, backend) placements; return what actually moved.
+        ``details``: history details of some (default: ``placed``)."""
         if not assignments:
             return []
         job_ids, epochs, peers, backends = (list(c) for c in zip(*assignments, strict=True))
-        return await self._all("job_assign_batch", AssignedJob, job_ids, epochs, peers, backends)
+        notes = [details.get(job_id) for job_id in job_ids] if details else [None] * len(job_ids)
+        return await self._all("job_assign_batch", AssignedJob, job_ids, epochs, peers, backends, notes)
 
     async def job_explain_batch(self, explained: Sequence[tuple[str, dict, str]]) -> None:
         """Store (job_id, explanation, reason) for jobs left queued."""
@@ -394,6 +401,24 @@ class Store:
 
     async def job_count_queued_by_class(self, classes: int) -> list[QueueClass]:
         return await self._all("job_count_queued_by_class", QueueClass, classes)
+
+    async def job_list_preemptible(self, below_band: int, peers: Sequence[str]) -> list[PreemptibleJob]:
+        """Live jobs of bands below ``below_band`` (never production) on ``peers``."""
+        return await self._all("job_list_preemptible", PreemptibleJob, below_band, list(peers))
+
+    async def job_lock_victims(self, victims: Sequence[tuple[str, str, int, str]]) -> set[str]:
+        """Lock (job_id, state, epoch, owner) victims still so; the ids locked (SKIP LOCKED)."""
+        if not victims:
+            return set()
+        ids, states, epochs, owners = (list(c) for c in zip(*victims, strict=True))
+        return {r["job_id"] for r in await self._fetch("job_lock_victims", ids, states, epochs, owners)}
+
+    async def job_preempt_batch(self, victims: Sequence[tuple[str, str, int, str, str]]) -> list[PreemptedJob]:
+        """Preempt locked (job_id, state, epoch, owner, preemptor) victims; what moved."""
+        if not victims:
+            return []
+        ids, states, epochs, owners, by = (list(c) for c in zip(*victims, strict=True))
+        return await self._all("job_preempt_batch", PreemptedJob, ids, states, epochs, owners, by)
 
     async def job_claim_on_lost_peers(self, lost: Sequence[str], limit: int = 1000) -> list[LostPeerJob]:
         """Up to ``limit`` unpinned live jobs owned by the ``lost`` peers, locked (SKIP LOCKED)."""

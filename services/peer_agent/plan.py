@@ -193,7 +193,7 @@ def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
     A stored cancel makes it ``killed``; otherwise it is an infrastructure failure:
     requeued under a new epoch while retries remain, else ``failed``.
     """
-    failure = after_infra_failure(job.attempts, job.max_retries)
+    failure = after_infra_failure(job.attempts, job.max_retries, job.preemptions)
     if under_cancel(failure.to_state, row.cancel_requested) is JobState.KILLED:
         return Move(row.job_id, JobState.RUNNING, JobState.KILLED, row.epoch, actor=peer_id,
                     owner_peer_id=peer_id, reason=f"{cancelled_by(job.cancel_requested_by)} while its agent was down")
@@ -213,7 +213,7 @@ def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: Jo
     ``job`` None: its row is no longer ours to read (the write's CAS will say so).
     """
     what = f"{'run lost' if lost else 'launch failed'}: {error}"
-    failure = after_infra_failure(job.attempts, job.max_retries) if job is not None else GIVE_UP
+    failure = after_infra_failure(job.attempts, job.max_retries, job.preemptions) if job is not None else GIVE_UP
     if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
         asker = job.cancel_requested_by if job is not None else None
         return Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,

@@ -242,6 +242,10 @@ class PeerAgent(Service):
             # The router stores a cancel before it sends the notice.
             if run is not None and run.epoch == notice.epoch and must_kill_run(True, run.cancel_requested):
                 self._kill(run, cancel=True)
+            elif run is not None and notice.epoch > run.epoch and run.exit_code is None and not run.fenced:
+                # The tick moved the job on past this run (preempted): the run is stale,
+                # fenced now as reconcile would fence it.
+                self._fence(run, f"its epoch moved on to {notice.epoch}")
         self.reconcile_wanted.set()
 
     @staticmethod

@@ -1,4 +1,5 @@
-"""Pure decisions of the router: the job row and reply for a submit.
+"""Pure decisions of the router: the job row and reply for a submit, and whether its
+user may ask for its band.
 
 What a cancel does is the rule of ``irisfed.shared.cancel``; the router applies it.
 """
@@ -6,12 +7,14 @@ What a cancel does is the rule of ``irisfed.shared.cancel``; the router applies 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
 
+from irisfed.shared.bands import BANDS, DEFAULT_BAND
 from irisfed.shared.constraints import Constraint, matches_all
+from irisfed.shared.errors import Forbidden
 from irisfed.shared.explain import explanation
 from irisfed.shared.federation.peer import Backend
 from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan, backend_can_hold
@@ -20,7 +23,14 @@ from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import PeerVerdictMsg, SubmitReply, SubmitRequest, encoder
 from irisfed.shared.records import Explanation, NewJob, SubmittedJob
 from irisfed.shared.resources import DEFAULT_RESOURCES, Resources
-from irisfed.shared.users import DEFAULT_USER, QUOTA, stored_job_id, user_job_id
+from irisfed.shared.users import (
+    DEFAULT_MAX_BAND,
+    DEFAULT_USER,
+    QUOTA,
+    UserConfig,
+    stored_job_id,
+    user_job_id,
+)
 
 
 def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend],
@@ -124,11 +134,35 @@ def waiting_for_quota(job: NewJob, reason: str) -> tuple[NewJob, bytes]:
     return queued, submit_reply(user_job_id(job.job_id), job.disposition, state.value, "", reason, ())
 
 
+# Band name → its rank (shared.bands): a dict lookup on every submit.
+BAND_RANKS = {name: rank for rank, name in enumerate(BANDS)}
+
+
+def max_band_ranks(users: Iterable[UserConfig]) -> dict[str, int]:
+    """Each configured user's ``max_band`` as a rank, for ``band_allowed``."""
+    return {user.id: BAND_RANKS[user.max_band] for user in users}
+
+
+def band_allowed(user: str, band: str, max_ranks: Mapping[str, int]) -> int:
+    """The rank of ``band`` (a decoded request's, so a valid name) when ``user`` may ask
+    for it; ``Forbidden`` naming both bands otherwise (docs/design.md §3.3). A user not
+    in ``max_ranks`` (``default`` unconfigured) has the default ``max_band``."""
+    rank = BAND_RANKS[band]
+    most = max_ranks.get(user, _DEFAULT_MAX_RANK)
+    if rank > most:
+        default = " (the default band when none is given)" if band == DEFAULT_BAND else ""
+        raise Forbidden(f"user {user} may submit at most band {BANDS[most]}; this job asks {band}{default}")
+    return rank
+
+
+_DEFAULT_MAX_RANK = BAND_RANKS[DEFAULT_MAX_BAND]
+
+
 def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str,
                  user: str = DEFAULT_USER) -> tuple[NewJob, bytes]:
     """The row to insert and the reply (JSON) to send once it is committed. ``job_id`` is
     the id ``user`` sent (or one made for it): the reply names it; the row is keyed by
-    its stored form (shared.users)."""
+    its stored form (shared.users). The row keeps the job's band as its rank."""
     plan = routed.plan
     reply = first_reply(routed, job_id)
     spec = request.canonical_spec()
@@ -150,5 +184,6 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str,
         resources_json=(encoder.encode(request.resource_request().as_dict()).decode() if request.resources
                         else _DEFAULT_RESOURCES_JSON),
         user_id=user,
+        band=BAND_RANKS[request.band],
     )
     return job, reply

@@ -9,6 +9,11 @@ ones join a queue that a few writer tasks drain in batches, each batch one
 only after that commit, so an acknowledged job is always in Postgres. After the
 commit the router publishes what others wait for: ``assign.<local>`` for LOCAL
 jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
+
+A submit with ``dry_run: true`` is decoded, checked and routed exactly the same way,
+then leaves that path: a task of its own reads what placing it needs from Postgres
+(read-only, one at a time, never through a writer) and answers a ``DryRunReply``
+(dry_run.py). It writes nothing, publishes nothing and takes no lock.
 """
 
 from __future__ import annotations
@@ -28,9 +33,19 @@ from irisfed.services.common.log import EventLogger
 from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import Service, forever
 from irisfed.services.common.store import HeldStore, Store
+from irisfed.services.router.dry_run import (
+    UNNAMED,
+    dry_run_reply,
+    local_placement,
+    queued_job,
+    would_place,
+)
 from irisfed.services.router.plan import (
     Routed,
+    band_allowed,
+    first_reply,
     local_backend_for,
+    max_band_ranks,
     original_reply,
     plan_new_job,
     quota_rejected,
@@ -50,7 +65,8 @@ from irisfed.shared.errors import (
     PermanentStoreError,
     Unavailable,
 )
-from irisfed.shared.federation.router import PeerRouter, RoutingRequest
+from irisfed.shared.fair_share import FairShareRun
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
 from irisfed.shared.ids import JobIds
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
@@ -58,6 +74,7 @@ from irisfed.shared.messages import (
     CancelNotice,
     CancelReply,
     CancelRequest,
+    DryRunReply,
     JobEvent,
     OperatorCancelRequest,
     SubmitRequest,
@@ -66,11 +83,20 @@ from irisfed.shared.messages import (
     encoder,
     error_reply,
 )
+from irisfed.shared.placement import PACK, RESERVE_AFTER_S, PlacementRun, Waiting
+from irisfed.shared.preemption import VictimPool, candidate_from_row
 from irisfed.shared.records import Move, NewJob
 from irisfed.shared.resources import resources_from_json
 from irisfed.shared.settings import require_count, require_seconds
 from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP
-from irisfed.shared.users import add_units, over_whole_quota, quota_wait, stored_job_id, user_job_id
+from irisfed.shared.users import (
+    QUOTA,
+    add_units,
+    over_whole_quota,
+    quota_wait,
+    stored_job_id,
+    user_job_id,
+)
 
 log = EventLogger("router")
 
@@ -81,6 +107,9 @@ PLAN_CACHE_MAX_S = 1.0
 PLAN_CACHE_ENTRIES = 10_000
 # Pool connections the router needs besides its writers': cancels, the peer view.
 ROUTER_SPARE_CONNECTIONS = 2
+# Dry runs read Postgres one at a time (one of the spare connections at most, so cancels
+# and the peer view keep theirs); beyond this many waiting, `unavailable` at once.
+DRY_RUNS_WAITING_AT_MOST = 100
 
 
 _EVENT_HEAD = b'{"job_id":'  # JobEvent's first field: an event is this, the id, then the rest
@@ -158,6 +187,10 @@ class Router(Service):
         self.batches_committed = 0
         self.users = config.user_table
         self.quota_users = self.users.with_quota()
+        self.max_bands = max_band_ranks(self.users.users.values())  # user → its max_band's rank
+        self._dry_runs: set[asyncio.Task] = set()  # dry runs being answered
+        self._dry_runs_open = 0  # dry runs not finished (some may outlive their timed-out request)
+        self._dry_run_turn = asyncio.Semaphore(1)
         self.peer_ids = frozenset(config.peer_ids)
         self._own_subjects = f"{self.subjects.prefix}."
 
@@ -182,9 +215,9 @@ class Router(Service):
 
     async def close(self) -> None:
         await self.tasks.close()
-        for task in list(self._cancels):
+        for task in list(self._cancels) + list(self._dry_runs):
             task.cancel()
-        await asyncio.gather(*self._cancels, return_exceptions=True)
+        await asyncio.gather(*self._cancels, *self._dry_runs, return_exceptions=True)
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -226,13 +259,17 @@ class Router(Service):
         try:
             user = self._user(msg.subject, self.subjects.submit)
             request = decode_request(SubmitRequest, msg.data)
+            band_allowed(user, request.band, self.max_bands)  # Forbidden above the user's max_band
             routed = None
             if user in self.quota_users:
                 why = over_whole_quota(self.users.get(user), request.resource_request().units)
                 if why is not None:
                     routed = quota_rejected(why)
-            job, reply = plan_new_job(request, routed or self._route(request),
-                                      request.job_id or self.new_job_id(), user)
+            routed = routed or self._route(request)
+            if request.dry_run:
+                self._start_dry_run(msg, request, routed, user)
+                return
+            job, reply = plan_new_job(request, routed, request.job_id or self.new_job_id(), user)
         except IrisfedError as exc:
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
@@ -278,6 +315,92 @@ class Router(Service):
         valid_until = min(now + PLAN_CACHE_MAX_S, self.view.next_expiry(now, since_healthy=True))
         self._plans[key] = (self.view.version, valid_until, routed)
         return routed
+
+    # ------------------------------------------------------------ dry run
+
+    def _start_dry_run(self, msg: Msg, request: SubmitRequest, routed: Routed, user: str) -> None:
+        """Answer a dry run from a task of its own: its reads must not hold up the
+        submits behind it on this subscription, nor occupy a writer."""
+        if self._dry_runs_open >= DRY_RUNS_WAITING_AT_MOST:
+            metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
+            task = asyncio.ensure_future(self._respond(msg, error_reply(
+                ErrorCode.UNAVAILABLE, f"router busy: {self._dry_runs_open} dry runs waiting; retry")))
+        else:
+            task = asyncio.ensure_future(self._answer_dry_run(msg, request, routed, user))
+        self._dry_runs.add(task)
+        task.add_done_callback(self._dry_runs.discard)
+
+    async def _answer_dry_run(self, msg: Msg, request: SubmitRequest, routed: Routed, user: str) -> None:
+        self._dry_runs_open += 1
+
+        async def counted() -> DryRunReply:
+            try:
+                return await self.dry_run(request, routed, user)
+            finally:
+                self._dry_runs_open -= 1
+
+        try:
+            body = encoder.encode(await self._bounded(counted()))
+        except (Unavailable, TimeoutError) as exc:
+            metrics.DB_UNAVAILABLE.inc()
+            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
+            body = error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry")
+        except IrisfedError as exc:
+            if isinstance(exc, PermanentStoreError):
+                log.error("dry_run_failed", exc_info=True)
+                body = error_reply(ErrorCode.INTERNAL, f"internal error: {exc}")
+            else:
+                body = error_reply(exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            log.error("dry_run_failed", exc_info=True)
+            body = error_reply(ErrorCode.INTERNAL, f"internal error: {exc}")
+        await self._respond(msg, body)
+
+    async def dry_run(self, request: SubmitRequest, routed: Routed, user: str) -> DryRunReply:
+        """What submitting ``request`` (decoded, its band allowed, routed as ``routed``) as
+        ``user`` would do now; writes nothing (dry_run.py says what it judges, and what not).
+
+        Reads only, one dry run at a time, on a pooled connection (never a writer's):
+        the job if its id exists, and for a job that would be assigned or placed, the
+        live jobs' usage (of its user too when it has a quota) and the jobs it could
+        preempt. No lock is taken: a quota's figures are those committed now.
+        A job_id naming this user's job already is answered as its resubmission would
+        be: the original answer marked ``duplicate``, or ``conflict`` for another spec.
+        """
+        job_id = request.job_id or ""
+        stored = stored_job_id(user, job_id) if job_id else UNNAMED
+        disposition = routed.plan.disposition
+        async with self._dry_run_turn, self.store.connection() as db:
+            if job_id:
+                existing = (await db.job_get_submitted([stored])).get(stored)
+                if existing is not None:
+                    if existing.spec_hash != request.spec_hash():
+                        raise Conflict(f"job_id {job_id!r} already names a job with a different spec")
+                    return dry_run_reply(original_reply(existing), request.band)
+            real = first_reply(routed, job_id)
+            if disposition is SubmitDisposition.REJECT:
+                return dry_run_reply(real, request.band)
+            units = request.resource_request().units
+            held = await db.job_live_usage_by_user([user]) if user in self.quota_users else {}
+            if disposition is SubmitDisposition.LOCAL:
+                # As _insert_under_quota would judge it, from what is committed now.
+                capped = user in self.quota_users
+                why = quota_wait(self.users.get(user), held.get(user, {}), units) if capped else None
+                if why is None:
+                    return dry_run_reply(real, request.band, local_placement(routed))
+                new_job, _ = plan_new_job(request, routed, job_id, user)
+                _, waiting_reply = waiting_for_quota(new_job, why)
+                return dry_run_reply(waiting_reply, request.band, Waiting(stored, why, code=QUOTA))
+            # QUEUE: one placement run of the tick's, this job alone in its queue.
+            peers, now = self.view.peers(), self.clock.monotonic()
+            live, used = await db.job_live_usage()
+            run = PlacementRun(peers, live, now, used=used, policy=PACK, reserve_after_s=RESERVE_AFTER_S)
+            job = queued_job(request, routed, stored)
+            if job.band > 0 and run.rooms_of_peer:
+                rows = await db.job_list_preemptible(job.band, sorted(run.rooms_of_peer))
+                run.pool = VictimPool(map(candidate_from_row, rows), job.band)
+        placements, waiting = FairShareRun(run, self.users, held).place({user: [job]})
+        return dry_run_reply(real, request.band, would_place(stored, placements, waiting, run.preempted))
 
     async def _writer(self) -> None:
         # Each writer keeps its own connection: no pool round trip or reset per batch.
@@ -512,9 +635,10 @@ class Router(Service):
     async def _bounded(self, work):
         """``work``'s result, or TimeoutError after twice the submit timeout.
 
-        A cancel may need a row lock and several statements; when Postgres hangs its
-        requester is answered `unavailable` in time while the cancel finishes (or
-        fails) in the background. A cancel is idempotent, so the retry is safe.
+        A cancel may need a row lock and several statements (a dry run, its turn and a
+        few reads); when Postgres hangs its requester is answered `unavailable` in time
+        while the work finishes (or fails) in the background. Both are idempotent, so
+        the retry is safe.
         """
         task = asyncio.ensure_future(work)
         self._cancels.add(task)

@@ -27,7 +27,8 @@ class Recovery:
 
 
 def recover_from_lost_peer(
-    state: JobState, owner: str, attempts: int, max_retries: int, cancel_requested: bool = False
+    state: JobState, owner: str, attempts: int, max_retries: int, cancel_requested: bool = False,
+    preemptions: int = 0,
 ) -> Recovery:
     """Never-started work goes back to the queue; running work retries while allowed;
     work whose cancel was stored while its owner was away is killed.
@@ -37,7 +38,7 @@ def recover_from_lost_peer(
     that the job must not run again: the owner was told it when it returns, and no
     other peer may start it meanwhile.
     """
-    failure = None if state is JobState.ASSIGNED else after_infra_failure(attempts, max_retries)
+    failure = None if state is JobState.ASSIGNED else after_infra_failure(attempts, max_retries, preemptions)
     if under_cancel(JobState.QUEUED if failure is None else failure.to_state, cancel_requested) is JobState.KILLED:
         return Recovery(JobState.KILLED, f"cancelled while its owner {owner} was unreachable", False)
     if failure is None:
@@ -55,7 +56,7 @@ def recovery_move(job: LostPeerJob) -> tuple[Move, Recovery]:
     back, is fenced.
     """
     decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries,
-                                      job.cancel_requested)
+                                      job.cancel_requested, job.preemptions)
     requeued = decision.to_state is JobState.QUEUED
     move = Move(job.job_id, job.state, decision.to_state, job.epoch, actor="tick",
                 owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=epoch_after(job.state, decision.to_state, job.epoch, owner_unreachable=True),
@@ -96,4 +97,5 @@ def queued_job_from_row(row: ClaimedJob) -> QueuedJob:
         resources=resources_from_json(row.resources_json),
         preferences=constraints_from_json(row.preferences_json),
         waited_s=row.waited_s or 0.0,
+        band=row.band,
     )

@@ -7,10 +7,14 @@ lives in plan.py and shared/placement.py.
 Each run: (1) queued jobs past ``deadline_s`` become ``unschedulable``;
 (2) live jobs of peers unreachable for longer than the grace period are
 recovered (requeued, or failed when out of retries; pinned jobs never move);
-(3) queued jobs are claimed in priority order, in batches, with ``FOR UPDATE
-SKIP LOCKED``, placed by one pure ``PlacementRun`` per run (shared/placement.py)
-on reachable matching peers with room, committed with a compare-and-set that
-bumps the epoch, and only then announced on ``assign.<peer>``.
+(3) queued jobs are claimed band first, then by fair share and priority, in
+batches, with ``FOR UPDATE SKIP LOCKED``, placed by one pure ``PlacementRun`` per
+run (shared/placement.py) on reachable matching peers with room — a job of a
+higher band that fits nowhere preempting the fewest lower-band jobs on one backend
+(shared/preemption.py) — committed with a compare-and-set that bumps the epoch
+(the victims' too, with their history rows, in the same transaction), and only
+then announced: the victims' owners on ``cancel.<peer>``, the placements on
+``assign.<peer>``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from irisfed.shared.errors import ConfigError
 from irisfed.shared.explain import explanation
 from irisfed.shared.fair_share import FairShareRun, claim_share, within_quota
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.messages import AssignmentNotice, Heartbeat, JobEvent
+from irisfed.shared.messages import AssignmentNotice, CancelNotice, Heartbeat, JobEvent
 from irisfed.shared.placement import (
     PACK,
     POLICIES,
@@ -54,11 +58,12 @@ from irisfed.shared.placement import (
     PlacementRun,
     Waiting,
 )
-from irisfed.shared.records import AssignedJob, ClaimedJob, Move
+from irisfed.shared.preemption import Candidate, VictimPool, candidate_from_row
+from irisfed.shared.records import AssignedJob, ClaimedJob, Move, PreemptedJob
 from irisfed.shared.resources import Resources
 from irisfed.shared.settings import require_count
 from irisfed.shared.subjects import TICK_QUEUE_GROUP
-from irisfed.shared.users import QUOTA
+from irisfed.shared.users import QUOTA, add_units
 
 log = EventLogger("tick")
 
@@ -70,6 +75,9 @@ QUEUE_DEPTH_CLASSES = 20  # label sets exported at most; the rest are summed as 
 # tick holds them for one short transaction); past it the batch is rolled back (its
 # rows go back to the queue) and the next pass tries again.
 QUOTA_LOCK_WAIT_S = 2.0
+# A preempting job left queued because a victim changed between the decision and the
+# commit (it ended, was cancelled or is being written by its agent): the next pass decides again.
+VICTIM_CHANGED = "a job it would preempt changed meanwhile; deciding again"
 
 
 @dataclass(frozen=True)
@@ -103,9 +111,11 @@ class TickResult:
     recovered: int = 0
     waiting: int = 0
     claimed: int = 0  # queued rows this pass read and locked
+    preempted: list[PreemptedJob] = field(default_factory=list)  # victims moved, with whom they made room for
 
 
-Cursor = dict[str, tuple[int, datetime, str] | None]  # user → keyset of its last job claimed (None: none yet)
+# user → keyset (-band, -priority, submitted_at, job_id) of its last job claimed (None: none yet)
+Cursor = dict[str, tuple[int, int, datetime, str] | None]
 
 
 @dataclass
@@ -120,6 +130,8 @@ class _Batch:
     cursor: Cursor  # the users with more queued, each after its last job claimed here
     resources: dict[str, Resources] = field(default_factory=dict)  # each claimed job's request
     cancelled: list[Move] = field(default_factory=list)  # queued with a cancel stored: to kill, not place
+    victims: dict[str, tuple[Candidate, ...]] = field(default_factory=dict)  # preempting job → whom it stops
+    preempted: list[PreemptedJob] = field(default_factory=list)  # victims the commit moved
 
     def user_of(self) -> dict[str, str]:
         return {r.job_id: r.user_id for r in self.rows}
@@ -404,7 +416,7 @@ class Tick(Service):
         for row in rows:
             count[row.user_id] = count.get(row.user_id, 0) + 1
             last[row.user_id] = row
-        after: Cursor = {user: (-row.priority, row.submitted_at, row.job_id)
+        after: Cursor = {user: (-row.band, -row.priority, row.submitted_at, row.job_id)
                          for user, row in last.items() if count[user] == per_user}
         return claim, rows, after
 
@@ -422,7 +434,12 @@ class Tick(Service):
                     job = queued_job_from_row(r)
                     by_user.setdefault(r.user_id, []).append(job)
                     resources[job.job_id] = job.resources
+            top_band = max((r.band for r in rows if r.job_id not in kills), default=0)
+            if top_band > 0:
+                await self._load_victims(bound, run, top_band)
             placements, waiting = run.place(by_user)
+            preempted = run.placement.preempted
+            victims = {p.job_id: preempted[p.job_id] for p in placements if p.job_id in preempted}
             # A user whose every job here waited on its quota is not claimed further
             # this pass: its next jobs would wait too, and a backlog far past a quota
             # must not make every pass read all of it.
@@ -433,7 +450,18 @@ class Tick(Service):
         except BaseException:
             await claim.rollback_quietly()
             raise
-        return _Batch(bound, claim, rows, placements, waiting, cursor, resources, cancelled)
+        return _Batch(bound, claim, rows, placements, waiting, cursor, resources, cancelled, victims)
+
+    async def _load_victims(self, bound: Store, run: FairShareRun, band: int) -> None:
+        """Give the run the live jobs a job of ``band`` may preempt (once per pass; again
+        when a later batch brings a higher band), less those already chosen as victims."""
+        placement = run.placement
+        if placement.pool is not None and placement.pool.band >= band:
+            return
+        peers = sorted(placement.rooms_of_peer)
+        rows = await bound.job_list_preemptible(band, peers) if peers else []
+        chosen = {v.job_id for victims in placement.preempted.values() for v in victims}
+        placement.pool = VictimPool((c for c in map(candidate_from_row, rows) if c.job_id not in chosen), band)
 
     async def _claim_batch(self, bound: Store, cursor: Cursor, run: FairShareRun) -> _Batch | None:
         """Claim the next batch after ``cursor`` on ``bound``'s connection and place it
@@ -445,25 +473,47 @@ class Tick(Service):
         """Assign (CAS on epoch, changelog in the same statement), explain the rest, kill
         the cancelled (rare: one statement each), commit.
 
-        Placements of users with quotas are checked once more under those users' quota
-        locks against what their live jobs hold now, committed by anyone (other ticks,
-        routers' LOCAL jobs): a quota is a hard cap, not a snapshot's guess. Those that
-        no longer fit stay queued (their room goes back to the run with the lost CASes).
+        Preempting placements lock their victims first (still as seen, or the job stays
+        queued: ``VICTIM_CHANGED``). Placements of users with quotas are checked once
+        more under those users' quota locks against what their live jobs hold now (less
+        the locked victims'), committed by anyone (other ticks, routers' LOCAL jobs): a
+        quota is a hard cap, not a snapshot's guess. Those that no longer fit stay queued
+        (their room goes back to the run with the lost CASes). Then the victims are
+        preempted and the placements assigned, in this one transaction: the preempting
+        job's assignment is the hold on the room its victims free.
         """
         try:
             # The claim holds their rows: these CASes cannot lose.
             batch.cancelled = [m for m in batch.cancelled if await batch.store.job_move(m) is not None]
             placements = batch.placements
+            victims = batch.victims
+            if victims:
+                locked = await batch.store.job_lock_victims(
+                    [(v.job_id, v.state, v.epoch, v.peer_id) for vs in victims.values() for v in vs])
+                changed = {job_id for job_id, vs in victims.items() if any(v.job_id not in locked for v in vs)}
+                if changed:
+                    placements = [p for p in placements if p.job_id not in changed]
+                    batch.waiting.extend(Waiting(job_id, VICTIM_CHANGED) for job_id in sorted(changed))
             user_of = batch.user_of()
             capped = sorted({user_of[p.job_id] for p in placements} & self.quota_users)
             if capped:
                 await batch.store.job_quota_lock(capped, wait_s=QUOTA_LOCK_WAIT_S)
                 held = await batch.store.job_live_usage_by_user(capped)
+                for p in placements:
+                    for v in victims.get(p.job_id, ()):
+                        if v.user_id in held:
+                            add_units(held[v.user_id], v.units, sign=-1)
                 placements, over = within_quota(
                     [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held)
                 batch.waiting.extend(over)
+            preempting = [p for p in placements if p.job_id in victims]
+            if preempting:
+                batch.preempted = await batch.store.job_preempt_batch(
+                    [(v.job_id, v.state, v.epoch, v.peer_id, p.job_id) for p in preempting for v in victims[p.job_id]])
             moved = await batch.store.job_assign_batch(
-                [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements])
+                [(p.job_id, p.epoch, p.peer_id, p.backend) for p in placements],
+                {p.job_id: "placed; preempted " + ", ".join(v.job_id for v in victims[p.job_id])
+                 for p in preempting})
             await batch.store.job_explain_batch([
                 (w.job_id, explanation("tick", w.rule, w.verdicts, w.code), w.rule) for w in batch.waiting])
         except BaseException:
@@ -489,6 +539,19 @@ class Tick(Service):
                 run.release(user_of[job_id], placed[job_id], batch.resources[job_id])
         priority_of = {r.job_id: r.priority for r in batch.rows}
         now_dt = self.clock.now()
+        for victim in batch.preempted:
+            # Its owner fences the run now, as it would a stale epoch's (its reconcile would too).
+            metrics.PREEMPTIONS.labels(victim.state.value).inc()
+            log.info("job_preempted", job_id=victim.job_id, peer_id=victim.run_owner, epoch=victim.epoch,
+                     state=victim.state.value, by=victim.preemptor)
+            result.preempted.append(victim)
+            if self.nc is not None:
+                await publish(self.nc, self.subjects.cancel_notice(victim.run_owner),
+                              CancelNotice(victim.job_id, victim.run_owner, victim.epoch))
+            await self._event(victim.job_id, victim.state, "" if victim.state is JobState.QUEUED else victim.run_owner,
+                              victim.epoch, now_dt, victim.reason)
+        if batch.preempted:
+            self.wake.set()  # the victims are queued again: place them elsewhere if there is room
         for move in batch.cancelled:
             log.info("job_killed_stored_cancel", job_id=move.job_id, epoch=move.epoch)
             await self._event(move.job_id, JobState.KILLED, "", move.epoch, now_dt, move.reason)

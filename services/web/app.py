@@ -56,6 +56,7 @@ from irisfed.services.web.security import (
     safe_next,
     same_secret,
 )
+from irisfed.shared.bands import band_name
 from irisfed.shared.errors import ErrorCode, Unavailable
 from irisfed.shared.fair_share import federation_totals
 from irisfed.shared.messages import CANCEL_OUTCOMES
@@ -203,7 +204,7 @@ class Pages:
                                finalize=present.visible, trim_blocks=True, lstrip_blocks=True, auto_reload=False)
         self.env.globals.update(
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
-            fmt_time=present.fmt_time, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
+            fmt_time=present.fmt_time, band_name=band_name, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
             user_ids=sorted({DEFAULT_USER, *web.config.user_ids}),
             refused_retry_ms=round(web.settings.refused_retry_s * 1000),  # app.js reads it from <body>

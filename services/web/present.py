@@ -20,6 +20,7 @@ from urllib.parse import quote
 import msgspec
 from markupsafe import Markup, escape
 
+from irisfed.shared.bands import DEFAULT_MAX_PREEMPTIONS, band_name
 from irisfed.shared.explain import PEER_CODES
 from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
@@ -276,6 +277,7 @@ class SpecView:
     priority: str
     max_retries: str
     deadline_s: str
+    max_preemptions: str = str(DEFAULT_MAX_PREEMPTIONS)
 
 
 def _constraint(raw: Any) -> str:
@@ -310,6 +312,7 @@ def spec_view(spec: Mapping[str, Any] | Any) -> SpecView:
         priority=text(spec.get("priority", 0)),
         max_retries=text(spec.get("max_retries", "")),
         deadline_s=text(spec.get("deadline_s", "")),
+        max_preemptions=text(spec.get("max_preemptions", DEFAULT_MAX_PREEMPTIONS)),
     )
 
 
@@ -348,18 +351,50 @@ class Step:
     epoch: int
     actor: str
     detail: str
+    preempted_by: str = ""  # a preemption: the job it made room for (``detail`` then says the rest)
+    preempted_on: str = ""  # ... and the peer its run was stopped on ("" when the history does not say)
+    preempting: tuple[str, ...] = ()  # a placement that preempted these jobs
+
+
+# The tick's history details for a preemption (``job_preempt_batch``, ``job_assign_batch``).
+PREEMPTED_BY = "preempted by "
+PLACED_PREEMPTING = "placed; preempted "
+
+
+def preemption(actor: Any, detail: Any) -> tuple[str, str] | None:
+    """(the preempting job, the rest of the detail) of a tick's ``preempted by <job>[; ...]``
+    row, else None."""
+    if actor != "tick" or not isinstance(detail, str) or not detail.startswith(PREEMPTED_BY):
+        return None
+    by, _, rest = detail[len(PREEMPTED_BY):].partition(";")
+    return (redact(by.strip()), rest.strip()) if by.strip() else None
+
+
+def preempting(actor: Any, to_state: Any, detail: Any) -> tuple[str, ...]:
+    """The jobs a tick's ``placed; preempted <job>, <job>`` row names (else none)."""
+    if actor != "tick" or to_state != JobState.ASSIGNED or not isinstance(detail, str) \
+            or not detail.startswith(PLACED_PREEMPTING):
+        return ()
+    return tuple(redact(v.strip()) for v in detail[len(PLACED_PREEMPTING):].split(",") if v.strip())
 
 
 def timeline(history: Sequence[ChangelogEntry]) -> list[Step]:
     if not history:
         return []
     first = history[0].at
-    return [Step(seq=row.seq, at=row.at.strftime("%H:%M:%S.%f")[:-3],
-                 offset="+" + _offset((row.at - first).total_seconds()),
-                 from_state=text(row.from_state) or "new", to_state=text(row.to_state),
-                 peer=text(row.peer_id) or "-", epoch=row.epoch, actor=text(row.actor),
-                 detail=redact(text(row.detail)))
-            for row in history]
+    steps, peer = [], ""
+    for row in history:
+        stopped = preemption(row.actor, row.detail)
+        steps.append(Step(seq=row.seq, at=row.at.strftime("%H:%M:%S.%f")[:-3],
+                          offset="+" + _offset((row.at - first).total_seconds()),
+                          from_state=text(row.from_state) or "new", to_state=text(row.to_state),
+                          peer=text(row.peer_id) or "-", epoch=row.epoch, actor=text(row.actor),
+                          detail=redact(text(row.detail if stopped is None else stopped[1])),
+                          preempted_by=stopped[0] if stopped else "", preempted_on=peer if stopped else "",
+                          preempting=preempting(row.actor, row.to_state, row.detail)))
+        if row.peer_id:
+            peer = text(row.peer_id)
+    return steps
 
 
 def _offset(seconds: float) -> str:
@@ -387,6 +422,7 @@ class Explained:
     placed: str  # "on X at epoch N (by)" for the last placement, else ""
     raw: str = ""  # a stored explanation that is not an object, as (redacted) JSON text
     wait: str = ""  # why it waits when no peer is the reason (``quota``), else ""
+    preempting: tuple[str, ...] = ()  # the jobs its last placement preempted
 
 
 def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Explained:
@@ -409,8 +445,9 @@ def explained(explanation: Any, history: Sequence[ChangelogEntry] = ()) -> Expla
     where = (f"on {text(placed[-1].peer_id) or '-'} at epoch {placed[-1].epoch} ({text(placed[-1].actor)})"
              if placed else "")
     raw = "" if explanation is None or isinstance(explanation, Mapping) else odd_text(explanation)
+    victims = preempting(placed[-1].actor, placed[-1].to_state, placed[-1].detail) if placed else ()
     return Explained(text(doc.get("by")), redact(text(doc.get("rule"))), verdicts, more, where, raw,
-                     text(doc.get("wait"), 40))
+                     text(doc.get("wait"), 40), victims)
 
 
 def odd_text(value: Any, limit: int = 2000) -> str:
@@ -473,16 +510,20 @@ def job_row_html(row: Any, job_url: Callable[[str], str]) -> str:
     iso = row.submitted_at.isoformat()
     values = [row.job_id, job_url(row.job_id), text(row.user_id, 40), text(row.name, 60), row.state, owner,
               str(row.epoch), str(row.attempts), iso, iso[:19].replace("T", " "), command_line(row.command, 80),
-              text(redact(text(row.reason)), 100)]
+              text(redact(text(row.reason)), 100), band_name(row.band), str(row.preemptions)]
     for key, value in label_pairs(row.labels):
         values += (text(key, 40), text(value, 40))
-    job_id, url, user, name, state, owner, epoch, attempts, iso, when, command, reason, *pairs = _cells(values)
+    (job_id, url, user, name, state, owner, epoch, attempts, iso, when, command, reason, band, preemptions,
+     *pairs) = _cells(values)
     label_html = "".join(f'<code class="label">{pairs[i]}={pairs[i + 1]}</code> ' for i in range(0, len(pairs), 2))
+    stopped = (f' <span class="muted" data-testid="job-preemptions" title="times preempted">'
+               f"\u00b7 preempted {preemptions}\u00d7</span>" if row.preemptions else "")
     return (f'<tr id="job-{job_id}" data-testid="job-row" data-job-id="{job_id}">'
             f'<th scope="row"><a href="{url}" data-testid="job-link">{job_id}</a></th>'
             f'<td data-testid="job-user">{user}</td>'
             f"<td>{name}</td>"
             f'<td data-testid="job-state" data-state="{state}"><span class="state state-{state}">{state}</span></td>'
+            f'<td data-testid="job-band" data-band="{band}">{band}{stopped}</td>'
             f"<td>{owner}</td>"
             f'<td class="num">{epoch}</td>'
             f'<td class="num">{attempts}</td>'

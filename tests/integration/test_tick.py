@@ -189,11 +189,11 @@ async def test_a_failed_batch_leaves_no_claim_behind(pool, monkeypatch):
     tick = await _queue_and_tick(store, [make_job() for _ in range(100)], slots=500, batch_size=20)
     real_assign, calls = Store.job_assign_batch, []
 
-    async def fail_third(self, assignments):
+    async def fail_third(self, assignments, details=None):
         calls.append(len(assignments))
         if len(calls) == 3:
             raise RuntimeError("injected: assign failed")
-        return await real_assign(self, assignments)
+        return await real_assign(self, assignments, details)
 
     monkeypatch.setattr(Store, "job_assign_batch", fail_third)  # the tick's batches run on bound stores
     try:

@@ -1,0 +1,261 @@
+"""Preemption in the tick, against a real Postgres: who is stopped, how it is written, and the races.
+
+A federation full of ``batch`` work; an ``interactive`` job that fits only if batch
+work goes. The tick's pass decides (shared/preemption.py) and commits the victims'
+moves, their history rows and the preempting job's assignment in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+
+from irisfed.services.common.store import Store
+from irisfed.services.tick.service import VICTIM_CHANGED, Tick
+from irisfed.shared.bands import band_rank
+from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, start_jobs
+
+PEER = "gpu-west"
+
+
+def job(band: str = "interactive", cpu: int = 1, **fields):
+    return msgspec.structs.replace(make_job(resources={"cpu": cpu}, band=band, **fields), band=band_rank(band))
+
+
+async def advertise_cpus(store: Store, peer_id: str = PEER, cpus: int = 4, slots: int = 8, seq: int = 1) -> None:
+    backends = [{"name": "main", "attributes": {}, "capacity": {"total": slots, "free": slots},
+                 "resources": {"cpu": {"total": cpus, "free": cpus}}}]
+    await store.peer_heartbeat_upsert(peer_id, "run-1", seq, backends, 60.0, datetime.now(UTC))
+
+
+async def running(store: Store, jobs, peer: str = PEER) -> None:
+    """Insert, assign and start ``jobs`` on ``peer``, one at a time (their start order is theirs)."""
+    await insert_jobs(store, jobs)
+    for j in jobs:
+        await assign_jobs(store, [j], peer)
+        assert j.job_id in await start_jobs(store, [j], peer)
+
+
+async def tick_for(pool, **config) -> Tick:
+    tick = Tick(make_config(heartbeat_ttl_s=120.0, **config), pool, None)
+    await tick.refresh_view()
+    return tick
+
+
+async def history(pool, job_id: str) -> list[tuple[str, str, str]]:
+    rows = await pool.fetch("SELECT from_state, to_state, detail FROM federation_changelog WHERE job_id = $1 "
+                            "ORDER BY seq", job_id)
+    return [(r["from_state"], r["to_state"], r["detail"]) for r in rows]
+
+
+async def test_one_batch_job_goes_for_an_interactive_job_and_runs_again_later(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=4)
+    batch = [job("batch", cpu=2, max_retries=1) for _ in range(2)]
+    await running(store, batch)
+    urgent = job("interactive", cpu=2)
+    await insert_jobs(store, [urgent])
+    tick = await tick_for(pool)
+
+    result = await tick.run_once(full=False)
+
+    assert [(j, p) for j, p, _ in result.assigned] == [(urgent.job_id, PEER)]
+    [victim] = result.preempted
+    newest = batch[1].job_id  # started last: the most recently started goes
+    assert (victim.job_id, victim.state.value, victim.run_owner, victim.preemptor) == (
+        newest, "queued", PEER, urgent.job_id)
+    row = await store.job_get(newest)
+    assert (row.state.value, row.epoch, row.owner_peer_id, row.backend, row.preemptions) == ("queued", 2, None, None, 1)
+    assert row.max_retries == 1 and row.reason == f"preempted by {urgent.job_id}"
+    assert (await history(pool, newest))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
+    assert (await history(pool, urgent.job_id))[-1] == ("queued", "assigned", f"placed; preempted {newest}")
+    other = await store.job_get(batch[0].job_id)
+    assert (other.state.value, other.preemptions) == ("running", 0)
+
+    # The preempted run's report is fenced: its epoch moved on.
+    assert await store.job_finish_batch(PEER, [(newest, 1, 0, False)]) == {}
+    assert (await store.job_get(newest)).state.value == "queued"
+
+    # It waits at its old place (no room: batch preempts nothing) and runs once room frees.
+    result = await tick.run_once(full=False)
+    assert result.assigned == [] and result.preempted == []
+    assert (await store.job_get(newest)).reason.endswith("cannot preempt: a batch job preempts nothing")
+    await store.job_finish_batch(PEER, [(batch[0].job_id, 1, 0, False)])
+    result = await tick.run_once(full=False)
+    assert [j for j, _, _ in result.assigned] == [newest]
+    assert newest in await start_jobs(store, [batch[1]], PEER, epoch=3)
+    assert (await store.job_finish_batch(PEER, [(newest, 3, 0, False)]))[newest].state.value == "succeeded"
+    done = await store.job_get(newest)
+    assert (done.state.value, done.preemptions, done.attempts) == ("succeeded", 1, 2)
+
+
+async def test_production_work_is_never_preempted(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=2)
+    await running(store, [job("production", cpu=2)])
+    urgent = job("production", cpu=1)
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    assert result.assigned == [] and result.preempted == []
+    row = await store.job_get(urgent.job_id)
+    assert row.reason.endswith("cannot preempt: no job of a lower band runs on a backend that could hold it")
+
+
+async def test_it_never_preempts_for_room_it_would_still_not_have(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=4)
+    await running(store, [job("batch", cpu=1), job("production", cpu=3)])
+    urgent = job("interactive", cpu=2)
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    assert result.preempted == []
+    assert (await store.job_get(urgent.job_id)).reason.endswith(
+        "cannot preempt: it would not fit even with every job of a lower band there preempted")
+
+
+async def test_it_preempts_only_on_the_peer_where_it_then_runs(pool):
+    store = Store(pool)
+    await advertise_cpus(store, PEER, cpus=2)
+    await advertise_cpus(store, "tpu-east", cpus=2)
+    west, east = job("batch", cpu=2), job("batch", cpu=2)
+    await running(store, [west], PEER)
+    await running(store, [east], "tpu-east")
+    urgent = job("interactive", cpu=2, cluster_pin="tpu-east")
+    urgent = msgspec.structs.replace(urgent, pinned_peer_id="tpu-east")
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    assert [(v.job_id, v.run_owner) for v in result.preempted] == [(east.job_id, "tpu-east")]
+    assert [(j, p) for j, p, _ in result.assigned] == [(urgent.job_id, "tpu-east")]
+    assert (await store.job_get(west.job_id)).state.value == "running"
+
+
+async def test_past_max_preemptions_the_next_preemption_fails_it(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    fragile = job("batch", cpu=1, max_preemptions=0)
+    await running(store, [fragile])
+    urgent = job("interactive", cpu=1)
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    [victim] = result.preempted
+    assert victim.state.value == "failed"
+    row = await store.job_get(fragile.job_id)
+    assert (row.state.value, row.owner_peer_id, row.preemptions, row.epoch) == ("failed", PEER, 1, 2)
+    assert row.reason == f"preempted by {urgent.job_id}; preempted 1 times, more than its max_preemptions 0"
+
+
+async def test_a_victim_with_a_stored_cancel_ends_killed(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    victim = job("batch", cpu=1)
+    await running(store, [victim])
+    await store.job_request_cancel(victim.job_id, "user default")
+    urgent = job("interactive", cpu=1)
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    assert [v.state.value for v in result.preempted] == ["killed"]
+    row = await store.job_get(victim.job_id)
+    assert row.state.value == "killed" and row.reason == f"preempted by {urgent.job_id}; cancelled by user default"
+
+
+async def test_a_job_over_its_quota_preempts_nothing(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    await running(store, [job("batch", cpu=1)])
+    over = make_job(resources={"cpu": 1})
+    over = msgspec.structs.replace(over, user_id="alice", job_id="alice:" + over.job_id)
+    held = make_job(resources={"cpu": 1})
+    held = msgspec.structs.replace(held, user_id="alice", job_id="alice:" + held.job_id)
+    await advertise_cpus(store, "tpu-east", cpus=1)
+    await running(store, [held], "tpu-east")  # alice holds her whole quota there
+    await insert_jobs(store, [over])
+    tick = await tick_for(pool, users=[{"id": "alice", "quota": {"cpu": 1}}])
+    result = await tick.run_once(full=False)
+    assert result.preempted == [] and result.assigned == []
+    assert (await store.job_get(over.job_id)).reason.startswith("quota:")
+
+
+async def test_a_victim_that_ends_between_decision_and_commit_costs_a_pass_not_a_needless_victim(pool, monkeypatch):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=2)
+    batch = [job("batch", cpu=1) for _ in range(2)]
+    await running(store, batch)
+    urgent = job("interactive", cpu=1)
+    await insert_jobs(store, [urgent])
+    tick = await tick_for(pool)
+    real_lock = Store.job_lock_victims
+
+    async def victim_finishes_first(self, victims):
+        for job_id, _, epoch, owner in victims:
+            await Store(pool).job_finish_batch(owner, [(job_id, epoch, 0, False)])
+        return await real_lock(self, victims)
+
+    monkeypatch.setattr(Store, "job_lock_victims", victim_finishes_first)
+    result = await tick.run_once(full=False)
+    assert result.assigned == [] and result.preempted == []
+    ended = await store.job_get(batch[1].job_id)
+    assert (ended.state.value, ended.preemptions) == ("succeeded", 0)
+    assert (await store.job_get(urgent.job_id)).reason == VICTIM_CHANGED
+    monkeypatch.setattr(Store, "job_lock_victims", real_lock)
+    # The next pass finds the room the victim freed: placed, nobody preempted.
+    result = await tick.run_once(full=False)
+    assert [j for j, _, _ in result.assigned] == [urgent.job_id] and result.preempted == []
+    assert (await store.job_get(batch[0].job_id)).state.value == "running"
+
+
+async def test_two_ticks_at_once_never_preempt_a_job_twice_or_for_one_room_twice(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=4, slots=4)
+    batch = [job("batch", cpu=2) for _ in range(2)]
+    await running(store, batch)
+    urgent = [job("interactive", cpu=2) for _ in range(4)]
+    await insert_jobs(store, urgent)
+    ticks = [await tick_for(pool), await tick_for(pool)]
+    for _ in range(3):
+        await asyncio.gather(*(t.run_once(full=False) for t in ticks))
+    counts = await pool.fetch("SELECT job_id, count(*) AS n FROM federation_changelog "
+                              "WHERE detail LIKE 'preempted by %' GROUP BY job_id")
+    assert all(r["n"] == 1 for r in counts)  # the victims stay queued (batch preempts nothing)
+    assert {r["job_id"] for r in counts} == {b.job_id for b in batch}
+    live = await pool.fetch("SELECT job_id, resources FROM jobs WHERE state IN ('assigned', 'running')")
+    assert len(live) == 2 and all(r["job_id"] in {u.job_id for u in urgent} for r in live)
+
+
+async def test_a_cancelled_preempting_job_releases_the_room_it_held(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    victim = job("batch", cpu=1)
+    await running(store, [victim])
+    urgent = job("interactive", cpu=1)
+    await insert_jobs(store, [urgent])
+    tick = await tick_for(pool)
+    result = await tick.run_once(full=False)
+    [(job_id, _, epoch)] = result.assigned
+    # Cancelled before its agent started it: killed at once (the router's rule), as here.
+    from irisfed.shared.records import Move
+    from irisfed.shared.lifecycle import JobState
+    moved = await store.job_move(Move(job_id, JobState.ASSIGNED, JobState.KILLED, epoch, actor="router",
+                                      owner_peer_id=PEER, reason="cancelled by user default"))
+    assert moved is not None
+    # The room is free again: the victim, queued, is placed back on it.
+    result = await tick.run_once(full=False)
+    assert [j for j, _, _ in result.assigned] == [victim.job_id]
+
+
+@pytest.mark.parametrize("state", ["assigned"])
+async def test_an_assigned_victim_is_preempted_too_and_its_start_is_fenced(pool, state):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    victim = job("batch", cpu=1)
+    await insert_jobs(store, [victim])
+    await assign_jobs(store, [victim], PEER)
+    urgent = job("interactive", cpu=1)
+    await insert_jobs(store, [urgent])
+    result = await (await tick_for(pool)).run_once(full=False)
+    assert [(v.job_id, v.state.value) for v in result.preempted] == [(victim.job_id, "queued")]
+    assert await start_jobs(store, [victim], PEER, epoch=1) == {}  # its old assignment cannot start
+    row = await store.job_get(victim.job_id)
+    assert (row.state.value, row.attempts, row.preemptions) == ("queued", 0, 1)
