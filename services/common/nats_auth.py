@@ -8,7 +8,7 @@ Roles and what they may do (``P`` is the subject prefix):
 | user-U (each configured user U) | P.submit.U, P.cancel.U | _INBOX_user-U.> (its replies) |
 | operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX_operator.> |
 | router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.* |
-| tick | P.assign.*, P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
+| tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
 | agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
 | web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
@@ -62,7 +62,7 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
         "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake"),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
                                f"{p}.operator.cancel", f"{p}.heartbeat.*"), allow_responses=True),
-        "tick": Permissions((f"{p}.assign.*", f"{p}.events.*"),
+        "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
         "web": Permissions((f"{p}.operator.cancel",),
                            (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),

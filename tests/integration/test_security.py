@@ -33,7 +33,7 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
     tick = await _connect(auth, server, "tick", errors)
     spy = await _connect(auth, server, "agent-gpu-west", errors)
     victim = await _connect(auth, server, "agent-tpu-east", errors)
-    heard, stolen, delivered = [], [], []
+    heard, stolen, delivered, killed = [], [], [], []
 
     async def on_heartbeat(msg):
         heard.append(msg.subject)
@@ -44,9 +44,13 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
     async def on_delivered(msg):
         delivered.append(msg.data)
 
+    async def on_kill(msg):
+        killed.append(msg.data)
+
     try:
         await router.subscribe("irisfed.heartbeat.*", cb=on_heartbeat)
         await victim.subscribe("irisfed.assign.tpu-east", cb=on_delivered)
+        await victim.subscribe("irisfed.cancel.tpu-east", cb=on_kill)
         await spy.subscribe("irisfed.assign.tpu-east", cb=on_stolen)
         await router.flush()
         await victim.flush()
@@ -54,14 +58,16 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
         await spy.publish("irisfed.heartbeat.gpu-west", b"genuine")
         await spy.flush()
         await tick.publish("irisfed.assign.tpu-east", b"job-1")
+        await tick.publish("irisfed.cancel.tpu-east", b"preempted-1")  # the tick's preemption kill
         await tick.flush()
 
         async def settled():
-            while not (delivered and heard and len(errors) >= 2):
+            while not (delivered and killed and heard and len(errors) >= 2):
                 await asyncio.sleep(0.02)
         await asyncio.wait_for(settled(), timeout=10)
         assert heard == ["irisfed.heartbeat.gpu-west"]  # the spoofed heartbeat never arrived
         assert delivered == [b"job-1"] and stolen == []
+        assert killed == [b"preempted-1"]
         assert any('publish to "irisfed.heartbeat.tpu-east"' in e for e in errors)
         assert any('subscription to "irisfed.assign.tpu-east"' in e for e in errors)
     finally:
