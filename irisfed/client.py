@@ -47,12 +47,27 @@ events on ``<prefix>.events.<job_id>`` when its NATS user may (``operator`` may,
 anyway every ``poll_interval`` seconds and after every NATS reconnect, so a lost event
 delays it and never misleads it.
 
+**Bands and dry runs.** ``submit(..., band="batch")`` (``batch``, ``interactive`` — the
+default — or ``production``; at most the user's ``max_band``, else
+:class:`ForbiddenError`) and ``max_preemptions=`` (how often a higher band may stop it
+before it fails; default 100). ``submit(..., dry_run=True)`` writes nothing and
+returns a :class:`~shared.messages.DryRunReply`: what the submit would answer now, plus
+where the job would run now (``placement``: peer, backend and the jobs it would
+preempt) or why it would wait (``waiting``)::
+
+    plan = await client.submit(["python3", "train.py"], resources={"gpu": 8}, band="production",
+                               dry_run=True)
+    if plan.placement:
+        print(plan.placement.peer_id, plan.placement.backend, plan.placement.preempts)
+    else:
+        print(plan.disposition, plan.waiting or plan.reason)
+
 **Errors.** A reject is an answer, not an error: ``submit`` returns the
 :class:`~shared.messages.SubmitReply` with ``disposition == "reject"``, its ``reason``
 and one verdict per peer. An error reply raises :class:`IrisfedClientError` (a
 subclass per documented code: :class:`InvalidRequestError`, :class:`ConflictError`,
-:class:`UnknownPeerError`, :class:`NotFoundError`, :class:`UnavailableError`,
-:class:`InternalError`, :class:`ConfigurationError`), with ``.code`` (a
+:class:`UnknownPeerError`, :class:`NotFoundError`, :class:`ForbiddenError`,
+:class:`UnavailableError`, :class:`InternalError`, :class:`ConfigurationError`), with ``.code`` (a
 :class:`~shared.errors.ErrorCode`) and ``.message``. A request that is invalid is
 refused here, before it is sent, with the router's own checks and the same code; so is
 a job id no job can have (``get``, ``wait``, ``watch``, ``cancel``:
@@ -96,6 +111,7 @@ import nats
 from irisfed.errors import (
     ConfigurationError,
     ConflictError,
+    ForbiddenError,
     InternalError,
     InvalidRequestError,
     IrisfedClientError,
@@ -123,6 +139,7 @@ from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.shared.messages import (
     CancelReply,
     CancelRequest,
+    DryRunReply,
     ErrorReply,
     JobEvent,
     OperatorCancelRequest,
@@ -140,6 +157,8 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "ConflictError",
+    "DryRunReply",
+    "ForbiddenError",
     "InternalError",
     "InvalidRequestError",
     "IrisfedClientError",
@@ -266,9 +285,11 @@ class Client:
                      resources: Mapping[str, float] | None = None,
                      preferences: Sequence[ConstraintLike] = (), cluster_pin: str = "", priority: int = 0,
                      max_retries: int | None = None, deadline_s: float | None = None,
-                     labels: Mapping[str, str] | None = None) -> SubmitReply:
+                     labels: Mapping[str, str] | None = None, band: str | None = None,
+                     max_preemptions: int | None = None, dry_run: bool = False) -> SubmitReply | DryRunReply:
         """Submit a job; return the router's :class:`~shared.messages.SubmitReply` (sent
-        after the job is committed in Postgres).
+        after the job is committed in Postgres) — or, with ``dry_run=True``, its
+        :class:`~shared.messages.DryRunReply` (nothing is written).
 
         ``command`` is the program and its arguments. ``constraints`` and ``preferences``
         take wire dicts, ``Constraint`` objects or shorthands (``"device_type=gpu"``,
@@ -276,6 +297,17 @@ class Client:
         ``cpu`` / ``memory_mb`` / ``gpu`` / other names to amounts. Everything else is as
         in the wire contract (README, "Submit request"). Without ``job_id`` one is made
         here (:func:`new_job_id`), so retries are safe.
+
+        ``band``: ``batch``, ``interactive`` or ``production`` (None: the contract's
+        default, ``interactive``); one above the user's ``max_band`` raises
+        :class:`ForbiddenError`. ``max_preemptions``: how many times a job of a higher
+        band may preempt it before the next preemption fails it (None: 100).
+        ``dry_run``: answer what this submit would do now — its disposition, state,
+        reason and verdicts, and where it would be placed (``placement``: peer, backend
+        and the stored ids of the jobs it would preempt) or why it would wait
+        (``waiting``) — writing nothing. A dry run is checked exactly like a submit
+        (the same errors) and is safe to retry; an id that already names a job answers
+        as its resubmission would (``duplicate``, or :class:`ConflictError`).
 
         A reject returns normally (``reply.disposition == "reject"``; ``reply.reason``,
         ``reply.verdicts``). Errors raise :class:`IrisfedClientError` subclasses::
@@ -288,17 +320,23 @@ class Client:
         request = build_submit(command, job_id=job_id, name=name, env=env, constraints=constraints,
                                resources=resources, preferences=preferences, cluster_pin=cluster_pin,
                                priority=priority, max_retries=max_retries, deadline_s=deadline_s,
-                               labels=labels)
+                               labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run)
         return await self.submit_request(request)
 
-    async def submit_request(self, request: SubmitRequest) -> SubmitReply:
+    async def submit_request(self, request: SubmitRequest) -> SubmitReply | DryRunReply:
         """Submit a ready-made :class:`~shared.messages.SubmitRequest` (a job_id is added
-        when it has none)."""
+        when it has none): its :class:`~shared.messages.SubmitReply`, or for a request
+        with ``dry_run`` its :class:`~shared.messages.DryRunReply`."""
         if request.job_id is None:
             request = msgspec.structs.replace(request, job_id=new_job_id())
         request = checked_submit(request)
         reply = await self._request(self.subjects.submit_for(self.user), encoder.encode(request))
-        if not isinstance(reply, SubmitReply):
+        expected = DryRunReply if request.dry_run else SubmitReply
+        if not isinstance(reply, expected):
+            if request.dry_run and isinstance(reply, SubmitReply):
+                # Routers from before dry runs refuse the field; should one commit it, say so loudly.
+                raise InternalError(f"the router SUBMITTED job {reply.job_id!r} instead of a dry run "
+                                    f"({reply.disposition} → {reply.state}); cancel it if unwanted")
             raise InternalError(f"the router answered a submit with {type(reply).__name__}")
         return reply
 
@@ -327,7 +365,7 @@ class Client:
             raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
         return reply
 
-    async def _request(self, subject: str, body: bytes) -> SubmitReply | CancelReply:
+    async def _request(self, subject: str, body: bytes) -> SubmitReply | DryRunReply | CancelReply:
         attempt = 1
         while True:
             if self._closed or self._nc.is_closed:
@@ -494,7 +532,7 @@ def _checked_job_id(job_id: str) -> str:
         raise InvalidRequestError(exc.message) from None
 
 
-def _answer_or_error(data: bytes) -> SubmitReply | CancelReply | IrisfedClientError:
+def _answer_or_error(data: bytes) -> SubmitReply | DryRunReply | CancelReply | IrisfedClientError:
     """A router reply: the answer, or the error it carries (as an exception, not raised)."""
     try:
         reply = decode_reply(data)
@@ -594,11 +632,11 @@ class SyncClient:
     def servers(self) -> Servers:
         return self._client.servers
 
-    def submit(self, command: Sequence[str], **fields: Any) -> SubmitReply:
-        """:meth:`Client.submit`."""
+    def submit(self, command: Sequence[str], **fields: Any) -> SubmitReply | DryRunReply:
+        """:meth:`Client.submit` (``band=``, ``max_preemptions=``, ``dry_run=`` included)."""
         return self._runner.run(self._client.submit(command, **fields))
 
-    def submit_request(self, request: SubmitRequest) -> SubmitReply:
+    def submit_request(self, request: SubmitRequest) -> SubmitReply | DryRunReply:
         """:meth:`Client.submit_request`."""
         return self._runner.run(self._client.submit_request(request))
 

@@ -50,6 +50,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not command:
         raise ConfigError("give the command to run after --, e.g. irisfed submit -- echo hi")
+    if args.dry_run and args.wait:
+        raise ConfigError("--wait follows a submitted job, and --dry-run submits nothing: give one of them")
     body: dict[str, Any] = {"command": command}
     if args.id:
         body["job_id"] = args.id
@@ -77,8 +79,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["env"] = parse_pairs(args.env, "--env")
     if args.label:
         body["labels"] = parse_pairs(args.label, "--label")
+    if args.band is not None:
+        body["band"] = args.band
+    if args.max_preemptions is not None:
+        body["max_preemptions"] = args.max_preemptions
+    if args.dry_run:
+        body["dry_run"] = True
     user = cli_user(args)
     reply = asyncio.run(_request(args, subjects(args).submit_for(user), json.dumps(body).encode()))
+    if args.dry_run:
+        return _dry_run(args, reply)
     if args.json:
         print_json(reply)
         return 1 if "error" in reply else 0
@@ -94,6 +104,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.wait:
         return _watch(args, stored_job_id(user, reply["job_id"]))
     return 0
+
+
+def _dry_run(args: argparse.Namespace, reply: dict) -> int:
+    """A dry run's answer: what the submit would do (exit 0, or 3 for a reject, as a real
+    submit's; with --json 0 either way, as a submit's), an error (exit 1), or a router that
+    does not know dry runs and submitted the job for real (said loudly; exit 1)."""
+    from irisfed.cli import views
+    from irisfed.shared.messages import DryRunReply
+
+    if "error" not in reply and reply.get("dry_run") is not True:
+        if args.json:
+            print_json(reply)
+        raise ReplyError("not_a_dry_run", views.printable(
+            f"the router does not know dry runs and SUBMITTED the job: {reply.get('job_id')!r} "
+            f"({reply.get('disposition')} → {reply.get('state')}); cancel it with irisfed cancel "
+            f"{reply.get('job_id')}"))
+    if args.json:
+        print_json(reply)
+        return 1 if "error" in reply else 0  # as a submit's --json: the answer is the document
+    reply = _reply_or_fail(reply)
+    try:
+        answer = msgspec.convert(reply, DryRunReply)
+    except msgspec.ValidationError as exc:
+        raise IrisfedError(f"the router's dry-run answer is not one this irisfed reads: {exc}") from None
+    views.print_dry_run(answer, views.Out(views.output_mode(args)))
+    return 3 if answer.disposition == "reject" else 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from irisfed.services.common.startup import SERVICES, add_server_flags, add_service_parser
+from irisfed.shared.bands import BANDS, DEFAULT_BAND, DEFAULT_MAX_PREEMPTIONS
 from irisfed.shared.config import CONFIG_ENV
 from irisfed.shared.shorthands import CONSTRAINT_HELP
 
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", help="run only on this peer")
     p.add_argument("--priority", type=int)
     p.add_argument("--max-retries", type=int)
+    p.add_argument("--band", choices=BANDS,
+                   help=f"priority band (default {DEFAULT_BAND}): the queue is ordered by band first, and a "
+                        "waiting job may preempt running jobs of lower bands (never production); at most "
+                        "your user's max_band")
+    p.add_argument("--max-preemptions", type=int, metavar="N",
+                   help=f"preemptions the job takes before the next one fails it (default {DEFAULT_MAX_PREEMPTIONS})")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what the submit would do now (disposition, where it would be placed or why it "
+                        "would wait, which jobs it would preempt) and submit nothing")
     p.add_argument("--deadline", type=float, metavar="SECONDS", help="max time queued")
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--label", action="append", metavar="KEY=VALUE")

@@ -37,7 +37,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit, user_id=user)))
     mode = views.output_mode(args)
     if mode == "json":
-        print_json(rows)
+        print_json([views.job_json(row) for row in rows])
     else:
         views.Out(mode, args.wide).grid(views.jobs_grid(rows))
     return 0
@@ -65,7 +65,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 1
     mode = views.output_mode(args)
     if mode == "json":
-        print_json({"job": job, "changelog": history})
+        print_json({"job": views.job_json(job), "changelog": history})
     else:
         views.print_job(job, history, views.Out(mode, args.wide))
     return 0

@@ -27,9 +27,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from irisfed.shared.bands import DEFAULT_MAX_PREEMPTIONS, band_name
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import DryRunReply
 from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
 from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units
 from irisfed.shared.users import DEFAULT_USER, QUOTA, UserTable, describe_usage, dominant_share
@@ -180,13 +182,20 @@ def _ago(when: datetime | None) -> str:
 
 
 def jobs_grid(rows: Sequence[JobSummary], title: str = "jobs") -> Grid:
-    grid = Grid(title, ("job", "user", "state", "peer", "epoch", "exit", "submitted", "command", "reason"))
+    grid = Grid(title, ("job", "user", "state", "band", "peer", "epoch", "exit", "submitted", "command", "reason"))
     for row in rows:
-        grid.add(lit(row.job_id), lit(row.user_id), _state(row.state),
+        grid.add(lit(row.job_id), lit(row.user_id), _state(row.state), lit(band_name(row.band)),
                  lit(row.owner_peer_id or row.pinned_peer_id or "-"),
                  str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
                  _ago(row.submitted_at), lit(" ".join(row.command or [])), lit(row.reason or "-"))
     return grid
+
+
+def job_json(row: JobRow | JobSummary) -> dict[str, Any]:
+    """A job row for ``--json``: its fields, the band by name (``batch``) as the wire says it."""
+    doc = msgspec.structs.asdict(row)
+    doc["band"] = band_name(row.band)
+    return doc
 
 
 def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
@@ -245,17 +254,76 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
         out.line("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items())))
     out.line("  owner       ", lit(job.owner_peer_id or "-"), "   pinned ", lit(job.pinned_peer_id or "-"),
              f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}")
+    out.line("  band        ", lit(band_name(job.band)),
+             f"   preemptions {job.preemptions} (at most ", lit(max_preemptions(spec)), ")")
     out.line("  exit code   ", "-" if job.exit_code is None else str(job.exit_code))
     out.line("  reason      ", lit(job.reason or "-"))
     if job.cancel_requested:
         # Who asked: `user alice`, `operator (cli)`; none recorded before users existed.
         out.line("  cancel      requested by ", lit(job.cancel_requested_by or "(not recorded)"),
                  f"  {_ago(job.cancel_requested_at)}" if job.cancel_requested_at else "")
+    for stop in preemptions(history):
+        out.line("  preempted   ", _clock(stop.at), " by ", lit(stop.by, "bold"), " on ", lit(stop.peer or "-"),
+                 "  (", lit(stop.from_state), " → ", _state(stop.to_state), ")")
+    for placed in history:
+        victims = preempted_for(placed)
+        if victims:
+            out.line("  made room   ", _clock(placed.at), " on ", lit(placed.peer_id or "-"), " by preempting ",
+                     lit(", ".join(victims)))
     grid = Grid("history", ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"))
     for row in history:
-        grid.add(str(row.seq), row.at.strftime("%H:%M:%S.%f")[:-3], lit(row.from_state or "(new)"),
+        grid.add(str(row.seq), _clock(row.at), lit(row.from_state or "(new)"),
                  lit(row.to_state), lit(row.peer_id or "-"), str(row.epoch), lit(row.actor), lit(row.detail))
     out.grid(grid)
+
+
+def _clock(at: datetime) -> str:
+    return at.strftime("%H:%M:%S.%f")[:-3]
+
+
+def max_preemptions(spec: Mapping[str, Any]) -> str:
+    """How many preemptions a job takes before the next one fails it (its spec's, else the default)."""
+    value = spec.get("max_preemptions", DEFAULT_MAX_PREEMPTIONS) if isinstance(spec, Mapping) else None
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else str(DEFAULT_MAX_PREEMPTIONS)
+
+
+# The tick's history details for a preemption (services/tick, ``job_preempt_batch`` and
+# ``job_assign_batch``): the victim's row, then the preempting job's placement.
+PREEMPTED_BY = "preempted by "
+PLACED_PREEMPTING = "placed; preempted "
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """One time a job was preempted: when, for which job, on which peer, and where it went."""
+
+    at: datetime
+    by: str  # the stored id of the job it made room for
+    peer: str  # where its run was stopped ("" when the history does not say)
+    from_state: str
+    to_state: str  # queued; failed after max_preemptions; killed when a cancel was stored
+
+
+def preemptions(history: Sequence[ChangelogEntry]) -> list[Preemption]:
+    """The job's preemptions, oldest first, read from its history (the tick's rows saying
+    ``preempted by <job>``); the peer is the last one its history names before each."""
+    found, peer = [], ""
+    for row in history:
+        detail = row.detail or ""
+        if row.actor == "tick" and detail.startswith(PREEMPTED_BY):
+            by = detail[len(PREEMPTED_BY):].split(";", 1)[0].strip()
+            found.append(Preemption(row.at, by, peer, str(row.from_state or ""), str(row.to_state)))
+        if row.peer_id:
+            peer = row.peer_id
+    return found
+
+
+def preempted_for(row: ChangelogEntry) -> list[str]:
+    """The jobs the tick preempted to place this job, from its ``assigned`` row (none: [])."""
+    detail = row.detail or ""
+    if row.actor != "tick" or row.to_state != JobState.ASSIGNED or not detail.startswith(PLACED_PREEMPTING):
+        return []
+    return [victim.strip() for victim in detail[len(PLACED_PREEMPTING):].split(",") if victim.strip()]
 
 
 async def dashboard(store, config: FederationConfig | None, header: str | Text):
@@ -303,7 +371,14 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
     placed = [row for row in history if row.to_state == JobState.ASSIGNED]
     if placed:
         last = placed[-1]
-        out.line("  placed      on ", lit(last.peer_id), f" at epoch {last.epoch} (", lit(last.actor), ")")
+        victims = preempted_for(last)
+        out.line("  placed      on ", lit(last.peer_id), f" at epoch {last.epoch} (", lit(last.actor), ")",
+                 *(("  preempting ", lit(", ".join(victims))) if victims else ()))
+    stops = preemptions(history)
+    if stops:
+        last_stop = stops[-1]
+        out.line(f"  preempted   {len(stops)} time{'s' if len(stops) != 1 else ''}, last by ", lit(last_stop.by),
+                 " on ", lit(last_stop.peer or "-"), " at ", _clock(last_stop.at))
     if state not in (JobState.QUEUED, JobState.REJECTED):
         out.line("  now         ", lit(job.reason or state))
     peers = explained.get("peers") or []
@@ -317,6 +392,44 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
     if more:
         counts = ", ".join(f"{count} {PEER_CODES.get(code, code)}" for code, count in more.items())
         out.line(lit(f"  and {sum(more.values())} more peers: {counts}"))
+
+
+# ---------------------------------------------------------------- dry run
+
+DRY_RUN_NOTICE = "dry run: nothing was submitted"
+
+
+def print_dry_run(reply: DryRunReply, out: Out | None = None) -> None:
+    """``irisfed submit --dry-run``: what the submit would do now, and that nothing was written."""
+    from irisfed.shared.explain import PEER_CODES
+
+    out = out or Out()
+    out.line(Text(DRY_RUN_NOTICE, "bold"))
+    out.line(lit(reply.job_id, "bold"), ": ", lit(reply.disposition), " → ", _state(reply.state),
+             "  (band ", lit(reply.band), ")",
+             "  (duplicate: that id already names this job; its original answer)" if reply.duplicate else "")
+    out.line("  reason          ", lit(reply.reason or "-"))
+    placement = reply.placement
+    if reply.disposition == "reject" or reply.duplicate:
+        pass  # nothing would be placed
+    elif placement is not None:
+        out.line("  would run       on ", lit(placement.peer_id), ", backend ", lit(placement.backend))
+        out.line("  would preempt   ", lit(", ".join(placement.preempts)) if placement.preempts else "nothing")
+    elif reply.waiting:
+        code = reply.waiting_code
+        meaning = f"  ({code}: {WAIT_CODES[code]})" if code in WAIT_CODES else ""
+        out.line("  would wait      ", lit(reply.waiting, "yellow"), meaning)
+    elif reply.peer_id:
+        out.line("  would run       on ", lit(reply.peer_id))
+    # A job that would wait: why each peer cannot take it now; else how the submit judged them.
+    verdicts = reply.waiting_verdicts if placement is None and reply.waiting_verdicts else reply.verdicts
+    if verdicts:
+        grid = Grid("peers", ("peer", "verdict", "detail"))
+        for verdict in verdicts:
+            style = "green" if verdict.code == "match" else "red"
+            grid.add(lit(verdict.peer_id), lit(PEER_CODES.get(verdict.code, verdict.code), style),
+                     lit(verdict.detail or "-"))
+        out.grid(grid)
 
 
 # ---------------------------------------------------------------- users
