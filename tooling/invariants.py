@@ -1,17 +1,20 @@
 """docs/design.md §6 checks shared by every end-to-end test (and the chaos suite).
 
-The pure checks (:func:`quota_violations`, :func:`identity_violations`) take rows and
-return what is wrong; the async ones read them from Postgres first.
+The pure checks (:func:`quota_violations`, :func:`identity_violations`,
+:func:`preemption_violations`) take rows and return what is wrong; the async ones read
+them from Postgres first.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from irisfed.services.common.store import Store
+from irisfed.shared.bands import band_name, may_preempt
 from irisfed.shared.lifecycle import ACTIVE_STATES, JobState, can_transition
 from irisfed.shared.resources import (
     SLOTS,
@@ -255,3 +258,262 @@ async def job_identities(conn: Queryable, sent_by_label: str | None = None) -> d
         "spec->'labels'->>$1::text AS sent_by FROM jobs", sent_by_label or "")
     return {r["job_id"]: JobIdentity(r["user_id"], r["state"], r["cancel_requested"], r["cancel_requested_by"],
                                      r["sent_by"] if sent_by_label else None) for r in rows}
+
+
+# ---------------------------------------------------------------- invariant 11: preemption
+
+# What the tick's preemption writes (services/tick/service.py, shared/sql/jobs.sql
+# ``job_preempt_batch`` and ``job_assign_batch``): each victim's row says
+# ``preempted by <stored id>`` (then ``; ...`` when it ends failed or killed) and the
+# preempting job's assignment row ``placed; preempted <id>, <id>``.
+PREEMPTED_BY = "preempted by "
+PLACED_PREEMPTING = "placed; preempted "
+_PREEMPTION_ENDS = frozenset({JobState.QUEUED.value, JobState.FAILED.value, JobState.KILLED.value})
+
+
+class HistoryRow(NamedTuple):
+    """A changelog row as the preemption checks read it; ``tx``: what tells its
+    transaction (``federation_changelog.at``, ``now()`` at the transaction's start; the
+    same for every row one transaction wrote), or None when unknown."""
+
+    seq: int
+    job_id: str
+    from_state: str | None
+    to_state: str
+    peer_id: str | None
+    epoch: int
+    actor: str
+    detail: str
+    tx: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class BandedJob:
+    """A job as invariant 11 needs it: ``jobs.band`` (a rank, shared/bands.py), what it
+    asked (``jobs.resources``: mapping, JSON text or None for the default), its state
+    now and ``jobs.preemptions`` (None: not compared)."""
+
+    band: int
+    resources: Mapping[str, object] | str | None = None
+    state: str | None = None
+    preemptions: int | None = None
+
+
+def preemptor_of(row: Any) -> str | None:
+    """The job a tick's ``preempted by J[; ...]`` row names (None: not such a row)."""
+    detail = row.detail or ""
+    if row.actor != "tick" or not detail.startswith(PREEMPTED_BY):
+        return None
+    return detail[len(PREEMPTED_BY):].partition(";")[0].strip()
+
+
+def victims_named(row: Any) -> list[str] | None:
+    """The victims a ``placed; preempted a, b`` assignment row lists (None: not such a row)."""
+    detail = row.detail or ""
+    if row.actor != "tick" or not detail.startswith(PLACED_PREEMPTING):
+        return None
+    return [v.strip() for v in detail[len(PLACED_PREEMPTING):].split(",")]
+
+
+def count_preemptions(changelog: Iterable[Any]) -> int:
+    """How many preemptions (victims moved) the changelog records."""
+    return sum(1 for row in changelog if preemptor_of(row) is not None)
+
+
+def _covers(victims: Iterable[tuple[tuple[str, int], ...]], asks: Mapping[str, int]) -> bool:
+    """Would these victims' room (a slot each, their units) hold everything in ``asks``?"""
+    freed: dict[str, int] = {SLOTS: 0}
+    for units in victims:
+        freed[SLOTS] += 1
+        for name, amount in units:
+            freed[name] = freed.get(name, 0) + amount
+    return all(freed.get(name, 0) >= amount for name, amount in asks.items())
+
+
+def preemption_violations(changelog: Iterable[Any], jobs: Mapping[str, BandedJob],
+                          advertised: Mapping[str, Collection[str]] | None = None) -> list[str]:
+    """Invariant 11 (docs/design.md §6, §3.3) over the changelog (rows with ``seq``,
+    ``job_id``, ``from_state``, ``to_state``, ``peer_id``, ``epoch``, ``actor``,
+    ``detail`` and optionally ``tx``, any order) and the ``jobs`` table.
+
+    For every victim row ``preempted by J`` (V, of job X):
+
+    - only strictly lower bands, never production: ``band(X) < band(J)`` and X is not
+      ``production`` (``shared.bands.may_preempt``);
+    - X was live (V comes from assigned or running, as X's row before it left it) on a
+      peer, its run owner (that row's peer); V bumps X's epoch by one; V ends X
+      ``queued`` with no peer (``failed`` or ``killed`` only with a ``; why`` suffix);
+    - the room is J's at once, on that peer: J's next row after V is the tick's
+      queued → assigned ``placed; preempted ...`` naming X, on X's run owner, in V's
+      transaction (same ``tx``; also J's rows are locked in it, so nothing of J can
+      come between);
+    - fenced: no later row of X carries an epoch below V's; after a ``queued`` V the
+      next row of X starts from ``queued`` (no write of the old run lands), after a
+      terminal V there is none;
+    - never lost: X is still in ``jobs``, and ``jobs.preemptions`` (when given) counts
+      exactly its ``preempted by`` rows.
+
+    For every ``placed; preempted a, b`` row (R, of job J): the victims it names are
+    distinct and are exactly the jobs whose ``preempted by J`` rows lead to R (one
+    preemption per placement: never two for one J in a pass), all on R's peer; and
+    never more than needed: no victim could be spared, i.e. the others alone never
+    free a slot and everything J asks of the resources its peer's backends advertise
+    (``advertised``: peer → resource names, empty for a slots-only peer; a peer not
+    in it counts every resource J asks). That is the sound form of "the fewest":
+    whatever J lacked there was at most a slot and J's own ask, so if the rest cover
+    that, one victim was needless however busy the backend was (for a job of one task:
+    a gang asks a slot and its ask per task). (The exact form,
+    against the room free when the tick decided, cannot be replayed: the tick decides
+    on a snapshot, and jobs that end between it and the commit are not in its view.)
+    """
+    history: dict[str, list[Any]] = defaultdict(list)
+    for row in sorted(changelog, key=lambda r: r.seq):
+        history[row.job_id].append(row)
+    problems: list[str] = []
+    # placed row (J, seq) → the victims whose preemption led to it
+    led_to: dict[tuple[str, int], list[str]] = defaultdict(list)
+    run_owner: dict[tuple[str, int], str | None] = {}  # victim row (X, seq) → its run's owner
+    preempted: dict[str, int] = defaultdict(int)
+    for victim, rows in history.items():
+        for i, row in enumerate(rows):
+            by = preemptor_of(row)
+            if by is None:
+                continue
+            preempted[victim] += 1
+            where = f"{victim}: seq {row.seq} ({PREEMPTED_BY}{by})"
+            to_state, from_state = _state(row.to_state), _state(row.from_state) if row.from_state else None
+            mine, theirs = jobs.get(victim), jobs.get(by)
+            if mine is None:
+                problems.append(f"{where}: the preempted job is gone from jobs")
+            if theirs is None:
+                problems.append(f"{where}: the preempting job {by} is not in jobs")
+            if mine is not None and theirs is not None and not may_preempt(theirs.band, mine.band):
+                problems.append(f"{where}: band {band_name(mine.band)} preempted by {by} of band "
+                                f"{band_name(theirs.band)} (only strictly lower bands, never production)")
+            if from_state not in LIVE_STATES:
+                problems.append(f"{where}: preempted from {from_state}, not from assigned or running")
+            before = rows[i - 1] if i else None
+            owner = before.peer_id if before is not None else None
+            run_owner[(victim, row.seq)] = owner
+            if owner is None:
+                problems.append(f"{where}: no run owner on record before it")
+            if before is not None and row.epoch != before.epoch + 1:
+                problems.append(f"{where}: epoch {before.epoch} → {row.epoch}, not bumped by one (the old run "
+                                f"is not fenced)")
+            if to_state not in _PREEMPTION_ENDS:
+                problems.append(f"{where}: ends {to_state}; a preemption ends queued (failed, killed)")
+            elif to_state == JobState.QUEUED.value:
+                if row.peer_id is not None:
+                    problems.append(f"{where}: queued again but still names peer {row.peer_id}")
+                if row.detail != f"{PREEMPTED_BY}{by}":
+                    problems.append(f"{where}: queued again with detail {row.detail!r}")
+            elif not row.detail.startswith(f"{PREEMPTED_BY}{by}; "):
+                problems.append(f"{where}: ended {to_state} without saying why ({row.detail!r})")
+            # Fenced: nothing of the old run lands after it.
+            later = rows[i + 1:]
+            for after in later:
+                if after.epoch < row.epoch:
+                    problems.append(f"{victim}: seq {after.seq} ({_state(after.to_state)}, by {after.actor}) "
+                                    f"carries epoch {after.epoch} after its preemption moved it to {row.epoch}")
+            if later:
+                nxt = later[0]
+                if to_state != JobState.QUEUED.value:
+                    problems.append(f"{victim}: seq {nxt.seq} after its preemption ended it {to_state}")
+                elif (_state(nxt.from_state) if nxt.from_state else None) != JobState.QUEUED.value:
+                    problems.append(f"{victim}: seq {nxt.seq} ({nxt.from_state} → {_state(nxt.to_state)}, by "
+                                    f"{nxt.actor}) follows its preemption back to queued")
+            # The room is J's, in the same transaction, on the same peer.
+            placed = next((r for r in history.get(by, ()) if r.seq > row.seq), None)
+            named = victims_named(placed) if placed is not None else None
+            if placed is None or named is None or _state(placed.to_state) != JobState.ASSIGNED.value:
+                problems.append(f"{where}: {by}'s next row is not its placement naming its victims "
+                                f"({'none' if placed is None else repr(placed.detail)})")
+                continue
+            led_to[(by, placed.seq)].append(victim)
+            if victim not in named:
+                problems.append(f"{where}: {by}'s placement (seq {placed.seq}) does not name it: {placed.detail!r}")
+            if owner is not None and placed.peer_id != owner:
+                problems.append(f"{where}: it ran on {owner} but {by} was placed on {placed.peer_id} "
+                                f"(preempting on one peer for room on another)")
+            tx, placed_tx = getattr(row, "tx", None), getattr(placed, "tx", None)
+            if tx is not None and placed_tx is not None and tx != placed_tx:
+                problems.append(f"{where}: {by}'s placement (seq {placed.seq}) is another transaction")
+    for job_id, rows in history.items():
+        for row in rows:
+            named = victims_named(row)
+            if named is None:
+                continue
+            where = f"{job_id}: seq {row.seq} ({row.detail})"
+            if _state(row.to_state) != JobState.ASSIGNED.value or _state(row.from_state) != JobState.QUEUED.value:
+                problems.append(f"{where}: a preempting placement that is not queued → assigned")
+            if len(set(named)) != len(named):
+                problems.append(f"{where}: names a victim twice")
+            led = led_to.get((job_id, row.seq), [])
+            missing, extra = sorted(set(named) - set(led)), sorted(set(led) - set(named))
+            if missing:
+                problems.append(f"{where}: names {', '.join(missing)} but no preemption by {job_id} of them "
+                                f"came just before")
+            if extra:
+                problems.append(f"{where}: {', '.join(extra)} preempted for it but not named")
+            if len(led) < 2 or missing or extra or jobs.get(job_id) is None:
+                continue
+            # Never more than needed: could any victim have been spared?
+            counted = None if advertised is None else advertised.get(row.peer_id)
+            asks = {SLOTS: 1}
+            for name, amount in _units(jobs[job_id].resources):
+                if counted is None or name in counted:
+                    asks[name] = amount
+            units = {v: _units(jobs[v].resources) if v in jobs else () for v in led}
+            for spared in sorted(led):
+                if _covers((units[v] for v in led if v != spared), asks):
+                    problems.append(f"{where}: preempted {len(led)} jobs where the others would have made room "
+                                    f"without {spared} (more than needed)")
+                    break
+    for job_id, job in jobs.items():
+        if job.preemptions is not None and job.preemptions != preempted.get(job_id, 0):
+            problems.append(f"{job_id}: jobs.preemptions is {job.preemptions} but the changelog shows "
+                            f"{preempted.get(job_id, 0)} preemptions")
+    return problems
+
+
+async def preemption_history(conn: Queryable) -> list[HistoryRow]:
+    """The whole changelog with each row's transaction mark (``at``: ``now()`` when its
+    transaction began), for :func:`preemption_violations`."""
+    rows = await conn.fetch(
+        "SELECT seq, job_id, from_state, to_state, peer_id, epoch, actor, detail, at AS tx "
+        "FROM federation_changelog ORDER BY seq")
+    return [HistoryRow(*r) for r in rows]
+
+
+async def banded_jobs(conn: Queryable) -> dict[str, BandedJob]:
+    """Every job's band, resources, state and preemptions (``jobs``)."""
+    rows = await conn.fetch("SELECT job_id, band, resources::text AS resources, state, preemptions FROM jobs")
+    return {r["job_id"]: BandedJob(r["band"], r["resources"], r["state"], r["preemptions"]) for r in rows}
+
+
+async def advertised_resources(conn: Queryable) -> dict[str, set[str]]:
+    """Peer → the resource names its latest heartbeat's backends advertise (empty: slots only)."""
+    rows = await conn.fetch("SELECT peer_id, backends::text AS backends FROM peer_heartbeat")
+    found: dict[str, set[str]] = {}
+    for r in rows:
+        names: set[str] = set()
+        try:
+            backends = json.loads(r["backends"]) or []
+        except ValueError:
+            backends = []
+        for backend in backends if isinstance(backends, list) else []:
+            resources = backend.get("resources") if isinstance(backend, dict) else None
+            if isinstance(resources, dict):
+                names.update(resources)
+        found[r["peer_id"]] = names
+    return found
+
+
+async def preemption_replay_violations(conn: Queryable, advertised: Mapping[str, Collection[str]] | None = None
+                                       ) -> tuple[list[str], int]:
+    """:func:`preemption_violations` over the whole changelog and ``jobs`` (``advertised``:
+    None reads it from ``peer_heartbeat``), and how many preemptions it saw."""
+    history = await preemption_history(conn)
+    if advertised is None:
+        advertised = await advertised_resources(conn)
+    return preemption_violations(history, await banded_jobs(conn), advertised), count_preemptions(history)

@@ -6,7 +6,12 @@ crash restarts, stalls, SIGKILLed agents whose real runs live on, and a rogue ag
 user forging heartbeats (tooling/chaos/ says what each checks). Three users submit and
 cancel, each with its own NATS credentials: two with quotas their bursts fill, job ids
 shared between users, cancels of other users' jobs; the identity (§6.9) and quota
-(§6.10, a replay of the changelog) checks run after every schedule.
+(§6.10, a replay of the changelog) checks run after every schedule. Jobs come in
+bands (§3.3: mostly batch, some interactive, a few production from alice, the one
+user allowed it) and every schedule squeezes a kind of work full of batch jobs before
+sending it work of a higher band, so preemptions happen; the preemption checks
+(§6.11, a replay of the changelog) run after every schedule too, and the NATS server's
+log is read for any publish or subscribe it refused a service.
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
@@ -53,4 +58,5 @@ def test_chaos_schedules_keep_every_invariant(capsys, restricted):
     assert summary.shared_ids > 0  # one job_id sent by two users (two jobs)
     assert summary.foreign_cancels > 0  # users cancelled jobs that were not theirs
     assert summary.quotas_reached, "no quota was ever filled: the workload did not test them"
+    assert summary.preemptions > 0, "nothing was preempted: the workload did not test bands"
     assert summary.violations == []

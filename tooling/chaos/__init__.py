@@ -31,8 +31,19 @@ two live processes of one job under different epochs (see ``RunWatcher``); no
 service exiting by itself or logging a dead background task (``task_died``); identity
 (§6.9: every job is the job its user sent on its own subject, one job_id from two
 users is two jobs, a cancel from another user never touched a job, a stored cancel
-names the job's own user or an operator); and quotas (§6.10: replaying the changelog
-in ``seq`` order, no user's live jobs ever held more than its quota).
+names the job's own user or an operator); quotas (§6.10: replaying the changelog
+in ``seq`` order, no user's live jobs ever held more than its quota); preemption
+(§6.11: only strictly lower bands, never production, on the peer where the preempting
+job is placed in the same transaction, never more victims than needed, the victim's
+epoch bumped and no write of its old run after it, the victim queued again or ended
+with a reason, never lost; see ``checks``); and no publish or subscribe refused by
+the NATS server to any client (a service whose role lacks a subject it uses).
+
+Bands: most jobs are ``batch``, some ``interactive``, a few ``production`` (alice's
+``max_band`` allows it; the others' does not, and now and then they ask it anyway:
+``forbidden``). Every schedule has at least one ``squeeze``: one kind of work's peers
+filled with batch jobs, then sent that kind of work of a higher band, which preempts.
+The summary counts preemptions (by how the victims ended) and the schedules with any.
 
 ``ChaosSettings.restricted_roles`` runs the services on their own Postgres login
 roles (``irisfed db-roles``: row-level security) instead of the owner.

@@ -6,6 +6,14 @@ is one that user sent (so one job_id from two users is two jobs), a cancel from 
 user whose job it was not left the job alone, a stored cancel names the job's own
 user or an operator; and replaying the changelog in ``seq`` order, no user's live
 jobs ever held more than its quota (tooling/invariants.py).
+
+Preemption (invariant 11, ``preemption_violations``): every ``preempted by J`` row
+preempts a strictly lower band, never production, and is followed in its
+transaction by J's placement on the victim's own peer naming exactly the victims
+preempted for it; none of them could have been spared; the victim's epoch moved by
+one, no write of its old run follows, and it is queued again (or failed past its
+``max_preemptions``, killed when a cancel was stored), never lost; ``jobs.preemptions``
+counts its preemptions.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import contextlib
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +39,16 @@ from irisfed.tooling.chaos.watcher import RunWatcher
 from irisfed.tooling.chaos.workload import SENT_BY_LABEL
 from irisfed.tooling.chaos.world import CONVERGE_TIMEOUT_S, DOWN_SLACK_S, HEARTBEAT_TTL_S
 from irisfed.tooling.invariants import (
+    advertised_resources,
+    banded_jobs,
     changelog_violations,
     identity_violations,
     job_holdings,
     job_identities,
     peak_live_usage,
+    preemption_history,
+    preemption_violations,
+    preemptor_of,
     quota_violations,
 )
 
@@ -96,6 +110,9 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
                 violations.append(f"{job_id}: cancel said never_started but it started")
         violations.extend(await changelog_violations(store))
         violations.extend(await placed_on_dead_agents(pool, outages))
+        history = await preemption_history(pool)
+        violations.extend(preemption_violations(history, await banded_jobs(pool), await advertised_resources(pool)))
+        result.preempted = Counter(str(r.to_state) for r in history if preemptor_of(r) is not None)
         if ledger is not None:
             identities = await job_identities(pool, SENT_BY_LABEL)
             violations.extend(identity_violations(identities, ledger.sent, ledger.foreign_cancels,
@@ -148,6 +165,33 @@ def check_runs(watcher: RunWatcher, result: ScheduleResult) -> None:
     result.violations.extend(problems)
     result.fenced_overlaps = fenced
     result.runs = len(watcher.runs)
+
+
+def nats_log_size(log_path: Path) -> int:
+    """Where the NATS server's log ends now (0: none yet): a schedule reads on from here."""
+    try:
+        return log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def check_nats_permissions(log_path: Path, offset: int, result: ScheduleResult) -> None:
+    """Every publish or subscribe the NATS server refused since ``offset``: no client here
+    is meant to be refused (the rogue lies only on subjects its credentials allow), so a
+    service whose role lacks a subject it uses (a notice never delivered) is a finding."""
+    if nats_log_size(log_path) < offset:  # started afresh: read it all
+        offset = 0
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return
+    refused = [line for line in text.splitlines() if "Violation" in line]
+    for line in refused[:5]:
+        result.violations.append(f"nats refused a client: {line[line.find(' - ') + 3:][:300]}")
+    if len(refused) > 5:
+        result.violations.append(f"nats refused {len(refused) - 5} more (see {log_path})")
 
 
 def check_logs(folder: Path, result: ScheduleResult) -> None:

@@ -25,15 +25,16 @@ from irisfed.tooling.chaos.world import (
     PEERS,
     SAMPLE_PERIOD_S,
     SERVICES,
+    SLOTS_PER_PEER,
     SUBPROCESS_PEERS,
     ChaosFederation,
     Servers,
 )
 from irisfed.tooling.proxy import TcpProxy
 
-# action → weight; "submit" and "cancel" are the producers' (see Schedule.step).
+# action → weight; "submit", "cancel" and "squeeze" are the producers' (see Schedule.step).
 ACTIONS = {
-    "submit": 5, "cancel": 2, "kill_agent": 1, "kill_agent_with_runs": 2, "partition": 2,
+    "submit": 5, "cancel": 2, "squeeze": 2, "kill_agent": 1, "kill_agent_with_runs": 2, "partition": 2,
     "stall_postgres": 2, "rogue_heartbeats": 1, "kill_router": 1, "kill_tick": 1,
     "restart_nats": 1, "restart_postgres": 2,
 }
@@ -69,7 +70,7 @@ class Faults:
         self.spy = None
 
     async def inject(self, action: str) -> None:
-        """One fault of kind ``action`` (a key of ACTIONS other than submit and cancel)."""
+        """One fault of kind ``action`` (a key of ACTIONS other than the producers' submit, cancel and squeeze)."""
         rng = self.rng
         if action == "kill_agent":
             peer = rng.choice(sorted(PEERS))
@@ -170,7 +171,7 @@ class Faults:
             old = self.heard.get(target, [None])[0]
             body = json.loads(old) if old else {"backends": [{
                 "name": "simulated", "attributes": {k: [v] for k, v in PEERS[target].items()},
-                "capacity": {"total": 3, "free": 3}}]}
+                "capacity": {"total": SLOTS_PER_PEER, "free": SLOTS_PER_PEER}}]}
             run_id, seq = uuid.uuid4().hex, 1 << 40
             while time.monotonic() < until:
                 seq += 1

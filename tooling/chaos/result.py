@@ -22,6 +22,13 @@ class ScheduleResult:
     shared_ids: int = 0  # job ids sent by two or more users (two jobs each)
     foreign_cancels: int = 0  # cancels sent by a user whose job it was not
     quotas_reached: list[str] = field(default_factory=list)  # user:resource quotas live jobs filled
+    # Preemptions the changelog records, by how each victim ended them (queued, failed, killed).
+    preempted: Counter = field(default_factory=Counter)
+    forbidden_bands: int = 0  # submits of a band above the user's max_band (answered forbidden)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(self.preempted.values())
 
     def fault(self, kind: str) -> None:
         self.faults += 1
@@ -60,6 +67,23 @@ class ChaosSummary:
         return Counter(q for r in self.results for q in r.quotas_reached)
 
     @property
+    def preemptions(self) -> int:
+        return sum(r.preemptions for r in self.results)
+
+    @property
+    def preempted(self) -> Counter:
+        """How the preemptions of every schedule ended their victims (queued, failed, killed)."""
+        return sum((r.preempted for r in self.results), Counter())
+
+    @property
+    def preempting_schedules(self) -> int:
+        return sum(1 for r in self.results if r.preemptions)
+
+    @property
+    def forbidden_bands(self) -> int:
+        return sum(r.forbidden_bands for r in self.results)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
@@ -67,9 +91,12 @@ class ChaosSummary:
         kinds = " ".join(f"{kind}={n}" for kind, n in sorted(self.kinds.items()))
         runs = sum(r.runs for r in self.results)
         full = ",".join(f"{quota}:{n}" for quota, n in sorted(self.quotas_reached.items()))
+        ends = ",".join(f"{state}:{n}" for state, n in sorted(self.preempted.items()))
         return (f"chaos: schedules={len(self.results)} faults={self.faults} jobs={self.jobs} "
                 f"violations={len(self.violations)} seed={self.seed} "
                 f"roles={'restricted' if self.restricted_roles else 'owner'} runs={runs} "
                 f"| users: shared_ids={self.shared_ids} foreign_cancels={self.foreign_cancels} "
                 f"quotas_full={full or 'none'} "
+                f"| bands: preemptions={self.preemptions} ({ends or 'none'}) in "
+                f"{self.preempting_schedules}/{len(self.results)} schedules forbidden={self.forbidden_bands} "
                 f"| faults by kind: {kinds or 'none'}")

@@ -52,7 +52,7 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
             fenced = f" fenced={result.fenced_overlaps}" if result.fenced_overlaps else ""
             full = f" quotas_full={','.join(result.quotas_reached)}" if result.quotas_reached else ""
             say(f"  schedule {index}: faults={result.faults} ({kinds}) jobs={result.jobs} runs={result.runs}"
-                f"{fenced}{full} "
+                f" preemptions={result.preemptions}{fenced}{full} "
                 f"{status} ({time.monotonic() - started:.1f}s, converged in {result.converge_s:.1f}s)")
             if os.environ.get("IRISFED_CHAOS_TIMING"):  # where the schedule's wall time went
                 say("    " + " ".join(f"{name}={s:.2f}" for name, s in result.phases))

@@ -9,6 +9,12 @@ quota; some cancels come from a user whose job it is not (the answer must be
 ``not_found``, the job untouched); and now and then a body names a user (it must be
 refused: identity comes from the subject alone). The :class:`Ledger` keeps what was
 sent, for the identity checks.
+
+Bands (§3.3): every job draws its band (workload.draw_band). A ``squeeze`` step fills
+the peers of one kind of work with batch jobs, then sends that kind of work of a
+higher band (interactive, or production from a user allowed it): it finds no room
+and preempts. Now and then a user sends a band above its ``max_band``: it must be
+answered ``forbidden`` and write nothing.
 """
 
 from __future__ import annotations
@@ -27,20 +33,30 @@ from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.nats_auth import user_role
 from irisfed.services.common.store import Store
+from irisfed.shared.bands import BATCH, INTERACTIVE, PRODUCTION, band_rank
 from irisfed.shared.errors import ErrorCode
 from irisfed.shared.lifecycle import CancelOutcome
 from irisfed.shared.resources import as_resources
 from irisfed.shared.users import DEFAULT_USER, over_whole_quota, stored_job_id
-from irisfed.tooling.chaos.checks import Ledger, check_logs, check_runs, converge_and_check
+from irisfed.tooling.chaos.checks import (
+    Ledger,
+    check_logs,
+    check_nats_permissions,
+    check_runs,
+    converge_and_check,
+    nats_log_size,
+)
 from irisfed.tooling.chaos.faults import ACTIONS, Faults, quiet
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
-from irisfed.tooling.chaos.workload import job_body
+from irisfed.tooling.chaos.workload import draw_band, job_body
 from irisfed.tooling.chaos.world import (
+    MAX_BAND,
     PEERS,
     QUOTAS,
     REQUEST_TIMEOUT_S,
     SERVICES,
+    SLOTS_PER_PEER,
     SUBMITTERS,
     ChaosFederation,
     Servers,
@@ -54,6 +70,18 @@ BURST_P = 0.35  # a submit step is one quota user's burst of 3-4 jobs
 FOREIGN_CANCEL_P = 0.3  # a cancel step's cancel comes from a user whose job it is not
 FOREIGN_AFTER_SUBMIT_P = 0.3  # after a submit step, a user cancels another user's job too
 FORGED_USER_P = 0.15  # after a submit step, a body that names a user is sent too
+FORBIDDEN_BAND_P = 0.1  # after a submit step, a user sends a band above its max_band
+# A squeeze: (kind of work, pin, how many peers take it). Its batch jobs fill those
+# peers' slots and last at least SQUEEZE_MIN_S; SQUEEZE_WAIT_S later (the tick has
+# placed them) 1-2 jobs of a higher band of the same kind arrive and find no room.
+SQUEEZES = (("gpu", None, ("gpu-a", "gpu-b")), ("tpu", None, ("tpu",)), ("only:gpu-a", None, ("gpu-a",)),
+            ("pinned", "gpu-b", ("gpu-b",)))
+SQUEEZE_MIN_S = 0.6
+SQUEEZE_WAIT_S = 0.3
+# Who squeezes: fills come from users with no quota the fill would wait on, and so
+# does most urgent work (a job held back by its own quota preempts nothing, §3.3).
+SQUEEZE_FILLERS = (DEFAULT_USER,)
+SQUEEZE_URGENT = (DEFAULT_USER, DEFAULT_USER, "alice", "bob")
 
 
 class Schedule:
@@ -95,6 +123,8 @@ class Schedule:
         self.fed = ChaosFederation(self.folder, self._db_urls(database_url), self.servers.nats.url,
                                    self.servers.auth)
         phase("database")
+        nats_log = self.servers.nats.log_path  # the same file across NATS restarts
+        nats_from = nats_log_size(nats_log)
         self.watcher.start()
         for name in SERVICES:
             self.fed.start(name)
@@ -112,8 +142,11 @@ class Schedule:
             await self._wait_ready(database_url)
             await self.faults.listen_to_heartbeats()
             phase("ready")
-            for _ in range(self.steps):
-                action = await self.step()
+            # One step of every schedule squeezes, whatever the draw: preemption is exercised
+            # in every schedule (others may squeeze too, drawn like any action).
+            squeeze_at = self.rng.randrange(self.steps) if self.steps else -1
+            for index in range(self.steps):
+                action = await self.step("squeeze" if index == squeeze_at else None)
                 phase(f"step:{action}")
                 self._restart_exited()
                 self.faults.mend_due()
@@ -132,12 +165,14 @@ class Schedule:
             phase("stop")
             check_runs(self.watcher, self.result)
             check_logs(self.folder, self.result)
+            check_nats_permissions(nats_log, nats_from, self.result)
         return self.result
 
-    async def step(self) -> str:
-        """Producers submit or cancel, or one fault is injected (drawn by weight); which."""
+    async def step(self, action: str | None = None) -> str:
+        """Producers submit, cancel or squeeze, or one fault is injected (drawn by weight,
+        unless ``action`` says which); which."""
         rng = self.rng
-        action = rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
+        action = action or rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
         if action == "submit" or not self.acked and action == "cancel":
             # Producers in parallel (each retrying on its own); drawn in order, so seeded.
             if rng.random() < BURST_P:  # one quota user asks for more than its quota at once
@@ -150,8 +185,12 @@ class Schedule:
                 await self._send_forged_user()
             if self.acked and rng.random() < FOREIGN_AFTER_SUBMIT_P:
                 await self._cancel_one(foreign=True)
+            if rng.random() < FORBIDDEN_BAND_P:
+                await self._send_forbidden_band()
         elif action == "cancel":
             await self._cancel_one(foreign=rng.random() < FOREIGN_CANCEL_P)
+        elif action == "squeeze":
+            await self._squeeze()
         else:
             await self.faults.inject(action)
         return action
@@ -200,10 +239,12 @@ class Schedule:
         await self._send(*self._new_job(kind, pin, min_s))
 
     def _new_job(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0,
-                 user: str | None = None) -> tuple[str, dict]:
-        """A new job of ``user`` (drawn when None) and that user; recorded as sent at once."""
+                 user: str | None = None, band: str | None = None) -> tuple[str, dict]:
+        """A new job of ``user`` (drawn when None) and that user, of ``band`` (drawn when
+        None); recorded as sent at once."""
         rng = self.rng
         user = user or rng.choice(SUBMITTERS)
+        band = band or draw_band(rng, user)
         self.result.jobs += 1
         job_id = f"s{self.index}-j{self.result.jobs}-{rng.randrange(1 << 20):x}"
         if rng.random() < SHARED_ID_P:  # an id another user sent: the same id, another job
@@ -212,7 +253,42 @@ class Schedule:
             if theirs:
                 job_id = rng.choice(theirs)
         self.ledger.sent.add((user, job_id))
-        return user, job_body(rng, job_id, self.run_log, kind, pin, min_s, user)
+        return user, job_body(rng, job_id, self.run_log, kind, pin, min_s, user, band)
+
+    async def _squeeze(self) -> None:
+        """Fill the peers of one kind of work with batch jobs; once they are placed, send
+        1-2 jobs of a higher band of that kind: finding no room, they preempt."""
+        rng = self.rng
+        # Where the agents run (one killed a moment ago takes nothing: no room to fight for).
+        up = [s for s in SQUEEZES if all(self.fed.running(peer) for peer in s[2])]
+        kind, pin, peers = rng.choice(up or SQUEEZES)
+        fill = [self._new_job(kind, pin, SQUEEZE_MIN_S, rng.choice(SQUEEZE_FILLERS), BATCH)
+                for _ in range(len(peers) * SLOTS_PER_PEER)]
+        await asyncio.gather(*(self._send(user, body) for user, body in fill))
+        await asyncio.sleep(SQUEEZE_WAIT_S)
+        urgent = []
+        for _ in range(rng.randint(1, 2)):
+            user = rng.choice(SQUEEZE_URGENT)
+            band = PRODUCTION if band_rank(MAX_BAND[user]) >= band_rank(PRODUCTION) and rng.random() < 0.6 \
+                else INTERACTIVE
+            urgent.append(self._new_job(kind, pin, 0.0, user, band))
+        await asyncio.gather(*(self._send(user, body) for user, body in urgent))
+
+    async def _send_forbidden_band(self) -> None:
+        """A band above the user's ``max_band``: answered ``forbidden``, nothing written
+        (its job_id is sent by no one, so a job made of it fails the identity checks)."""
+        users = [u for u in SUBMITTERS if band_rank(MAX_BAND[u]) < band_rank(PRODUCTION)]
+        if not users:
+            return
+        user = self.rng.choice(users)
+        self.result.forbidden_bands += 1
+        job_id = f"s{self.index}-forbidden-{self.result.forbidden_bands}"
+        body = job_body(self.rng, job_id, self.run_log, user=user, band=PRODUCTION)
+        reply = await self._request("submit", body, user)
+        code = (reply or {}).get("error", {}).get("code")
+        if reply is not None and code not in (ErrorCode.FORBIDDEN, ErrorCode.UNAVAILABLE):
+            self.result.violations.append(f"{stored_job_id(user, job_id)}: {user} (max_band {MAX_BAND[user]}) "
+                                          f"asked band production and was answered {reply} (expected forbidden)")
 
     async def _send(self, user: str, body: dict) -> None:
         job_id = body["job_id"]

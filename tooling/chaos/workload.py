@@ -4,6 +4,12 @@ Each job is some user's (world.SUBMITTERS): its ``chaos.user`` label names the u
 whose subject it was sent on, so the checks can tell a spec that reached another
 user's job. bob's jobs ask resources his quota counts; now and then one asks more cpu
 than his whole quota, which the router must reject naming the quota.
+
+Bands (§3.3): most jobs are ``batch``, some ``interactive`` (half of them leave the
+field out: it is the default), and a few ``production``, from the users whose
+``max_band`` allows it (world.MAX_BAND); so waiting work of a higher band finds
+lower-band work to preempt. Some batch jobs allow few preemptions
+(``max_preemptions`` 0 to 2), so a preemption also ends jobs ``failed``.
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from irisfed.shared.bands import BATCH, INTERACTIVE, PRODUCTION, band_rank
 from irisfed.shared.users import DEFAULT_USER
-from irisfed.tooling.chaos.world import MAX_JOB_S, PEERS
+from irisfed.tooling.chaos.world import MAX_BAND, MAX_JOB_S, PEERS
 
 # What every job runs on the subprocess peers ($1 seconds, exit $2, log to $3).
 # The simulated peers read the same duration and exit code from the labels.
@@ -30,12 +37,27 @@ SENT_BY_LABEL = "chaos.user"  # the user whose subject the job was sent on
 BOB_CPU = (0.5, 1, 1.5)
 OVER_QUOTA_CPU = 3
 OVER_QUOTA_P = 0.05
+# How often a job asks each band above batch (production only where its user may).
+PRODUCTION_P = 0.12
+INTERACTIVE_P = 0.28
+# A batch job's max_preemptions, drawn from these (None: left out, the default 100).
+MAX_PREEMPTIONS = (0, 1, 2, None, None, None)
+
+
+def draw_band(rng: random.Random, user: str) -> str:
+    """A band ``user`` may ask for: mostly batch, some interactive, a few production."""
+    draw = rng.random()
+    if draw < PRODUCTION_P and band_rank(MAX_BAND[user]) >= band_rank(PRODUCTION):
+        return PRODUCTION
+    if draw < PRODUCTION_P + INTERACTIVE_P:
+        return INTERACTIVE
+    return BATCH
 
 
 def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = None,
-             pin: str | None = None, min_s: float = 0.0, user: str = DEFAULT_USER) -> dict:
+             pin: str | None = None, min_s: float = 0.0, user: str = DEFAULT_USER, band: str | None = None) -> dict:
     """A random job of ``user``; ``kind`` forces its kind (``only:PEER``: constrained to
-    that peer alone)."""
+    that peer alone); ``band``: its band (None: none asked, the default)."""
     kind = kind or rng.choice(["local", "gpu", "gpu", "tpu", "pinned", "impossible", "variant"])
     duration = f"{rng.uniform(min_s, MAX_JOB_S):.2f}"
     exit_code = "1" if rng.random() < 0.1 else "0"
@@ -64,4 +86,10 @@ def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = 
         if rng.random() < OVER_QUOTA_P:
             resources["cpu"] = OVER_QUOTA_CPU
         body["resources"] = resources
+    if band is not None and (band != INTERACTIVE or rng.random() < 0.5):
+        body["band"] = band
+    if band == BATCH:
+        most = rng.choice(MAX_PREEMPTIONS)
+        if most is not None:
+            body["max_preemptions"] = most
     return body

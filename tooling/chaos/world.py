@@ -15,8 +15,9 @@ import asyncpg
 
 from irisfed.services.common.db_roles import apply_roles
 from irisfed.services.common.nats_auth import NatsAuth
+from irisfed.shared.bands import INTERACTIVE, PRODUCTION
 from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
-from irisfed.shared.users import DEFAULT_USER
+from irisfed.shared.users import DEFAULT_MAX_BAND, DEFAULT_USER
 from irisfed.tooling.federation import (
     LocalFederation,
     Peer,
@@ -42,12 +43,16 @@ SUBPROCESS_PEERS = ("gpu-a", "gpu-b")
 # The peers advertise slots only, so quotas alone hold these back: alice may have two
 # jobs live at once; bob's jobs ask 0.5 to 1.5 cores (his gpu ones a gpu too) and he may
 # hold 2 cores and 1 gpu. Both burst past their quotas now and then (workload.py).
+# Bands (§3.3): alice may submit production work; bob and default (unconfigured) at
+# most interactive, the default max_band.
 USERS: dict[str, dict] = {
-    "alice": {"quota": {"slots": 2}},
-    "bob": {"weight": 2.0, "quota": {"cpu": 2, "gpu": 1}},
+    "alice": {"max_band": PRODUCTION, "quota": {"slots": 2}},
+    "bob": {"max_band": INTERACTIVE, "weight": 2.0, "quota": {"cpu": 2, "gpu": 1}},
 }
 SUBMITTERS = (DEFAULT_USER, *USERS)
 QUOTAS = {user: spec["quota"] for user, spec in USERS.items() if spec.get("quota")}
+# Each submitter's highest band (a user not in USERS has the default max_band).
+MAX_BAND = {user: USERS.get(user, {}).get("max_band", DEFAULT_MAX_BAND) for user in SUBMITTERS}
 SERVICES = ("router", "tick", *PEERS)
 CONVERGE_TIMEOUT_S = 90.0
 REQUEST_TIMEOUT_S = 2.0
@@ -70,8 +75,13 @@ FENCING_WINDOW_S = 2 * HEARTBEAT_INTERVAL_S + 0.4
 DOWN_SLACK_S = 0.5
 
 
+# Every peer's slots: few, so that a burst of batch work fills them and a job of a
+# higher band preempts (workload.py, Schedule._squeeze).
+SLOTS_PER_PEER = 3
+
+
 def config_text(prefix: str) -> str:
-    peers = [Peer(peer_id, attrs, slots=3, backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated")
+    peers = [Peer(peer_id, attrs, slots=SLOTS_PER_PEER, backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated")
              for peer_id, attrs in PEERS.items()]
     return render_config(peers, users=[{"id": user, **spec} for user, spec in USERS.items()],
                          local_cluster="home", subject_prefix=prefix,
