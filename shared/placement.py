@@ -247,7 +247,11 @@ class _Room:
         if not self.legacy:
             free = self.free
             for name, amount in units:
-                free[name] -= amount
+                # A job placed here fits, so it asks only what the room has; a victim taken
+                # back (``release``) may hold a resource the backend no longer advertises,
+                # which ``give`` skipped too.
+                if name in free:
+                    free[name] -= amount
             self._update_left()
         self.version += 1
 
@@ -397,7 +401,7 @@ class PlacementRun:
     do, so those are dropped and rebuilt as the next jobs need them; releases are rare.
     """
 
-    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_no_victims", "_seq", "holder", "holds",
+    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_no_victims", "_victims_on", "_seq", "holder", "holds",
                  "matched", "now", "peers", "pool", "preempted", "reachable", "reserve_after_s", "rooms",
                  "rooms_of_peer", "sign")
 
@@ -456,6 +460,11 @@ class PlacementRun:
         self.pool: VictimPool | None = None
         self.preempted: dict[str, tuple[Candidate, ...]] = {}
         self._no_victims: dict[tuple, str] = {}
+        # (backend, units, band, preferences) → (the room's version, victims, rank): a
+        # backend's answer holds until its room changes (every placement, preemption or
+        # release there bumps its version), so a queue of like jobs asks each backend
+        # once, not once per job.
+        self._victims_on: dict[tuple, tuple[int, tuple[Candidate, ...] | None, tuple | None]] = {}
 
     def has_room(self) -> bool:
         """Does any reachable backend still have a free slot?"""
@@ -612,21 +621,33 @@ class PlacementRun:
         groups = (preferred, rooms) if job.avoid_peers and len(preferred) < len(rooms) else (rooms,)
         why = NO_LOWER_BAND
         holds = self.holds
+        memo = self._victims_on
+        band, preferences = job.band, job.preferences
         for group in groups:
             best = None
             for room in group:
-                found = self.pool.on(room.key, job.band)
-                if not found:
-                    continue
+                known = memo.get((room.key, units, band, preferences))
+                if known is not None and known[0] == room.version:
+                    victims, rank = known[1], known[2]
+                    if victims is None and rank is None:
+                        continue  # nothing of a lower band there
+                else:
+                    found = self.pool.on(room.key, band)
+                    if not found:
+                        victims = rank = None
+                    else:
+                        victims = choose_victims(units, room.free, room.slots, room.legacy, found)
+                        rank = (victims_rank(victims), _rank(room, units, preferences, self.sign)) if victims else ()
+                    memo[(room.key, units, band, preferences)] = (room.version, victims, rank)
+                    if victims is None and rank is None:
+                        continue
                 hold = holds.get(room.key) if holds else None
                 if hold is not None and hold.job_id != job.job_id:
                     why = ONLY_HELD if why == NO_LOWER_BAND else why
                     continue
-                victims = choose_victims(units, room.free, room.slots, room.legacy, found)
                 if not victims:  # None: not enough there; (): it fits (it would have been placed)
                     why = STILL_NO_ROOM
                     continue
-                rank = (victims_rank(victims), _rank(room, units, job.preferences, self.sign))
                 if best is None or rank < best[0]:
                     best = (rank, room, victims)
             if best is not None:

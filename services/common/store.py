@@ -327,9 +327,9 @@ class Store:
 
     # ------------------------------------------------------------ jobs: the tick
 
-    async def job_list_queued_users(self) -> list[str]:
-        """Users with queued jobs."""
-        return [r["user_id"] for r in await self._fetch("job_list_queued_users")]
+    async def job_list_queued_users(self) -> dict[str, int]:
+        """Users with queued jobs → the band (rank) of each one's highest queued job."""
+        return {r["user_id"]: r["band"] for r in await self._fetch("job_list_queued_users")}
 
     async def job_claim_queued(self, limit: int, after: tuple[int, int, datetime, str] | None = None,
                                user_id: str = "default") -> list[ClaimedJob]:

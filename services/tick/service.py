@@ -371,29 +371,40 @@ class Tick(Service):
         (every submit burst) waits for one round trip instead of two in a row. The counts are a
         snapshot either way; taken beside the claim they are no staler than before it.
         """
-        users = await bound.job_list_queued_users()
-        if not users:
+        top_band_of = await bound.job_list_queued_users()
+        if not top_band_of:
             return None, FairShareRun(PlacementRun(peers, {}, now), self.users, {})
+        users = list(top_band_of)
         cursor: Cursor = dict.fromkeys(users)
         # One user without a quota needs no one's usage: its own order is the whole order.
         shared_by = len(users) > 1 or users[0] in self.quota_users
+        victims = None
         if not concurrent:  # a pool of one: everything on the held connection, in turn
             live, used = await bound.job_live_usage()
             held = await bound.job_live_usage_by_user() if shared_by else {}
             claimed = await self._claim(bound, cursor)
         else:
-            claimed, usage, held = await asyncio.gather(
+            # A queue holding work above batch may preempt: its victims are read beside
+            # the counts and the claim (a snapshot like them; the commit locks each victim
+            # as seen), not after the claim, in turn.
+            top_band = max(top_band_of.values())
+            reachable = sorted(p.peer_id for p in peers if p.is_reachable(now))
+            claimed, usage, held, victims = await asyncio.gather(
                 self._claim(bound, cursor), self.store.job_live_usage(),
                 self.store.job_live_usage_by_user() if shared_by else _nothing(),
+                self.store.job_list_preemptible(top_band, reachable) if top_band > 0 and reachable else _nothing(),
                 return_exceptions=True)
-            failed = next((r for r in (claimed, usage, held) if isinstance(r, BaseException)), None)
+            failed = next((r for r in (claimed, usage, held, victims) if isinstance(r, BaseException)), None)
             if failed is not None:
                 if claimed is not None and not isinstance(claimed, BaseException):
                     await claimed[0].rollback_quietly()
                 raise failed
             live, used = usage
+            victims = (top_band, victims) if top_band > 0 and reachable else None
         run = PlacementRun(peers, live, now, used=used, policy=self.settings.policy,
                            reserve_after_s=self.settings.reserve_after_s)
+        if victims is not None:
+            run.pool = VictimPool(map(candidate_from_row, victims[1]), victims[0])
         return claimed, FairShareRun(run, self.users, held)
 
     async def _claim(self, bound: Store, cursor: Cursor) -> tuple[Transaction, list[ClaimedJob], Cursor] | None:

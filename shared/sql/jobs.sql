@@ -395,16 +395,18 @@ FROM job_listing WHERE submitted_at >= $1
 GROUP BY 1;
 
 -- job_list_queued_users --
--- Users with queued jobs: a skip scan of jobs_queued_by_user (one index probe per
--- user, however deep each user's queue is).
+-- Users with queued jobs, each with the band of its first one (its highest): a skip
+-- scan of jobs_queued_by_user (one index probe per user, however deep each user's
+-- queue is).
 WITH RECURSIVE users AS (
-    (SELECT user_id FROM jobs WHERE state = 'queued' ORDER BY user_id LIMIT 1)
+    (SELECT user_id, band FROM jobs WHERE state = 'queued' ORDER BY user_id, -band LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.user_id FROM jobs j WHERE j.state = 'queued' AND j.user_id > users.user_id
-            ORDER BY j.user_id LIMIT 1)
-    FROM users WHERE users.user_id IS NOT NULL
+    SELECT next.user_id, next.band
+    FROM users, LATERAL (SELECT j.user_id, j.band FROM jobs j
+                         WHERE j.state = 'queued' AND j.user_id > users.user_id
+                         ORDER BY j.user_id, -j.band LIMIT 1) AS next
 )
-SELECT user_id FROM users WHERE user_id IS NOT NULL;
+SELECT user_id, band FROM users;
 
 -- job_claim_queued_by_user --
 -- Lock the next queued jobs of each user $1[i] in that user's own order (band, then

@@ -259,3 +259,17 @@ async def test_an_assigned_victim_is_preempted_too_and_its_start_is_fenced(pool,
     assert await start_jobs(store, [victim], PEER, epoch=1) == {}  # its old assignment cannot start
     row = await store.job_get(victim.job_id)
     assert (row.state.value, row.attempts, row.preemptions) == ("queued", 0, 1)
+
+
+async def test_the_queue_lists_each_users_highest_band_so_the_tick_reads_victims_at_once(pool):
+    store = Store(pool)
+
+    def of(user: str, band: str, job_id: str):
+        return msgspec.structs.replace(job(band), user_id=user, job_id=f"{user}:{job_id}")
+
+    await insert_jobs(store, [of("alice", "batch", "a1"), of("alice", "production", "a2"),
+                              of("bob", "batch", "b1"), of("carol", "interactive", "c1")])
+    assert await store.job_list_queued_users() == {
+        "alice": band_rank("production"), "bob": band_rank("batch"), "carol": band_rank("interactive")}
+    await pool.execute("UPDATE jobs SET state = 'killed' WHERE job_id = 'alice:a2'")
+    assert (await store.job_list_queued_users())["alice"] == band_rank("batch")
