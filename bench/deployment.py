@@ -46,11 +46,14 @@ class Deployment:
     ``users``: the config's ``[[users]]`` tables (``id``, ``weight``, ``quota`` ...; none:
     every job is the user ``default``'s, as in v1). ``auth``: the NATS server's users
     (``start_secured_nats``, made for :func:`prefix_of` ``name``); each service connects
-    as its own role, otherwise without credentials."""
+    as its own role, otherwise without credentials. ``backend``: every peer's
+    (``simulated``: no process, a job's run ends when its labels say; ``subprocess``:
+    each job a real process group under the bench's folder)."""
 
     def __init__(self, bench: Bench, admin_url: str, nats_url: str, name: str,
                  peers: list[PeerSpec], interval: float = 1.0, ttl: float = 3600.0,
-                 users: Sequence[Mapping[str, Any]] = (), auth: NatsAuth | None = None) -> None:
+                 users: Sequence[Mapping[str, Any]] = (), auth: NatsAuth | None = None,
+                 backend: str = "simulated") -> None:
         self.bench = bench
         self.admin_url = admin_url
         self.name = name
@@ -60,7 +63,7 @@ class Deployment:
         self.prefix = prefix_of(name)
         self.config_path = bench.folder / f"{name}.toml"
         self.config = write_config(
-            self.config_path, [Peer(peer_id, attrs, slots, "simulated") for peer_id, attrs, slots in peers],
+            self.config_path, [Peer(peer_id, attrs, slots, backend) for peer_id, attrs, slots in peers],
             users=users, local_cluster=peers[0][0], subject_prefix=self.prefix, heartbeat_interval_s=interval,
             heartbeat_ttl_s=ttl, tick_interval_s=0.5)
         log_level = os.environ.get("IRISFED_BENCH_LOG_LEVEL", "warning")

@@ -3,7 +3,8 @@
 Every figure stands beside a baseline from the same run, as a ratio, because
 absolute numbers drift on shared machines. Servers are started here (Postgres
 with fsync on, NATS), like the tests do. The parts: ``baselines``,
-``sections`` (irisfed's figures), ``pgqueuer`` (the local queue a team might use
+``sections`` (irisfed's figures), ``preemption`` (what preempting costs a job and a
+tick pass), ``pgqueuer`` (the local queue a team might use
 instead, beside dispatch and submit), ``engines`` (real Slurm and Ray), ``web`` (the
 dashboard), ``deployment`` (a database and services per figure), ``load`` (closed
 and open loop), ``report`` (figures, table, JSON).
@@ -21,6 +22,7 @@ from irisfed.bench.baselines import nats_baseline, postgres_baselines
 from irisfed.bench.engines import engines_section
 from irisfed.bench.pgqueuer import missing as pgqueuer_missing
 from irisfed.bench.pgqueuer import pgqueuer_section
+from irisfed.bench.preemption import preemption_section
 from irisfed.bench.report import Bench, Figure, Profile, judge, print_table, write_json
 from irisfed.bench.sections import (
     dispatch_bench,
@@ -41,6 +43,8 @@ SECTIONS = {
     "tick": ("tick", tick_section),
     "heartbeat": ("heartbeat fan-in", heartbeat_bench),
     "scale": ("scale curve", scale_section),
+    "preemption": ("preemption (dispatch and a tick pass, each preempting batch work)",
+                   preemption_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
 }

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -205,6 +205,7 @@ class DispatchProbe:
         self.expected = 0  # known once every submit is out
         self.all_running = asyncio.Event()
         self.alone: tuple[str, asyncio.Event] | None = None  # the job one_at_a_time waits for
+        self.sent: dict[str, float] = {}  # one_at_a_time's jobs: when each was submitted
 
     async def on_event(self, msg) -> None:
         event = msgspec.json.decode(msg.data)
@@ -265,14 +266,20 @@ class DispatchProbe:
         return Dispatched(Run(len(latencies), seconds, latencies), len(sent), acks.errors,
                           hop_medians(sent, seen), cpu)
 
-    async def one_at_a_time(self, jobs: int, label: str, pause_s: float = 0.02) -> tuple[Run, list[str]]:
+    async def one_at_a_time(self, jobs: int, label: str, pause_s: float = 0.02,
+                            ready: Callable[[], Awaitable[None]] | None = None) -> tuple[Run, list[str]]:
         """Submit → running with nothing else in flight: each job submitted once the one
-        before runs, after ``pause_s``. What the path's hand-offs cost by themselves, the
-        floor under the figure at a rate. Its latencies, and each hop's median (text)."""
+        before runs, after ``pause_s`` (and, with ``ready``, once it returns: not timed).
+        What the path's hand-offs cost by themselves, the floor under the figure at a
+        rate. Its latencies, and each hop's median (text); ``sent`` keeps when each job
+        was submitted, until the next call."""
         sent: dict[str, float] = {}
+        self.sent = sent
         for stage in self.seen.values():
             stage.clear()
         for i in range(jobs):
+            if ready is not None:
+                await ready()
             job_id = f"{label}-{i}"
             self.alone = (job_id, asyncio.Event())
             sent[job_id] = time.perf_counter()
@@ -336,16 +343,18 @@ async def dispatch_bench(bench: Bench, admin_url: str, nats_url: str, rate: int 
 KINDS = ("cpu", "gpu", "tpu")
 
 
-def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False, user: str = DEFAULT_USER):
-    """A job row as the router builds it: mixed kinds and priorities; ``state`` for fillers;
-    with ``resources``, the mixed request of :func:`_job_resources`; ``user``'s (its id
-    stored as ``<user>:<id>``, its ``user_id`` set, as the router does from the subject)."""
+def _bench_job(i: int, state: JobState = JobState.QUEUED, resources: bool = False, user: str = DEFAULT_USER,
+               kind: str | None = None):
+    """A job row as the router builds it: mixed kinds (``KINDS[i % 3]`` unless ``kind``
+    says) and priorities; ``state`` for fillers; with ``resources``, the mixed request
+    of :func:`_job_resources`; ``user``'s (its id stored as ``<user>:<id>``, its
+    ``user_id`` set, as the router does from the subject)."""
     from irisfed.services.router.plan import plan_new_job, route
     from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
     from irisfed.shared.messages import SubmitRequest
 
     raw = {"command": ["true"], "job_id": f"{state[0]}{i}", "priority": i % 5,
-           "constraints": [{"key": "device_type", "op": "eq", "value": KINDS[i % 3]}]}
+           "constraints": [{"key": "device_type", "op": "eq", "value": kind or KINDS[i % 3]}]}
     if resources:
         raw["resources"] = _job_resources(i)
     request = msgspec.convert(raw, SubmitRequest)
