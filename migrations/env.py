@@ -12,7 +12,10 @@ from sqlalchemy.pool import NullPool
 config = context.config
 
 
-def _database_url() -> str:
+PLAIN_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _given_url() -> str:
     url = (
         context.get_x_argument(as_dictionary=True).get("url")
         or config.get_main_option("sqlalchemy.url")
@@ -20,10 +23,28 @@ def _database_url() -> str:
     )
     if not url:
         raise SystemExit("no database URL: set IRISFED_DATABASE_URL or pass -x url=...")
-    for plain in ("postgresql://", "postgres://"):
+    return url
+
+
+def _database_url() -> str:
+    url = _given_url()
+    for plain in PLAIN_SCHEMES:
         if url.startswith(plain):
             return "postgresql+asyncpg://" + url[len(plain):]
     return url
+
+
+def _engine():
+    url = _given_url()
+    if url.startswith(PLAIN_SCHEMES):
+        # libpq's URL, as every service takes it: asyncpg parses it itself, so several
+        # hosts (h1:p1,h2:p2) and target_session_attrs work here as they do there;
+        # SQLAlchemy's URL parser refuses a second host.
+        import asyncpg
+
+        return create_async_engine("postgresql+asyncpg://", poolclass=NullPool,
+                                   async_creator=lambda: asyncpg.connect(url))
+    return create_async_engine(url, poolclass=NullPool)
 
 
 def _run(connection) -> None:
@@ -33,7 +54,7 @@ def _run(connection) -> None:
 
 
 async def _run_online() -> None:
-    engine = create_async_engine(_database_url(), poolclass=NullPool)
+    engine = _engine()
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
