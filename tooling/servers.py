@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,8 +141,18 @@ def start_nats(
         start_new_session=True,
     )
     server = ServerProcess("nats-server", f"nats://127.0.0.1:{port}", port, process, log_path)
-    _wait_for_port(server)
+    _started(server, lambda: _wait_for_port(server))
     return server
+
+
+def _started(server: ServerProcess, wait: Callable[[], None]) -> None:
+    """Run ``wait`` (until ``server`` is ready); whatever stops it — a timeout, SIGINT, a
+    SIGTERM turned into one — stops the server too: a half-started one is never left."""
+    try:
+        wait()
+    except BaseException:
+        server.stop()
+        raise
 
 
 def start_secured_nats(folder: Path, prefix: str, peer_ids: Iterable[str], *, auth_dir: Path | None = None,
@@ -270,8 +280,7 @@ def start_postgres(
         "postgres", f"postgresql://postgres@127.0.0.1:{port}/postgres", port, process, log_path,
         stop_signal=signal.SIGINT,
     )
-    _wait_for_port(server)
-    _wait_for_postgres_ready(server, bin_dir, ready_timeout_s)
+    _started(server, lambda: (_wait_for_port(server), _wait_for_postgres_ready(server, bin_dir, ready_timeout_s)))
     return server
 
 

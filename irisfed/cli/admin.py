@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from irisfed.cli.connect import nats_client, subjects, with_store
@@ -89,6 +92,18 @@ def web_answers(url: str, timeout: float) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM (what ``timeout``, CI runners and supervisors send) handled as Ctrl-C:
+    the run's own ``finally`` blocks stop every server, service and job process it
+    started, instead of the interpreter dying and leaving them to init."""
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Seeded random faults against a real federation; exit 1 on any violation."""
     from irisfed.tooling.chaos import ChaosSettings, run_chaos
@@ -98,7 +113,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     roles = "restricted login roles" if settings.restricted_roles else "the owner role"
     print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}, "
           f"services on {roles}", flush=True)
-    summary = run_chaos(settings, say=lambda line: print(line, flush=True))
+    with sigterm_as_sigint():
+        summary = run_chaos(settings, say=lambda line: print(line, flush=True))
     print(summary.line(), flush=True)
     return 1 if summary.violations else 0
 
@@ -204,7 +220,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"irisfed: unknown bench section(s): {', '.join(sorted(sections - known))} "
               f"(known: {', '.join(sorted(known))})", file=sys.stderr)
         return 2
-    run_bench(args.quick, Path(args.out) if args.out else None, sections)
+    with sigterm_as_sigint():
+        run_bench(args.quick, Path(args.out) if args.out else None, sections)
     return 0
 
 

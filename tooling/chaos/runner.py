@@ -32,9 +32,10 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
     """Run ``settings.schedules`` schedules on servers of its own; return the summary."""
     root = Path(tempfile.mkdtemp(prefix="irisfed-chaos-"))
     os.chmod(root, 0o755)
-    servers = Servers(root / "servers")
+    servers: Servers | None = None
     results = []
     try:
+        servers = Servers(root / "servers")
         template = f"chaos_template_{os.getpid()}"
         template_url = servers.database_url(template)
         asyncio.run(servers.admin(f'CREATE DATABASE "{template}"'))
@@ -59,7 +60,8 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
             for violation in result.violations:
                 say(f"    {violation}")
     finally:
-        servers.close()
+        if servers is not None:
+            servers.close()
         failed = any(r.violations for r in results)
         if settings.keep or failed:
             say(f"  logs kept in {root}")

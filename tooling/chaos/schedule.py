@@ -125,20 +125,22 @@ class Schedule:
         phase("database")
         nats_log = self.servers.nats.log_path  # the same file across NATS restarts
         nats_from = nats_log_size(nats_log)
-        self.watcher.start()
-        for name in SERVICES:
-            self.fed.start(name)
-        # As producers would: each its own NATS user, so its own inbox prefix (_INBOX_producer,
-        # _INBOX_user-alice ...): the default user as v1's producer, the others as user-<id>.
         self.clients: dict = {}
-        for user in SUBMITTERS:
-            role = "producer" if user == DEFAULT_USER else user_role(user)
-            self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats.url, role),
-                                                      max_reconnect_attempts=-1,
-                                                      reconnect_time_wait=0.2, error_cb=quiet)
         self.prefix = prefix
         self.faults = Faults(self.rng, self.result, self.fed, self.servers, self.watcher, prefix, self.submit)
+        # From the first process started on, whatever stops the schedule (a violation, an
+        # error, SIGTERM or SIGINT to the run) stops everything it started.
         try:
+            self.watcher.start()
+            for name in SERVICES:
+                self.fed.start(name)
+            # As producers would: each its own NATS user, so its own inbox prefix (_INBOX_producer,
+            # _INBOX_user-alice ...): the default user as v1's producer, the others as user-<id>.
+            for user in SUBMITTERS:
+                role = "producer" if user == DEFAULT_USER else user_role(user)
+                self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats.url, role),
+                                                          max_reconnect_attempts=-1,
+                                                          reconnect_time_wait=0.2, error_cb=quiet)
             await self._wait_ready(database_url)
             await self.faults.listen_to_heartbeats()
             phase("ready")

@@ -166,7 +166,11 @@ class Servers:
                                                   user_ids=USERS)
         self.auth_conf = self.nats.extra["config_file"]
         # Durable (fsync, synchronous_commit): an acknowledged submit must survive a crash.
-        self.postgres = start_postgres(folder / "pg", durable=True)
+        try:
+            self.postgres = start_postgres(folder / "pg", durable=True)
+        except BaseException:  # a signal or a failure mid-start: NATS is not left behind
+            self.nats.stop()
+            raise
 
     def database_url(self, name: str) -> str:
         return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
