@@ -148,9 +148,12 @@ class Hold:
 def free_slots(
     peers: Iterable[FederationPeer], live: Mapping[tuple[str, str | None], int]
 ) -> dict[tuple[str, str], int]:
-    """Free slots per (peer, backend): advertised total minus live jobs there."""
+    """Free slots per (peer, backend): advertised total minus live jobs there. Negative
+    when a backend holds more than it advertises (LOCAL jobs are assigned by its totals
+    and queue at the agent; an agent may restart with fewer slots): that debt is room a
+    placement or a preemption must make up before a job fits."""
     return {
-        (peer.peer_id, backend.name): max(0, backend.total - live.get((peer.peer_id, backend.name), 0))
+        (peer.peer_id, backend.name): backend.total - live.get((peer.peer_id, backend.name), 0)
         for peer in peers
         for backend in peer.backends
     }
@@ -189,8 +192,8 @@ class _Room:
         if used is None:
             self.free = {name: free for name, (_total, free) in offered.items()}
         else:
-            self.free = {name: max(0, total - to_units(name, used.get(name, 0)))
-                         for name, total in self.total.items()}
+            # Not clamped at 0: a backend over its totals (see free_slots) owes that room first.
+            self.free = {name: total - to_units(name, used.get(name, 0)) for name, total in self.total.items()}
         # 1/total per resource with any: the fit's normalisation.
         self.inv = tuple((name, 1.0 / total) for name, total in self.total.items() if total > 0)
         self.left = 0.0

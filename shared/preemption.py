@@ -108,8 +108,9 @@ class VictimPool:
 
 def _lacks(units: Sequence[tuple[str, int]], free: Mapping[str, int], slots: int,
            legacy: bool) -> dict[str, int]:
-    """What a backend lacks for a job, per resource (``""``: a slot)."""
-    lack = {"": 1} if slots < 1 else {}
+    """What a backend lacks for a job, per resource (``""``: slots). ``free`` and
+    ``slots`` are negative on a backend over its totals: the victims must pay that too."""
+    lack = {"": 1 - slots} if slots < 1 else {}
     if not legacy:
         for name, amount in units:
             short = amount - free.get(name, 0)

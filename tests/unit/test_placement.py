@@ -87,8 +87,15 @@ def test_avoided_peer_is_a_last_resort():
     assert placed[0].peer_id == "a"
 
 
-def test_free_slots_never_negative():
-    assert free_slots([make_peer("a", total=1)], {("a", "main"): 5}) == {("a", "main"): 0}
+def test_a_backend_over_its_slots_owes_them_before_anything_fits():
+    assert free_slots([make_peer("a", total=1)], {("a", "main"): 5}) == {("a", "main"): -4}
+    placed, waiting = assign_queued([make_job()], [make_peer("a", total=1)], {("a", "main"): 5}, NOW)
+    assert placed == [] and [w.job_id for w in waiting] == ["j"]
+    # Four of the five ending still leave it full: its one slot is taken.
+    placed, _ = assign_queued([make_job()], [make_peer("a", total=1)], {("a", "main"): 1}, NOW)
+    assert placed == []
+    placed, _ = assign_queued([make_job()], [make_peer("a", total=1)], {("a", "main"): 0}, NOW)
+    assert [p.peer_id for p in placed] == ["a"]
 
 
 def test_waiting_explains_missing_attributes_and_mismatches():
