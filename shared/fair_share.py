@@ -142,10 +142,17 @@ class FairShareRun:
 
 
 def within_quota(placements: Sequence[tuple[Placement, str, object]], users: UserTable,
-                 held: Mapping[str, Mapping[str, int]]) -> tuple[list[Placement], list[Waiting]]:
+                 held: Mapping[str, Mapping[str, int]],
+                 freed: Mapping[str, Sequence[tuple[str, tuple[tuple[str, int], ...]]]] | None = None,
+                 ) -> tuple[list[Placement], list[Waiting]]:
     """The placements (each with its user and resources, in placement order) that fit
     their users' quotas over ``held`` (what each user's live jobs hold now, read under
     that user's quota lock), and the rest as waiting with the code ``quota``.
+
+    ``freed``: a preempting placement's victims (job → (user, units) each). They stop
+    only if that placement is kept: then what they held is taken off their users'
+    usage (its own user's counts for its own check, as they go in the same
+    transaction); a placement that waits frees nothing for the ones after it.
 
     The commit-time check that makes a quota a hard cap whatever number of routers and
     ticks run: ``held`` is read after every other writer's commit for these users.
@@ -154,16 +161,26 @@ def within_quota(placements: Sequence[tuple[Placement, str, object]], users: Use
     running: dict[str, Usage] = {}
     kept: list[Placement] = []
     waiting: list[Waiting] = []
+    freed = freed or {}
+
+    def usage_of(user: str) -> Usage:
+        return running.setdefault(user, dict(held.get(user, {})))
+
     for placement, user, resources in placements:
-        if user not in quota_users:
-            kept.append(placement)
-            continue
-        usage = running.setdefault(user, dict(held.get(user, {})))
-        units = as_resources(resources).units
-        why = quota_wait(users.get(user), usage, units)
-        if why is None:
-            add_units(usage, units)
-            kept.append(placement)
-        else:
-            waiting.append(Waiting(placement.job_id, why, code=QUOTA))
+        victims = freed.get(placement.job_id, ())
+        if user in quota_users:
+            units = as_resources(resources).units
+            after = dict(usage_of(user))
+            for owner, victim_units in victims:
+                if owner == user:
+                    add_units(after, victim_units, sign=-1)
+            why = quota_wait(users.get(user), after, units)
+            if why is not None:
+                waiting.append(Waiting(placement.job_id, why, code=QUOTA))
+                continue
+            add_units(usage_of(user), units)
+        for owner, victim_units in victims:
+            if owner in quota_users:
+                add_units(usage_of(owner), victim_units, sign=-1)
+        kept.append(placement)
     return kept, waiting

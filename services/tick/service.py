@@ -63,7 +63,7 @@ from irisfed.shared.records import AssignedJob, ClaimedJob, Move, PreemptedJob
 from irisfed.shared.resources import Resources
 from irisfed.shared.settings import require_count
 from irisfed.shared.subjects import TICK_QUEUE_GROUP
-from irisfed.shared.users import QUOTA, add_units
+from irisfed.shared.users import QUOTA
 
 log = EventLogger("tick")
 
@@ -510,12 +510,9 @@ class Tick(Service):
             if capped:
                 await batch.store.job_quota_lock(capped, wait_s=QUOTA_LOCK_WAIT_S)
                 held = await batch.store.job_live_usage_by_user(capped)
-                for p in placements:
-                    for v in victims.get(p.job_id, ()):
-                        if v.user_id in held:
-                            add_units(held[v.user_id], v.units, sign=-1)
                 placements, over = within_quota(
-                    [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held)
+                    [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held,
+                    {job_id: [(v.user_id, v.units) for v in vs] for job_id, vs in victims.items()})
                 batch.waiting.extend(over)
             preempting = [p for p in placements if p.job_id in victims]
             if preempting:

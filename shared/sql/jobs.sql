@@ -483,10 +483,11 @@ GROUP BY user_id, state;
 -- job_list_preemptible --
 -- Live jobs of bands below $1 (never production: shared/bands.py) on peers $2: what a
 -- waiting job of band $1 may preempt (docs/scheduling.md, "Preemption"), with what
--- each asked and since when it holds its room (started, else assigned; seconds since
--- the epoch). A range of jobs_live_by_band, read only when a waiting job could use it.
+-- each asked and since when it holds its room (running: started; assigned: assigned
+-- this time, whatever an earlier run's started_at says; seconds since the epoch). A range of jobs_live_by_band, read only when a waiting job could use it.
 SELECT job_id, epoch, state, owner_peer_id, backend, band, resources::text AS resources_json, user_id,
-       extract(epoch from coalesce(started_at, assigned_at, updated_at))::float8 AS since
+       extract(epoch from CASE WHEN state = 'running' THEN coalesce(started_at, assigned_at, updated_at)
+                               ELSE coalesce(assigned_at, updated_at) END)::float8 AS since
 FROM jobs
 WHERE state IN ('assigned', 'running') AND band < least($1::int, 2) AND owner_peer_id = ANY($2::text[]);
 
