@@ -34,8 +34,8 @@ async def test_cli_submit_with_constraints_and_read_commands(federation):
     # Piped (as here): plain aligned columns, no boxes, nothing cut; TSV on request.
     table = federation.cli("jobs")
     lines = table.stdout.splitlines()
-    assert table.returncode == 0 and lines[0].split()[:4] == ["JOB", "USER", "STATE", "PEER"], table.stdout
-    assert lines[1].split()[:4] == ["cli-1", "default", "succeeded", "gpu-west"]
+    assert table.returncode == 0 and lines[0].split()[:5] == ["JOB", "USER", "STATE", "BAND", "PEER"], table.stdout
+    assert lines[1].split()[:5] == ["cli-1", "default", "succeeded", "interactive", "gpu-west"]
     assert [j["job_id"] for j in json.loads(federation.cli("jobs", "--user", "default", "--json").stdout)] == ["cli-1"]
     users = json.loads(federation.cli("users", "--json").stdout)  # the job ended: nothing held
     assert [(u["user_id"], u["usage"], u["queued"], u["running"]) for u in users] == [("default", {}, 0, 0)]
