@@ -167,6 +167,7 @@ class JobRow(Row, frozen=True, array_like=True):
     cancel_requested_by: str | None = None  # `user alice`, `operator (web)`
     band: int = 1  # its band's rank (shared.bands)
     preemptions: int = 0  # times preempted (never counted as retries)
+    stopping_on: str | None = None  # preempted: the peer whose old run has not been seen to stop
 
 
 class JobSummary(Row, frozen=True, array_like=True):
@@ -322,6 +323,15 @@ class PreemptedJob(Row, frozen=True, array_like=True):
     run_owner: str
     reason: str
     preemptor: str
+
+
+class ReleasedJob(Row, frozen=True, array_like=True):
+    """A preempted job the tick let be placed again because the peer of its old run is
+    lost (``job_release_stopping_on_lost``): no agent is left to say the run stopped."""
+
+    job_id: str
+    epoch: int
+    peer_id: str
 
 
 class JobStateRow(Row, frozen=True, array_like=True):

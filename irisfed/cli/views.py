@@ -258,6 +258,7 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
              f"   preemptions {job.preemptions} (at most ", lit(max_preemptions(spec)), ")")
     out.line("  exit code   ", "-" if job.exit_code is None else str(job.exit_code))
     out.line("  reason      ", lit(job.reason or "-"))
+    stopping_line(job, out)
     if job.cancel_requested:
         # Who asked: `user alice`, `operator (cli)`; none recorded before users existed.
         out.line("  cancel      requested by ", lit(job.cancel_requested_by or "(not recorded)"),
@@ -275,6 +276,12 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
         grid.add(str(row.seq), _clock(row.at), lit(row.from_state or "(new)"),
                  lit(row.to_state), lit(row.peer_id or "-"), str(row.epoch), lit(row.actor), lit(row.detail))
     out.grid(grid)
+
+
+def stopping_line(job: JobRow, out: Out) -> None:
+    """A preempted job waiting for its old run to stop: where, and what then."""
+    if job.stopping_on and job.state == JobState.QUEUED:
+        out.line("  waiting for ", lit(job.stopping_on), " to stop its preempted run (placed again once it is gone)")
 
 
 def _clock(at: datetime) -> str:
@@ -379,6 +386,7 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
         last_stop = stops[-1]
         out.line(f"  preempted   {len(stops)} time{'s' if len(stops) != 1 else ''}, last by ", lit(last_stop.by),
                  " on ", lit(last_stop.peer or "-"), " at ", _clock(last_stop.at))
+    stopping_line(job, out)
     if state not in (JobState.QUEUED, JobState.REJECTED):
         out.line("  now         ", lit(job.reason or state))
     peers = explained.get("peers") or []

@@ -25,8 +25,6 @@ from irisfed.shared.messages import Heartbeat
 from irisfed.shared.postgres import translated_errors
 from irisfed.shared.queries import QUERIES
 from irisfed.shared.records import (
-    PreemptedJob,
-    PreemptibleJob,
     AcceptedJob,
     AssignedJob,
     ChangelogBounds,
@@ -52,7 +50,10 @@ from irisfed.shared.records import (
     OldestQueued,
     OwnedJob,
     PeerHeartbeatRow,
+    PreemptedJob,
+    PreemptibleJob,
     QueueClass,
+    ReleasedJob,
     Row,
     SubmittedJob,
     SyncState,
@@ -322,6 +323,13 @@ class Store:
         check_transition(JobState.RUNNING, to_state)
         return await self._fetchval("job_end_run", peer_id, job_id, epoch, to_state.value, reason, exit_code)
 
+    async def job_runs_stopped(self, peer_id: str, only: Sequence[str] | None = None,
+                               keep: Sequence[str] = ()) -> list[str]:
+        """``peer_id`` has no run left of its preempted jobs (``only`` those; None: any)
+        but those in ``keep``: they may be placed again. The ids released."""
+        rows = await self._fetch("job_runs_stopped", peer_id, None if only is None else list(only), list(keep))
+        return [r["job_id"] for r in rows]
+
     async def job_list_live_for_owner(self, peer_id: str) -> list[OwnedJob]:
         return await self._all("job_list_live_for_owner", OwnedJob, peer_id)
 
@@ -419,6 +427,13 @@ class Store:
             return []
         ids, states, epochs, owners, by = (list(c) for c in zip(*victims, strict=True))
         return await self._all("job_preempt_batch", PreemptedJob, ids, states, epochs, owners, by)
+
+    async def job_release_stopping_on_lost(self, lost: Sequence[str], configured: Sequence[str] | None
+                                           ) -> list[ReleasedJob]:
+        """Preempted jobs waiting on a ``lost`` peer (or one not ``configured``; None: do not
+        judge those yet) to stop their old run: free to be placed again."""
+        return await self._all("job_release_stopping_on_lost", ReleasedJob, list(lost),
+                               None if configured is None else list(configured))
 
     async def job_claim_on_lost_peers(self, lost: Sequence[str], limit: int = 1000) -> list[LostPeerJob]:
         """Up to ``limit`` unpinned live jobs owned by the ``lost`` peers, locked (SKIP LOCKED)."""

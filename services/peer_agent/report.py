@@ -180,6 +180,9 @@ class Reports:
         moved = await self.store.job_finish_batch(self.peer_id, [
             (r.job_id, r.epoch, r.exit_code, r.cancel_requested) for r in runs])
         now = self.clock.now()
+        refused = [run.job_id for run in runs if run.job_id not in moved]
+        if refused:  # ended after they were preempted: their runs are gone all the same
+            await self.runs_stopped(refused)
         for run in runs:
             row = moved.get(run.job_id)
             if row is None:
@@ -199,7 +202,14 @@ class Reports:
             move = launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job, lost=run.lost,
                                      cancelled=run.cancel_requested)
         if not await self.end_run(move):
+            await self.runs_stopped([run.job_id])
             self._refused(run.job_id, run.epoch)
+
+    async def runs_stopped(self, job_ids: list[str]) -> None:
+        """Our runs of ``job_ids`` are gone: those preempted (waiting for exactly that)
+        may be placed again."""
+        for job_id in await self.store.job_runs_stopped(self.peer_id, job_ids):
+            log.info("preempted_run_stopped", job_id=job_id, peer_id=self.peer_id)
 
     def _refused(self, job_id: str, epoch: int) -> None:
         metrics.FENCED_WRITES.inc()
@@ -208,7 +218,8 @@ class Reports:
     async def record_fenced(self, job_id: str, epoch: int) -> None:
         """Record that this peer killed its stale copy (job, epoch), where operators look for a
         peer's view of a job: its sync state row (a row of its own, which an agent role
-        may write even for a job it no longer sees). A permanent error writing it sets
+        may write even for a job it no longer sees); a preempted job waiting for that run
+        to stop is then free to be placed again. A permanent error writing it sets
         the note aside; ``Unavailable`` propagates (the caller tries again later)."""
         now_epoch = epoch
 
@@ -218,6 +229,7 @@ class Reports:
             now_epoch = last.epoch if last else epoch
             note = f"stale copy killed: epoch {epoch} superseded by {now_epoch}"
             await self.store.sync_state_upsert(job_id, self.peer_id, last.seq if last else 0, epoch, note=note)
+            await self.runs_stopped([job_id])
 
         await self.guard(ReportKind.STALE_COPY, job_id, epoch, write())
         metrics.STALE_COPIES_KILLED.inc()

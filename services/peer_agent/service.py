@@ -263,7 +263,7 @@ class PeerAgent(Service):
         """Make local runs match what Postgres says this peer owns, then start work."""
         async with self.lock:
             rows = await self.store.job_list_live_for_owner(self.peer_id)
-            await self._stop_leftovers({row.job_id: row for row in rows})
+            every_backend_listed = await self._stop_leftovers({row.job_id: row for row in rows})
             plan = plan_reconcile(self.runs, self.pending, rows, self.backend_names)
             for job_id in plan.fence:
                 self._fence(self.runs[job_id], "the job is no longer ours under this epoch")
@@ -274,12 +274,22 @@ class PeerAgent(Service):
             self.pending.update((p.job_id, p) for p in plan.add_pending)
             for row in plan.orphans:
                 await self._recover_orphan(row)
+            if every_backend_listed:
+                await self._release_stopped()
             await self._start_pending()
         self.reconciled += 1
 
-    async def _stop_leftovers(self, owned: dict[str, OwnedJob]) -> None:
+    async def _release_stopped(self) -> None:
+        """Preempted jobs whose old run here is gone (no run of ours, none left in any
+        backend: the leftovers were just killed) may be placed again. One whose run is
+        still being killed is released when that run's end is recorded (``record_fenced``)."""
+        for job_id in await self.store.job_runs_stopped(self.peer_id, keep=list(self.runs)):
+            log.info("preempted_run_stopped", job_id=job_id, peer_id=self.peer_id)
+
+    async def _stop_leftovers(self, owned: dict[str, OwnedJob]) -> bool:
         """Kill every run our backends still have alive that is not ours to run any more
-        (``plan_leftovers``), and record it like a fenced copy."""
+        (``plan_leftovers``), and record it like a fenced copy. False: a backend could not
+        list its runs (what it has is unknown until the next reconcile)."""
         listed = {}
         for name, backend in self.backends.items():
             try:
@@ -293,6 +303,7 @@ class PeerAgent(Service):
                         epoch=leftover.run.epoch, backend=leftover.backend, handle=leftover.run.handle,
                         owned_epoch=leftover.owned_epoch)
             await self.reports.record_fenced(leftover.run.job_id, leftover.run.epoch)
+        return len(listed) == len(self.backends)
 
     async def _recover_orphan(self, row: OwnedJob) -> None:
         """A `running` row with no local run: a previous agent run died (or stopped) under it.

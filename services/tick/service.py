@@ -264,7 +264,8 @@ class Tick(Service):
         return result
 
     async def recover_lost_peers(self) -> int:
-        """Requeue or fail unpinned live jobs of lost peers, batch by batch until none is left.
+        """Requeue or fail unpinned live jobs of lost peers, batch by batch until none is left,
+        and let preempted jobs whose old run was on a lost peer be placed again.
 
         A peer is lost once it has been silent for its TTL plus ``assign_grace_s``,
         counted from its newest heartbeat (never from before the tick last came back,
@@ -278,7 +279,13 @@ class Tick(Service):
             configured = set(self.config.peer_ids)
             lost += sorted({owner for owner, _ in await self.store.job_count_live()
                             if owner and owner not in configured})
+        released = await self.store.job_release_stopping_on_lost(
+            lost, self.config.peer_ids if self.view.unheard_lost(grace_s) else None)
+        for job in released:
+            log.warning("preempted_run_presumed_stopped", job_id=job.job_id, peer_id=job.peer_id, epoch=job.epoch)
         if not lost:
+            if released:
+                self.wake.set()
             return 0
         total, limit = 0, self.settings.recover_batch_size
         while True:
@@ -294,7 +301,7 @@ class Tick(Service):
             # them). No progress at all: stop rather than spin.
             if fetched < limit or not recovered:
                 break
-        if total:
+        if total or released:
             self.wake.set()
         return total
 

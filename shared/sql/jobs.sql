@@ -68,7 +68,7 @@ SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, 
        j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
        j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
        e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by,
-       j.band, j.preemptions
+       j.band, j.preemptions, j.stopping_on
 FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
 WHERE j.job_id = $1;
 
@@ -416,6 +416,7 @@ SELECT user_id, band FROM users;
 -- before every job for a user's start, never NULLs: a plain row comparison is what
 -- lets the index seek to it). One range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
 -- disjoint batches. The tick orders the users by fair share (shared/fair_share.py).
+-- A preempted job whose old run has not been seen to stop (stopping_on) is not claimed.
 SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
        j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id,
        j.band
@@ -427,7 +428,7 @@ CROSS JOIN LATERAL (
            spec->>'preferences' AS preferences_json,
            extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band
     FROM jobs
-    WHERE state = 'queued' AND user_id = c.user_id
+    WHERE state = 'queued' AND user_id = c.user_id AND stopping_on IS NULL
       AND (-band, -priority, submitted_at, job_id) > (c.neg_band, c.neg_priority, c.submitted_at, c.job_id)
     ORDER BY -band, -priority, submitted_at, job_id
     LIMIT $6
@@ -510,7 +511,9 @@ FOR UPDATE SKIP LOCKED;
 -- epoch (its run is fenced), no owner or backend, its preemptions counted, a changelog
 -- row saying by whom. A victim already preempted max_preemptions times (its spec; 100
 -- when absent) fails instead; one whose cancel was stored ends killed (the user asked).
--- Both keep their owner on record and are fenced the same way.
+-- Both keep their owner on record and are fenced the same way. A running victim queued
+-- again is not placed until its old run is seen to stop (stopping_on: its run owner
+-- clears it, or the tick once that owner is lost), so it never runs under two epochs.
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[])
         AS t(job_id, state, epoch, owner_peer_id, preemptor)
@@ -529,6 +532,8 @@ WITH input AS (
         epoch = jobs.epoch + 1,
         owner_peer_id = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.owner_peer_id END,
         backend = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.backend END,
+        stopping_on = CASE WHEN decided.to_state = 'queued' AND decided.state = 'running'
+                           THEN decided.owner_peer_id END,
         preemptions = jobs.preemptions + 1,
         reason = CASE decided.to_state
             WHEN 'queued' THEN 'preempted by ' || decided.preemptor
@@ -547,3 +552,25 @@ WITH input AS (
     SELECT job_id, from_state, state, owner_peer_id, epoch, 'tick', reason FROM moved
 )
 SELECT job_id, state, epoch, run_owner, reason, preemptor FROM moved;
+
+-- job_runs_stopped --
+-- Peer $1 says its runs of preempted jobs are gone: clears stopping_on of its queued
+-- jobs ($2: only these; NULL: all) except those it still runs ($3), so the tick may
+-- place them again (function: migration 0015). The ids released.
+SELECT irisfed_job_runs_stopped($1, $2, $3) AS job_id;
+
+-- job_release_stopping_on_lost --
+-- The tick releases preempted jobs whose old run's peer is lost past TTL + grace ($1)
+-- or no longer configured (not in $2; NULL: not judged yet, as for live jobs of such
+-- peers, shortly after the tick starts): no agent is left to say the run stopped, and
+-- such a peer's live jobs are recovered the same way. The ids released, with the peer.
+WITH waiting AS (
+    SELECT job_id, stopping_on FROM jobs
+    WHERE state = 'queued' AND stopping_on IS NOT NULL
+      AND (stopping_on = ANY($1::text[]) OR NOT stopping_on = ANY(coalesce($2::text[], ARRAY[stopping_on])))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs SET stopping_on = NULL, updated_at = now()
+FROM waiting
+WHERE jobs.job_id = waiting.job_id
+RETURNING jobs.job_id, jobs.epoch, waiting.stopping_on AS peer_id;

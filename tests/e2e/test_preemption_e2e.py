@@ -331,6 +331,52 @@ async def test_an_owner_killed_before_it_heard_of_the_preemption_kills_the_stale
             kill_group(pid)
 
 
+async def test_a_victim_whose_owner_is_down_is_not_run_elsewhere_until_its_old_run_is_gone(federation, tmp_path):
+    """gpu-west dies (frozen, then SIGKILLed) with the victim's run alive and unwatched,
+    while it still counts as reachable. Room frees on gpu-east: a later job takes it,
+    the victim does not (it would run under two epochs at once). gpu-west returns,
+    kills the stale run and says so: the victim then runs, once. (A TTL long enough
+    that gpu-west is never judged lost here: then the tick would let the victim go.)"""
+    configure(federation, ttl_s=2 * LONG_TTL_S)
+    runs = Runs(tmp_path)
+    await federation.start_federation()
+    federation.start("gpu-west", *AGENT_ARGS)
+    await federation.wait_agent("gpu-west")
+    east_gate = tmp_path / "east-release"
+    east = [f"east-{i}" for i in range(SLOTS)]
+    federation.start("gpu-east", *AGENT_ARGS)
+    await federation.wait_agent("gpu-east")
+    for job_id in east:  # interactive: the urgent job cannot preempt them, it must go west
+        await federation.submit({"job_id": job_id, "command": runs.batch(release=east_gate),
+                                 "cluster_pin": "gpu-east"})
+    east_pids = {job_id: await federation.run_pid(job_id) for job_id in east}
+    victim, other, pids = await _preempt_while_owner_frozen(federation, runs)
+    pids.update(east_pids)
+    try:
+        assert (await federation.job(victim)).stopping_on == "gpu-west"
+        east_gate.touch()
+        for job_id in east:
+            await succeeded_once(federation, job_id)
+        # gpu-east is empty; a later batch job of the same user gets it, the victim waits.
+        await federation.submit({"job_id": "later", "command": runs.quick(), "constraints": GPU, "band": "batch"})
+        await succeeded_once(federation, "later")
+        job = await federation.job(victim)
+        assert (job.state, job.stopping_on) == ("queued", "gpu-west"), job
+        assert runs.epochs_of(victim) == [1] and alive(pids[victim])
+
+        federation.start("gpu-west", *AGENT_ARGS)
+        await wait_for(lambda: _is(not alive(pids[victim])), f"the returning agent to kill {victim}'s stale run")
+        runs.release.touch()
+        job = await succeeded_once(federation, victim)
+        assert runs.epochs_of(victim) == [1, job.epoch] and job.stopping_on is None, runs.starts()
+        await succeeded_once(federation, "urgent")
+        await succeeded_once(federation, other)
+        await nothing_live(federation)
+    finally:
+        for pid in pids.values():
+            kill_group(pid)
+
+
 async def test_an_owner_that_never_returns_has_the_preempting_job_taken_back_and_run_elsewhere(
         federation, tmp_path):
     configure(federation, ttl_s=LONG_TTL_S)

@@ -138,6 +138,27 @@ async def test_agent_moves_only_its_own_jobs_and_only_in_its_own_name(pool, gpu_
     await assert_changelog_replays(admin)
 
 
+async def test_agent_frees_only_its_own_preempted_jobs(pool, gpu_pool):
+    """A preempted job waits for its old run's peer to say the run is gone: another
+    peer cannot say it for it (a job would run twice), and none can free a job that
+    is not waiting (its stopping_on is all the function writes)."""
+    admin, gpu = Store(pool), Store(gpu_pool)
+    east_run = await running_job(admin, "tpu-east")
+    west_run = await running_job(admin, "gpu-west", gpu)
+    await pool.execute("UPDATE jobs SET state = 'queued', epoch = epoch + 1, owner_peer_id = NULL, "
+                       "stopping_on = CASE job_id WHEN $1 THEN 'tpu-east' ELSE 'gpu-west' END "
+                       "WHERE job_id = ANY($2)", east_run, [east_run, west_run])
+    with pytest.raises(PermanentStoreError) as caught:
+        await gpu.job_runs_stopped("tpu-east", [east_run])
+    assert caught.value.error_class == "InsufficientPrivilegeError"
+    assert await gpu.job_runs_stopped("gpu-west", [east_run]) == []
+    assert await gpu.job_runs_stopped("gpu-west", keep=[west_run]) == []  # still running here
+    assert await gpu.job_runs_stopped("gpu-west") == [west_run]
+    assert (await admin.job_get(east_run)).stopping_on == "tpu-east"
+    assert not await pool.fetchval("SELECT has_function_privilege('irisfed_svc_router', "
+                                   "'irisfed_job_runs_stopped(text, text[], text[])', 'EXECUTE')")
+
+
 async def test_agent_role_cannot_write_jobs_or_history_directly(pool, gpu_pool):
     admin = Store(pool)
     mine = await running_job(admin, "gpu-west", Store(gpu_pool))
@@ -232,7 +253,7 @@ async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
     try:
         await apply_roles(conn, make_config())
         functions = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'irisfed_job_%'"
-        assert await conn.fetchval(functions) == 3
+        assert await conn.fetchval(functions) == 4  # 0004's three and 0015's irisfed_job_runs_stopped
         await asyncio.to_thread(dbmod.downgrade, url, "0003")
         assert await conn.fetchval(functions) == 0
         # 0003's rights are back as they were.
@@ -240,7 +261,7 @@ async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
         assert await conn.fetchval(
             "SELECT has_table_privilege('irisfed_agent', 'federation_changelog', 'INSERT')")
         await asyncio.to_thread(dbmod.migrate, url)
-        assert await conn.fetchval(functions) == 3
+        assert await conn.fetchval(functions) == 4
         assert not await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'UPDATE')")
         assert await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'SELECT')")
         assert not await conn.fetchval(

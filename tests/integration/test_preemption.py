@@ -8,6 +8,7 @@ moves, their history rows and the preempting job's assignment in one transaction
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 
 import msgspec
@@ -16,6 +17,9 @@ import pytest
 from irisfed.services.common.store import Store
 from irisfed.services.tick.service import VICTIM_CHANGED, Tick
 from irisfed.shared.bands import band_rank
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import Move
+from irisfed.tooling.invariants import assert_changelog_replays
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, start_jobs
 
 PEER = "gpu-west"
@@ -70,14 +74,19 @@ async def test_one_batch_job_goes_for_an_interactive_job_and_runs_again_later(po
     row = await store.job_get(newest)
     assert (row.state.value, row.epoch, row.owner_peer_id, row.backend, row.preemptions) == ("queued", 2, None, None, 1)
     assert row.max_retries == 1 and row.reason == f"preempted by {urgent.job_id}"
+    assert row.stopping_on == PEER  # not placed again until its old run is seen to stop
     assert (await history(pool, newest))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
     assert (await history(pool, urgent.job_id))[-1] == ("queued", "assigned", f"placed; preempted {newest}")
     other = await store.job_get(batch[0].job_id)
     assert (other.state.value, other.preemptions) == ("running", 0)
 
-    # The preempted run's report is fenced: its epoch moved on.
+    # The preempted run's report is fenced: its epoch moved on. Its agent, seeing the
+    # run gone, lets it be placed again (the agent does both: tests/integration/test_agent_preempted_runs.py).
     assert await store.job_finish_batch(PEER, [(newest, 1, 0, False)]) == {}
     assert (await store.job_get(newest)).state.value == "queued"
+    assert await store.job_runs_stopped("tpu-east", [newest]) == []  # only the run's own peer says so
+    assert await store.job_runs_stopped(PEER, [newest]) == [newest]
+    assert (await store.job_get(newest)).stopping_on is None
 
     # It waits at its old place (no room: batch preempts nothing) and runs once room frees.
     result = await tick.run_once(full=False)
@@ -235,12 +244,12 @@ async def test_a_cancelled_preempting_job_releases_the_room_it_held(pool):
     result = await tick.run_once(full=False)
     [(job_id, _, epoch)] = result.assigned
     # Cancelled before its agent started it: killed at once (the router's rule), as here.
-    from irisfed.shared.records import Move
-    from irisfed.shared.lifecycle import JobState
     moved = await store.job_move(Move(job_id, JobState.ASSIGNED, JobState.KILLED, epoch, actor="router",
                                       owner_peer_id=PEER, reason="cancelled by user default"))
     assert moved is not None
-    # The room is free again: the victim, queued, is placed back on it.
+    # The room is free again: the victim, queued, is placed back on it once its old run stopped.
+    assert (await tick.run_once(full=False)).assigned == []
+    assert await store.job_runs_stopped(PEER, [victim.job_id]) == [victim.job_id]
     result = await tick.run_once(full=False)
     assert [j for j, _, _ in result.assigned] == [victim.job_id]
 
@@ -273,3 +282,64 @@ async def test_the_queue_lists_each_users_highest_band_so_the_tick_reads_victims
         "alice": band_rank("production"), "bob": band_rank("batch"), "carol": band_rank("interactive")}
     await pool.execute("UPDATE jobs SET state = 'killed' WHERE job_id = 'alice:a2'")
     assert (await store.job_list_queued_users())["alice"] == band_rank("batch")
+
+
+async def test_a_preempted_run_must_be_seen_to_stop_before_its_job_is_placed_again(pool):
+    """A running victim is queued at once (fenced) but not placed again, anywhere, while
+    its old run may live: its owner says the run is gone (the agent, after the kill), or
+    the owner is lost past TTL + grace (the tick). An assigned victim never started a
+    run: it is free at once."""
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    await advertise_cpus(store, "tpu-east", cpus=1)
+    started, east_holder = job("batch"), job("interactive")
+    await running(store, [started])
+    await running(store, [east_holder], peer="tpu-east")
+    urgent = job("interactive")
+    await insert_jobs(store, [urgent])
+    now = [time.time()]
+    tick = Tick(make_config(heartbeat_ttl_s=60.0, assign_grace_s=1.0), pool, None, clock=lambda: now[0])
+    await tick.refresh_view()
+    assert [v.job_id for v in (await tick.run_once(full=False)).preempted] == [started.job_id]
+    assert (await store.job_get(started.job_id)).stopping_on == PEER
+
+    # Room elsewhere: the victim still waits, though a later job takes the room.
+    assert east_holder.job_id in await store.job_finish_batch("tpu-east", [(east_holder.job_id, 1, 0, False)])
+    later = job("batch")
+    await insert_jobs(store, [later])
+    assert [j for j, _, _ in (await tick.run_once(full=False)).assigned] == [later.job_id]
+    assert (await store.job_get(started.job_id)).state is JobState.QUEUED
+    assert later.job_id in await start_jobs(store, [later], "tpu-east")
+    assert later.job_id in await store.job_finish_batch("tpu-east", [(later.job_id, 1, 0, False)])
+
+    # gpu-west lost past TTL + grace: no agent is left to say so; the tick lets it go.
+    assert await tick.recover_lost_peers() == 0
+    assert (await store.job_get(started.job_id)).stopping_on == PEER
+    now[0] += 3600
+    await advertise_cpus(store, "tpu-east", cpus=2, seq=2)  # tpu-east still heard from
+    await tick.refresh_view()
+    await tick.recover_lost_peers()  # the preempting job is taken back from gpu-west too
+    assert (await store.job_get(started.job_id)).stopping_on is None
+    placed = (await tick.run_once(full=False)).assigned
+    assert sorted((j, p) for j, p, _ in placed) == sorted([(started.job_id, "tpu-east"), (urgent.job_id, "tpu-east")])
+    await assert_changelog_replays(store)
+
+
+async def test_a_peer_no_longer_configured_never_keeps_a_preempted_job_waiting(pool):
+    store = Store(pool)
+    await advertise_cpus(store, cpus=1)
+    victim = job("batch")
+    await running(store, [victim])
+    await insert_jobs(store, [job("interactive")])
+    await (await tick_for(pool)).run_once(full=False)
+    assert (await store.job_get(victim.job_id)).stopping_on == PEER
+    # gpu-west leaves the configuration; once such owners count as lost, its wait ends.
+    now = [time.time()]
+    tick = Tick(make_config(peers=[{"id": "home"}, {"id": "tpu-east"}], assign_grace_s=0.001), pool, None,
+                clock=lambda: now[0])
+    await tick.refresh_view()
+    await tick.recover_lost_peers()
+    assert (await store.job_get(victim.job_id)).stopping_on == PEER  # not judged within a TTL of starting
+    now[0] += 3600
+    await tick.recover_lost_peers()
+    assert (await store.job_get(victim.job_id)).stopping_on is None

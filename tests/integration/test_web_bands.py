@@ -72,6 +72,10 @@ async def test_jobs_and_job_pages_show_bands_preemptions_and_who_preempted(pool,
         assert 'data-by="alice:urgent-1"' in said and 'href="/jobs/alice:urgent-1"' in said
         assert text_of(said.split(">", 1)[1]) == "preempted by alice:urgent-1 on gpu-west"
         assert "by tick" in steps[-1]
+        stopping = page.split('data-testid="stopping-on">', 1)[1].split("</dd>", 1)[0]
+        assert text_of(stopping).startswith("gpu-west to stop its preempted run")
+        await store.job_runs_stopped("gpu-west", ["bob:batch-1"])
+        assert 'data-testid="stopping-on"' not in (await client.get("/jobs/bob:batch-1")).text
 
         page = (await client.get("/jobs/alice:urgent-1")).text
         assert '<dd data-testid="job-band" data-band="production">production</dd>' in page

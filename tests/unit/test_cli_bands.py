@@ -438,3 +438,15 @@ def test_a_hostile_preemptor_in_the_timeline_is_redacted_and_left_to_escaping():
     step = present.timeline(history)[3]
     assert "pw@h" not in step.preempted_by and step.preempted_by.startswith("<script>")  # the template escapes
     assert present.path_part(step.preempted_by).startswith("%3Cscript%3E")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_preempted_job_waiting_for_its_old_run_to_stop_says_where(mode):
+    waiting = rows.job_row(state=JobState.QUEUED, epoch=2, preemptions=1, band=0, stopping_on="gpu-west",
+                           reason="preempted by alice:urgent-1")
+    for draw in (lambda out: views.print_job(waiting, preempted_history(), out),
+                 lambda out: views.print_explain(waiting, preempted_history(), out)):
+        shown = capture(mode, draw)
+        assert "waiting for gpu-west to stop its preempted run" in shown, shown
+    released = msgspec.structs.replace(waiting, stopping_on=None)
+    assert "to stop its preempted run" not in capture(mode, lambda out: views.print_job(released, [], out))
