@@ -56,7 +56,14 @@ NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
              "peers", "tick_interval_s", "assign_grace_s", "users"}
-_PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address"}
+_PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address", "nodes",
+              "gang_start_timeout_s"}
+_NODE_KEYS = {"count", "resources", "attributes"}
+MAX_CONFIGURED_NODES = 100_000
+# How long a gang's tasks may take to all start before the gang is requeued whole
+# (docs/design.md §3.4): long enough for an engine to find N free nodes when they are
+# there, short enough that a gang placed on a stale view does not hold its slots long.
+DEFAULT_GANG_START_TIMEOUT_S = 300.0
 BACKEND_KINDS = ("subprocess", "simulated", "slurm", "ray")
 
 
@@ -72,7 +79,43 @@ class PeerConfig:
     resources: Mapping[str, float] = field(default_factory=dict)
     slurm_partition: str = ""  # backend slurm: the partition to submit to ("" = the cluster's default)
     ray_address: str = ""  # backend ray: the dashboard's http://HOST:PORT
+    # Subprocess and simulated backends: their nodes (shared.nodes); empty: the host alone.
+    nodes: tuple[NodeSpec, ...] = ()
+    gang_start_timeout_s: float = DEFAULT_GANG_START_TIMEOUT_S
 
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """``count`` identical nodes a subprocess or simulated backend pretends to have."""
+
+    count: int
+    resources: Mapping[str, float] = field(default_factory=dict)
+    attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def parse_node_specs(raw: object, where: str) -> tuple[NodeSpec, ...]:
+    """``nodes = [{count = 4, resources = {cpu = 8}, attributes = {slice = "a"}}]`` →
+    NodeSpecs, with a clear error for anything else."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: nodes must be a list of {{count, resources, attributes}} tables")
+    specs = []
+    total = 0
+    for i, entry in enumerate(raw):
+        at = f"{where}: nodes[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{at} must be a table of count, resources and attributes")
+        bad = set(entry) - _NODE_KEYS
+        if bad:
+            raise ConfigError(f"{at}: unknown keys {', '.join(sorted(bad))} (known: count, resources, attributes)")
+        count = entry.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"{at}: count must be a whole number >= 1, got {count!r}")
+        total += count
+        if total > MAX_CONFIGURED_NODES:
+            raise ConfigError(f"{where}: at most {MAX_CONFIGURED_NODES} nodes, got {total}")
+        specs.append(NodeSpec(count, parse_resource_totals(entry.get("resources", {}), at),
+                              parse_attributes(entry.get("attributes", {}), at)))
+    return tuple(specs)
 
 def parse_resource_totals(raw: object, where: str) -> dict[str, float]:
     """Configured resources ``{name: total}`` (validated names and amounts) → totals."""
@@ -123,10 +166,10 @@ class FederationConfig:
         raise ConfigError(f"peer {peer_id!r} is not in the configuration (peers: {', '.join(self.peer_ids)})")
 
 
-def _positive(raw: Mapping[str, Any], key: str, default: float) -> float:
+def _positive(raw: Mapping[str, Any], key: str, default: float, where: str = "") -> float:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigError(f"{where}{key} must be a positive number, got {value!r}")
     return float(value)
 
 
@@ -181,6 +224,9 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
             resources=parse_resource_totals(entry.get("resources", {}), f"peer {peer_id}"),
             slurm_partition=_text(entry.get("slurm_partition", ""), f"peer {peer_id}: slurm_partition"),
             ray_address=_text(entry.get("ray_address", ""), f"peer {peer_id}: ray_address"),
+            nodes=parse_node_specs(entry.get("nodes", []), f"peer {peer_id}"),
+            gang_start_timeout_s=_positive(entry, "gang_start_timeout_s", DEFAULT_GANG_START_TIMEOUT_S,
+                                           f"peer {peer_id}: "),
         ))
     ids = [p.id for p in peers]
     duplicates = {i for i in ids if ids.count(i) > 1}

@@ -40,6 +40,9 @@ Name = Annotated[str, Meta(max_length=256)]
 MapKey = Annotated[str, Meta(min_length=1, max_length=256)]
 Scalar = str | int | float
 Band = Literal["batch", "interactive", "production"]  # shared.bands.BANDS (checked below)
+# The most tasks one job may have (docs/design.md §3.4).
+MAX_REPLICAS = 4096
+AttributeKey = Annotated[str, Meta(min_length=1, max_length=128)]
 
 
 assert get_args(Band) == BANDS
@@ -70,6 +73,13 @@ class ConstraintSpec(Struct, forbid_unknown_fields=True, frozen=True, omit_defau
         return _constraint(self.key, self.op, value)
 
 
+class Coschedule(Struct, forbid_unknown_fields=True, frozen=True):
+    """How a gang's tasks are placed together: ``group_by`` names a node attribute all
+    its nodes must share one value of (a TPU slice, a rack)."""
+
+    group_by: AttributeKey
+
+
 class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Submit a job (``<prefix>.submit``, request/reply)."""
 
@@ -95,6 +105,10 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     max_preemptions: Annotated[int, Meta(ge=0, le=MAX_PREEMPTIONS_LIMIT)] = DEFAULT_MAX_PREEMPTIONS
     # Answer what the submit would do now, and write nothing. Not part of the job.
     dry_run: bool = False
+    # Added with gangs (docs/design.md §3.4): that many tasks of the command, each asking
+    # ``resources``, placed all or nothing on distinct nodes of one backend.
+    replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] = 1
+    coschedule: Coschedule | None = None
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -109,8 +123,12 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
         return [spec.to_constraint() for spec in self.preferences]
 
     def resource_request(self) -> Resources:
-        """The job's resources, validated and normalised (``cpu`` defaults to 1)."""
+        """The job's resources (each task's, for a gang), validated and normalised (``cpu``
+        defaults to 1)."""
         return as_resources(self.resources or None)
+
+    def group_by(self) -> str:
+        return self.coschedule.group_by if self.coschedule is not None else ""
 
     def canonical_spec(self) -> bytes:
         """Everything but ``job_id`` as canonical JSON (sorted keys): what a job *is*.
@@ -249,12 +267,23 @@ class ResourceAmount(Struct, frozen=True):
     free: float
 
 
+class NodeGroup(Struct, frozen=True):
+    """``count`` identical nodes of a backend (shared.nodes): their attributes and, per
+    node, each resource's total and free amount."""
+
+    count: int
+    attributes: dict[str, list[str]] = {}
+    resources: dict[str, ResourceAmount] = {}
+
+
 class BackendAd(Struct, frozen=True):
     """One backend in a heartbeat.
 
     ``capacity`` counts slots (one per job). ``resources`` (added to v1) advertises
     every resource the backend has, ``{name: {total, free}}``; a backend without it is
-    placed by slots only (docs/scheduling.md). ``discovering`` (added to v1): the
+    placed by slots only (docs/scheduling.md). ``nodes`` (added with gangs): its hosts,
+    identical ones counted together (shared.nodes); every task must then fit on one
+    node, and only a backend advertising nodes runs gangs. ``discovering`` (added to v1): the
     backend's engine has not yet said what it has, so its resources and any attribute
     not configured on the agent (``--attr``, which overrides the engine) are unknown:
     routers queue a job it might hold rather than reject it, and ticks place nothing on
@@ -266,6 +295,7 @@ class BackendAd(Struct, frozen=True):
     capacity: Capacity
     resources: dict[str, ResourceAmount] = {}
     discovering: bool = False
+    nodes: list[NodeGroup] = []
 
 
 class Heartbeat(Struct, frozen=True):
@@ -294,6 +324,7 @@ class AssignmentNotice(Struct, frozen=True):
     epoch: int
     backend: str = ""
     priority: int = 0
+    tasks: int = 1  # a gang's tasks: the slots it takes
 
 
 class CancelNotice(Struct, frozen=True):

@@ -66,6 +66,7 @@ class NewJob(msgspec.Struct, frozen=True):
     resources_json: str = '{"cpu":1}'  # the normalised request (shared.resources), as JSON text
     user_id: str = "default"  # whose job it is (shared.users); job_id is already scoped by it
     band: int = 1  # its band's rank (shared.bands)
+    replicas: int = 1  # its tasks (a gang: more than one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,7 @@ class JobRow(Row, frozen=True, array_like=True):
     band: int = 1  # its band's rank (shared.bands)
     preemptions: int = 0  # times preempted (never counted as retries)
     stopping_on: str | None = None  # preempted: the peer whose old run has not been seen to stop
+    replicas: int = 1  # its tasks (resources is each one's)
 
 
 class JobSummary(Row, frozen=True, array_like=True):
@@ -248,6 +250,8 @@ class ClaimedJob(Row, frozen=True, array_like=True):
     cancel_requested: bool = False  # handed back with a cancel stored: killed, never placed
     user_id: str = "default"
     band: int = 1  # its band's rank (shared.bands)
+    replicas: int = 1  # its tasks
+    group_by: str = ""  # the node attribute its tasks' nodes share ("": none)
 
     @classmethod
     def from_record(cls, values: Sequence[Any]) -> ClaimedJob:
@@ -283,6 +287,7 @@ class OwnedJob(Row, frozen=True, array_like=True):
     backend: str | None
     cancel_requested: bool
     priority: int
+    replicas: int = 1  # its tasks: the slots it takes
 
 
 class LostPeerJob(Row, frozen=True, array_like=True):
@@ -311,6 +316,7 @@ class PreemptibleJob(Row, frozen=True, array_like=True):
     resources_json: str | None
     user_id: str
     since: float  # when it took its room (started, else assigned), seconds since the epoch
+    replicas: int = 1  # its tasks (resources_json is each one's)
 
 
 class PreemptedJob(Row, frozen=True, array_like=True):
@@ -332,6 +338,20 @@ class ReleasedJob(Row, frozen=True, array_like=True):
     job_id: str
     epoch: int
     peer_id: str
+
+
+class TaskRow(Row, frozen=True, array_like=True):
+    """One task of a gang's run (``job_tasks_list``)."""
+
+    job_id: str
+    epoch: int
+    task_index: int
+    peer_id: str
+    node: str | None
+    state: str  # pending, running, succeeded, failed, killed, lost
+    exit_code: int | None
+    log_path: str | None
+    updated_at: datetime
 
 
 class JobStateRow(Row, frozen=True, array_like=True):

@@ -26,6 +26,7 @@ from irisfed.services.common.log import EventLogger
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.messages import BackendAd, Heartbeat, decode_internal
+from irisfed.shared.nodes import NodePool, parse_node_groups
 from irisfed.shared.reachability import capped_ttl, is_lost, is_reachable, next_expiry, silent_since
 from irisfed.shared.records import PeerHeartbeatRow
 from irisfed.shared.resources import Amount
@@ -83,17 +84,36 @@ def _unstorable(heartbeat: Heartbeat) -> str:
 
 def _shape(backends: tuple[Backend, ...]) -> tuple:
     return tuple((b.name, tuple(sorted(b.attributes.items())), b.total,
-                  tuple(sorted((name, amount.total) for name, amount in b.resources.items())), b.discovering)
+                  tuple(sorted((name, amount.total) for name, amount in b.resources.items())), b.discovering,
+                  _node_shapes(b))
                  for b in backends)
 
 
+def _node_shapes(backend: Backend) -> tuple:
+    """How many nodes of each shape (attributes, totals) a backend has."""
+    shapes: dict[tuple, int] = {}
+    for c in backend.nodes:
+        shapes[(c.attributes, c.total)] = shapes.get((c.attributes, c.total), 0) + c.count
+    return tuple(sorted(shapes.items()))
+
+
 def _more_room(old: tuple[Backend, ...], new: tuple[Backend, ...]) -> bool:
-    """Could ``new`` place something ``old`` could not? (A new shape, a slot or a resource freed.)"""
+    """Could ``new`` place something ``old`` could not? (A new shape, a slot, a resource or
+    a node's room freed.)"""
     if _shape(old) != _shape(new):
         return True
     return any(n.free > o.free
                or any(amount.free > o.resources[name].free for name, amount in n.resources.items())
+               or _nodes_freed(o, n)
                for o, n in zip(old, new, strict=True))
+
+
+def _nodes_freed(old: Backend, new: Backend) -> bool:
+    """Has any resource more free over all nodes? (Room moving between nodes is not counted.)"""
+    if not new.nodes:
+        return False
+    before = NodePool(old.nodes).free_units()
+    return any(amount > before.get(name, 0) for name, amount in NodePool(new.nodes).free_units().items())
 
 
 def _amount(value: object) -> Amount:
@@ -113,6 +133,7 @@ def backends_from_wire(backends: Iterable[Mapping]) -> tuple[Backend, ...]:
             free=b["capacity"]["free"],
             resources={name: _amount(value) for name, value in (b.get("resources") or {}).items()},
             discovering=b.get("discovering") is True,
+            nodes=parse_node_groups(b.get("nodes")),
         )
         for b in backends
     )
@@ -198,7 +219,8 @@ class PeerView:
         backends = tuple(
             Backend(b.name, {k: tuple(v) for k, v in b.attributes.items()},
                     b.capacity.total, b.capacity.free,
-                    {name: Amount(v.total, v.free) for name, v in b.resources.items()}, b.discovering)
+                    {name: Amount(v.total, v.free) for name, v in b.resources.items()}, b.discovering,
+                    parse_node_groups(b.nodes))
             for b in heartbeat.backends
         )
         advert = _Advert(heartbeat.run_id, heartbeat.seq, backends, self.cap_ttl(heartbeat.ttl_s),

@@ -57,6 +57,7 @@ from irisfed.shared.records import (
     Row,
     SubmittedJob,
     SyncState,
+    TaskRow,
 )
 from irisfed.shared.resources import SLOTS, to_units
 
@@ -329,6 +330,19 @@ class Store:
         but those in ``keep``: they may be placed again. The ids released."""
         rows = await self._fetch("job_runs_stopped", peer_id, None if only is None else list(only), list(keep))
         return [r["job_id"] for r in rows]
+
+    async def job_tasks_report(self, peer_id: str,
+                               rows: Sequence[tuple[str, int, int, str | None, str, int | None, str | None]]) -> int:
+        """Record gang tasks: (job, epoch, index, node, state, exit code, log) each, only
+        of jobs ``peer_id`` owns at that epoch. How many were written."""
+        if not rows:
+            return 0
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        return await self._fetchval("job_tasks_report", peer_id, *columns)
+
+    async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
+        """A job's tasks, newest run first, in index order."""
+        return await self._all("job_tasks_list", TaskRow, job_id)
 
     async def job_list_live_for_owner(self, peer_id: str) -> list[OwnedJob]:
         return await self._all("job_list_live_for_owner", OwnedJob, peer_id)

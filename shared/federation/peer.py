@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.nodes import NodeClass, parse_node_groups
 from irisfed.shared.reachability import DEFAULT_HEARTBEAT_TTL_S, is_reachable
 from irisfed.shared.resources import Amount, ResourceError, parse_offer
 
@@ -44,6 +45,7 @@ class Backend:
     free: int = 0
     resources: Mapping[str, Amount] = field(default_factory=dict)
     discovering: bool = False
+    nodes: tuple[NodeClass, ...] = ()  # its hosts (shared.nodes); none: single-task jobs only
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def _build_backend(entry: Mapping[str, Any], peer_id: str) -> Backend:
     except ResourceError as exc:
         raise ConfigError(str(exc)) from None
     return Backend(name=str(name), attributes=attributes, total=total, free=free, resources=resources,
-                   discovering=entry.get("discovering") is True)
+                   discovering=entry.get("discovering") is True, nodes=parse_node_groups(entry.get("nodes")))
 
 
 def _attributes(raw: object, peer_id: str) -> dict[str, tuple[str, ...]]:
@@ -100,7 +102,7 @@ def build_peers(config: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list
     """Build the federation's peers from config entries (or a config with ``peers``).
 
     Each entry needs ``id``; it may carry ``backends`` (``[{name, attributes,
-    capacity: {total, free}, resources: {name: total | {total, free}}}]``), or
+    capacity: {total, free}, resources: {name: total | {total, free}}, nodes: [...]}]``), or
     ``attributes`` as a one-backend shorthand,
     plus ``last_heartbeat_at`` (epoch seconds) and ``ttl_s``.
     """

@@ -15,7 +15,7 @@ WITH input AS (
         job_id text, spec_json text, spec_hash text, state text, disposition text,
         pinned_peer_id text, owner_peer_id text, backend text, epoch bigint, max_retries int,
         priority int, deadline_s double precision, reason text, explanation text, resources_json text,
-        user_id text, band smallint)
+        user_id text, band smallint, replicas int)
 ), explained AS (
     INSERT INTO job_explanations (key, explanation, verdicts)
     SELECT key, explanation, verdicts
@@ -24,7 +24,7 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
                       backend, epoch, max_retries, priority, deadline_at, reason, explanation_key,
-                      assigned_at, finished_at, resources, user_id, band)
+                      assigned_at, finished_at, resources, user_id, band, replicas)
     SELECT job_id, spec_json::jsonb, spec_hash, state, disposition, pinned_peer_id, owner_peer_id,
            backend, epoch, max_retries, priority,
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
@@ -32,7 +32,7 @@ WITH input AS (
            CASE WHEN state = 'assigned' THEN now() END,
            CASE WHEN state = 'rejected' THEN now() END,
            COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb), COALESCE(user_id, 'default'),
-           COALESCE(band, 1)
+           COALESCE(band, 1), COALESCE(replicas, 1)
     FROM input
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, state, owner_peer_id, epoch, reason, submitted_at,
@@ -68,7 +68,7 @@ SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, 
        j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
        j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
        e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by,
-       j.band, j.preemptions, j.stopping_on
+       j.band, j.preemptions, j.stopping_on, j.replicas
 FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
 WHERE j.job_id = $1;
 
@@ -163,24 +163,25 @@ SELECT job_id, state, reason FROM irisfed_job_finish_batch($1, $2::text[], $3::b
 SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
 
 -- job_count_live --
--- Slots in use per peer and backend: assigned and running jobs.
-SELECT owner_peer_id, backend, count(*) AS live
+-- Slots in use per peer and backend: assigned and running jobs, one per task.
+SELECT owner_peer_id, backend, sum(replicas)::bigint AS live
 FROM jobs
 WHERE state IN ('assigned', 'running')
 GROUP BY owner_peer_id, backend;
 
 -- job_live_usage --
 -- What assigned and running jobs hold per peer and backend, in one statement (one
--- round trip per tick wake-up): a row with resource NULL counts the slots in use,
--- the others sum what the jobs asked for per resource.
+-- round trip per tick wake-up): a row with resource NULL counts the slots in use (one
+-- per task), the others sum what the jobs asked for per resource (each task's, times
+-- its tasks).
 WITH live AS (
-    SELECT owner_peer_id, backend, resources FROM jobs WHERE state IN ('assigned', 'running')
+    SELECT owner_peer_id, backend, resources, replicas FROM jobs WHERE state IN ('assigned', 'running')
 )
-SELECT owner_peer_id, backend, NULL::text AS resource, count(*)::float8 AS amount
+SELECT owner_peer_id, backend, NULL::text AS resource, sum(replicas)::float8 AS amount
 FROM live
 GROUP BY owner_peer_id, backend
 UNION ALL
-SELECT owner_peer_id, backend, r.key, sum(r.value::numeric)::float8
+SELECT owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8
 FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY owner_peer_id, backend, r.key;
 
@@ -235,7 +236,7 @@ SELECT job_id, epoch FROM moved;
 
 -- job_list_live_for_owner --
 -- Everything a peer agent should be doing: its assigned and running jobs.
-SELECT job_id, state, epoch, backend, cancel_requested, priority
+SELECT job_id, state, epoch, backend, cancel_requested, priority, replicas
 FROM jobs
 WHERE owner_peer_id = $1 AND state IN ('assigned', 'running')
 ORDER BY priority DESC, submitted_at, job_id;
@@ -419,14 +420,15 @@ SELECT user_id, band FROM users;
 -- A preempted job whose old run has not been seen to stop (stopping_on) is not claimed.
 SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
        j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id,
-       j.band
+       j.band, j.replicas, j.group_by
 FROM unnest($1::text[], $2::int[], $3::int[], $4::timestamptz[], $5::text[])
     AS c(user_id, neg_band, neg_priority, submitted_at, job_id)
 CROSS JOIN LATERAL (
     SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
            spec->>'constraints' AS constraints_json, resources::text AS resources_json,
            spec->>'preferences' AS preferences_json,
-           extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band
+           extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band,
+           replicas, coalesce(spec->'coschedule'->>'group_by', '') AS group_by
     FROM jobs
     WHERE state = 'queued' AND user_id = c.user_id AND stopping_on IS NULL
       AND (-band, -priority, submitted_at, job_id) > (c.neg_band, c.neg_priority, c.submitted_at, c.job_id)
@@ -438,14 +440,14 @@ CROSS JOIN LATERAL (
 -- job_live_usage_by_user --
 -- What the assigned and running jobs of users $1 hold (quota checks, under their
 -- locks: a range of jobs_live_by_user per user): a row with resource NULL counts a
--- user's live jobs, the others sum what they asked per resource.
+-- user's live tasks (slots), the others sum what they asked per resource (times tasks).
 WITH live AS (
-    SELECT user_id, resources FROM jobs
+    SELECT user_id, resources, replicas FROM jobs
     WHERE user_id = ANY($1::text[]) AND state IN ('assigned', 'running')
 )
-SELECT user_id, NULL::text AS resource, count(*)::float8 AS amount FROM live GROUP BY user_id
+SELECT user_id, NULL::text AS resource, sum(replicas)::float8 AS amount FROM live GROUP BY user_id
 UNION ALL
-SELECT user_id, r.key, sum(r.value::numeric)::float8
+SELECT user_id, r.key, sum(r.value::numeric * replicas)::float8
 FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY user_id, r.key;
 
@@ -454,11 +456,11 @@ GROUP BY user_id, r.key;
 -- views too). A statement of its own: one plan for "these users" and "all users"
 -- would be a generic plan that scans every live job for a few users.
 WITH live AS (
-    SELECT user_id, resources FROM jobs WHERE state IN ('assigned', 'running')
+    SELECT user_id, resources, replicas FROM jobs WHERE state IN ('assigned', 'running')
 )
-SELECT user_id, NULL::text AS resource, count(*)::float8 AS amount FROM live GROUP BY user_id
+SELECT user_id, NULL::text AS resource, sum(replicas)::float8 AS amount FROM live GROUP BY user_id
 UNION ALL
-SELECT user_id, r.key, sum(r.value::numeric)::float8
+SELECT user_id, r.key, sum(r.value::numeric * replicas)::float8
 FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY user_id, r.key;
 
@@ -484,11 +486,14 @@ GROUP BY user_id, state;
 -- job_list_preemptible --
 -- Live jobs of bands below $1 (never production: shared/bands.py) on peers $2: what a
 -- waiting job of band $1 may preempt (docs/scheduling.md, "Preemption"), with what
--- each asked and since when it holds its room (running: started; assigned: assigned
--- this time, whatever an earlier run's started_at says; seconds since the epoch). A range of jobs_live_by_band, read only when a waiting job could use it.
+-- each asked (each task, and how many tasks) and since when it holds its room (running:
+-- started; assigned: assigned this time, whatever an earlier run's started_at says;
+-- seconds since the epoch). A range of jobs_live_by_band, read only when a waiting job
+-- could use it.
 SELECT job_id, epoch, state, owner_peer_id, backend, band, resources::text AS resources_json, user_id,
        extract(epoch from CASE WHEN state = 'running' THEN coalesce(started_at, assigned_at, updated_at)
-                               ELSE coalesce(assigned_at, updated_at) END)::float8 AS since
+                               ELSE coalesce(assigned_at, updated_at) END)::float8 AS since,
+       replicas
 FROM jobs
 WHERE state IN ('assigned', 'running') AND band < least($1::int, 2) AND owner_peer_id = ANY($2::text[]);
 

@@ -10,7 +10,8 @@ from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
 from irisfed.shared.errors import SchemaMismatch
 
-TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations", "job_listing"}
+TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations",
+          "job_listing", "job_tasks"}
 
 
 async def _tables(url: str) -> set[str]:

@@ -1,0 +1,85 @@
+"""Gangs: jobs of many tasks, placed all or nothing (docs/design.md §3.4).
+
+- ``jobs.replicas``: how many tasks the job has (1 for every job made before gangs).
+  ``jobs.resources`` stays what *each task* asks; what a live job holds is that times
+  ``replicas``, and it takes ``replicas`` slots.
+- ``job_tasks``: one row per task of a gang's run (job, epoch, index): the peer and
+  node it ran on, its state, exit code and log. Written by the owner agent through
+  ``irisfed_job_tasks_report`` (an agent function like migration 0004's: its caller is
+  checked, and only a job it owns at that epoch takes rows); read by every service,
+  the web and the CLI. Single-task jobs have none: the job row says it all.
+"""
+
+from alembic import op
+
+revision = "0016"
+down_revision = "0015"
+branch_labels = None
+depends_on = None
+
+SEARCH_PATH = "SET search_path = pg_catalog, public, pg_temp"
+FUNCTION = "irisfed_job_tasks_report(text, text[], bigint[], integer[], text[], text[], integer[], text[])"
+TASK_STATES = "'pending', 'running', 'succeeded', 'failed', 'killed', 'lost'"
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE jobs ADD COLUMN replicas integer NOT NULL DEFAULT 1 "
+               "CONSTRAINT jobs_replicas_range CHECK (replicas BETWEEN 1 AND 4096)")
+    op.execute(f"""
+        CREATE TABLE job_tasks (
+            job_id      text NOT NULL,
+            epoch       bigint NOT NULL,
+            task_index  integer NOT NULL CHECK (task_index >= 0),
+            peer_id     text NOT NULL,
+            node        text,
+            state       text NOT NULL CHECK (state IN ({TASK_STATES})),
+            exit_code   integer,
+            log_path    text,
+            updated_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (job_id, epoch, task_index)
+        )
+    """)
+    op.execute("ALTER TABLE job_tasks ENABLE ROW LEVEL SECURITY")
+    op.execute("GRANT SELECT ON job_tasks TO irisfed_router, irisfed_tick, irisfed_web, irisfed_agent")
+    op.execute("CREATE POLICY job_tasks_read ON job_tasks FOR SELECT "
+               "TO irisfed_router, irisfed_tick, irisfed_web, irisfed_agent USING (true)")
+    op.execute(f"""
+        CREATE FUNCTION irisfed_job_tasks_report(
+            p_peer text, p_job_ids text[], p_epochs bigint[], p_indexes integer[], p_nodes text[],
+            p_states text[], p_exit_codes integer[], p_logs text[])
+        RETURNS integer
+        LANGUAGE plpgsql VOLATILE SECURITY DEFINER {SEARCH_PATH}
+        AS $fn$
+        DECLARE
+            written integer;
+        BEGIN
+            PERFORM irisfed_check_caller(p_peer);
+            WITH input AS (
+                SELECT * FROM unnest(p_job_ids, p_epochs, p_indexes, p_nodes, p_states, p_exit_codes, p_logs)
+                    AS t(job_id, epoch, task_index, node, state, exit_code, log_path)
+            ), owned AS (
+                -- Only tasks of a job this peer owns at that epoch, within its replicas.
+                SELECT input.* FROM input JOIN jobs ON jobs.job_id = input.job_id
+                WHERE jobs.owner_peer_id = p_peer AND jobs.epoch = input.epoch
+                  AND input.task_index < jobs.replicas
+            ), written_rows AS (
+                INSERT INTO job_tasks AS t (job_id, epoch, task_index, peer_id, node, state, exit_code, log_path)
+                SELECT job_id, epoch, task_index, p_peer, node, state, exit_code, log_path FROM owned
+                ON CONFLICT (job_id, epoch, task_index) DO UPDATE
+                SET node = coalesce(EXCLUDED.node, t.node), state = EXCLUDED.state,
+                    exit_code = coalesce(EXCLUDED.exit_code, t.exit_code),
+                    log_path = coalesce(EXCLUDED.log_path, t.log_path), updated_at = now()
+                RETURNING 1
+            )
+            SELECT count(*) INTO written FROM written_rows;
+            RETURN written;
+        END $fn$
+    """)
+    op.execute(f"REVOKE ALL ON FUNCTION {FUNCTION} FROM PUBLIC")
+    op.execute(f"GRANT EXECUTE ON FUNCTION {FUNCTION} TO irisfed_agent")
+
+
+def downgrade() -> None:
+    op.execute(f"DROP FUNCTION {FUNCTION}")
+    op.execute("DROP TABLE job_tasks")
+    op.execute("ALTER TABLE jobs DROP COLUMN replicas")
