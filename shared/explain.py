@@ -6,7 +6,7 @@ The stored form is compact JSON: ``{"by", "rule", "peers": [{"peer_id", "code",
 not grow with the federation (the first peers are listed, the rest counted). Peer codes: ``match``, ``unreachable``, ``no_backends``,
 ``missing_attribute``, ``unwanted_attribute``, ``value_mismatch``,
 ``no_free_capacity``, ``not_pinned_peer``, ``avoided``, ``insufficient_resources``,
-``held``, ``discovering``. Append only. A job held back by its user's quota has no
+``held``, ``discovering``, ``insufficient_nodes``. Append only. A job held back by its user's quota has no
 peer verdicts and ``"wait": "quota"``.
 
 A peer turned down for resources also carries ``"short": [{"resource", "asked",
@@ -34,6 +34,7 @@ PEER_CODES = {
     "insufficient_resources": "too small for it, even when empty",
     "held": "held for a job that has waited longer",
     "discovering": "its engine has not said what it has yet",
+    "insufficient_nodes": "no backend has enough nodes for its tasks, even when empty",
 }
 
 

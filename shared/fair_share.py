@@ -102,14 +102,15 @@ class FairShareRun:
             position[user] = i + 1
             resources = as_resources(job.resources)
             held = self.held.setdefault(user, {})
-            why = quota_wait(self.users.get(user), held, resources.units) if user in quota_users else None
+            why = (quota_wait(self.users.get(user), held, resources.units, job.replicas)
+                   if user in quota_users else None)
             if why is not None:
                 waiting.append(Waiting(job.job_id, why, code=QUOTA))
             else:
                 placed, left = place((job,))
                 if placed:
                     placements.extend(placed)
-                    add_units(held, resources.units)
+                    add_units(held, resources.units, tasks=job.replicas)
                     self._free_victims(placed)
                 else:
                     waiting.extend(left)
@@ -121,7 +122,7 @@ class FairShareRun:
         held = self.held.setdefault(user, {})
         for job in jobs:
             if job.job_id in placed:
-                add_units(held, as_resources(job.resources).units)
+                add_units(held, as_resources(job.resources).units, tasks=job.replicas)
 
     def _free_victims(self, placements: Iterable[Placement]) -> None:
         """Placements that preempted: their victims' users hold less from now on."""
@@ -130,26 +131,26 @@ class FairShareRun:
             return
         for placement in placements:
             for victim in preempted.get(placement.job_id, ()):
-                add_units(self.held.setdefault(victim.user_id, {}), victim.units, sign=-1)
+                add_units(self.held.setdefault(victim.user_id, {}), victim.units, sign=-1, tasks=victim.tasks)
 
     def release(self, user: str, placement: Placement, resources) -> None:
         """Give back a placement whose commit failed: its room and its user's share (and
         its victims', whose preemption did not happen either)."""
         for victim in self.placement.preempted.get(placement.job_id, ()):
-            add_units(self.held.setdefault(victim.user_id, {}), victim.units)
+            add_units(self.held.setdefault(victim.user_id, {}), victim.units, tasks=victim.tasks)
         self.placement.release(placement, resources)
-        add_units(self.held.setdefault(user, {}), as_resources(resources).units, sign=-1)
+        add_units(self.held.setdefault(user, {}), as_resources(resources).units, sign=-1, tasks=placement.tasks)
 
 
 def within_quota(placements: Sequence[tuple[Placement, str, object]], users: UserTable,
                  held: Mapping[str, Mapping[str, int]],
-                 freed: Mapping[str, Sequence[tuple[str, tuple[tuple[str, int], ...]]]] | None = None,
+                 freed: Mapping[str, Sequence[tuple[str, tuple[tuple[str, int], ...], int]]] | None = None,
                  ) -> tuple[list[Placement], list[Waiting]]:
     """The placements (each with its user and resources, in placement order) that fit
     their users' quotas over ``held`` (what each user's live jobs hold now, read under
     that user's quota lock), and the rest as waiting with the code ``quota``.
 
-    ``freed``: a preempting placement's victims (job → (user, units) each). They stop
+    ``freed``: a preempting placement's victims (job → (user, units, tasks) each). They stop
     only if that placement is kept: then what they held is taken off their users'
     usage (its own user's counts for its own check, as they go in the same
     transaction); a placement that waits frees nothing for the ones after it.
@@ -171,16 +172,16 @@ def within_quota(placements: Sequence[tuple[Placement, str, object]], users: Use
         if user in quota_users:
             units = as_resources(resources).units
             after = dict(usage_of(user))
-            for owner, victim_units in victims:
+            for owner, victim_units, tasks in victims:
                 if owner == user:
-                    add_units(after, victim_units, sign=-1)
-            why = quota_wait(users.get(user), after, units)
+                    add_units(after, victim_units, sign=-1, tasks=tasks)
+            why = quota_wait(users.get(user), after, units, placement.tasks)
             if why is not None:
                 waiting.append(Waiting(placement.job_id, why, code=QUOTA))
                 continue
-            add_units(usage_of(user), units)
-        for owner, victim_units in victims:
+            add_units(usage_of(user), units, tasks=placement.tasks)
+        for owner, victim_units, tasks in victims:
             if owner in quota_users:
-                add_units(usage_of(owner), victim_units, sign=-1)
+                add_units(usage_of(owner), victim_units, sign=-1, tasks=tasks)
         kept.append(placement)
     return kept, waiting

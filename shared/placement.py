@@ -58,7 +58,8 @@ from typing import NamedTuple
 from irisfed.shared.bands import DEFAULT_BAND_RANK
 from irisfed.shared.constraints import Constraint, matches_all
 from irisfed.shared.federation.peer import Backend, FederationPeer
-from irisfed.shared.federation.router import PeerVerdict, judge_peer
+from irisfed.shared.federation.router import PeerVerdict, judge_peer, too_few_nodes
+from irisfed.shared.nodes import Gang, NodePool, describe_task, gang_verdict
 from irisfed.shared.preemption import (
     LOWEST_BAND,
     NO_LOWER_BAND,
@@ -108,6 +109,8 @@ class QueuedJob(NamedTuple):
     preferences: tuple[Constraint, ...] = ()
     waited_s: float = 0.0
     band: int = DEFAULT_BAND_RANK  # shared.bands: what it may preempt
+    replicas: int = 1  # tasks (a gang: more), each asking ``resources`` (shared.nodes)
+    group_by: str = ""  # the node attribute a gang's nodes share ("": none)
 
 
 class Placement(NamedTuple):
@@ -115,6 +118,8 @@ class Placement(NamedTuple):
     epoch: int  # the epoch the job was claimed under (the CAS expects it)
     peer_id: str
     backend: str
+    tasks: int = 1  # the job's tasks (slots taken)
+    nodes: tuple = ()  # the node classes taken on a backend advertising nodes (to give back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +146,9 @@ class Hold:
     """A backend held for a job that waited too long: what later jobs must leave free."""
 
     job_id: str
-    units: dict[str, int] = field(default_factory=dict)  # the held job's request, in units
+    units: dict[str, int] = field(default_factory=dict)  # the held job's request, in units (all tasks)
     slots: int = 1
+    gang: Gang | None = None  # a held gang on a backend with nodes: the nodes later jobs must leave it
 
 
 def free_slots(
@@ -174,8 +180,8 @@ def add_usage(
 class _Room:
     """One reachable backend during a run: what it has free, kept up to date."""
 
-    __slots__ = ("backend", "free", "improves", "inv", "key", "left", "legacy", "name", "peer_id", "slot_total",
-                 "slots", "total", "version")
+    __slots__ = ("backend", "free", "improves", "inv", "key", "left", "legacy", "name", "nodes", "peer_id",
+                 "slot_total", "slots", "total", "version")
 
     def __init__(self, peer_id: str, backend: Backend, slots: int,
                  used: Mapping[str, float] | None, sign: float = 1.0) -> None:
@@ -200,6 +206,8 @@ class _Room:
         self._update_left()
         # Does a placement here improve its rank (pack on a room with resources)?
         self.improves = not self.legacy and sign > 0
+        # Its hosts (shared.nodes): every task must fit on one; None: single tasks only.
+        self.nodes = NodePool(backend.nodes) if backend.nodes else None
 
     def __lt__(self, other: _Room) -> bool:
         # Heap entries differ before reaching the room; this only keeps a tie from raising.
@@ -219,34 +227,65 @@ class _Room:
 
     def can_ever_hold(self, units: tuple[tuple[str, int], ...]) -> bool:
         total = self.total
-        return self.legacy or all(total.get(name, 0) >= amount for name, amount in units)
+        if not (self.legacy or all(total.get(name, 0) >= amount for name, amount in units)):
+            return False
+        return self.nodes is None or self.nodes.can_ever_hold(Gang(1, units))
 
     def fits(self, units: tuple[tuple[str, int], ...]) -> bool:
         if self.slots <= 0:
             return False
-        if self.legacy:
-            return True
-        free = self.free
-        for name, amount in units:
-            if free.get(name, 0) < amount:
-                return False
-        return True
+        if not self.legacy:
+            free = self.free
+            for name, amount in units:
+                if free.get(name, 0) < amount:
+                    return False
+        return self.nodes is None or self.nodes.fits_one(units)
 
-    def blocked(self, units: tuple[tuple[str, int], ...], hold: Hold, job_id: str) -> bool:
-        """Would placing job ``job_id`` asking ``units`` here eat into what ``hold`` keeps free?"""
+    # A gang: ``gang.replicas`` tasks of ``gang.units``; ``total`` is all of them.
+
+    def can_ever_hold_gang(self, gang: Gang, total: tuple[tuple[str, int], ...]) -> bool:
+        if self.nodes is None or self.slot_total < gang.replicas:
+            return False
+        totals = self.total
+        if not (self.legacy or all(totals.get(name, 0) >= amount for name, amount in total)):
+            return False
+        return self.nodes.can_ever_hold(gang)
+
+    def gang_choice(self, gang: Gang, total: tuple[tuple[str, int], ...]) -> list | None:
+        """The nodes ``gang``'s tasks would take here now (None: no room now)."""
+        if self.nodes is None or self.slots < gang.replicas:
+            return None
+        if not self.legacy:
+            free = self.free
+            for name, amount in total:
+                if free.get(name, 0) < amount:
+                    return None
+        return self.nodes.choose(gang)
+
+    def blocked(self, units: tuple[tuple[str, int], ...], hold: Hold, job_id: str, tasks: int = 1) -> bool:
+        """Would placing job ``job_id`` (``tasks`` tasks of ``units``) here eat into what
+        ``hold`` keeps free? A held gang keeps, besides, every node that could take one of
+        its tasks: later work lands only on nodes it cannot use."""
         if hold.job_id == job_id:
             return False  # a job's own hold never stands in its way
-        if self.slots - 1 < hold.slots:
+        if self.slots - tasks < hold.slots:
             return True
         held, free = hold.units, self.free
         for name, amount in units:
             need = held.get(name)
-            if need and free.get(name, 0) - amount < need:
+            if need and free.get(name, 0) - amount * tasks < need:
                 return True
+        if hold.gang is not None and self.nodes is not None:
+            if tasks > 1:
+                return True  # one gang's hold is not shared with another gang
+            choice = self.nodes.choose(Gang(1, units), avoid=hold.gang.units)
+            return choice is None
         return False
 
-    def take(self, units: tuple[tuple[str, int], ...]) -> None:
-        self.slots -= 1
+    def take(self, units: tuple[tuple[str, int], ...], tasks: int = 1, nodes: Sequence | None = None) -> tuple:
+        """Take the room of ``tasks`` tasks of ``units``: on the chosen ``nodes`` (None:
+        the best ones for a single task). The node classes taken (to give back)."""
+        self.slots -= tasks
         if not self.legacy:
             free = self.free
             for name, amount in units:
@@ -254,24 +293,39 @@ class _Room:
                 # back (``release``) may hold a resource the backend no longer advertises,
                 # which ``give`` skipped too.
                 if name in free:
-                    free[name] -= amount
+                    free[name] -= amount * tasks
             self._update_left()
+        taken: tuple = ()
+        if self.nodes is not None:
+            if nodes is None:
+                nodes = self.nodes.choose(Gang(tasks, units))
+            if nodes:
+                self.nodes.take(nodes, units)
+                taken = tuple(nodes)
         self.version += 1
+        return taken
 
-    def give(self, units: tuple[tuple[str, int], ...]) -> None:
-        """Undo a ``take`` (a placement given back)."""
-        self.slots += 1
+    def give(self, units: tuple[tuple[str, int], ...], tasks: int = 1, nodes: Sequence | None = None) -> None:
+        """Undo a ``take`` (a placement given back, a victim preempted): on the ``nodes``
+        it took, or, not known (a running job's), the nodes likeliest to hold it."""
+        self.slots += tasks
         if not self.legacy:
             free = self.free
             for name, amount in units:
                 if name in free:
-                    free[name] += amount
+                    free[name] += amount * tasks
             self._update_left()
+        if self.nodes is not None:
+            if nodes:
+                self.nodes.give(nodes, units)
+            else:
+                self.nodes.release_somewhere(units, tasks)
         self.version += 1
 
-    def shortfall(self, units: tuple[tuple[str, int], ...]) -> float:
-        """How far from fitting, as fractions of the totals (0: it fits now)."""
-        short = max(0, 1 - self.slots) / max(1, self.slot_total)
+    def shortfall(self, units: tuple[tuple[str, int], ...], tasks: int = 1) -> float:
+        """How far from fitting, as fractions of the totals (0: it fits now); ``units`` all
+        of the job's, ``tasks`` its slots."""
+        short = max(0, tasks - self.slots) / max(1, self.slot_total)
         if not self.legacy:
             free, total = self.free, self.total
             for name, amount in units:
@@ -404,7 +458,8 @@ class PlacementRun:
     do, so those are dropped and rebuilt as the next jobs need them; releases are rare.
     """
 
-    __slots__ = ("_by_id", "_changed", "_explained", "_kinds", "_no_hold", "_no_victims", "_victims_on", "_seq", "holder", "holds",
+    __slots__ = ("_by_id", "_changed", "_explained", "_gang_full", "_kinds", "_no_hold", "_no_victims",
+                 "_victims_on", "_seq", "holder", "holds",
                  "matched", "now", "peers", "pool", "preempted", "reachable", "reserve_after_s", "rooms",
                  "rooms_of_peer", "sign")
 
@@ -456,6 +511,7 @@ class PlacementRun:
         # again for the same reasons: explain it once (again when holds change).
         self._explained: dict[tuple, Waiting] = {}
         self._no_hold: set[tuple] = set()  # kinds that found every backend they could hold taken
+        self._gang_full: set[tuple] = set()  # kinds of gang that found no room this run (rooms only shrink)
         # Preemption: what lower-band jobs run where (None: not loaded; preempt nothing),
         # each preemption made (the placed job → its victims), and the kinds of job (with
         # their band) found to have nothing to preempt: the pool and rooms only shrink
@@ -479,10 +535,10 @@ class PlacementRun:
         room = self.rooms.get((placement.peer_id, placement.backend))
         if room is None:
             return
-        room.give(as_resources(resources).units)
+        room.give(as_resources(resources).units, placement.tasks, placement.nodes or None)
         victims = self.preempted.pop(placement.job_id, ())
         for victim in victims:
-            room.take(victim.units)  # the victims keep their room: the preemption did not happen
+            room.take(victim.units, victim.tasks)  # the victims keep their room: the preemption did not happen
         if victims and self.pool is not None:
             self.pool.restore(victims)
         self._grown()
@@ -490,6 +546,7 @@ class PlacementRun:
     def _grown(self) -> None:
         # Rooms only shrank until now; the heaps, explanations and the rooms dropped from
         # heaps relied on it. Holds and what no kind could hold depend on totals: kept.
+        self._gang_full.clear()
         self._kinds.clear()
         self._by_id.clear()
         self._changed.clear()
@@ -510,6 +567,11 @@ class PlacementRun:
             if resources.__class__ is not Resources:
                 resources = as_resources(resources)
             units = resources.units
+            if job.replicas > 1:
+                self._place_gang(job, units, placements, waiting)
+                kind = None
+                last = (None, None, None)
+                continue
             pinned = job.pinned_peer_id
             if pinned:
                 choice = _place_pinned(job, units, rooms_of_peer.get(pinned), holds, sign)
@@ -542,14 +604,14 @@ class PlacementRun:
                 else:
                     room, victims = preemption
                     for victim in victims:
-                        room.give(victim.units)
-                    room.take(units)
+                        room.give(victim.units, victim.tasks)
+                    nodes = room.take(units)
                     self.pool.remove(victims)
                     self.preempted[job.job_id] = victims
                     self._grown()
                     kind = None
                     last = (None, None, None)
-                    placements.append(Placement(job.job_id, job.epoch, room.peer_id, room.name))
+                    placements.append(Placement(job.job_id, job.epoch, room.peer_id, room.name, 1, nodes))
                     continue
             if choice is None:
                 holding = None
@@ -573,7 +635,7 @@ class PlacementRun:
                     rule = f"{rule}; cannot preempt: {cannot_preempt}"
                 waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
                 continue
-            choice.take(units)
+            nodes = choice.take(units, 1, _nodes_leaving_hold(choice, units, holds, job.job_id))
             improves = choice.improves
             if improves:
                 seq = self._seq = self._seq + 1
@@ -586,8 +648,121 @@ class PlacementRun:
                 else:
                     heappop(kind.heap)
                 kind.seen = self._seq
-            placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name))
+            placements.append(Placement(job.job_id, job.epoch, choice.peer_id, choice.name, 1, nodes))
         return placements, waiting
+
+    # ------------------------------------------------------------ gangs
+
+    def _gang_rooms(self, job: QueuedJob, gang: Gang, total: tuple[tuple[str, int], ...]) -> list[_Room]:
+        """The backends ``job``'s gang could ever run on: its pin's, or those matching its
+        constraints; by totals, slots and nodes."""
+        if job.pinned_peer_id:
+            rooms = self.rooms_of_peer.get(job.pinned_peer_id, ())
+        else:
+            rooms = [room for m in self._matching(job.constraints) if (room := self.rooms.get(m)) is not None]
+        return [room for room in rooms if room.can_ever_hold_gang(gang, total)]
+
+    def _place_gang(self, job: QueuedJob, units: tuple[tuple[str, int], ...], placements: list[Placement],
+                    waiting: list[Waiting]) -> None:
+        """Place all of ``job``'s tasks on one backend — distinct nodes with room for one
+        task each (sharing a ``group_by`` value) — or none (docs/scheduling.md, "Gangs")."""
+        gang = Gang(job.replicas, units, job.group_by)
+        total = tuple((name, amount * job.replicas) for name, amount in units)
+        key = (job.constraints, units, job.replicas, job.group_by, job.pinned_peer_id, job.avoid_peers)
+        rooms = self._gang_rooms(job, gang, total)
+        preferred = [room for room in rooms if room.peer_id not in job.avoid_peers]
+        groups = (preferred, rooms) if job.avoid_peers and len(preferred) < len(rooms) else (rooms,)
+        holds = self.holds
+        best = None
+        if key not in self._gang_full:
+            for group in groups:
+                for room in group:
+                    hold = holds.get(room.key) if holds else None
+                    if hold is not None and room.blocked(total, hold, job.job_id, job.replicas):
+                        continue
+                    nodes = room.gang_choice(gang, total)
+                    if nodes is None:
+                        continue
+                    rank = _rank(room, total, job.preferences, self.sign)
+                    if best is None or rank < best[0]:
+                        best = (rank, room, nodes)
+                if best is not None:
+                    break
+            if best is None and not holds:
+                self._gang_full.add(key)  # rooms only shrink in a run: the next like gang waits too
+        if best is not None:
+            _, room, nodes = best
+            self._placed_on(room, room.take(units, job.replicas, nodes))
+            placements.append(Placement(job.job_id, job.epoch, room.peer_id, room.name, job.replicas, tuple(nodes)))
+            return
+        cannot_preempt = None
+        if job.band <= 0:
+            cannot_preempt = LOWEST_BAND
+        elif self.pool is not None:
+            preemption = self._preempt_gang(job, gang, total, groups)
+            if isinstance(preemption, str):
+                cannot_preempt = preemption
+            else:
+                room, victims, nodes = preemption
+                for victim in victims:
+                    room.give(victim.units, victim.tasks)
+                taken = room.take(units, job.replicas, nodes)
+                self.pool.remove(victims)
+                self.preempted[job.job_id] = victims
+                self._grown()
+                placements.append(Placement(job.job_id, job.epoch, room.peer_id, room.name, job.replicas, taken))
+                return
+        holding = None
+        if self.reserve_after_s is not None and job.waited_s >= self.reserve_after_s:
+            holding = self.holder.get(job.job_id) or _reserve_gang(job, gang, total, rooms, holds)
+            if holding is not None:
+                self.holder[job.job_id] = holding
+        explained_key = ("gang", key, len(holds))
+        why = self._explained.get(explained_key)
+        if why is None:
+            why = self._explained[explained_key] = _explain(job, units, self.peers, self.rooms, self.now, holds)
+        rule = why.rule
+        if holding is not None:
+            rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
+                    f"(waiting {self.reserve_after_s:g}s or more)")
+        if cannot_preempt is not None:
+            rule = f"{rule}; cannot preempt: {cannot_preempt}"
+        waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
+
+    def _placed_on(self, room: _Room, _nodes: tuple) -> None:
+        """A gang took room here: single-task kinds re-rank an improving room (pack)."""
+        if room.improves:
+            seq = self._seq = self._seq + 1
+            self._changed.pop(room, None)
+            self._changed[room] = seq
+
+    def _preempt_gang(self, job: QueuedJob, gang: Gang, total: tuple[tuple[str, int], ...],
+                      groups: tuple[list[_Room], ...]) -> tuple[_Room, tuple[Candidate, ...], list] | str:
+        """Where ``job``'s whole gang could preempt its way in — the fewest victims after
+        which every task has a node — and whom; or why it cannot."""
+        why = NO_LOWER_BAND
+        holds = self.holds
+        for group in groups:
+            best = None
+            for room in group:
+                found = self.pool.on(room.key, job.band)
+                if not found:
+                    continue
+                hold = holds.get(room.key) if holds else None
+                if hold is not None and hold.job_id != job.job_id:
+                    why = ONLY_HELD if why == NO_LOWER_BAND else why
+                    continue
+                chosen = _gang_victims(room, gang, total, found)
+                if chosen is None:
+                    why = STILL_NO_ROOM
+                    continue
+                victims, nodes = chosen
+                rank = (victims_rank(victims), _rank(room, total, job.preferences, self.sign))
+                if best is None or rank < best[0]:
+                    best = (rank, room, victims, nodes)
+            if best is not None:
+                return best[1], best[2], best[3]
+        return why
 
     def _matching(self, constraints: tuple[Constraint, ...]) -> list[tuple[str, str]]:
         matching = self.matched.get(constraints)
@@ -639,7 +814,11 @@ class PlacementRun:
                     if not found:
                         victims = rank = None
                     else:
-                        victims = choose_victims(units, room.free, room.slots, room.legacy, found)
+                        if room.nodes is None:
+                            victims = choose_victims(units, room.free, room.slots, room.legacy, found)
+                        else:  # and a node for it once they are gone
+                            chosen = _gang_victims(room, Gang(1, units), units, found)
+                            victims = None if chosen is None else chosen[0]
                         rank = (victims_rank(victims), _rank(room, units, preferences, self.sign)) if victims else ()
                     memo[(room.key, units, band, preferences)] = (room.version, victims, rank)
                     if victims is None and rank is None:
@@ -657,6 +836,18 @@ class PlacementRun:
                 return best[1], best[2]
         self._no_victims[key] = why
         return why
+
+
+def _nodes_leaving_hold(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold],
+                        job_id: str) -> list | None:
+    """On a backend held for a gang (not this job's), the node a single task may take:
+    one the gang cannot use (``Hold``); None: no such constraint (the best node)."""
+    if not holds or room.nodes is None:
+        return None
+    hold = holds.get(room.key)
+    if hold is None or hold.gang is None or hold.job_id == job_id:
+        return None
+    return room.nodes.choose(Gang(1, units), avoid=hold.gang.units)
 
 
 def _usable(room: _Room, units: tuple[tuple[str, int], ...], holds: Mapping[tuple[str, str], Hold],
@@ -746,15 +937,18 @@ def _explain(job: QueuedJob, units: tuple[tuple[str, int], ...], peers: Sequence
             continue
         verdict = judge_peer(peer, () if pin else job.constraints, now)
         if verdict.code == "match":
-            verdict = _room_verdict(peer, job, units, rooms, holds)
+            verdict = (_gang_room_verdict if job.replicas > 1 else _room_verdict)(peer, job, units, rooms, holds)
         verdicts.append(verdict)
     codes = {v.code for v in verdicts}
     short_dims = sorted({s.resource for v in verdicts if v.code == "no_free_capacity" for s in v.shortfalls})
     room_for = f"free {', '.join(short_dims)}" if short_dims else "a free slot"
+    if job.replicas > 1:
+        room_for = f"{job.replicas} free nodes"
     if pin:
         if pin not in {p.peer_id for p in peers}:
             rule = f"pinned to {pin}, which is not in the configuration"
-        elif codes == {"not_pinned_peer", "insufficient_resources"} or codes == {"insufficient_resources"}:
+        elif codes - {"not_pinned_peer"} <= {"insufficient_resources", "insufficient_nodes"} and codes - {
+                "not_pinned_peer"}:
             rule = f"pinned to {pin}, whose backends can never hold it as advertised; waiting for more"
         elif "discovering" in codes:
             rule = f"pinned to {pin}, whose engine has not said what it has yet; waiting"
@@ -766,7 +960,7 @@ def _explain(job: QueuedJob, units: tuple[tuple[str, int], ...], peers: Sequence
         rule = "matching peers are held for jobs that have waited longer; waiting"
     elif "discovering" in codes:
         rule = "a reachable peer that might hold it has not heard from its engine yet; waiting"
-    elif "insufficient_resources" in codes:
+    elif "insufficient_resources" in codes or "insufficient_nodes" in codes:
         rule = "no reachable matching backend can ever hold it as advertised; waiting for one"
     else:
         rule = "no reachable peer matches; waiting for one"
@@ -777,6 +971,7 @@ def _room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, 
                   rooms: Mapping[tuple[str, str], _Room], holds: Mapping[tuple[str, str], Hold]) -> PeerVerdict:
     """A reachable peer whose attributes match: is it too small, full, or held?"""
     small: list[list[Shortfall]] = []
+    few_nodes: list[str] = []
     full: list[tuple[str, list[Shortfall]]] = []
     held: list[tuple[str, str]] = []
     for backend in peer.backends:
@@ -786,7 +981,11 @@ def _room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, 
         if room is None:
             continue
         if not room.can_ever_hold(units):
-            small.append(shortfalls(units, room.total, backend.name))
+            short = shortfalls(units, room.total, backend.name) if not room.legacy else []
+            if short:
+                small.append(short)
+            else:  # enough in all, on no one node
+                few_nodes.append(gang_verdict(Gang(1, units), room.nodes, backend.name))
         elif not room.fits(units):
             full.append((backend.name, [] if room.legacy else shortfalls(units, room.free, backend.name)))
         elif (hold := holds.get(room.key)) is not None and room.blocked(units, hold, job.job_id):
@@ -807,7 +1006,88 @@ def _room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, 
         detail = "; ".join(f"{describe_shortfalls(short, 'at most')} (backend {short[0].backend})"
                            for short in small)
         return PeerVerdict(peer.peer_id, "insufficient_resources", detail, tuple(s for short in small for s in short))
+    if few_nodes:
+        return PeerVerdict(peer.peer_id, "insufficient_nodes", "; ".join(few_nodes))
     return PeerVerdict(peer.peer_id, "no_free_capacity", "matches but has no free slot")
+
+
+def _gang_room_verdict(peer: FederationPeer, job: QueuedJob, units: tuple[tuple[str, int], ...],
+                       rooms: Mapping[tuple[str, str], _Room], holds: Mapping[tuple[str, str], Hold]) -> PeerVerdict:
+    """A reachable peer whose attributes match a gang: can it never hold it, is it short
+    of free nodes (or slots, or resources) now, or held?"""
+    gang = Gang(job.replicas, units, job.group_by)
+    total = tuple((name, amount * job.replicas) for name, amount in units)
+    never: list[str] = []
+    short_now: list[str] = []
+    held: list[tuple[str, str]] = []
+    for backend in peer.backends:
+        if not job.pinned_peer_id and not matches_all(job.constraints, backend.attributes):
+            continue
+        room = rooms.get((peer.peer_id, backend.name))
+        if room is None:
+            continue
+        if not room.can_ever_hold_gang(gang, total):
+            never.append(too_few_nodes(backend, gang) or describe_shortfalls(
+                shortfalls(total, room.total, backend.name), "at most") + f" (backend {backend.name})")
+        elif room.gang_choice(gang, total) is None:
+            free_nodes = room.nodes.most_nodes(gang, by_totals=False)
+            shared = f" sharing one {gang.group_by}" if gang.group_by else ""
+            short_now.append(f"needs {gang.replicas} free nodes with {describe_task(units)}{shared}, "
+                             f"{free_nodes} free now, {max(0, room.slots)} free slots (backend {backend.name})")
+        elif (hold := holds.get(room.key)) is not None and room.blocked(total, hold, job.job_id, job.replicas):
+            held.append((backend.name, hold.job_id))
+        else:
+            return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} has room")
+    if short_now:
+        return PeerVerdict(peer.peer_id, "no_free_capacity", "matches but is short now: " + "; ".join(short_now))
+    if held:
+        detail = "; ".join(f"backend {name} held for {job_id}, waiting longer" for name, job_id in held)
+        return PeerVerdict(peer.peer_id, "held", detail)
+    return PeerVerdict(peer.peer_id, "insufficient_nodes", "; ".join(never) or "advertises no backend for it")
+
+
+def _gang_victims(room: _Room, gang: Gang, total: tuple[tuple[str, int], ...],
+                  found: Sequence[Candidate]) -> tuple[tuple[Candidate, ...], list] | None:
+    """The fewest of ``found`` (in victim order) after whose going ``gang`` fits on
+    ``room`` — in slots and every resource (``choose_victims``), then a node for every
+    task, the victims' nodes estimated (``NodePool.release_somewhere``) — and the nodes
+    its tasks would take; None: even all of them would not do."""
+    victims = choose_victims(total, room.free, room.slots, room.legacy, found, tasks=gang.replicas)
+    if victims is None:
+        return None
+    chosen = list(victims)
+    rest = [c for c in found if c not in victims]
+    while True:
+        pool = room.nodes.copy()
+        for victim in chosen:
+            pool.release_somewhere(victim.units, victim.tasks)
+        nodes = pool.choose(gang)
+        if nodes is not None:
+            return tuple(chosen), nodes
+        if not rest:
+            return None
+        chosen.append(rest.pop(0))
+
+
+def _reserve_gang(job: QueuedJob, gang: Gang, total: tuple[tuple[str, int], ...], rooms: Sequence[_Room],
+                  holds: dict[tuple[str, str], Hold]) -> tuple[str, str] | None:
+    """Hold the backend where ``job``'s gang would fit soonest (``_reserve`` for a gang):
+    later jobs must leave it its slots, resources and the nodes that could take a task."""
+    preferred = [room for room in rooms if room.peer_id not in job.avoid_peers] or list(rooms)
+    best = None
+    for room in preferred:
+        if room.key in holds:
+            continue
+        free_nodes = room.nodes.most_nodes(gang, by_totals=False)
+        rank = (room.shortfall(total, gang.replicas) + max(0, gang.replicas - free_nodes) / gang.replicas,
+                room.peer_id, room.name)
+        if best is None or rank < best[0]:
+            best = (rank, room)
+    if best is None:
+        return None
+    room = best[1]
+    holds[room.key] = Hold(job.job_id, {} if room.legacy else dict(total), gang.replicas, gang)
+    return room.key
 
 
 def explain_waiting(

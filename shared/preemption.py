@@ -49,8 +49,9 @@ class Candidate(NamedTuple):
     backend: str
     band: int
     since: float  # when it took its room (seconds since the epoch): the newest goes first
-    units: tuple[tuple[str, int], ...]  # what it asked, in units (shared.resources)
+    units: tuple[tuple[str, int], ...]  # what each of its tasks asked, in units (shared.resources)
     user_id: str = "default"
+    tasks: int = 1  # a gang's tasks: it frees that many slots and that many times ``units``
 
     def order(self) -> tuple:
         """Victim order: lowest band first, then the most recently started."""
@@ -64,7 +65,7 @@ def candidate_from_row(row) -> Candidate:
     """A ``job_list_preemptible`` row → Candidate."""
     return Candidate(row.job_id, row.epoch, str(getattr(row.state, "value", row.state)), row.owner_peer_id,
                      row.backend or "", row.band, row.since, resources_from_json(row.resources_json).units,
-                     row.user_id)
+                     row.user_id, getattr(row, "replicas", 1))
 
 
 class VictimPool:
@@ -107,10 +108,11 @@ class VictimPool:
 
 
 def _lacks(units: Sequence[tuple[str, int]], free: Mapping[str, int], slots: int,
-           legacy: bool) -> dict[str, int]:
-    """What a backend lacks for a job, per resource (``""``: slots). ``free`` and
-    ``slots`` are negative on a backend over its totals: the victims must pay that too."""
-    lack = {"": 1 - slots} if slots < 1 else {}
+           legacy: bool, tasks: int = 1) -> dict[str, int]:
+    """What a backend lacks for a job of ``tasks`` tasks (``units``: all of them), per
+    resource (``""``: slots). ``free`` and ``slots`` are negative on a backend over its
+    totals: the victims must pay that too."""
+    lack = {"": tasks - slots} if slots < tasks else {}
     if not legacy:
         for name, amount in units:
             short = amount - free.get(name, 0)
@@ -122,19 +124,20 @@ def _lacks(units: Sequence[tuple[str, int]], free: Mapping[str, int], slots: int
 def _covers(victims: Iterable[Candidate], lack: Mapping[str, int]) -> bool:
     freed: dict[str, int] = {"": 0}
     for v in victims:
-        freed[""] += 1
+        freed[""] += v.tasks
         for name, amount in v.units:
-            freed[name] = freed.get(name, 0) + amount
+            freed[name] = freed.get(name, 0) + amount * v.tasks
     return all(freed.get(name, 0) >= amount for name, amount in lack.items())
 
 
 def choose_victims(units: Sequence[tuple[str, int]], free: Mapping[str, int], slots: int, legacy: bool,
-                   candidates: Sequence[Candidate]) -> tuple[Candidate, ...] | None:
-    """The victims (in victim order) that make room for a job asking ``units`` on a
-    backend with ``free`` units and ``slots`` free slots (``legacy``: it advertises no
-    resources, so only slots count), from ``candidates`` (already in victim order, all
-    preemptible by the job). ``()``: it fits already; None: even all would not do."""
-    lack = _lacks(units, free, slots, legacy)
+                   candidates: Sequence[Candidate], tasks: int = 1) -> tuple[Candidate, ...] | None:
+    """The victims (in victim order) that make room for a job asking ``units`` (all its
+    ``tasks`` tasks together) on a backend with ``free`` units and ``slots`` free slots
+    (``legacy``: it advertises no resources, so only slots count), from ``candidates``
+    (already in victim order, all preemptible by the job). ``()``: it fits already; None:
+    even all would not do. (Nodes are the caller's: shared.placement.)"""
+    lack = _lacks(units, free, slots, legacy, tasks)
     if not lack:
         return ()
     for c in candidates:  # one victim, whenever one is enough

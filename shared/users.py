@@ -158,22 +158,24 @@ def user_job_id(stored: str) -> str:
 # ---------------------------------------------------------------- quota
 
 
-Usage = dict[str, int]  # resource → units held (cpu in millicores); "slots": live jobs
+Usage = dict[str, int]  # resource → units held (cpu in millicores); "slots": live tasks
 
 
-def add_units(usage: Usage, units: Iterable[tuple[str, int]], sign: int = 1) -> None:
-    """Add (or with ``sign`` -1 take away) one job's units and its slot."""
+def add_units(usage: Usage, units: Iterable[tuple[str, int]], sign: int = 1, tasks: int = 1) -> None:
+    """Add (or with ``sign`` -1 take away) one job's units — ``tasks`` tasks of them —
+    and its slots (one per task)."""
     for name, amount in units:
-        usage[name] = usage.get(name, 0) + sign * amount
-    usage[SLOTS] = usage.get(SLOTS, 0) + sign
+        usage[name] = usage.get(name, 0) + sign * amount * tasks
+    usage[SLOTS] = usage.get(SLOTS, 0) + sign * tasks
 
 
 def _amount(name: str, units: int) -> str:
     return fmt_amount(units if name == SLOTS else from_units(name, units))
 
 
-def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[str, int]]) -> str | None:
-    """Why a job of ``units`` must wait for ``user``'s quota (``held``: what its live jobs
+def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[str, int]],
+               tasks: int = 1) -> str | None:
+    """Why a job of ``tasks`` tasks each of ``units`` must wait for ``user``'s quota (``held``: what its live jobs
     hold now), or None when it fits: ``quota: this job's 1 gpu would take alice over its
     quota of 16 gpu``. The words name the quota and the job, not what the user holds
     now, so a waiting job's stored reason does not change (and is not written again)
@@ -181,8 +183,8 @@ def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[
     quota = user.quota
     if not quota:
         return None
-    asked = dict(units)
-    asked[SLOTS] = 1
+    asked = {name: amount * tasks for name, amount in units}
+    asked[SLOTS] = tasks
     for name, amount in user.quota_units().items():
         want = asked.get(name, 0)
         if want and held.get(name, 0) + want > amount:
@@ -191,14 +193,14 @@ def quota_wait(user: UserConfig, held: Mapping[str, int], units: Iterable[tuple[
     return None
 
 
-def over_whole_quota(user: UserConfig, units: Iterable[tuple[str, int]]) -> str | None:
-    """Why a job can never run under ``user``'s quota (it asks more than the whole
-    quota of some resource), or None."""
+def over_whole_quota(user: UserConfig, units: Iterable[tuple[str, int]], tasks: int = 1) -> str | None:
+    """Why a job (``tasks`` tasks each of ``units``) can never run under ``user``'s quota
+    (it asks more than the whole quota of some resource, or of slots), or None."""
     if not user.quota:
         return None
-    asked = dict(units)
+    asked = {name: amount * tasks for name, amount in units}
     for name, amount in user.quota_units().items():
-        want = 1 if name == SLOTS else asked.get(name, 0)
+        want = tasks if name == SLOTS else asked.get(name, 0)
         if want > amount:
             return (f"quota: the job asks {_amount(name, want)} {name}; user {user.id}'s quota allows "
                     f"{_amount(name, amount)} in all")

@@ -54,6 +54,8 @@ def queued_job(request: SubmitRequest, routed: Routed, job_id: str) -> QueuedJob
         preferences=tuple(request.preference_list()),
         waited_s=0.0,
         band=BAND_RANKS[request.band],
+        replicas=request.replicas,
+        group_by=request.group_by(),
     )
 
 

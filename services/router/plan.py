@@ -34,11 +34,14 @@ from irisfed.shared.users import (
 
 
 def local_backend_for(constraints: Sequence[Constraint], local: Sequence[Backend],
-                      resources: Resources = DEFAULT_RESOURCES) -> Backend | None:
+                      resources: Resources = DEFAULT_RESOURCES, replicas: int = 1,
+                      group_by: str = "") -> Backend | None:
     """The local cluster's first backend that satisfies every constraint and could hold
-    ``resources`` by its advertised totals (docs/scheduling.md, rule 2), if any."""
+    ``replicas`` tasks of ``resources`` by its advertised totals and nodes
+    (docs/scheduling.md, rule 2), if any."""
     for backend in local:
-        if matches_all(constraints, backend.attributes) and backend_can_hold(backend, resources):
+        if matches_all(constraints, backend.attributes) and backend_can_hold(backend, resources, replicas,
+                                                                             group_by):
             return backend
     return None
 
@@ -185,5 +188,6 @@ def plan_new_job(request: SubmitRequest, routed: Routed, job_id: str,
                         else _DEFAULT_RESOURCES_JSON),
         user_id=user,
         band=BAND_RANKS[request.band],
+        replicas=request.replicas,
     )
     return job, reply

@@ -262,7 +262,7 @@ class Router(Service):
             band_allowed(user, request.band, self.max_bands)  # Forbidden above the user's max_band
             routed = None
             if user in self.quota_users:
-                why = over_whole_quota(self.users.get(user), request.resource_request().units)
+                why = over_whole_quota(self.users.get(user), request.resource_request().units, request.replicas)
                 if why is not None:
                     routed = quota_rejected(why)
             routed = routed or self._route(request)
@@ -286,7 +286,7 @@ class Router(Service):
                                "database; retry with the same job_id"))
 
     def _route(self, request: SubmitRequest) -> Routed:
-        """Local feasibility and the routing plan, cached per (constraints, pin, resources).
+        """Local feasibility and the routing plan, cached per (constraints, pin, resources, tasks).
 
         Submits mostly repeat a few constraint sets. A cached decision is dropped on
         any change of the peer view (a peer appearing, returning, changing shape, or
@@ -297,17 +297,19 @@ class Router(Service):
         res = request.resource_request()
         # Keyed by the constraints' wire form (encoded in C): building Constraint objects
         # for every submit only to find the cached decision was a tenth of the router.
-        key = (encoder.encode(request.constraints), request.cluster_pin, res)
+        key = (encoder.encode(request.constraints), request.cluster_pin, res, request.replicas, request.group_by())
         now = self.clock.monotonic()
         cached = self._plans.get(key)
         if cached is not None and cached[0] == self.view.version and now < cached[1]:
             return cached[2]
         constraints = request.constraint_list()
-        local_backend = local_backend_for(constraints, self.view.local_backends(), res)
+        local_backend = local_backend_for(constraints, self.view.local_backends(), res, request.replicas,
+                                          request.group_by())
         # A peer we have not heard from since we (re)started gets one TTL's benefit
         # of the doubt: at worst its job waits queued instead of being rejected.
         plan = PeerRouter(self.view.peers(since_healthy=True), self.clock.monotonic).classify(
-            RoutingRequest(constraints, local_backend is not None, request.cluster_pin, res)
+            RoutingRequest(constraints, local_backend is not None, request.cluster_pin, res, request.replicas,
+                           request.group_by())
         )
         routed = route(plan, self.config.local_cluster, local_backend)
         if len(self._plans) > PLAN_CACHE_ENTRIES:
@@ -385,7 +387,7 @@ class Router(Service):
             if disposition is SubmitDisposition.LOCAL:
                 # As _insert_under_quota would judge it, from what is committed now.
                 capped = user in self.quota_users
-                why = quota_wait(self.users.get(user), held.get(user, {}), units) if capped else None
+                why = quota_wait(self.users.get(user), held.get(user, {}), units, request.replicas) if capped else None
                 if why is None:
                     return dry_run_reply(real, request.band, local_placement(routed))
                 new_job, _ = plan_new_job(request, routed, job_id, user)
@@ -536,9 +538,9 @@ class Router(Service):
             for item in capped:
                 units = resources_from_json(item.job.resources_json).units
                 user_usage = usage.setdefault(item.job.user_id, {})
-                why = quota_wait(self.users.get(item.job.user_id), user_usage, units)
+                why = quota_wait(self.users.get(item.job.user_id), user_usage, units, item.job.replicas)
                 if why is None:
-                    add_units(user_usage, units)
+                    add_units(user_usage, units, tasks=item.job.replicas)
                 else:
                     item.job, item.reply = waiting_for_quota(item.job, why)
             return await tx.job_insert_batch([i.job for i in first.values()],

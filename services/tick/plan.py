@@ -98,4 +98,6 @@ def queued_job_from_row(row: ClaimedJob) -> QueuedJob:
         preferences=constraints_from_json(row.preferences_json),
         waited_s=row.waited_s or 0.0,
         band=row.band,
+        replicas=row.replicas,
+        group_by=row.group_by,
     )

@@ -519,7 +519,7 @@ class Tick(Service):
                 held = await batch.store.job_live_usage_by_user(capped)
                 placements, over = within_quota(
                     [(p, user_of[p.job_id], batch.resources[p.job_id]) for p in placements], self.users, held,
-                    {job_id: [(v.user_id, v.units) for v in vs] for job_id, vs in victims.items()})
+                    {job_id: [(v.user_id, v.units, v.tasks) for v in vs] for job_id, vs in victims.items()})
                 batch.waiting.extend(over)
             preempting = [p for p in placements if p.job_id in victims]
             if preempting:
@@ -573,14 +573,15 @@ class Tick(Service):
         for row in moved:
             job_id, peer_id, epoch = row.job_id, row.owner_peer_id, row.epoch
             result.assigned.append((job_id, peer_id, epoch))
-            await self._notify_assigned(job_id, peer_id, epoch, placed[job_id].backend, priority_of[job_id], now_dt)
+            await self._notify_assigned(job_id, peer_id, epoch, placed[job_id].backend, priority_of[job_id], now_dt,
+                                        placed[job_id].tasks)
 
     async def _notify_assigned(self, job_id: str, peer_id: str, epoch: int, backend: str, priority: int,
-                               at: datetime) -> None:
+                               at: datetime, tasks: int = 1) -> None:
         if self.nc is None:
             return
         await publish(self.nc, self.subjects.assign(peer_id),
-                      AssignmentNotice(job_id, peer_id, epoch, backend, priority))
+                      AssignmentNotice(job_id, peer_id, epoch, backend, priority, tasks))
         await self._event(job_id, JobState.ASSIGNED, peer_id, epoch, at, "")
 
     async def _event(self, job_id: str, state: JobState, peer_id: str, epoch: int, at: datetime,

@@ -12,12 +12,16 @@
    no backend surely can, such a peer also means QUEUE, never a final REJECT.
 4. Otherwise → REJECT, with a verdict per peer saying why it was turned down; a peer
    whose matching backends are all too small says so (``insufficient_resources``,
-   naming the resource, the amount asked and the most that backend has).
+   naming the resource, the amount asked and the most that backend has), one whose
+   nodes could never take the tasks one per node too (``insufficient_nodes``:
+   ``gang: needs 8 nodes with gpu 8, at most 4 (backend slurm)``).
 
 "Could hold when empty" compares the request with the backend's advertised
 *totals*, never with what is free now: a busy peer queues work, a small one rejects
 it. A backend that advertises no resources (an older agent) is judged by its
-attributes only. ``local_feasible`` is the caller's: it must mean that a local
+attributes only. A gang (``replicas`` > 1) needs, on one backend, its tasks' sum within
+the totals, a slot per task and a node per task (shared.nodes): a backend that
+advertises no nodes runs single-task jobs only. ``local_feasible`` is the caller's: it must mean that a local
 backend matches the constraints *and* could hold the resources
 (:func:`backend_can_hold`), judged on the local cluster's newest advertised shape.
 
@@ -35,6 +39,7 @@ from enum import StrEnum
 from irisfed.shared.constraints import Constraint, first_mismatch
 from irisfed.shared.errors import UnknownPeer
 from irisfed.shared.federation.peer import Backend, FederationPeer
+from irisfed.shared.nodes import Gang, NodePool, gang_verdict
 from irisfed.shared.reachability import expires_at
 from irisfed.shared.resources import (
     DEFAULT_RESOURCES,
@@ -63,7 +68,10 @@ class RoutingRequest:
     local_feasible: bool = False
     cluster_pin: str = ""
     # What the job asks for (a Resources or the wire's mapping); None = the default, one cpu.
+    # For a gang, what each task asks.
     resources: Resources | Mapping[str, float] | None = None
+    replicas: int = 1  # tasks (docs/design.md §3.4)
+    group_by: str = ""  # the node attribute a gang's nodes share ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,32 +104,53 @@ class SubmitPlan:
     verdicts: tuple[PeerVerdict, ...] = field(default=())
 
 
-def backend_can_hold(backend: Backend, resources: Resources) -> bool:
-    """Whether ``backend`` could hold a job asking ``resources`` when empty (by its totals).
+def backend_can_hold(backend: Backend, resources: Resources, replicas: int = 1, group_by: str = "") -> bool:
+    """Whether ``backend`` could hold a job of ``replicas`` tasks each asking ``resources``
+    when empty (by its totals and, where it advertises them, its nodes').
 
-    A backend that advertises no resources is not judged (always True); one still
-    discovering holds nothing yet (False).
+    A backend that advertises no resources is not judged for a single task (always
+    True); one still discovering holds nothing yet (False).
     """
-    return not backend.discovering and (not backend.resources or not too_small(backend, resources))
+    return not backend.discovering and not too_small(backend, resources, replicas) \
+        and not too_few_nodes(backend, Gang(replicas, resources.units, group_by))
 
 
-def too_small(backend: Backend, resources: Resources) -> list[Shortfall]:
-    """The resources ``backend``'s totals cannot cover (empty: it could hold the job).
+def too_small(backend: Backend, resources: Resources, replicas: int = 1) -> list[Shortfall]:
+    """The resources ``backend``'s totals cannot cover for ``replicas`` tasks of
+    ``resources`` (empty: it could hold the job).
 
     Empty for a backend that advertises no resources: its shape is unknown.
     """
     if not backend.resources:
         return []
     totals = {name: total for name, (total, _free) in offer_units(backend.resources).items()}
-    return shortfalls(resources.units, totals, backend.name)
+    units = resources.units if replicas == 1 else tuple((name, amount * replicas) for name, amount in resources.units)
+    return shortfalls(units, totals, backend.name)
+
+
+def too_few_nodes(backend: Backend, gang: Gang) -> str:
+    """Why ``backend``'s hosts could never take the job's tasks, one per node ("": they
+    could): a gang needs a backend advertising nodes, enough slots, and ``replicas``
+    nodes (sharing a ``group_by`` value) each able to hold one task; a single task on a
+    backend advertising nodes must fit on one of them."""
+    if not backend.nodes:
+        if gang.replicas > 1:
+            return (f"gang: needs {gang.replicas} nodes, but backend {backend.name} advertises no nodes "
+                    "(it runs single-task jobs only)")
+        return ""
+    if gang.replicas > backend.total:
+        return f"gang: needs {gang.replicas} slots, at most {backend.total} (backend {backend.name})"
+    pool = NodePool(backend.nodes)
+    return "" if pool.can_ever_hold(gang) else gang_verdict(gang, pool, backend.name)
 
 
 def judge_peer(
     peer: FederationPeer, constraints: Sequence[Constraint], now: float,
-    resources: Resources | None = None,
+    resources: Resources | None = None, replicas: int = 1, group_by: str = "",
 ) -> PeerVerdict:
     """Whether ``peer`` can take a job with ``constraints`` (and ``resources``, when given:
-    None judges attributes only) right now, and if not, why."""
+    None judges attributes only; ``replicas`` tasks of them, sharing a ``group_by``
+    value) right now, and if not, why."""
     if not peer.is_reachable(now):
         if peer.last_heartbeat_at is None:
             detail = "unreachable (no heartbeat received)"
@@ -136,6 +165,7 @@ def judge_peer(
         return PeerVerdict(peer.peer_id, "no_backends", "advertises no backends")
     mismatches = []
     small: list[list[Shortfall]] = []
+    few_nodes: list[str] = []
     asking: list[str] = []
     for backend in peer.backends:
         if backend.discovering:
@@ -150,16 +180,23 @@ def judge_peer(
             continue
         mismatch = first_mismatch(constraints, backend.attributes)
         if mismatch is None:
-            short = too_small(backend, resources) if resources is not None else []
-            if not short:
-                return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} matches")
-            small.append(short)
-            continue
+            short = too_small(backend, resources, replicas) if resources is not None else []
+            if short:
+                small.append(short)
+                continue
+            nodes = too_few_nodes(backend, Gang(replicas, resources.units, group_by)) if resources is not None else ""
+            if nodes:
+                few_nodes.append(nodes)
+                continue
+            return PeerVerdict(peer.peer_id, "match", f"backend {backend.name} matches")
         mismatches.append((backend.name, mismatch))
     if asking:
         # Its shape is unknown, not empty: it might hold the job (docs/engines.md).
         return PeerVerdict(peer.peer_id, "discovering",
                            f"backend {', '.join(asking)}: its engine has not said what it has yet")
+    if few_nodes:
+        # Enough in all, but not on enough nodes: the closest reason.
+        return PeerVerdict(peer.peer_id, "insufficient_nodes", "; ".join(few_nodes))
     if small:
         # Some backend has what the job needs but not enough of it: the closest reason.
         detail = "; ".join(f"{describe_shortfalls(short, 'at most')} (backend {short[0].backend})"
@@ -213,7 +250,8 @@ class PeerRouter:
         now = self._clock()
         resources = as_resources(request.resources) if request.resources is not None else DEFAULT_RESOURCES
         verdicts = tuple(
-            judge_peer(peer, request.constraints, now, resources) for peer in self._peers.values()
+            judge_peer(peer, request.constraints, now, resources, request.replicas, request.group_by)
+            for peer in self._peers.values()
         )
         # Rejecting is final for the job id; a peer whose engine has not answered yet
         # might host it, so then the job waits for the tick (its deadline still applies).

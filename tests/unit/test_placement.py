@@ -547,7 +547,7 @@ def reference_placement(jobs, peers, live, used, policy):
             key = (peer.peer_id, b.name)
             offered = offer_units(b.resources)
             total = {n: t for n, (t, _) in offered.items()}
-            free = ({n: max(0, t - to_units(n, used.get(key, {}).get(n, 0))) for n, t in total.items()}
+            free = ({n: t - to_units(n, used.get(key, {}).get(n, 0)) for n, t in total.items()}
                     if used is not None else {n: f for n, (_, f) in offered.items()})
             state[key] = {"b": b, "slots": max(0, b.total - live.get(key, 0)), "total": total, "free": free,
                           "legacy": not offered}
@@ -595,7 +595,7 @@ def test_heaps_choose_exactly_what_the_documented_ranking_says(data):
     placed, _ = assign_queued(jobs, peers, live, NOW, used=used if use_used else None, policy=policy,
                               reserve_after_s=None)
     expected = reference_placement(jobs, peers, live, used if use_used else None, policy)
-    assert [tuple(p[:1]) + tuple(p[2:]) for p in placed] == expected
+    assert [(p.job_id, p.peer_id, p.backend) for p in placed] == expected
 
 
 def test_explanations_carry_the_shortfalls_for_explain():
