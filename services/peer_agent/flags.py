@@ -16,7 +16,9 @@ from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
 from irisfed.shared.config import (
     BACKEND_KINDS,
     FederationConfig,
+    NodeSpec,
     parse_attributes,
+    parse_node_specs,
     parse_resource_totals,
 )
 from irisfed.shared.errors import ConfigError
@@ -44,6 +46,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="slurm/ray backends: seconds between status polls (one engine call for all runs)")
     p.add_argument("--engine-timeout", type=float,
                    help="slurm/ray backends: seconds an engine call may take before it counts as hung (default 30)")
+    p.add_argument("--node", action="append", metavar="COUNT[:NAME=AMOUNT,...][:KEY=VALUE,...]",
+                   help="subprocess/simulated backends: COUNT identical nodes with these resources each and "
+                        "these attributes, e.g. 4:cpu=2,gpu=1:slice=v5e-a (repeatable; default: the host alone)")
+    p.add_argument("--gang-start-timeout", type=float,
+                   help="seconds a gang's tasks may take to all start before it is requeued whole (default 300)")
 
 
 def parse_attr_flags(items: list[str] | None) -> dict[str, list[str]]:
@@ -66,6 +73,33 @@ def parse_resource_flags(items: list[str] | None) -> dict[str, float]:
     return parse_resource_totals(raw, "--resource")
 
 
+def parse_node_flags(items: list[str] | None) -> tuple[NodeSpec, ...]:
+    """Repeatable ``--node COUNT[:NAME=AMOUNT,...][:KEY=VALUE,...]`` flags → NodeSpecs,
+    checked like the configuration's ``nodes``."""
+    entries = []
+    for item in items or []:
+        count, _, rest = item.partition(":")
+        resources, _, attributes = rest.partition(":")
+        try:
+            entry: dict = {"count": int(count)}
+        except ValueError:
+            raise ConfigError(f"--node {item!r}: must start with a whole number of nodes "
+                              "(COUNT[:NAME=AMOUNT,...][:KEY=VALUE,...])") from None
+        try:
+            entry["resources"] = parse_amount_flags([r for r in resources.split(",") if r], "--node")
+        except ResourceError as exc:
+            raise ConfigError(str(exc)) from None
+        attrs: dict[str, list[str]] = {}
+        for pair in (a for a in attributes.split(",") if a):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise ConfigError(f"--node {item!r}: attribute {pair!r} must look like KEY=VALUE")
+            attrs.setdefault(key.strip(), []).append(value.strip())
+        entry["attributes"] = attrs
+        entries.append(entry)
+    return parse_node_specs(entries, "--node")
+
+
 def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSettings:
     peer = config.peer(args.peer_id)  # a clear error when the peer is not configured
     attributes = parse_attr_flags(args.attr) if args.attr else {k: list(v) for k, v in peer.attributes.items()}
@@ -85,10 +119,12 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
         if not 0 < args.engine_timeout < float("inf"):
             raise ConfigError(f"--engine-timeout must be a positive number of seconds, got {args.engine_timeout}")
         options["call_timeout_s"] = str(args.engine_timeout)
+    nodes = parse_node_flags(args.node) if args.node else peer.nodes
     return AgentSettings(
         peer_id=args.peer_id,
         backends=(BackendSpec(name=kind, kind=kind, attributes=attributes, slots=slots, resources=resources,
-                              options=options),),
+                              options=options, nodes=nodes),),
+        gang_start_timeout_s=args.gang_start_timeout or peer.gang_start_timeout_s,
         heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
         heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
         reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,

@@ -41,6 +41,7 @@ class Pending:
     epoch: int
     backend: str
     priority: int
+    tasks: int = 1  # a gang's tasks: the slots it takes
 
 
 class RunState(Protocol):
@@ -51,6 +52,7 @@ class RunState(Protocol):
     backend: str
     exit_code: int | None  # set once it ended: its report is being written
     cancel_requested: bool
+    tasks: int  # slots it takes (a gang: one per task)
 
 
 def backend_for(name: str | None, backends: Sequence[str]) -> str:
@@ -125,7 +127,8 @@ def plan_reconcile(runs: Mapping[str, RunState], pending: Mapping[str, Pending],
         if row.job_id in runs or row.job_id in kept:
             continue
         if row.state is JobState.ASSIGNED:
-            add.append(Pending(row.job_id, row.epoch, backend_for(row.backend, backends), row.priority))
+            add.append(Pending(row.job_id, row.epoch, backend_for(row.backend, backends), row.priority,
+                               row.replicas))
         else:
             orphans.append(row)
     return ReconcilePlan(tuple(fence), tuple(cancel), tuple(drop), tuple(add), tuple(orphans))
@@ -147,19 +150,24 @@ def merge_noticed(pending: Mapping[str, Pending], noticed: Mapping[str, Pending]
 
 def choose_starts(pending: Mapping[str, Pending], runs: Iterable[RunState],
                   slots: Mapping[str, int]) -> list[Pending]:
-    """Pending jobs to accept now: highest priority first, within each backend's free slots."""
-    busy = Counter(run.backend for run in runs)
+    """Pending jobs to accept now: highest priority first, within each backend's free slots
+    (a gang takes one per task, and waits for them all)."""
+    busy: Counter = Counter()
+    for run in runs:
+        busy[run.backend] += run.tasks
     chosen = []
     for p in sorted(pending.values(), key=lambda p: -p.priority):
-        if busy[p.backend] < slots[p.backend]:
-            busy[p.backend] += 1
+        if busy[p.backend] + p.tasks <= slots[p.backend]:
+            busy[p.backend] += p.tasks
             chosen.append(p)
     return chosen
 
 
 def free_slots(slots: Mapping[str, int], runs: Iterable[RunState], pending: Iterable[Pending]) -> dict[str, int]:
-    """What each backend advertises as free: its slots less its runs and its pending jobs."""
-    used = Counter(run.backend for run in runs) + Counter(p.backend for p in pending)
+    """What each backend advertises as free: its slots less its runs' and pending jobs' tasks."""
+    used: Counter = Counter()
+    for item in (*runs, *pending):
+        used[item.backend] += item.tasks
     return {name: max(0, total - used[name]) for name, total in slots.items()}
 
 
@@ -171,12 +179,24 @@ def job_resources(spec: Mapping[str, Any]) -> dict[str, float]:
         return DEFAULT_RESOURCES.as_dict()
 
 
+def job_gang(spec: Mapping[str, Any]) -> tuple[int, str]:
+    """An accepted job's tasks and the node attribute they share (its stored spec,
+    validated at submit): (1, "") for a single-task job."""
+    replicas = spec.get("replicas", 1)
+    coschedule = spec.get("coschedule") or {}
+    group_by = coschedule.get("group_by", "") if isinstance(coschedule, Mapping) else ""
+    return (replicas if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 1 else 1,
+            group_by if isinstance(group_by, str) else "")
+
+
 def free_resources(backends: Iterable[Any], runs: Iterable[Any]) -> dict[str, dict[str, float]]:
     """What each backend advertises free of each resource it has: its configured total
-    less what the jobs it runs asked (``backends``: BackendSpecs, ``runs``: Runs)."""
+    less what the jobs it runs asked, every task (``backends``: BackendSpecs, ``runs``: Runs)."""
     used: dict[str, Counter] = {}
     for run in runs:
-        used.setdefault(run.backend, Counter()).update(getattr(run, "resources", {}) or {})
+        asked = getattr(run, "resources", {}) or {}
+        tasks = getattr(run, "tasks", 1)
+        used.setdefault(run.backend, Counter()).update({name: amount * tasks for name, amount in asked.items()})
     result = {}
     for spec in backends:
         taken = used.get(spec.name, Counter())

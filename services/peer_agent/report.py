@@ -23,7 +23,7 @@ from irisfed.services.common import metrics
 from irisfed.services.common.bus import publish
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.store import Store
-from irisfed.services.peer_agent.backends import RunHandle
+from irisfed.services.peer_agent.backends import TASK_LOST, TASK_PENDING, RunHandle
 from irisfed.services.peer_agent.plan import launch_error_move, orphan_move, outcome_unknown_move
 from irisfed.shared.clock import Clock
 from irisfed.shared.errors import PermanentStoreError, Unavailable
@@ -42,6 +42,7 @@ class ReportKind(StrEnum):
     LAUNCH_ERROR = "launch_error"
     STALE_COPY = "stale_copy"
     ORPHAN = "orphan"
+    TASKS = "tasks"
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Run:
     launch_error: str = ""  # why it could not start, or (lost) why its engine lost it
     lost: bool = False
     outcome_unknown: bool = False  # it started and its engine lost how it ended: failed, not retried
-    resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised)
+    resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised; each task's)
+    tasks: int = 1  # a gang's tasks (the slots it takes)
 
 
 def _describe(exc: BaseException) -> str:
@@ -115,8 +117,12 @@ class Reports:
 
         Settled: written (or refused by the CAS), or set aside after a permanent error.
         ``Unavailable`` propagates with the unsettled runs still in ``batch``, so a
-        retry never writes a run twice.
+        retry never writes a run twice. A gang's tasks are recorded first, while the job
+        is still ours at that epoch.
         """
+        gangs = [r for r in batch if r.tasks > 1 and not r.fenced and r.handle is not None]
+        if gangs:
+            await self.guard(ReportKind.TASKS, gangs[0].job_id, gangs[0].epoch, self.record_tasks(gangs))
         for run in [r for r in batch if r.fenced or r.launch_error]:
             if run.fenced:
                 await self._settle(batch, run, ReportKind.STALE_COPY, self.record_fenced(run.job_id, run.epoch))
@@ -204,6 +210,18 @@ class Reports:
         if not await self.end_run(move):
             await self.runs_stopped([run.job_id])
             self._refused(run.job_id, run.epoch)
+
+    async def record_tasks(self, runs: list[Run]) -> None:
+        """Each gang task's node, state, exit code and log, as its backend knows them now
+        (one statement for all; only jobs still ours at their epoch take rows). A task
+        never started of a run its backend lost is ``lost``."""
+        rows = []
+        for run in runs:
+            for task in run.handle.tasks():
+                state = TASK_LOST if run.lost and task.state == TASK_PENDING else task.state
+                rows.append((run.job_id, run.epoch, task.index, task.node, state, task.exit_code, task.log_path))
+        if rows:
+            await self.store.job_tasks_report(self.peer_id, rows)
 
     async def runs_stopped(self, job_ids: list[str]) -> None:
         """Our runs of ``job_ids`` are gone: those preempted (waiting for exactly that)

@@ -17,6 +17,7 @@ runs are the backends' (``backends/``); this module is the loop that ties them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,7 @@ from irisfed.services.peer_agent.backends import (
     Discovered,
     LaunchError,
     LiveRun,
+    LocalNodes,
     RunLost,
     RunOutcomeUnknown,
     RunSpec,
@@ -46,6 +48,7 @@ from irisfed.services.peer_agent.plan import (
     choose_starts,
     free_resources,
     free_slots,
+    job_gang,
     job_resources,
     merge_noticed,
     plan_leftovers,
@@ -64,12 +67,29 @@ from irisfed.shared.messages import (
     Capacity,
     Heartbeat,
     JobEvent,
+    NodeGroup,
     ResourceAmount,
     decode_internal,
 )
 from irisfed.shared.records import AcceptedJob, OwnedJob
 
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
+
+# Backends without an engine: their nodes are configured (LocalNodes).
+LOCAL_KINDS = ("subprocess", "simulated")
+
+
+def _with_node_totals(spec: BackendSpec, nodes: LocalNodes | None) -> BackendSpec:
+    """A backend whose nodes are configured but not its resources advertises their sum."""
+    if nodes is None or spec.resources or not spec.nodes:
+        return spec
+    return dataclasses.replace(spec, resources=nodes.totals())
+
+
+def node_group(group: dict) -> NodeGroup:
+    """A node group (shared.nodes.group_nodes) as the heartbeat carries it."""
+    return NodeGroup(group["count"], group["attributes"],
+                     {name: ResourceAmount(v["total"], v["free"]) for name, v in group["resources"].items()})
 
 log = EventLogger("peer-agent")
 
@@ -84,9 +104,13 @@ class PeerAgent(Service):
         self.run_id = uuid.uuid4().hex
         self.seq = 0
         self._db_shape: list | None = None  # the advertisement last written to Postgres
+        # Subprocess and simulated backends keep their configured nodes here (engines report theirs).
+        self.local_nodes = {spec.name: LocalNodes(spec.nodes, spec.resources) for spec in settings.backends
+                            if spec.kind in LOCAL_KINDS}
+        self.specs = tuple(_with_node_totals(spec, self.local_nodes.get(spec.name)) for spec in settings.backends)
         self.backends: dict[str, Backend] = {
             spec.name: make_backend(spec.kind, settings.work_root / self.peer_id, settings.simulated_duration_s,
-                                    spec.options, self.peer_id)
+                                    spec.options, self.peer_id, self.local_nodes.get(spec.name))
             for spec in settings.backends}
         self.backend_names = [spec.name for spec in settings.backends]  # the first is the default
         self.slots = {spec.name: spec.slots for spec in settings.backends}
@@ -171,9 +195,9 @@ class PeerAgent(Service):
         configured them; ``--attr`` adds to or overrides discovered attributes."""
         metrics.RUNNING_JOBS.set(len(self.runs))
         free = free_slots(self.slots, self.runs.values(), self.pending.values())
-        free_res = free_resources(self.settings.backends, self.runs.values())
+        free_res = free_resources(self.specs, self.runs.values())
         ads = []
-        for spec in self.settings.backends:
+        for spec in self.specs:
             found = self.discovered.get(spec.name)
             # Not "has nothing": a router would reject what only this engine could run.
             discovering = found is None and self.backends[spec.name].discovers
@@ -184,8 +208,10 @@ class PeerAgent(Service):
             else:
                 resources = {name: ResourceAmount(total, free_amount)
                              for name, (total, free_amount) in found.resources.items()}
+            local = self.local_nodes.get(spec.name)
+            groups = found.nodes if found else (local.groups() if local is not None else [])
             ads.append(BackendAd(spec.name, attributes, Capacity(spec.slots, free[spec.name]), resources,
-                                 discovering))
+                                 discovering, [node_group(g) for g in groups]))
         return ads
 
     async def heartbeat(self) -> None:
@@ -229,7 +255,8 @@ class PeerAgent(Service):
         # Accepted straight from the notice; the CAS on (state, epoch, owner) in
         # job_start_batch refuses anything stale, and reconcile covers lost notices.
         self.noticed[notice.job_id] = Pending(notice.job_id, notice.epoch,
-                                              backend_for(notice.backend, self.backend_names), notice.priority)
+                                              backend_for(notice.backend, self.backend_names), notice.priority,
+                                              max(1, notice.tasks))
         self.start_wanted.set()
 
     async def on_cancel(self, msg: Msg) -> None:
@@ -380,13 +407,14 @@ class PeerAgent(Service):
     async def _launch(self, pending: Pending, accepted: AcceptedJob) -> Run:
         """Start an accepted job on the backend its row names (the row decides, not the notice)."""
         job_id, epoch, spec = pending.job_id, pending.epoch, accepted.spec
+        replicas, group_by = job_gang(spec)
         run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
-                  resources=job_resources(spec))
+                  resources=job_resources(spec), tasks=replicas)
         self.runs[job_id] = run
         try:
             run.handle = await self.backends[run.backend].launch(RunSpec(
                 job_id, epoch, list(spec["command"]), dict(spec.get("env", {})), dict(spec.get("labels", {})),
-                dict(run.resources),
+                dict(run.resources), replicas, group_by, self.settings.gang_start_timeout_s,
             ))
         except Exception as exc:  # noqa: BLE001 - any failure to start is a launch error
             run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
@@ -394,7 +422,15 @@ class PeerAgent(Service):
             log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
         log.debug("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
         self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
+        if run.handle is not None and run.tasks > 1:
+            self.tasks.spawn(self._tasks_started(run), name=f"tasks-{job_id}")
         return run
+
+    async def _tasks_started(self, run: Run) -> None:
+        """A gang's tasks all run: record where (their ends are recorded with its report)."""
+        await run.handle.started.wait()
+        if run.exit_code is None and not run.fenced:
+            await self.reports.record_tasks([run])
 
     async def _finish(self, run: Run) -> None:
         if run.handle is not None:

@@ -9,7 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from irisfed.shared.config import BACKEND_KINDS, parse_resource_totals
+from irisfed.shared.config import (
+    BACKEND_KINDS,
+    DEFAULT_GANG_START_TIMEOUT_S,
+    NodeSpec,
+    parse_resource_totals,
+)
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.reachability import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TTL_S
 from irisfed.shared.settings import require_count, require_seconds
@@ -27,6 +32,9 @@ class BackendSpec:
     resources: dict[str, float] = field(default_factory=dict)
     # Engine settings for make_backend: slurm {"partition"}, ray {"address"}; both "poll_interval_s".
     options: dict[str, str] = field(default_factory=dict)
+    # Subprocess and simulated: the nodes it has (shared.nodes); empty: the host alone, one
+    # node with ``resources``. Engines report their own.
+    nodes: tuple[NodeSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -36,6 +44,9 @@ class BackendSpec:
                               f"{', '.join(BACKEND_KINDS)}, got {self.kind!r}")
         require_count(f"agent backend {self.name}", "slots", self.slots, least=0, flag="--slots")
         parse_resource_totals(self.resources, f"agent backend {self.name} (--resource)")
+        if self.nodes and self.kind in ("slurm", "ray"):
+            raise ConfigError(f"agent backend {self.name}: {self.kind} reports its own nodes; --node is for "
+                              "subprocess and simulated backends")
         if self.kind == "ray" and not self.options.get("address", "").startswith(("http://", "https://")):
             raise ConfigError(f"agent backend {self.name}: ray needs --ray-address http://HOST:PORT "
                               f"(the Ray dashboard), got {self.options.get('address', '')!r}")
@@ -54,6 +65,8 @@ class AgentSettings:
     kill_grace_s: float = 5.0
     simulated_duration_s: float = 0.0
     report_linger_s: float = 0.01  # gather finished runs this long before writing them
+    # A gang whose tasks have not all started by then is requeued whole (docs/design.md §3.4).
+    gang_start_timeout_s: float = DEFAULT_GANG_START_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.peer_id:
@@ -70,3 +83,4 @@ class AgentSettings:
         require_seconds("agent", "simulated_duration_s", self.simulated_duration_s, positive=False,
                         flag="--sim-duration")
         require_seconds("agent", "report_linger_s", self.report_linger_s, positive=False)
+        require_seconds("agent", "gang_start_timeout_s", self.gang_start_timeout_s, flag="--gang-start-timeout")

@@ -34,6 +34,7 @@ class FakeRun:
     backend: str = "main"
     exit_code: int | None = None
     cancel_requested: bool = False
+    tasks: int = 1
 
 
 def owned(job_id: str, state: JobState = JobState.RUNNING, epoch: int = 1, backend: str | None = "main",

@@ -55,18 +55,49 @@ class RunOutcomeUnknown(Exception):
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What to run: the job's command, environment and labels, under one epoch."""
+    """What to run: the job's command, environment and labels, under one epoch. A gang
+    (``replicas`` > 1) runs that many tasks of the command, each asking ``resources``, on
+    distinct nodes sharing a ``group_by`` value, all started within ``start_timeout_s``
+    (each task's environment: docs/design.md §3.4)."""
 
     job_id: str
     epoch: int
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    resources: dict[str, float] = field(default_factory=dict)  # the job's normalised request
+    resources: dict[str, float] = field(default_factory=dict)  # the job's normalised request (each task's)
+    replicas: int = 1
+    group_by: str = ""
+    start_timeout_s: float = 300.0
+
+
+# A task's state (``job_tasks.state``, migration 0016). Append only.
+TASK_PENDING = "pending"
+TASK_RUNNING = "running"
+TASK_SUCCEEDED = "succeeded"
+TASK_FAILED = "failed"
+TASK_KILLED = "killed"
+TASK_LOST = "lost"
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """One task of a gang's run as its backend knows it: where, in what state, its exit
+    code and its log folder (None: not known yet)."""
+
+    index: int
+    node: str | None
+    state: str
+    exit_code: int | None = None
+    log_path: str | None = None
 
 
 class RunHandle(Protocol):
-    """One launched (or adopted) run: wait for its exit code, or kill it."""
+    """One launched (or adopted) run: wait for its exit code, or kill it. A gang's handle
+    also has ``tasks()`` (a TaskStatus each) and ``started`` (an asyncio.Event set once
+    every task runs); its exit code is 0 when every task succeeded, else the first
+    failing task's (the others killed), and ``wait`` raises ``RunLost`` when a task's
+    infrastructure failed or the tasks did not all start within the start timeout."""
 
     log_dir: str | None
 
@@ -81,10 +112,12 @@ class RunHandle(Protocol):
 
 @dataclass(frozen=True)
 class Discovered:
-    """What an engine says it has: attributes, and each resource's (total, free)."""
+    """What an engine says it has: attributes, each resource's (total, free), and its
+    nodes as heartbeat node groups (shared.nodes.group_nodes)."""
 
     attributes: dict[str, list[str]] = field(default_factory=dict)
     resources: dict[str, tuple[float, float]] = field(default_factory=dict)
+    nodes: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -148,7 +181,8 @@ class Backend(Protocol):
 
 
 def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
-                 options: Mapping[str, str] | None = None, peer_id: str = "") -> Backend:
+                 options: Mapping[str, str] | None = None, peer_id: str = "",
+                 nodes: LocalNodes | None = None) -> Backend:
     """The backend of ``kind``: ``simulated``; ``subprocess`` (under ``work_root``);
     ``slurm`` (``options``: ``partition``, ``poll_interval_s``, ``call_timeout_s``; output
     files under ``work_root``); ``ray`` (``options``: ``address``, ``poll_interval_s``,
@@ -157,7 +191,7 @@ def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
     list, adopt or kill each other's runs."""
     options = options or {}
     if kind == "simulated":
-        return SimulatedBackend(simulated_duration_s)
+        return SimulatedBackend(simulated_duration_s, nodes)
     if kind == "slurm":
         from irisfed.services.peer_agent.backends.slurm import SlurmBackend
 
@@ -172,7 +206,7 @@ def make_backend(kind: str, work_root: Path, simulated_duration_s: float = 0.0,
         return RayBackend(options["address"], work_root, peer_id,
                           poll_interval_s=float(options.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
                           **_timeout(options, "call_timeout_s"))
-    return SubprocessBackend(work_root)
+    return SubprocessBackend(work_root, nodes)
 
 
 def _timeout(options: Mapping[str, str], parameter: str) -> dict[str, float]:
@@ -180,9 +214,11 @@ def _timeout(options: Mapping[str, str], parameter: str) -> dict[str, float]:
     return {parameter: float(options["call_timeout_s"])} if "call_timeout_s" in options else {}
 
 
-from irisfed.services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402 - they implement the above
+from irisfed.services.peer_agent.backends.nodes import LocalNodes  # noqa: E402 - they implement the above
+from irisfed.services.peer_agent.backends.simulated import SimulatedBackend  # noqa: E402
 from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV, SubprocessBackend  # noqa: E402
 
-__all__ = ["DEFAULT_POLL_INTERVAL_S", "KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "Backend", "Discovered",
-           "LaunchError", "LiveRun", "RunHandle", "RunLost", "RunOutcomeUnknown", "RunSpec", "SimulatedBackend",
-           "SubprocessBackend", "make_backend"]
+__all__ = ["DEFAULT_POLL_INTERVAL_S", "KILLED_EXIT_CODE", "PASSED_THROUGH_ENV", "TASK_FAILED", "TASK_KILLED",
+           "TASK_LOST", "TASK_PENDING", "TASK_RUNNING", "TASK_SUCCEEDED", "Backend", "Discovered", "LaunchError",
+           "LiveRun", "LocalNodes", "RunHandle", "RunLost", "RunOutcomeUnknown", "RunSpec", "SimulatedBackend",
+           "SubprocessBackend", "TaskStatus", "make_backend"]

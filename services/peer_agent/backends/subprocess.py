@@ -1,4 +1,5 @@
-"""The ``subprocess`` backend: each job a real process group under the peer's work folder.
+"""The ``subprocess`` backend: each job a real process group under the peer's work folder
+(a gang: one per task, each on a configured node of its own).
 
 It records every run it launches so that any later agent run on this peer finds it
 again (see ``SubprocessBackend``); a recorded pid that now names another process is
@@ -12,10 +13,25 @@ import contextlib
 import json
 import os
 import signal
+import socket
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from irisfed.services.peer_agent.backends import LaunchError, LiveRun, RunSpec
+from irisfed.services.peer_agent.backends import (
+    KILLED_EXIT_CODE,
+    TASK_FAILED,
+    TASK_KILLED,
+    TASK_LOST,
+    TASK_PENDING,
+    TASK_RUNNING,
+    TASK_SUCCEEDED,
+    LaunchError,
+    LiveRun,
+    RunLost,
+    RunSpec,
+    TaskStatus,
+)
+from irisfed.services.peer_agent.backends.nodes import LocalNodes
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.
@@ -47,13 +63,16 @@ def _boot_id() -> str:
         return ""
 
 
-def _environ_names(pid: int, job_id: str, epoch: int) -> bool:
-    """Whether process ``pid`` was started for this job and epoch (by its environment)."""
+def _environ_names(pid: int, job_id: str, epoch: int, task: int = -1) -> bool:
+    """Whether process ``pid`` was started for this job and epoch (and task of a gang) by
+    its environment."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    return f"IRISFED_JOB_ID={job_id}".encode() in environ and f"IRISFED_EPOCH={epoch}".encode() in environ
+    if f"IRISFED_JOB_ID={job_id}".encode() not in environ or f"IRISFED_EPOCH={epoch}".encode() not in environ:
+        return False
+    return task < 0 or f"IRISFED_TASK_INDEX={task}".encode() in environ
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -71,12 +90,17 @@ class _RunRecord:
     pid: int = 0  # 0: marked just before the process was started
     start_ticks: int = 0  # /proc/<pid>/stat field 22
     boot_id: str = ""
+    task: int = -1  # a gang's task index (-1: a single-task run)
 
     @classmethod
     def parse(cls, text: str) -> _RunRecord:
         raw = json.loads(text)
         return cls(str(raw["job_id"]), int(raw["epoch"]), int(raw.get("pid", 0)),
-                   int(raw.get("start_ticks", 0)), str(raw.get("boot_id", "")))
+                   int(raw.get("start_ticks", 0)), str(raw.get("boot_id", "")), int(raw.get("task", -1)))
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.job_id, self.epoch, self.task)
 
     def dump(self) -> str:
         return json.dumps(asdict(self)) + "\n"
@@ -84,15 +108,20 @@ class _RunRecord:
 
 class _ProcessRun:
     def __init__(self, process: asyncio.subprocess.Process, log_dir: Path,
-                 backend: SubprocessBackend | None = None, record: _RunRecord | None = None) -> None:
+                 backend: SubprocessBackend | None = None, record: _RunRecord | None = None,
+                 node: str = "", holds_node: bool = False) -> None:
         self.process = process
         self.log_dir = str(log_dir)
         self.backend = backend
         self.record = record
+        self.node = node
+        self.holds_node = holds_node  # a single-task run: its node's room is given back when it ends
 
     def _ended(self, exit_code: int) -> None:
         if self.backend is not None and self.record is not None:
             self.backend.mark_ended(self.record, f"exit {exit_code}")
+            if self.holds_node:
+                self.backend.nodes.release((self.record.job_id, self.record.epoch))
 
     async def wait(self) -> int:
         code = await self.process.wait()
@@ -116,24 +145,118 @@ class _ProcessRun:
         self._ended(self.process.returncode)
 
 
+class _GangRun:
+    """A gang's run: its tasks, one process group each on a node of their own (shared
+    fate: docs/design.md §3.4). ``wait`` waits for the nodes (``LocalNodes``; the start
+    timeout, then ``RunLost``), starts every task, then returns 0 when all succeed, or
+    the first non-zero exit after killing the others; a task that cannot start is the
+    infrastructure's failure (``RunLost``: the gang is requeued whole)."""
+
+    def __init__(self, backend: SubprocessBackend, spec: RunSpec) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.log_dir = backend.log_dir(spec.job_id, spec.epoch)
+        self.runs: list[_ProcessRun] = []
+        self.nodes: list[str] = []
+        self.states: list[str] = [TASK_PENDING] * spec.replicas
+        self.codes: list[int | None] = [None] * spec.replicas
+        self.started = asyncio.Event()  # every task started
+        self.killed = False
+        self._kill_requested = asyncio.Event()
+
+    def tasks(self) -> list[TaskStatus]:
+        return [TaskStatus(i, self.nodes[i] if i < len(self.nodes) else None, self.states[i], self.codes[i],
+                           str(Path(self.log_dir) / f"task-{i}")) for i in range(self.spec.replicas)]
+
+    async def wait(self) -> int:
+        key = (self.spec.job_id, self.spec.epoch)
+        try:
+            if not await self._nodes_found():
+                if self.killed:
+                    return KILLED_EXIT_CODE
+                raise RunLost(f"its {self.spec.replicas} tasks did not all start within "
+                              f"{self.spec.start_timeout_s:g}s (no {self.spec.replicas} free nodes here)")
+            # Every node is this host: task 0 may listen on a port free here now.
+            coordinator = f"127.0.0.1:{_free_port()}"
+            try:
+                for index, node in enumerate(self.nodes):
+                    self.runs.append(await self.backend.start_task(self.spec, index, node, coordinator))
+                    self.states[index] = TASK_RUNNING
+            except LaunchError as exc:
+                await self._kill_all(0.0)
+                for index in range(len(self.runs), self.spec.replicas):
+                    self.states[index] = TASK_LOST
+                raise RunLost(f"task {len(self.runs)} could not start: {exc}") from exc
+            self.started.set()
+            if self.killed:  # a kill that came while the tasks were starting
+                await self._kill_all(0.0)
+            return await self._one_fate()
+        finally:
+            self.backend.nodes.release(key)
+
+    async def _nodes_found(self) -> bool:
+        found = await self.backend.nodes.wait_for_gang(
+            (self.spec.job_id, self.spec.epoch), self.spec.resources, self.spec.replicas, self.spec.group_by,
+            self.spec.start_timeout_s, self._kill_requested)
+        if found is None:
+            return False
+        self.nodes = found
+        return True
+
+    async def _one_fate(self) -> int:
+        pending = {asyncio.ensure_future(run.wait()): i for i, run in enumerate(self.runs)}
+        failed: int | None = None
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                index = pending.pop(future)
+                code = future.result()
+                self.codes[index] = code
+                self.states[index] = (TASK_KILLED if self.killed or failed is not None and code < 0
+                                      else TASK_SUCCEEDED if code == 0 else TASK_FAILED)
+                if code != 0 and failed is None and not self.killed:
+                    failed = code  # one fate: the others are killed
+                    await self._kill_all(0.0, except_index=index)
+        if self.killed:
+            return KILLED_EXIT_CODE
+        return failed if failed is not None else 0
+
+    async def _kill_all(self, grace_s: float, except_index: int | None = None) -> None:
+        await asyncio.gather(*(run.kill(grace_s) for i, run in enumerate(self.runs) if i != except_index))
+
+    async def kill(self, grace_s: float) -> None:
+        self.killed = True
+        self._kill_requested.set()
+        await self._kill_all(grace_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _open_outputs(run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     return open(run_dir / "stdout", "wb"), open(run_dir / "stderr", "wb")  # noqa: SIM115
 
 
 class SubprocessBackend:
-    """Runs each job as a real process group under ``work_root/<job_id>/epoch-<n>``.
+    """Runs each job as a real process group under ``work_root/<job_id>/epoch-<n>`` (a
+    gang: one per task, under ``task-<i>`` there, on nodes of ``nodes``).
 
     What it records, so that any later agent run on this peer finds its runs:
 
-    - ``<job>/epoch-<n>/run.json``: the process's pid, its start time (field 22
-      of ``/proc/<pid>/stat``) and the boot id — a pid that now names another
-      process (reuse, reboot) never matches, so it is never killed;
-    - ``<job>/epoch-<n>/pid`` (the pid alone, for people and tools) and, once the
-      run is seen to end, ``exit`` (how it ended);
-    - ``.live/<job>.epoch-<n>.json``: the index of runs not yet seen to end, written
-      just before the process starts and removed when it ends. ``list_runs`` reads
-      only this index (one small file per live run), never the whole work tree.
+    - ``<job>/epoch-<n>/run.json`` (a task's: ``task-<i>/run.json``): the process's
+      pid, its start time (field 22 of ``/proc/<pid>/stat``) and the boot id — a pid
+      that now names another process (reuse, reboot) never matches, so it is never
+      killed;
+    - ``pid`` beside it (the pid alone, for people and tools) and, once the run is
+      seen to end, ``exit`` (how it ended);
+    - ``.live/<job>.epoch-<n>.json`` (a task's: ``.epoch-<n>.task-<i>.json``): the index
+      of processes not yet seen to end, written just before each starts and removed
+      when it ends. ``list_runs`` reads only this index (one small file per live
+      process), never the whole work tree; a gang is one run however many tasks live.
     """
 
     kind = "subprocess"
@@ -141,25 +264,35 @@ class SubprocessBackend:
     runs_outlive_agent = False
     INDEX = ".live"
 
-    def __init__(self, work_root: Path) -> None:
+    def __init__(self, work_root: Path, nodes: LocalNodes | None = None) -> None:
         self.work_root = work_root
         self.index = work_root / self.INDEX
         self.boot_id = _boot_id()
-        # Runs this backend object launched and has not yet seen end (pid 0: starting).
-        self._active: dict[tuple[str, int], _RunRecord] = {}
+        self.nodes = nodes if nodes is not None else LocalNodes((), {})
+        # Processes this backend object started and has not yet seen end (pid 0: starting).
+        self._active: dict[tuple[str, int, int], _RunRecord] = {}
 
-    def run_dir(self, job_id: str, epoch: int) -> Path:
-        return self.work_root / job_id / f"epoch-{epoch}"
+    def run_dir(self, job_id: str, epoch: int, task: int = -1) -> Path:
+        base = self.work_root / job_id / f"epoch-{epoch}"
+        return base if task < 0 else base / f"task-{task}"
 
     def log_dir(self, job_id: str, epoch: int) -> str:
         return str(self.run_dir(job_id, epoch).resolve())
 
-    def _marker(self, job_id: str, epoch: int) -> Path:
-        return self.index / f"{job_id}.epoch-{epoch}.json"
+    def node_groups(self) -> list[dict]:
+        return self.nodes.groups()
+
+    def _marker(self, job_id: str, epoch: int, task: int = -1) -> Path:
+        suffix = "" if task < 0 else f".task-{task}"
+        return self.index / f"{job_id}.epoch-{epoch}{suffix}.json"
+
+    def _markers(self, job_id: str, epoch: int) -> list[Path]:
+        """The live-index files of (job, epoch): its process, or each of its tasks'."""
+        return [self._marker(job_id, epoch), *sorted(self.index.glob(f"{job_id}.epoch-{epoch}.task-*.json"))]
 
     def _mark_live(self, record: _RunRecord) -> None:
         self.index.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self._marker(record.job_id, record.epoch), record.dump())
+        _write_atomic(self._marker(record.job_id, record.epoch, record.task), record.dump())
 
     def _record_started(self, run_dir: Path, record: _RunRecord) -> None:
         _write_atomic(run_dir / "run.json", record.dump())
@@ -167,23 +300,43 @@ class SubprocessBackend:
         self._mark_live(record)
 
     def mark_ended(self, record: _RunRecord, how: str) -> None:
-        """The run is over: say how in its folder and drop it from the live index."""
-        self._active.pop((record.job_id, record.epoch), None)
+        """The process is over: say how in its folder and drop it from the live index."""
+        self._active.pop(record.key, None)
         with contextlib.suppress(OSError):
-            run_dir = self.run_dir(record.job_id, record.epoch)
+            run_dir = self.run_dir(record.job_id, record.epoch, record.task)
             if run_dir.is_dir():
                 _write_atomic(run_dir / "exit", how + "\n")
         with contextlib.suppress(FileNotFoundError):
-            self._marker(record.job_id, record.epoch).unlink()
+            self._marker(record.job_id, record.epoch, record.task).unlink()
 
-    async def launch(self, spec: RunSpec) -> _ProcessRun:
-        run_dir = self.run_dir(spec.job_id, spec.epoch)
+    async def launch(self, spec: RunSpec) -> _ProcessRun | _GangRun:
+        if spec.replicas > 1:
+            return _GangRun(self, spec)
+        node = self.nodes.place_one((spec.job_id, spec.epoch), spec.resources)
+        try:
+            run = await self._start(spec, -1, {"IRISFED_NODE": node})
+        except BaseException:
+            self.nodes.release((spec.job_id, spec.epoch))
+            raise
+        run.node, run.holds_node = node, True
+        return run
+
+    async def start_task(self, spec: RunSpec, index: int, node: str, coordinator: str) -> _ProcessRun:
+        """Start task ``index`` of a gang on ``node`` (its environment: docs/design.md §3.4)."""
+        run = await self._start(spec, index, {
+            "IRISFED_TASK_INDEX": str(index), "IRISFED_NUM_TASKS": str(spec.replicas),
+            "IRISFED_COORDINATOR": coordinator, "IRISFED_NODE": node})
+        run.node = node
+        return run
+
+    async def _start(self, spec: RunSpec, task: int, extra_env: dict[str, str]) -> _ProcessRun:
+        run_dir = self.run_dir(spec.job_id, spec.epoch, task)
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
         env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
-        record = _RunRecord(spec.job_id, spec.epoch, boot_id=self.boot_id)
-        key = (spec.job_id, spec.epoch)
-        self._active[key] = record
+        env.update(extra_env)
+        record = _RunRecord(spec.job_id, spec.epoch, boot_id=self.boot_id, task=task)
+        self._active[record.key] = record
         try:
             out, err = await asyncio.to_thread(_open_outputs, run_dir)
             try:
@@ -198,14 +351,14 @@ class SubprocessBackend:
                 out.close()
                 err.close()
         except OSError as exc:
-            self._active.pop(key, None)
+            self._active.pop(record.key, None)
             with contextlib.suppress(OSError):
-                await asyncio.to_thread(self._marker(spec.job_id, spec.epoch).unlink)
+                await asyncio.to_thread(self._marker(spec.job_id, spec.epoch, task).unlink)
             raise LaunchError(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from exc
         try:
             stat = _proc_stat(process.pid)  # our unreaped child: readable even if it ended
             record = replace(record, pid=process.pid, start_ticks=stat[1] if stat else 0)
-            self._active[key] = record
+            self._active[record.key] = record
             await asyncio.to_thread(self._record_started, run_dir, record)
         except OSError as exc:
             # A run we cannot find again could outlive us unseen: never leave it running.
@@ -223,7 +376,8 @@ class SubprocessBackend:
 
     async def adopt(self, run: LiveRun) -> None:
         """Never: a process another agent run started is not our child, so its exit
-        code cannot be learned; the agent kills it and hands the job back."""
+        code cannot be learned; the agent kills it (every task of a gang) and hands the
+        job back."""
         return None
 
     async def kill_run(self, run: LiveRun) -> bool:
@@ -233,14 +387,14 @@ class SubprocessBackend:
         return await asyncio.to_thread(self._kill_leftover, job_id, epoch)
 
     async def discover(self) -> None:
-        return None  # advertises its configuration (--resource, --attr)
+        return None  # advertises its configuration (--resource, --attr, --node)
 
     async def close(self) -> None:
         return None
 
     def _kill_leftover(self, job_id: str, epoch: int) -> bool:
-        """Kill a process group a previous agent run left behind for this job, if any."""
-        if self._marker(job_id, epoch).exists():
+        """Kill the process groups a previous agent run left behind for this job, if any."""
+        if any(marker.exists() for marker in self._markers(job_id, epoch)):
             return self._kill_recorded(job_id, epoch)
         # A run started before runs were recorded: only its pid file, checked by environment.
         try:
@@ -256,7 +410,7 @@ class SubprocessBackend:
 
     def _list_runs(self) -> list[LiveRun]:
         self._index_unrecorded_runs_once()
-        live = []
+        live: dict[tuple[str, int], LiveRun] = {}
         try:
             markers = sorted(self.index.glob("*.json"))
         except OSError:
@@ -269,25 +423,26 @@ class SubprocessBackend:
             except (OSError, ValueError, KeyError, TypeError):
                 marker.unlink(missing_ok=True)  # not ours to read (never written half: atomic)
                 continue
-            active = self._active.get((record.job_id, record.epoch))
+            active = self._active.get(record.key)
             if active is not None:  # launched by this object: alive until its wait says otherwise
                 if active.pid:
-                    live.append(LiveRun(active.job_id, active.epoch, str(active.pid)))
+                    live.setdefault((record.job_id, record.epoch), LiveRun(active.job_id, active.epoch,
+                                                                           str(active.pid)))
                 continue
             pid = self._alive_pid(record)
             if pid is None:
                 self.mark_ended(record, "ended while no agent watched it")
                 continue
-            live.append(LiveRun(record.job_id, record.epoch, str(pid)))
-        return live
+            live.setdefault((record.job_id, record.epoch), LiveRun(record.job_id, record.epoch, str(pid)))
+        return list(live.values())
 
     def _alive_pid(self, record: _RunRecord) -> int | None:
-        """The pid of the recorded run's process if it still runs, else None."""
+        """The pid of the recorded process if it still runs, else None."""
         if record.boot_id and self.boot_id and record.boot_id != self.boot_id:
             return None  # the machine restarted since: every process of that boot is gone
         if record.pid == 0:
             # The agent died between marking the run and learning its pid.
-            pid = self._find_by_environment(record.job_id, record.epoch)
+            pid = self._find_by_environment(record.job_id, record.epoch, record.task)
             if pid is None:
                 return None
             stat = _proc_stat(pid)
@@ -304,8 +459,8 @@ class SubprocessBackend:
         return record.pid
 
     @staticmethod
-    def _find_by_environment(job_id: str, epoch: int) -> int | None:
-        """A session leader started for (job, epoch); scans /proc (only after a rare crash)."""
+    def _find_by_environment(job_id: str, epoch: int, task: int = -1) -> int | None:
+        """A session leader started for (job, epoch, task); scans /proc (only after a rare crash)."""
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -315,23 +470,27 @@ class SubprocessBackend:
                 session = int(fields[3])  # field 6
             except (OSError, IndexError, ValueError):
                 continue
-            if session == pid and _environ_names(pid, job_id, epoch):
+            if session == pid and _environ_names(pid, job_id, epoch, task):
                 return pid
         return None
 
     def _kill_recorded(self, job_id: str, epoch: int) -> bool:
-        try:
-            record = _RunRecord.parse(self._marker(job_id, epoch).read_text())
-        except (OSError, ValueError, KeyError, TypeError):
-            return False
-        pid = self._alive_pid(record)  # checked again right before the signal
-        if pid is None:
-            self.mark_ended(record, "ended while no agent watched it")
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        self.mark_ended(record, "killed: left behind by an earlier agent run")
-        return True
+        """Kill every recorded process of (job, epoch) — each task of a gang — still alive."""
+        killed = False
+        for marker in self._markers(job_id, epoch):
+            try:
+                record = _RunRecord.parse(marker.read_text())
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            pid = self._alive_pid(record)  # checked again right before the signal
+            if pid is None:
+                self.mark_ended(record, "ended while no agent watched it")
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            self.mark_ended(record, "killed: left behind by an earlier agent run")
+            killed = True
+        return killed
 
     def _index_unrecorded_runs_once(self) -> None:
         """Runs started by an agent that predates the live index: found once per work root."""
@@ -354,3 +513,4 @@ class SubprocessBackend:
             with contextlib.suppress(OSError):
                 self._mark_live(_RunRecord(job_id, epoch, pid, stat[1], self.boot_id))
         done.write_text("")
+
