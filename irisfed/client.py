@@ -125,11 +125,13 @@ from irisfed.errors import (
 from irisfed.jobs import (
     ConstraintLike,
     Job,
+    Task,
     build_submit,
     checked_submit,
     job_event,
     job_view,
     new_job_id,
+    task_views,
 )
 from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
@@ -168,6 +170,7 @@ __all__ = [
     "SchemaMismatchError",
     "Servers",
     "SyncClient",
+    "Task",
     "UnavailableError",
     "UnknownPeerError",
     "error_for",
@@ -286,7 +289,8 @@ class Client:
                      preferences: Sequence[ConstraintLike] = (), cluster_pin: str = "", priority: int = 0,
                      max_retries: int | None = None, deadline_s: float | None = None,
                      labels: Mapping[str, str] | None = None, band: str | None = None,
-                     max_preemptions: int | None = None, dry_run: bool = False) -> SubmitReply | DryRunReply:
+                     max_preemptions: int | None = None, dry_run: bool = False, replicas: int | None = None,
+                     group_by: str = "") -> SubmitReply | DryRunReply:
         """Submit a job; return the router's :class:`~shared.messages.SubmitReply` (sent
         after the job is committed in Postgres) — or, with ``dry_run=True``, its
         :class:`~shared.messages.DryRunReply` (nothing is written).
@@ -308,6 +312,9 @@ class Client:
         (``waiting``) — writing nothing. A dry run is checked exactly like a submit
         (the same errors) and is safe to retry; an id that already names a job answers
         as its resubmission would (``duplicate``, or :class:`ConflictError`).
+        ``replicas``: a gang of that many tasks of ``command``, each asking ``resources``,
+        started together on distinct nodes of one backend or not at all; ``group_by``: a
+        node attribute its nodes all share one value of (docs/design.md §3.4).
 
         A reject returns normally (``reply.disposition == "reject"``; ``reply.reason``,
         ``reply.verdicts``). Errors raise :class:`IrisfedClientError` subclasses::
@@ -320,7 +327,8 @@ class Client:
         request = build_submit(command, job_id=job_id, name=name, env=env, constraints=constraints,
                                resources=resources, preferences=preferences, cluster_pin=cluster_pin,
                                priority=priority, max_retries=max_retries, deadline_s=deadline_s,
-                               labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run)
+                               labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run,
+                               replicas=replicas, group_by=group_by)
         return await self.submit_request(request)
 
     async def submit_request(self, request: SubmitRequest) -> SubmitReply | DryRunReply:
@@ -424,6 +432,17 @@ class Client:
         if row is None:
             raise NotFoundError(f"no job {job_id!r}")
         return job_view(row)
+
+    async def tasks(self, job_id: str) -> list[Task]:
+        """A gang's tasks in its newest run (a :class:`Task` each: node, state, exit code,
+        log folder); [] for a single-task job or a gang not started yet. Needs a database URL."""
+        job_id = _checked_job_id(job_id)
+        store = await self._get_store()
+        try:
+            rows = await store.job_tasks_list(stored_job_id(self.user, job_id))
+        except IrisfedError as exc:
+            raise translated(exc) from None
+        return task_views(rows)
 
     async def watch(self, job_id: str, *, history: bool = True) -> AsyncIterator[JobEvent]:
         """Every state change of ``job_id``, in order, each once, ending with its terminal one.
@@ -650,6 +669,10 @@ class SyncClient:
     def get(self, job_id: str) -> Job:
         """:meth:`Client.get`."""
         return self._runner.run(self._client.get(job_id))
+
+    def tasks(self, job_id: str) -> list[Task]:
+        """:meth:`Client.tasks`."""
+        return self._runner.run(self._client.tasks(job_id))
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobEvent:
         """:meth:`Client.wait`."""

@@ -87,11 +87,12 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
                  cluster_pin: str = "", priority: int = 0, max_retries: int | None = None,
                  deadline_s: float | None = None, labels: Mapping[str, str] | None = None,
                  band: str | None = None, max_preemptions: int | None = None,
-                 dry_run: bool = False) -> SubmitRequest:
+                 dry_run: bool = False, replicas: int | None = None, group_by: str = "") -> SubmitRequest:
     """The :class:`~shared.messages.SubmitRequest` for these arguments, checked as the router
     checks it (raises :class:`InvalidRequestError`), with a fresh job_id when none is given.
     ``band`` (``batch``, ``interactive``, ``production``) and ``max_preemptions``: None
-    leaves the contract's defaults; ``dry_run``: ask what the submit would do, writing nothing."""
+    leaves the contract's defaults; ``dry_run``: ask what the submit would do, writing nothing;
+    ``replicas`` and ``group_by``: a gang of that many tasks, their nodes sharing that attribute."""
     if isinstance(command, str):
         raise InvalidRequestError("command is a list of strings (the program, then its arguments), "
                                   f"e.g. {command.split()!r}")
@@ -123,6 +124,10 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
         body["max_preemptions"] = max_preemptions
     if dry_run:
         body["dry_run"] = True
+    if replicas is not None:
+        body["replicas"] = replicas
+    if group_by:
+        body["coschedule"] = {"group_by": group_by}
     return checked_submit(body)
 
 
@@ -155,11 +160,33 @@ class Job(Struct, frozen=True):
     user: str = "default"  # whose job it is; ``job_id`` is the id that user sent
     band: str = DEFAULT_BAND  # its priority band: ``batch``, ``interactive`` or ``production``
     preemptions: int = 0  # times it was preempted (stopped for a higher band's job, then requeued)
+    replicas: int = 1  # its tasks (a gang: more than one)
 
     @property
     def terminal(self) -> bool:
         """Whether the job has ended (succeeded, failed, killed, rejected, unschedulable)."""
         return self.state in TERMINAL_STATES
+
+
+class Task(Struct, frozen=True):
+    """One task of a gang's run (:meth:`Client.tasks`): its index, the run's epoch, the
+    peer and node it ran on, its state (pending, running, succeeded, failed, killed,
+    lost), exit code and log folder."""
+
+    index: int
+    epoch: int
+    peer_id: str
+    node: str | None
+    state: str
+    exit_code: int | None
+    log_path: str | None
+
+
+def task_views(rows) -> list[Task]:
+    """The newest run's tasks (``job_tasks_list`` rows), in index order."""
+    newest = rows[0].epoch if rows else None
+    return [Task(r.task_index, r.epoch, r.peer_id, r.node, r.state, r.exit_code, r.log_path)
+            for r in rows if r.epoch == newest]
 
 
 def job_view(row) -> Job:
@@ -168,7 +195,7 @@ def job_view(row) -> Job:
                attempts=row.attempts, exit_code=row.exit_code, reason=row.reason,
                cancel_requested=row.cancel_requested, submitted_at=row.submitted_at,
                updated_at=row.updated_at, finished_at=row.finished_at, spec=row.spec,
-               band=band_name(row.band), preemptions=row.preemptions)
+               band=band_name(row.band), preemptions=row.preemptions, replicas=row.replicas)
 
 
 def job_event(job_id: str, entry, job) -> JobEvent:

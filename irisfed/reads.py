@@ -25,7 +25,7 @@ from irisfed.shared.postgres import (
     translated_errors,
 )
 from irisfed.shared.queries import QUERIES
-from irisfed.shared.records import ChangelogEntry, JobRow
+from irisfed.shared.records import ChangelogEntry, JobRow, TaskRow
 
 # A client's reads are single-row lookups: a small pool, a short wait for it.
 CONNECT_TIMEOUT_S = 5.0
@@ -87,6 +87,12 @@ class JobReads:
         job_id = checked_stored_job_id(job_id)
         record = await self._read(self._pool.fetchrow, QUERIES["job_get"], job_id)
         return None if record is None else JobRow.from_record(record)
+
+    async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
+        """A gang's tasks, newest run first (none for a single-task job)."""
+        job_id = checked_stored_job_id(job_id)
+        records = await self._read(self._pool.fetch, QUERIES["job_tasks_list"], job_id)
+        return [TaskRow.from_record(record) for record in records]
 
     async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
         job_id = checked_stored_job_id(job_id)

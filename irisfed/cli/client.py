@@ -83,6 +83,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         body["band"] = args.band
     if args.max_preemptions is not None:
         body["max_preemptions"] = args.max_preemptions
+    if args.replicas is not None:
+        body["replicas"] = args.replicas
+    if args.group_by:
+        body["coschedule"] = {"group_by": args.group_by}
     if args.dry_run:
         body["dry_run"] = True
     user = cli_user(args)

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "your user's max_band")
     p.add_argument("--max-preemptions", type=int, metavar="N",
                    help=f"preemptions the job takes before the next one fails it (default {DEFAULT_MAX_PREEMPTIONS})")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="a gang of N tasks of the command (each asking --resource), started together on N "
+                        "distinct nodes of one backend, all or nothing (default 1)")
+    p.add_argument("--group-by", metavar="KEY",
+                   help="a gang's nodes all share one value of this node attribute (a TPU slice, a rack)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what the submit would do now (disposition, where it would be placed or why it "
                         "would wait, which jobs it would preempt) and submit nothing")
@@ -191,4 +196,5 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(p, nats=False)
     p.add_argument("job_id")
     p.add_argument("--stderr", action="store_true")
+    p.add_argument("--task", type=int, metavar="I", help="a gang's task I (0..replicas-1): its own output")
     return parser

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from irisfed.cli.connect import nats_client, open_store, print_json, subjects, with_store
+from irisfed.jobs import task_views
 from irisfed.reads import checked_stored_job_id, shown_job_id
 from irisfed.services.common.startup import federation_config
 from irisfed.shared.errors import ConfigError
@@ -43,38 +44,40 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_and_history(args: argparse.Namespace):
-    """The job row and its changelog, or (None, []) after saying it does not exist."""
+def _job_and_history(args: argparse.Namespace, tasks: bool = False):
+    """The job row, its changelog and (``tasks``) its gang's tasks, or (None, [], [])
+    after saying it does not exist."""
 
     job_id = checked_stored_job_id(args.job_id)
 
     async def fetch(store):
-        return await store.job_get(job_id), await store.changelog_list_for_job(job_id)
+        return (await store.job_get(job_id), await store.changelog_list_for_job(job_id),
+                await store.job_tasks_list(job_id) if tasks else [])
 
-    job, history = asyncio.run(with_store(args, fetch))
+    job, history, task_rows = asyncio.run(with_store(args, fetch))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
-    return job, history
+    return job, history, task_rows
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history = _job_and_history(args)
+    job, history, task_rows = _job_and_history(args, tasks=True)
     if job is None:
         return 1
     mode = views.output_mode(args)
     if mode == "json":
-        print_json({"job": views.job_json(job), "changelog": history})
+        print_json({"job": views.job_json(job), "changelog": history, "tasks": task_views(task_rows)})
     else:
-        views.print_job(job, history, views.Out(mode, args.wide))
+        views.print_job(job, history, views.Out(mode, args.wide), task_views(task_rows))
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history = _job_and_history(args)
+    job, history, _ = _job_and_history(args)
     if job is None:
         return 1
     mode = views.output_mode(args)
@@ -125,14 +128,27 @@ def cmd_users(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     job_id = checked_stored_job_id(args.job_id)
-    job = asyncio.run(with_store(args, lambda s: s.job_get(job_id)))
+
+    async def fetch(store):
+        return await store.job_get(job_id), await store.job_tasks_list(job_id) if args.task is not None else []
+
+    job, task_rows = asyncio.run(with_store(args, fetch))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
         return 1
-    if not job.log_dir:
-        print(f"irisfed: job {args.job_id} has no logs yet (state {job.state})", file=sys.stderr)
+    folder = job.log_dir
+    if args.task is not None:
+        if args.task < 0 or args.task >= job.replicas:
+            print(f"irisfed: job {args.job_id} has {job.replicas} task{'s' if job.replicas != 1 else ''} "
+                  f"(0..{job.replicas - 1}); no task {args.task}", file=sys.stderr)
+            return 2
+        task = next((t for t in task_views(task_rows) if t.index == args.task), None)
+        folder = task.log_path if task is not None else None
+    if not folder:
+        what = f"task {args.task} of job {args.job_id}" if args.task is not None else f"job {args.job_id}"
+        print(f"irisfed: {what} has no logs yet (state {job.state})", file=sys.stderr)
         return 1
-    path = Path(job.log_dir) / ("stderr" if args.stderr else "stdout")
+    path = Path(folder) / ("stderr" if args.stderr else "stdout")
     try:
         sys.stdout.write(path.read_text(errors="replace"))
     except OSError:

@@ -242,7 +242,8 @@ def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | Non
     return Out()._rich(peers_grid(rows, config), fit=False)
 
 
-def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
+def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None,
+              tasks: Sequence[Any] = ()) -> None:
     out = out or Out()
     spec = job.spec
     out.line(lit(job.job_id, "bold"), "  ", lit(job.state), "  (", lit(job.disposition), ")")
@@ -271,6 +272,17 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
         if victims:
             out.line("  made room   ", _clock(placed.at), " on ", lit(placed.peer_id or "-"), " by preempting ",
                      lit(", ".join(victims)))
+    if job.replicas > 1:
+        coschedule = spec.get("coschedule")
+        group_by = coschedule.get("group_by") if isinstance(coschedule, dict) else None
+        out.line(f"  tasks       {job.replicas}", *(("  sharing one ", lit(group_by)) if group_by else ()),
+                 "" if tasks else "  (none started yet)")
+        if tasks:
+            task_grid = Grid(f"tasks (epoch {tasks[0].epoch})", ("task", "node", "state", "exit", "log"))
+            for task in tasks:
+                task_grid.add(str(task.index), lit(task.node or "-"), lit(task.state),
+                              "-" if task.exit_code is None else str(task.exit_code), lit(task.log_path or "-"))
+            out.grid(task_grid)
     grid = Grid("history", ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"))
     for row in history:
         grid.add(str(row.seq), _clock(row.at), lit(row.from_state or "(new)"),

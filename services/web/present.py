@@ -278,6 +278,7 @@ class SpecView:
     max_retries: str
     deadline_s: str
     max_preemptions: str = str(DEFAULT_MAX_PREEMPTIONS)
+    group_by: str = ""  # a gang's node attribute its nodes share
 
 
 def _constraint(raw: Any) -> str:
@@ -313,6 +314,7 @@ def spec_view(spec: Mapping[str, Any] | Any) -> SpecView:
         max_retries=text(spec.get("max_retries", "")),
         deadline_s=text(spec.get("deadline_s", "")),
         max_preemptions=text(spec.get("max_preemptions", DEFAULT_MAX_PREEMPTIONS)),
+        group_by=text(spec["coschedule"].get("group_by", "")) if isinstance(spec.get("coschedule"), Mapping) else "",
     )
 
 

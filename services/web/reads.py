@@ -13,7 +13,7 @@ import asyncio
 import os
 import stat
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -23,7 +23,14 @@ import msgspec
 from irisfed.services.common.store import Store
 from irisfed.services.web import charts
 from irisfed.services.web.filters import JobFilter
-from irisfed.shared.records import ChangelogEntry, JobListRow, JobRow, OldestQueued, QueueClass
+from irisfed.shared.records import (
+    ChangelogEntry,
+    JobListRow,
+    JobRow,
+    OldestQueued,
+    QueueClass,
+    TaskRow,
+)
 
 _T = TypeVar("_T")
 
@@ -136,6 +143,7 @@ class JobStory:
     # The stored explanation when it is not an object (an older version or a hand wrote
     # it): ``job.explanation`` is then None and the page shows this as text.
     odd_explanation: Any = None
+    tasks: list[TaskRow] = field(default_factory=list)  # a gang's newest run's tasks
 
     @property
     def logs_readable(self) -> bool:
@@ -155,7 +163,9 @@ async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | No
         return None
     history = await store.changelog_list_for_job(job_id)
     logs = await read_logs(job.log_dir, tail_bytes) if job.log_dir else []
-    return JobStory(job, history, logs, odd)
+    tasks = await store.job_tasks_list(job_id) if job.replicas > 1 else []
+    newest = tasks[0].epoch if tasks else None
+    return JobStory(job, history, logs, odd, [t for t in tasks if t.epoch == newest])
 
 
 async def job_with_odd_explanation(store: Store, job_id: str) -> tuple[JobRow | None, Any] | None:

@@ -125,10 +125,10 @@ def test_logs_elsewhere_names_the_peers_folder_without_terminal_control(monkeypa
     job = job_row(log_dir=f"/nowhere/{ESC}\u202e/x", owner_peer_id="gpu-west", state=JobState.RUNNING)
 
     async def fake_with_store(args, read):
-        return job
+        return job, []
 
     monkeypatch.setattr(reads, "with_store", fake_with_store)
-    assert reads.cmd_logs(argparse.Namespace(job_id="j1", stderr=False)) == 1
+    assert reads.cmd_logs(argparse.Namespace(job_id="j1", stderr=False, task=None)) == 1
     err = capsys.readouterr().err
     assert "logs are on peer gpu-west" in err
     assert "\x1b" not in err and "\u202e" not in err and "\\x1b[31mred" in err
