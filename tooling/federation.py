@@ -55,6 +55,9 @@ class Peer:
     resources: Mapping[str, int | float] = field(default_factory=dict)
     slurm_partition: str | None = None
     ray_address: str | None = None
+    # Subprocess/simulated: its nodes, ``[{count, resources, attributes}]`` (shared.nodes).
+    nodes: Sequence[Mapping[str, Any]] = ()
+    gang_start_timeout_s: float | None = None
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -98,9 +101,11 @@ def render_config(peers: Iterable[Peer], comment: str = "", users: Iterable[Mapp
             lines.append(f"backend = {_toml_value(peer.backend)}")
         if peer.resources:
             lines.append(f"resources = {_toml_value(peer.resources)}")
-        for key in ("slurm_partition", "ray_address"):
+        for key in ("slurm_partition", "ray_address", "gang_start_timeout_s"):
             if getattr(peer, key) is not None:
                 lines.append(f"{key} = {_toml_value(getattr(peer, key))}")
+        if peer.nodes:
+            lines.append(f"nodes = {_toml_value(list(peer.nodes))}")
     for user in users:
         lines += ["", "[[users]]", *(f"{key} = {_toml_value(value)}" for key, value in user.items())]
     text = "\n".join(lines) + "\n"

@@ -94,7 +94,8 @@ class JobHolding:
     (``jobs.resources``: a mapping, its JSON text, or None for the default request)."""
 
     user_id: str
-    resources: Mapping[str, object] | str | None = None
+    resources: Mapping[str, object] | str | None = None  # each task's
+    replicas: int = 1  # its tasks: it holds ``resources`` that many times, and that many slots
 
 
 def _units(resources: Mapping[str, object] | str | None) -> tuple[tuple[str, int], ...]:
@@ -132,7 +133,7 @@ def replay_live_usage(changelog: Iterable[Any], jobs: Mapping[str, JobHolding]
         if units is None:
             units = units_of[row.job_id] = _units(job.resources)
         usage = held[job.user_id]
-        add_units(usage, units, sign=1 if now else -1)
+        add_units(usage, units, sign=1 if now else -1, tasks=job.replicas)
         yield row, job.user_id, usage
 
 
@@ -174,9 +175,9 @@ def _amount(name: str, units: int) -> str:
 
 
 async def job_holdings(conn: Queryable) -> dict[str, JobHolding]:
-    """Every job's user and resources (``jobs.user_id``, ``jobs.resources``)."""
-    rows = await conn.fetch("SELECT job_id, user_id, resources::text AS resources FROM jobs")
-    return {r["job_id"]: JobHolding(r["user_id"], r["resources"]) for r in rows}
+    """Every job's user, resources and tasks (``jobs.user_id``, ``jobs.resources``, ``jobs.replicas``)."""
+    rows = await conn.fetch("SELECT job_id, user_id, resources::text AS resources, replicas FROM jobs")
+    return {r["job_id"]: JobHolding(r["user_id"], r["resources"], r["replicas"]) for r in rows}
 
 
 async def quota_replay_violations(store: Store, conn: Queryable,
@@ -297,6 +298,7 @@ class BandedJob:
     resources: Mapping[str, object] | str | None = None
     state: str | None = None
     preemptions: int | None = None
+    replicas: int = 1  # its tasks (resources is each one's)
 
 
 def preemptor_of(row: Any) -> str | None:
@@ -320,18 +322,19 @@ def count_preemptions(changelog: Iterable[Any]) -> int:
     return sum(1 for row in changelog if preemptor_of(row) is not None)
 
 
-def _covers(victims: Iterable[tuple[tuple[str, int], ...]], asks: Mapping[str, int]) -> bool:
-    """Would these victims' room (a slot each, their units) hold everything in ``asks``?"""
+def _covers(victims: Iterable[tuple[tuple[tuple[str, int], ...], int]], asks: Mapping[str, int]) -> bool:
+    """Would these victims' room (a slot per task, their units per task) hold everything in ``asks``?"""
     freed: dict[str, int] = {SLOTS: 0}
-    for units in victims:
-        freed[SLOTS] += 1
+    for units, tasks in victims:
+        freed[SLOTS] += tasks
         for name, amount in units:
-            freed[name] = freed.get(name, 0) + amount
+            freed[name] = freed.get(name, 0) + amount * tasks
     return all(freed.get(name, 0) >= amount for name, amount in asks.items())
 
 
 def preemption_violations(changelog: Iterable[Any], jobs: Mapping[str, BandedJob],
-                          advertised: Mapping[str, Collection[str]] | None = None) -> list[str]:
+                          advertised: Mapping[str, Collection[str]] | None = None,
+                          noded: Collection[str] = ()) -> list[str]:
     """Invariant 11 (docs/design.md §6, §3.3) over the changelog (rows with ``seq``,
     ``job_id``, ``from_state``, ``to_state``, ``peer_id``, ``epoch``, ``actor``,
     ``detail`` and optionally ``tx``, any order) and the ``jobs`` table.
@@ -361,8 +364,10 @@ def preemption_violations(changelog: Iterable[Any], jobs: Mapping[str, BandedJob
     (``advertised``: peer → resource names, empty for a slots-only peer; a peer not
     in it counts every resource J asks). That is the sound form of "the fewest":
     whatever J lacked there was at most a slot and J's own ask, so if the rest cover
-    that, one victim was needless however busy the backend was (for a job of one task:
-    a gang asks a slot and its ask per task). (The exact form,
+    that, one victim was needless however busy the backend was (a gang: a slot and its
+    ask per task). On a peer whose backends advertise nodes (``noded``) a job also needs a
+    node per task, which victims of any size may be needed to free: there it is not
+    checked. (The exact form,
     against the room free when the tick decided, cannot be replayed: the tick decides
     on a snapshot, and jobs that end between it and the commit are not in its view.)
     """
@@ -455,15 +460,16 @@ def preemption_violations(changelog: Iterable[Any], jobs: Mapping[str, BandedJob
                                 f"came just before")
             if extra:
                 problems.append(f"{where}: {', '.join(extra)} preempted for it but not named")
-            if len(led) < 2 or missing or extra or jobs.get(job_id) is None:
+            if len(led) < 2 or missing or extra or jobs.get(job_id) is None or row.peer_id in noded:
                 continue
             # Never more than needed: could any victim have been spared?
             counted = None if advertised is None else advertised.get(row.peer_id)
-            asks = {SLOTS: 1}
+            tasks = jobs[job_id].replicas
+            asks = {SLOTS: tasks}
             for name, amount in _units(jobs[job_id].resources):
                 if counted is None or name in counted:
-                    asks[name] = amount
-            units = {v: _units(jobs[v].resources) if v in jobs else () for v in led}
+                    asks[name] = amount * tasks
+            units = {v: (_units(jobs[v].resources), jobs[v].replicas) if v in jobs else ((), 1) for v in led}
             for spared in sorted(led):
                 if _covers((units[v] for v in led if v != spared), asks):
                     problems.append(f"{where}: preempted {len(led)} jobs where the others would have made room "
@@ -487,25 +493,39 @@ async def preemption_history(conn: Queryable) -> list[HistoryRow]:
 
 async def banded_jobs(conn: Queryable) -> dict[str, BandedJob]:
     """Every job's band, resources, state and preemptions (``jobs``)."""
-    rows = await conn.fetch("SELECT job_id, band, resources::text AS resources, state, preemptions FROM jobs")
-    return {r["job_id"]: BandedJob(r["band"], r["resources"], r["state"], r["preemptions"]) for r in rows}
+    rows = await conn.fetch("SELECT job_id, band, resources::text AS resources, state, preemptions, replicas FROM jobs")
+    return {r["job_id"]: BandedJob(r["band"], r["resources"], r["state"], r["preemptions"], r["replicas"])
+            for r in rows}
 
 
 async def advertised_resources(conn: Queryable) -> dict[str, set[str]]:
     """Peer → the resource names its latest heartbeat's backends advertise (empty: slots only)."""
+    return {peer: names for peer, (names, _) in (await _advertised(conn)).items()}
+
+
+async def noded_peers(conn: Queryable) -> set[str]:
+    """The peers whose latest heartbeat advertises nodes on some backend."""
+    return {peer for peer, (_, nodes) in (await _advertised(conn)).items() if nodes}
+
+
+async def _advertised(conn: Queryable) -> dict[str, tuple[set[str], bool]]:
     rows = await conn.fetch("SELECT peer_id, backends::text AS backends FROM peer_heartbeat")
-    found: dict[str, set[str]] = {}
+    found: dict[str, tuple[set[str], bool]] = {}
     for r in rows:
         names: set[str] = set()
+        nodes = False
         try:
             backends = json.loads(r["backends"]) or []
         except ValueError:
             backends = []
         for backend in backends if isinstance(backends, list) else []:
-            resources = backend.get("resources") if isinstance(backend, dict) else None
+            if not isinstance(backend, dict):
+                continue
+            resources = backend.get("resources")
             if isinstance(resources, dict):
                 names.update(resources)
-        found[r["peer_id"]] = names
+            nodes = nodes or bool(backend.get("nodes"))
+        found[r["peer_id"]] = (names, nodes)
     return found
 
 
@@ -516,4 +536,97 @@ async def preemption_replay_violations(conn: Queryable, advertised: Mapping[str,
     history = await preemption_history(conn)
     if advertised is None:
         advertised = await advertised_resources(conn)
-    return preemption_violations(history, await banded_jobs(conn), advertised), count_preemptions(history)
+    return (preemption_violations(history, await banded_jobs(conn), advertised, await noded_peers(conn)),
+            count_preemptions(history))
+
+
+# ---------------------------------------------------------------- invariant 12: gangs
+
+
+@dataclass(frozen=True, slots=True)
+class GangTask:
+    """A ``job_tasks`` row as invariant 12 needs it."""
+
+    job_id: str
+    epoch: int
+    task_index: int
+    peer_id: str
+    node: str | None
+    state: str
+    exit_code: int | None = None
+
+
+_TASK_LIVE = frozenset({"pending", "running"})
+
+
+def gang_violations(changelog: Iterable[Any], replicas: Mapping[str, int], tasks: Iterable[GangTask]) -> list[str]:
+    """Invariant 12 (docs/design.md §6, §3.4) from the changelog (rows with ``seq``,
+    ``job_id``, ``from_state``, ``to_state``, ``peer_id``, ``epoch``, ``actor``; any order),
+    each job's ``replicas`` and the ``job_tasks`` rows:
+
+    - all or none: a run (job, epoch) with task rows has exactly one per task, 0..N-1;
+      a single-task job has none;
+    - one peer: every task of a run on the peer that ran it (its ``running`` row's),
+      each on a node of its own;
+    - one fate: a run its agent ended (the row leaving ``running`` at that epoch is the
+      peer's own) left no task pending or running; a run with a failed task did not
+      end ``succeeded``; a job that succeeded has every task of its last run succeeded.
+    """
+    history: dict[str, list[Any]] = defaultdict(list)
+    for row in sorted(changelog, key=lambda r: r.seq):
+        history[row.job_id].append(row)
+    runs: dict[tuple[str, int], list[GangTask]] = defaultdict(list)
+    for task in tasks:
+        runs[(task.job_id, task.epoch)].append(task)
+    problems: list[str] = []
+    for (job_id, epoch), listed in sorted(runs.items()):
+        where = f"{job_id}: epoch {epoch}"
+        n = replicas.get(job_id)
+        if n is None:
+            problems.append(f"{where}: task rows of a job that is not in jobs")
+            continue
+        if n == 1:
+            problems.append(f"{where}: task rows for a single-task job")
+            continue
+        indexes = sorted(t.task_index for t in listed)
+        if indexes != list(range(n)):
+            problems.append(f"{where}: tasks {indexes} recorded of its {n} (all or none)")
+        rows = history.get(job_id, [])
+        ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.RUNNING.value), None)
+        if ran is None:
+            problems.append(f"{where}: tasks recorded but the job never ran at this epoch")
+            continue
+        peers = {t.peer_id for t in listed}
+        if peers != {ran.peer_id}:
+            problems.append(f"{where}: tasks on {', '.join(sorted(peers))} but the job ran on {ran.peer_id} "
+                            f"(a gang runs on one peer)")
+        nodes = [t.node for t in listed if t.node]
+        if len(nodes) != len(set(nodes)):
+            problems.append(f"{where}: two tasks on one node ({', '.join(sorted(nodes))})")
+        ended = next((r for r in rows if r.seq > ran.seq), None)
+        if ended is not None and ended.actor == ran.peer_id:
+            alive = sorted(t.task_index for t in listed if t.state in _TASK_LIVE)
+            if alive:
+                problems.append(f"{where}: ended {_state(ended.to_state)} by {ended.actor} with tasks {alive} "
+                                f"still {'/'.join(sorted({t.state for t in listed if t.state in _TASK_LIVE}))}")
+        failed = sorted(t.task_index for t in listed if t.state == "failed")
+        if failed and ended is not None and _state(ended.to_state) == JobState.SUCCEEDED.value:
+            problems.append(f"{where}: succeeded though tasks {failed} failed (one fate)")
+    for job_id, rows in history.items():
+        if replicas.get(job_id, 1) < 2 or not rows or _state(rows[-1].to_state) != JobState.SUCCEEDED.value:
+            continue
+        last = runs.get((job_id, rows[-1].epoch))
+        if last and any(t.state != "succeeded" for t in last):
+            states = ", ".join(f"{t.task_index}:{t.state}" for t in sorted(last, key=lambda t: t.task_index))
+            problems.append(f"{job_id}: succeeded but its last run's tasks say {states}")
+    return problems
+
+
+async def gang_replay_violations(conn: Queryable) -> tuple[list[str], int]:
+    """:func:`gang_violations` over the whole changelog, ``jobs`` and ``job_tasks``, and
+    how many gang runs (job, epoch) recorded tasks."""
+    history = await preemption_history(conn)
+    replicas = {r["job_id"]: r["replicas"] for r in await conn.fetch("SELECT job_id, replicas FROM jobs")}
+    tasks = [GangTask(*r) for r in await conn.fetch(
+        "SELECT job_id, epoch, task_index, peer_id, node, state, exit_code FROM job_tasks")]
+    return gang_violations(history, replicas, tasks), len({(t.job_id, t.epoch) for t in tasks})

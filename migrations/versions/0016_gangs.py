@@ -6,8 +6,9 @@
 - ``job_tasks``: one row per task of a gang's run (job, epoch, index): the peer and
   node it ran on, its state, exit code and log. Written by the owner agent through
   ``irisfed_job_tasks_report`` (an agent function like migration 0004's: its caller is
-  checked, and only a job it owns at that epoch takes rows); read by every service,
-  the web and the CLI. Single-task jobs have none: the job row says it all.
+  checked; only a job it owns at that epoch takes new rows, and it updates only its own
+  rows, so a fenced run still says how its tasks ended); read by every service, the web
+  and the CLI. Single-task jobs have none: the job row says it all.
 """
 
 from alembic import op
@@ -57,19 +58,29 @@ def upgrade() -> None:
             WITH input AS (
                 SELECT * FROM unnest(p_job_ids, p_epochs, p_indexes, p_nodes, p_states, p_exit_codes, p_logs)
                     AS t(job_id, epoch, task_index, node, state, exit_code, log_path)
+            ), updated AS (
+                -- Its own rows, whatever the job is now: a run fenced or handed back still
+                -- says how its tasks ended.
+                UPDATE job_tasks AS t
+                SET node = coalesce(input.node, t.node), state = input.state,
+                    exit_code = coalesce(input.exit_code, t.exit_code),
+                    log_path = coalesce(input.log_path, t.log_path), updated_at = now()
+                FROM input
+                WHERE t.job_id = input.job_id AND t.epoch = input.epoch AND t.task_index = input.task_index
+                  AND t.peer_id = p_peer
+                RETURNING 1
             ), owned AS (
-                -- Only tasks of a job this peer owns at that epoch, within its replicas.
+                -- New rows only for a job this peer owns at that epoch, within its replicas.
                 SELECT input.* FROM input JOIN jobs ON jobs.job_id = input.job_id
                 WHERE jobs.owner_peer_id = p_peer AND jobs.epoch = input.epoch
                   AND input.task_index < jobs.replicas
-            ), written_rows AS (
-                INSERT INTO job_tasks AS t (job_id, epoch, task_index, peer_id, node, state, exit_code, log_path)
+            ), inserted AS (
+                INSERT INTO job_tasks (job_id, epoch, task_index, peer_id, node, state, exit_code, log_path)
                 SELECT job_id, epoch, task_index, p_peer, node, state, exit_code, log_path FROM owned
-                ON CONFLICT (job_id, epoch, task_index) DO UPDATE
-                SET node = coalesce(EXCLUDED.node, t.node), state = EXCLUDED.state,
-                    exit_code = coalesce(EXCLUDED.exit_code, t.exit_code),
-                    log_path = coalesce(EXCLUDED.log_path, t.log_path), updated_at = now()
+                ON CONFLICT (job_id, epoch, task_index) DO NOTHING
                 RETURNING 1
+            ), written_rows AS (
+                SELECT 1 FROM updated UNION ALL SELECT 1 FROM inserted
             )
             SELECT count(*) INTO written FROM written_rows;
             RETURN written;

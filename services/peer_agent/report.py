@@ -120,7 +120,7 @@ class Reports:
         retry never writes a run twice. A gang's tasks are recorded first, while the job
         is still ours at that epoch.
         """
-        gangs = [r for r in batch if r.tasks > 1 and not r.fenced and r.handle is not None]
+        gangs = [r for r in batch if r.tasks > 1 and r.handle is not None]
         if gangs:
             await self.guard(ReportKind.TASKS, gangs[0].job_id, gangs[0].epoch, self.record_tasks(gangs))
         for run in [r for r in batch if r.fenced or r.launch_error]:
@@ -265,6 +265,9 @@ class Reports:
             if await self.end_run(move):
                 moved.append(move)
 
+        if row.replicas > 1:  # every task it left behind is killed (or gone): none runs any more
+            lost = [(row.job_id, row.epoch, i, None, TASK_LOST, None, None) for i in range(row.replicas)]
+            await self.guard(ReportKind.TASKS, row.job_id, row.epoch, self.store.job_tasks_report(self.peer_id, lost))
         if await self.guard(ReportKind.ORPHAN, row.job_id, row.epoch, write()) and moved:
             log.warning("orphan_recovered", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch,
                         state=moved[0].to_state.value, leftover_killed=leftover_killed)

@@ -3,8 +3,8 @@
 
 -- job_tasks_report --
 -- Peer $1 records its gangs' tasks: (job $2, epoch $3, index $4) on node $5, state $6,
--- exit code $7, log $8; only tasks of jobs it owns at that epoch (function: migration
--- 0016). How many rows were written.
+-- exit code $7, log $8: new rows only of jobs it owns at that epoch, updates of its own
+-- rows (a fenced run's end too) (function: migration 0016). How many rows were written.
 SELECT irisfed_job_tasks_report($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- job_tasks_list --

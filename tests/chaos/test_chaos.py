@@ -11,7 +11,11 @@ bands (§3.3: mostly batch, some interactive, a few production from alice, the o
 user allowed it) and every schedule squeezes a kind of work full of batch jobs before
 sending it work of a higher band, so preemptions happen; the preemption checks
 (§6.11, a replay of the changelog) run after every schedule too, and the NATS server's
-log is read for any publish or subscribe it refused a service.
+log is read for any publish or subscribe it refused a service. Some jobs are gangs of
+2-3 tasks on the peers with nodes (real processes on gpu-b, simulated on tpu), some
+sharing a slice; the gang checks (§6.12: all tasks recorded or none, one peer, a node
+each, one fate; from the changelog and the tasks' rows, and every task's process on
+one peer) run after every schedule.
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
@@ -59,4 +63,5 @@ def test_chaos_schedules_keep_every_invariant(capsys, restricted):
     assert summary.foreign_cancels > 0  # users cancelled jobs that were not theirs
     assert summary.quotas_reached, "no quota was ever filled: the workload did not test them"
     assert summary.preemptions > 0, "nothing was preempted: the workload did not test bands"
+    assert summary.gang_runs > 0, "no gang ran: the workload did not test gangs"
     assert summary.violations == []

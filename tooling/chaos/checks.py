@@ -42,9 +42,11 @@ from irisfed.tooling.invariants import (
     advertised_resources,
     banded_jobs,
     changelog_violations,
+    gang_replay_violations,
     identity_violations,
     job_holdings,
     job_identities,
+    noded_peers,
     peak_live_usage,
     preemption_history,
     preemption_violations,
@@ -111,8 +113,13 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
         violations.extend(await changelog_violations(store))
         violations.extend(await placed_on_dead_agents(pool, outages))
         history = await preemption_history(pool)
-        violations.extend(preemption_violations(history, await banded_jobs(pool), await advertised_resources(pool)))
+        violations.extend(preemption_violations(history, await banded_jobs(pool), await advertised_resources(pool),
+                                                await noded_peers(pool)))
         result.preempted = Counter(str(r.to_state) for r in history if preemptor_of(r) is not None)
+        gangs, result.gang_runs = await gang_replay_violations(pool)
+        violations.extend(gangs)
+        result.gangs_requeued = await pool.fetchval(
+            "SELECT count(*) FROM (SELECT job_id FROM job_tasks GROUP BY job_id HAVING count(DISTINCT epoch) > 1) g")
         if ledger is not None:
             identities = await job_identities(pool, SENT_BY_LABEL)
             violations.extend(identity_violations(identities, ledger.sent, ledger.foreign_cancels,

@@ -25,6 +25,8 @@ class ScheduleResult:
     # Preemptions the changelog records, by how each victim ended them (queued, failed, killed).
     preempted: Counter = field(default_factory=Counter)
     forbidden_bands: int = 0  # submits of a band above the user's max_band (answered forbidden)
+    gang_runs: int = 0  # gang runs (job, epoch) whose tasks were recorded
+    gangs_requeued: int = 0  # gangs that ran under more than one epoch (requeued whole)
 
     @property
     def preemptions(self) -> int:
@@ -84,6 +86,14 @@ class ChaosSummary:
         return sum(r.forbidden_bands for r in self.results)
 
     @property
+    def gang_runs(self) -> int:
+        return sum(r.gang_runs for r in self.results)
+
+    @property
+    def gangs_requeued(self) -> int:
+        return sum(r.gangs_requeued for r in self.results)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
@@ -99,4 +109,5 @@ class ChaosSummary:
                 f"quotas_full={full or 'none'} "
                 f"| bands: preemptions={self.preemptions} ({ends or 'none'}) in "
                 f"{self.preempting_schedules}/{len(self.results)} schedules forbidden={self.forbidden_bands} "
+                f"| gangs: runs={self.gang_runs} requeued={self.gangs_requeued} "
                 f"| faults by kind: {kinds or 'none'}")

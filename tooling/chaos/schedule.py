@@ -82,6 +82,9 @@ SQUEEZE_WAIT_S = 0.3
 # does most urgent work (a job held back by its own quota preempts nothing, §3.3).
 SQUEEZE_FILLERS = (DEFAULT_USER,)
 SQUEEZE_URGENT = (DEFAULT_USER, DEFAULT_USER, "alice", "bob")
+# The gang a squeeze's urgent work may be, by what the squeeze filled.
+GANG_SQUEEZES = {"tpu": "gang:tpu", "gpu-b": "gang:gpu-b"}
+GANG_URGENT_P = 0.4
 
 
 class Schedule:
@@ -273,7 +276,10 @@ class Schedule:
             user = rng.choice(SQUEEZE_URGENT)
             band = PRODUCTION if band_rank(MAX_BAND[user]) >= band_rank(PRODUCTION) and rng.random() < 0.6 \
                 else INTERACTIVE
-            urgent.append(self._new_job(kind, pin, 0.0, user, band))
+            # Where nodes are, a gang preempts too (whole gangs, only where it then fits).
+            gang = GANG_SQUEEZES.get(kind if pin is None else pin)
+            urgent.append(self._new_job(gang if gang and rng.random() < GANG_URGENT_P else kind, pin, 0.0, user,
+                                        band))
         await asyncio.gather(*(self._send(user, body) for user, body in urgent))
 
     async def _send_forbidden_band(self) -> None:
@@ -295,7 +301,8 @@ class Schedule:
     async def _send(self, user: str, body: dict) -> None:
         job_id = body["job_id"]
         stored = stored_job_id(user, job_id)
-        over = over_whole_quota(self.users.get(user), as_resources(body.get("resources") or None).units)
+        over = over_whole_quota(self.users.get(user), as_resources(body.get("resources") or None).units,
+                                body.get("replicas", 1))
         for _ in range(3):  # producers retry with the same job_id: idempotent
             reply = await self._request("submit", body, user)
             if reply is None or reply.get("error", {}).get("code") == ErrorCode.UNAVAILABLE:

@@ -129,4 +129,12 @@ class RunWatcher:
                                 f"epoch {new} ran on {newer} (fencing window {FENCING_WINDOW_S:.1f}s)")
             else:
                 fenced += 1
+        # One run (job, epoch) on one peer: a gang's tasks too (invariant 12).
+        peers_of: dict[tuple[str, int], set[str]] = defaultdict(set)
+        for run in self.runs.values():
+            peers_of[(run.job_id, run.epoch)].add(run.peer_id)
+        for (job_id, epoch), peers in sorted(peers_of.items()):
+            if len(peers) > 1:
+                problems.append(f"{job_id}: epoch {epoch} ran on {', '.join(sorted(peers))} at once "
+                                f"(a run, a gang's every task, is on one peer)")
         return problems, fenced

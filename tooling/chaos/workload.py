@@ -10,6 +10,11 @@ field out: it is the default), and a few ``production``, from the users whose
 ``max_band`` allows it (world.MAX_BAND); so waiting work of a higher band finds
 lower-band work to preempt. Some batch jobs allow few preemptions
 (``max_preemptions`` 0 to 2), so a preemption also ends jobs ``failed``.
+
+Gangs (§3.4): some jobs are gangs of 2 or 3 tasks on the peers with nodes (gpu-b runs
+them as real processes, tpu simulates them), a two-task one sharing a ``slice`` half
+the time; each task runs the same script (logging its job and epoch), so the run
+watcher sees every task.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from irisfed.shared.bands import BATCH, INTERACTIVE, PRODUCTION, band_rank
 from irisfed.shared.users import DEFAULT_USER
-from irisfed.tooling.chaos.world import MAX_BAND, MAX_JOB_S, PEERS
+from irisfed.tooling.chaos.world import MAX_BAND, MAX_JOB_S, NODES, PEERS
 
 # What every job runs on the subprocess peers ($1 seconds, exit $2, log to $3).
 # The simulated peers read the same duration and exit code from the labels.
@@ -42,6 +47,10 @@ PRODUCTION_P = 0.12
 INTERACTIVE_P = 0.28
 # A batch job's max_preemptions, drawn from these (None: left out, the default 100).
 MAX_PREEMPTIONS = (0, 1, 2, None, None, None)
+# Where gangs go (the peers with nodes) and how many tasks they have.
+GANG_PEERS = tuple(sorted(NODES))
+GANG_TASKS = (2, 2, 3)
+GROUP_BY_P = 0.5  # a two-task gang's nodes share one slice
 
 
 def draw_band(rng: random.Random, user: str) -> str:
@@ -58,7 +67,9 @@ def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = 
              pin: str | None = None, min_s: float = 0.0, user: str = DEFAULT_USER, band: str | None = None) -> dict:
     """A random job of ``user``; ``kind`` forces its kind (``only:PEER``: constrained to
     that peer alone); ``band``: its band (None: none asked, the default)."""
-    kind = kind or rng.choice(["local", "gpu", "gpu", "tpu", "pinned", "impossible", "variant"])
+    kind = kind or rng.choice(["local", "gpu", "gpu", "tpu", "pinned", "impossible", "variant", "gang", "gang"])
+    if kind == "gang":
+        kind = f"gang:{rng.choice(GANG_PEERS)}"
     duration = f"{rng.uniform(min_s, MAX_JOB_S):.2f}"
     exit_code = "1" if rng.random() < 0.1 else "0"
     body: dict = {
@@ -79,10 +90,15 @@ def job_body(rng: random.Random, job_id: str, run_log: Path, kind: str | None = 
         body["constraints"] = [{"key": "device_type", "op": "eq", "value": "fpga"}]
     elif kind.startswith("only:"):
         body["constraints"] = ONLY_ON[kind.split(":", 1)[1]]
+    elif kind.startswith("gang:"):
+        body["constraints"] = ONLY_ON[kind.split(":", 1)[1]]
+        body["replicas"] = rng.choice(GANG_TASKS)
+        if body["replicas"] == 2 and rng.random() < GROUP_BY_P:
+            body["coschedule"] = {"group_by": "slice"}
     if user == "bob":
         resources: dict = {"cpu": rng.choice(BOB_CPU)}
-        if kind in ("gpu", "variant") or kind in ("only:gpu-a", "only:gpu-b"):
-            resources["gpu"] = 1
+        if kind in ("gpu", "variant", "only:gpu-a", "only:gpu-b"):
+            resources["gpu"] = 1  # (not a gang's tasks: two would take bob past his quota of one)
         if rng.random() < OVER_QUOTA_P:
             resources["cpu"] = OVER_QUOTA_CPU
         body["resources"] = resources

@@ -78,10 +78,24 @@ DOWN_SLACK_S = 0.5
 # Every peer's slots: few, so that a burst of batch work fills them and a job of a
 # higher band preempts (workload.py, Schedule._squeeze).
 SLOTS_PER_PEER = 3
+# Gangs (§3.4) run where nodes are configured: gpu-b (real processes) has three nodes,
+# two in slice b1 and one in b2; tpu (simulated) four, two per slice. Each node holds
+# two one-cpu tasks, so single jobs and gangs share them; the start timeout is short so
+# a gang placed on a view a heartbeat old is requeued whole within a schedule.
+NODES = {
+    "gpu-b": [{"count": 2, "resources": {"cpu": 2, "gpu": 1}, "attributes": {"slice": "b1"}},
+              {"count": 1, "resources": {"cpu": 2, "gpu": 1}, "attributes": {"slice": "b2"}}],
+    "tpu": [{"count": 2, "resources": {"cpu": 2}, "attributes": {"slice": "t1"}},
+            {"count": 2, "resources": {"cpu": 2}, "attributes": {"slice": "t2"}}],
+}
+GANG_START_TIMEOUT_S = 3.0
 
 
 def config_text(prefix: str) -> str:
-    peers = [Peer(peer_id, attrs, slots=SLOTS_PER_PEER, backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated")
+    peers = [Peer(peer_id, attrs, slots=SLOTS_PER_PEER,
+                  backend="subprocess" if peer_id in SUBPROCESS_PEERS else "simulated",
+                  nodes=NODES.get(peer_id, ()),
+                  gang_start_timeout_s=GANG_START_TIMEOUT_S if peer_id in NODES else None)
              for peer_id, attrs in PEERS.items()]
     return render_config(peers, users=[{"id": user, **spec} for user, spec in USERS.items()],
                          local_cluster="home", subject_prefix=prefix,

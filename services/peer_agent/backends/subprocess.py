@@ -184,8 +184,8 @@ class _GangRun:
                     self.states[index] = TASK_RUNNING
             except LaunchError as exc:
                 await self._kill_all(0.0)
-                for index in range(len(self.runs), self.spec.replicas):
-                    self.states[index] = TASK_LOST
+                for index in range(self.spec.replicas):
+                    self.states[index] = TASK_KILLED if index < len(self.runs) else TASK_LOST
                 raise RunLost(f"task {len(self.runs)} could not start: {exc}") from exc
             self.started.set()
             if self.killed:  # a kill that came while the tasks were starting
