@@ -20,6 +20,7 @@ from pathlib import Path
 
 from irisfed.bench.baselines import nats_baseline, postgres_baselines
 from irisfed.bench.engines import engines_section
+from irisfed.bench.gangs import gangs_section
 from irisfed.bench.pgqueuer import missing as pgqueuer_missing
 from irisfed.bench.pgqueuer import pgqueuer_section
 from irisfed.bench.preemption import preemption_section
@@ -45,6 +46,7 @@ SECTIONS = {
     "scale": ("scale curve", scale_section),
     "preemption": ("preemption (dispatch and a tick pass, each preempting batch work)",
                    preemption_section),
+    "gangs": ("gangs (a tick pass with gangs on node groups; heartbeats of 1,000 nodes)", gangs_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
 }

@@ -234,3 +234,48 @@ async def test_gangs_queue_whole_and_start_when_a_slice_frees(federation, tmp_pa
         for gate in gates.values():
             gate.touch()
         kill_all(r["pid"] for r in ledger.rows())
+
+
+async def test_an_interactive_gang_preempts_a_whole_batch_gang_which_runs_again_whole(federation, tmp_path):
+    """Both slices run a batch gang; an interactive gang of four preempts exactly one of
+    them, whole: every task of it is killed at once, it is queued again and later runs
+    again whole, once; its preemption is counted apart from its retries."""
+    configure(federation)
+    ledger = Ledger(tmp_path)
+    gate = tmp_path / "release"
+    await federation.start_federation()
+    federation.start("tpu-east", *SLICES, "--resource", "cpu=8", "--reconcile-interval", "600")
+    await federation.wait_agent("tpu-east")
+    try:
+        for name in ("b1", "b2"):
+            await gang(federation, name, ledger.task(gate=gate), band="batch", max_retries=0)
+        await wait_for(lambda: _is(len(ledger.rows()) == 8), "two batch gangs to run")
+        await gang(federation, "urgent", ledger.task())
+
+        async def preempted():
+            rows = await federation.store.db.fetch(
+                "SELECT job_id FROM federation_changelog WHERE detail = 'preempted by urgent'")
+            return [r["job_id"] for r in rows]
+        [victim] = await wait_for(preempted, "urgent to preempt a batch gang")
+        first = ledger.rows(victim)
+        # Killed on the tick's notice (reconciles are 600 s apart here), every task of it.
+        await wait_for(lambda: _is(not any(alive(r["pid"]) for r in first)), f"{victim}'s four tasks to be killed")
+        done = await federation.wait_state("urgent", *TERMINAL_STATES)
+        assert done.state == "succeeded", done
+        assert {slice_of(r["node"]) for r in ledger.rows("urgent")} == {slice_of(r["node"]) for r in first}
+        other = next(name for name in ("b1", "b2") if name != victim)
+        assert all(alive(r["pid"]) for r in ledger.rows(other))  # the other gang untouched
+        history = [(r.from_state, r.to_state, r.detail) for r in await federation.store.changelog_list_for_job("urgent")]
+        assert ("queued", "assigned", f"placed; preempted {victim}") in history
+        killed = await tasks_of(federation, victim)
+        assert [t.state for t in killed if t.epoch == 1] == ["killed"] * 4
+
+        gate.touch()
+        job = await federation.wait_state(victim, *TERMINAL_STATES)
+        assert (job.state, job.preemptions, job.max_retries) == ("succeeded", 1, 0), job
+        assert sorted(r["index"] for r in ledger.rows(victim) if r["epoch"] == job.epoch) == [0, 1, 2, 3]
+        assert {r["epoch"] for r in ledger.rows(victim)} == {1, job.epoch}
+        assert (await federation.wait_state(other, *TERMINAL_STATES)).state == "succeeded"
+    finally:
+        gate.touch()
+        kill_all(r["pid"] for r in ledger.rows())

@@ -121,3 +121,25 @@ async def test_a_hostile_preemptor_in_a_history_is_escaped(pool, nats_client, su
         said = page.split('data-testid="preempted-by"', 1)[1].split("</span>", 1)[0]
         assert 'href="/jobs/%3Cscript%3E' in said  # a link under /jobs/, its id quoted
         assert 'data-testid="preempting"' in page
+
+
+async def test_a_gangs_page_lists_its_tasks_and_escapes_what_its_peer_wrote(pool, nats_client, subject_prefix):
+    store = Store(pool)
+    gang = user_job("alice", "train-4", replicas=3, coschedule={"group_by": "slice"})
+    single = user_job("alice", "single-1")
+    await insert_jobs(store, [gang, single])
+    await assign_jobs(store, [gang], "gpu-west")
+    await start_jobs(store, [gang], "gpu-west")
+    hostile = '<script>alert("x")</script>'
+    await store.job_tasks_report("gpu-west", [
+        (gang.job_id, 1, 0, "n0", "running", None, "/work/t0"),
+        (gang.job_id, 1, 1, hostile, "running", None, None),
+        (gang.job_id, 1, 2, "n2", "failed", 3, "/work/t2")])
+    async with running_web(pool, nats_client, subject_prefix, users=USERS) as web, client_for(web) as client:
+        page = (await client.get("/jobs/alice:train-4")).text
+        tasks = page.split('data-testid="tasks"', 1)[1].split("</section>", 1)[0]
+        assert "(3, sharing one slice; epoch 1)" in text_of(tasks)
+        rows = tasks.split('data-testid="task"')[1:]
+        assert [r.split('data-task-state="', 1)[1].split('"', 1)[0] for r in rows] == ["running", "running", "failed"]
+        assert hostile not in page and "&lt;script&gt;alert(" in tasks
+        assert 'data-testid="tasks"' not in (await client.get("/jobs/alice:single-1")).text

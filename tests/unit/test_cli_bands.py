@@ -450,3 +450,19 @@ def test_a_preempted_job_waiting_for_its_old_run_to_stop_says_where(mode):
         assert "waiting for gpu-west to stop its preempted run" in shown, shown
     released = msgspec.structs.replace(waiting, stopping_on=None)
     assert "to stop its preempted run" not in capture(mode, lambda out: views.print_job(released, [], out))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gangs_tasks_show_in_irisfed_job_with_hostile_node_names_inert(mode):
+    from irisfed.jobs import Task
+
+    gang = rows.job_row(state=JobState.RUNNING, epoch=2, replicas=3, owner_peer_id="tpu",
+                        spec={"command": ["train"], "replicas": 3, "coschedule": {"group_by": "slice"}})
+    tasks = [Task(0, 2, "tpu", "n0", "running", None, "/w/t0"), Task(1, 2, "tpu", HOSTILE, "running", None, None),
+             Task(2, 2, "tpu", "n2", "failed", 3, "/w/t2")]
+    shown = capture(mode, lambda out: views.print_job(gang, [], out, tasks))
+    assert "tasks       3  sharing one slice" in shown
+    assert "n2" in shown and "failed" in shown and "/w/t2" in shown
+    assert_safe(shown, mode)
+    waiting = capture(mode, lambda out: views.print_job(msgspec.structs.replace(gang, state=JobState.QUEUED), [], out))
+    assert "(none started yet)" in waiting
