@@ -8,7 +8,9 @@ Who moves a job:
   a stored cancel: ``irisfed.shared.cancel``)
 - peer agent: assigned → running → succeeded | failed | killed (its run's exit, or a
   kill); running → queued | failed (a launch error, or a run lost when the agent
-  restarted: ``irisfed.shared.retry``) | killed (a cancel stored while it was down)
+  restarted: ``irisfed.shared.retry``) | killed (a cancel stored while it was down);
+  assigned → queued | failed | killed (a gang, running only once all its tasks run,
+  whose tasks did not all start)
 
 The database enforces the same moves with compare-and-set updates
 (``... WHERE state = $old AND epoch = $epoch``).

@@ -344,6 +344,20 @@ class Store:
         """A job's tasks, newest run first, in index order."""
         return await self._all("job_tasks_list", TaskRow, job_id)
 
+    async def job_hand_back(self, peer_id: str, job_id: str, epoch: int, to_state: JobState, reason: str) -> int | None:
+        """``peer_id`` hands back its assigned gang whose tasks did not all start: queued (a
+        new epoch, no owner), failed or killed. The changelog seq; None: the CAS lost."""
+        check_transition(JobState.ASSIGNED, to_state)
+        return await self._fetchval("job_hand_back", peer_id, job_id, epoch, to_state.value, reason)
+
+    async def job_list_assigned_specs(self, peer_id: str, jobs: Sequence[tuple[str, int]]) -> dict[str, AcceptedJob]:
+        """What to run of ``peer_id``'s assigned gangs (job, epoch) — still ours at that epoch."""
+        if not jobs:
+            return {}
+        ids, epochs = (list(c) for c in zip(*jobs, strict=True))
+        rows = await self._all("job_list_assigned_specs", AcceptedJob, peer_id, ids, epochs)
+        return {r.job_id: r for r in rows}
+
     async def job_list_live_for_owner(self, peer_id: str) -> list[OwnedJob]:
         return await self._all("job_list_live_for_owner", OwnedJob, peer_id)
 

@@ -53,6 +53,7 @@ class RunState(Protocol):
     exit_code: int | None  # set once it ended: its report is being written
     cancel_requested: bool
     tasks: int  # slots it takes (a gang: one per task)
+    accepted: bool  # its job is running (a gang: not until all its tasks run; its row stays assigned)
 
 
 def backend_for(name: str | None, backends: Sequence[str]) -> str:
@@ -115,7 +116,9 @@ def plan_reconcile(runs: Mapping[str, RunState], pending: Mapping[str, Pending],
         if run.exit_code is not None:
             continue  # finished; its report is being written
         row = owned.get(run.job_id)
-        if row is None or row.epoch != run.epoch or row.state is not JobState.RUNNING:
+        # A gang launched but not accepted yet: its row is assigned at its epoch.
+        expected = JobState.RUNNING if run.accepted else JobState.ASSIGNED
+        if row is None or row.epoch != run.epoch or row.state is not expected:
             fence.append(run.job_id)
         elif must_kill_run(row.cancel_requested, run.cancel_requested):
             cancel.append(run.job_id)
@@ -242,6 +245,22 @@ def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: Jo
                 owner_peer_id=failure.owner_after(peer_id),
                 new_epoch=epoch_after(JobState.RUNNING, failure.to_state, epoch),
                 reason=what + ("; retrying" if failure.retrying else ""))
+
+
+def gang_not_started_move(peer_id: str, job_id: str, epoch: int, why: str, job: JobRow | None,
+                          cancelled: bool = False) -> Move:
+    """Hand back an assigned gang whose tasks did not all start (``why``): the failed start
+    counts as one (attempts + 1), so requeued while retries remain, else failed; killed
+    when a cancel was requested. ``job`` None: no longer ours to read (the CAS will say)."""
+    failure = after_infra_failure(job.attempts + 1, job.max_retries, job.preemptions) if job is not None else GIVE_UP
+    if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
+        asker = job.cancel_requested_by if job is not None else None
+        return Move(job_id, JobState.ASSIGNED, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
+                    reason=f"{cancelled_by(asker)}; {why}")
+    return Move(job_id, JobState.ASSIGNED, failure.to_state, epoch, actor=peer_id,
+                owner_peer_id=failure.owner_after(peer_id),
+                new_epoch=epoch_after(JobState.ASSIGNED, failure.to_state, epoch),
+                reason=why + ("; retrying" if failure.retrying else "; no retries left"))
 
 
 def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool) -> Move:

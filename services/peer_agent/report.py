@@ -24,7 +24,12 @@ from irisfed.services.common.bus import publish
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.store import Store
 from irisfed.services.peer_agent.backends import TASK_LOST, TASK_PENDING, RunHandle
-from irisfed.services.peer_agent.plan import launch_error_move, orphan_move, outcome_unknown_move
+from irisfed.services.peer_agent.plan import (
+    gang_not_started_move,
+    launch_error_move,
+    orphan_move,
+    outcome_unknown_move,
+)
 from irisfed.shared.clock import Clock
 from irisfed.shared.errors import PermanentStoreError, Unavailable
 from irisfed.shared.lifecycle import JobState
@@ -61,6 +66,7 @@ class Run:
     outcome_unknown: bool = False  # it started and its engine lost how it ended: failed, not retried
     resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised; each task's)
     tasks: int = 1  # a gang's tasks (the slots it takes)
+    accepted: bool = True  # its job is running; a gang not yet (launched while assigned, until its tasks all run)
 
 
 def _describe(exc: BaseException) -> str:
@@ -201,6 +207,19 @@ class Reports:
                                          exit_code=run.exit_code, reason=row.reason))
 
     async def _report_launch_error(self, run: Run) -> None:
+        if not run.accepted:  # a gang whose tasks did not all start: handed back from assigned
+            job = await self.store.job_get(run.job_id)
+            move = gang_not_started_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job,
+                                         cancelled=run.cancel_requested)
+            if await self.store.job_hand_back(self.peer_id, move.job_id, move.epoch, move.to_state,
+                                              move.reason) is None:
+                await self.runs_stopped([run.job_id])
+                self._refused(run.job_id, run.epoch)
+                return
+            await self.announce(JobEvent(
+                move.job_id, move.to_state, "" if move.to_state is JobState.QUEUED else self.peer_id,
+                move.resulting_epoch, self.clock.now(), reason=move.reason))
+            return
         if run.outcome_unknown:
             move = outcome_unknown_move(self.peer_id, run.job_id, run.epoch, run.launch_error, run.cancel_requested)
         else:

@@ -54,11 +54,12 @@ from irisfed.services.peer_agent.plan import (
     plan_leftovers,
     plan_reconcile,
 )
-from irisfed.services.peer_agent.report import Reports, Run
+from irisfed.services.peer_agent.report import ReportKind, Reports, Run
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
 from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
@@ -382,21 +383,27 @@ class PeerAgent(Service):
             return
         for pending in chosen:
             del self.pending[pending.job_id]
+        # A gang is running only once all its tasks run: launched while still assigned,
+        # accepted when they do (_finish). Its spec comes from its row, as an acceptance's would.
+        gangs = [p for p in chosen if p.tasks > 1]
+        singles = [p for p in chosen if p.tasks == 1]
         # One statement (job, changelog, sync state): atomic without BEGIN/COMMIT round trips.
         accepted = await self.store.job_start_batch(self.peer_id, [
             (p.job_id, p.epoch, self.backends[p.backend].log_dir(p.job_id, p.epoch),
-             f"running on {self.peer_id}/{p.backend}") for p in chosen])
+             f"running on {self.peer_id}/{p.backend}") for p in singles]) if singles else {}
+        specs = await self.store.job_list_assigned_specs(self.peer_id, [(p.job_id, p.epoch) for p in gangs])
         crash_point("agent_after_accept")
         now = self.clock.now()
         started = []
         # Committed: every accepted job is launched first, whatever NATS does next.
         for pending in chosen:
-            row = accepted.get(pending.job_id)
+            row = (specs if pending.tasks > 1 else accepted).get(pending.job_id)
             if row is None:
                 log.info("accept_lost", job_id=pending.job_id, peer_id=self.peer_id, epoch=pending.epoch)
                 continue
-            run = await self._launch(pending, row)
-            started.append(run)
+            run = await self._launch(pending, row, accepted_already=pending.tasks == 1)
+            if run.accepted:
+                started.append(run)
         # Then the events, best effort (announce logs a failed publish): Postgres
         # already holds the truth, and NATS gone mid-batch must not strand the rest.
         for run in started:
@@ -404,12 +411,13 @@ class PeerAgent(Service):
                 run.job_id, JobState.RUNNING, self.peer_id, run.epoch, now,
                 reason=f"running on {self.peer_id}/{run.backend}"))
 
-    async def _launch(self, pending: Pending, accepted: AcceptedJob) -> Run:
-        """Start an accepted job on the backend its row names (the row decides, not the notice)."""
+    async def _launch(self, pending: Pending, accepted: AcceptedJob, accepted_already: bool = True) -> Run:
+        """Start a job on the backend its row names (the row decides, not the notice):
+        accepted already, or (a gang) to be accepted once all its tasks run."""
         job_id, epoch, spec = pending.job_id, pending.epoch, accepted.spec
         replicas, group_by = job_gang(spec)
         run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
-                  resources=job_resources(spec), tasks=replicas)
+                  resources=job_resources(spec), tasks=replicas, accepted=accepted_already)
         self.runs[job_id] = run
         try:
             run.handle = await self.backends[run.backend].launch(RunSpec(
@@ -422,20 +430,58 @@ class PeerAgent(Service):
             log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
         log.debug("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
         self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
-        if run.handle is not None and run.tasks > 1:
-            self.tasks.spawn(self._tasks_started(run), name=f"tasks-{job_id}")
         return run
 
-    async def _tasks_started(self, run: Run) -> None:
-        """A gang's tasks all run: record where (their ends are recorded with its report)."""
-        await run.handle.started.wait()
-        if run.exit_code is None and not run.fenced:
-            await self.reports.record_tasks([run])
+    async def _accept_gang(self, run: Run) -> None:
+        """A gang's tasks all run: now its job is running (CAS on its assigned row, as any
+        acceptance), and where its tasks run is recorded. Refused (the job moved on while
+        its tasks started: cancelled, preempted, taken back), the run is fenced. Under the
+        agent's lock, so a reconcile sees the row and the run's ``accepted`` agree."""
+        while True:
+            async with self.lock:
+                outcome = await self._try_accept(run)
+            if outcome is not None:
+                break
+            await asyncio.sleep(self.settings.reconcile_interval_s)  # Postgres away: ask again
+        if outcome:
+            await self.reports.guard(ReportKind.TASKS, run.job_id, run.epoch, self.reports.record_tasks([run]))
+            await self.reports.announce(JobEvent(
+                run.job_id, JobState.RUNNING, self.peer_id, run.epoch, self.clock.now(),
+                reason=f"running on {self.peer_id}/{run.backend}: {run.tasks} tasks"))
+
+    async def _try_accept(self, run: Run) -> bool | None:
+        """One try of ``_accept_gang`` (the lock held): True accepted, False refused (the run
+        fenced), None: Postgres did not answer (whether an earlier try committed, its row
+        says next time)."""
+        if run.fenced or run.exit_code is not None:
+            return False
+        try:
+            row = await self.store.job_get(run.job_id)
+            if row is not None and (row.state, row.epoch, row.owner_peer_id) == (
+                    JobState.RUNNING, run.epoch, self.peer_id):
+                accepted = True  # an earlier try committed
+            elif row is not None and (row.state, row.epoch, row.owner_peer_id) == (
+                    JobState.ASSIGNED, run.epoch, self.peer_id):
+                accepted = run.job_id in await self.store.job_start_batch(self.peer_id, [(
+                    run.job_id, run.epoch, self.backends[run.backend].log_dir(run.job_id, run.epoch),
+                    f"running on {self.peer_id}/{run.backend}: {run.tasks} tasks")])
+            else:
+                accepted = False
+        except Unavailable:
+            return None
+        if accepted:
+            run.accepted = True
+        else:
+            self._fence(run, "its tasks started after the job moved on")
+        return accepted
 
     async def _finish(self, run: Run) -> None:
         if run.handle is not None:
             try:
-                run.exit_code = await run.handle.wait()
+                if run.accepted:
+                    run.exit_code = await run.handle.wait()
+                else:
+                    run.exit_code = await self._accepted_when_started(run)
             except RunLost as exc:  # the engine's fault, not the job's: handed back like a launch error
                 run.launch_error, run.lost, run.exit_code = str(exc), True, -1
                 log.warning("run_lost", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
@@ -454,6 +500,22 @@ class PeerAgent(Service):
                 self.reconcile_wanted.set()
                 return
         self.reports.finished.put_nowait(run)
+
+    async def _accepted_when_started(self, run: Run) -> int:
+        """Follow a gang launched before its acceptance to its end (its exit code, or what
+        ``wait`` raises), accepting it as soon as all its tasks run — before its end is
+        reported: the end of a job never accepted would be refused."""
+        ended = asyncio.ensure_future(run.handle.wait())  # wait() runs the gang: called once
+        started = asyncio.ensure_future(run.handle.started.wait())
+        try:
+            await asyncio.wait({started, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if run.handle.started.is_set():
+                await self._accept_gang(run)
+            return await ended
+        finally:
+            started.cancel()
+            if not ended.done():  # cancelled (the agent stops): the run goes on or is killed by close()
+                ended.cancel()
 
     # ------------------------------------------------------------ stopping runs
 

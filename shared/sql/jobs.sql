@@ -154,6 +154,23 @@ SELECT job_id, spec, backend FROM irisfed_job_start_batch($1, $2::text[], $3::bi
 -- Changelog and sync state in the same statement (function: migration 0004).
 SELECT job_id, state, reason FROM irisfed_job_finish_batch($1, $2::text[], $3::bigint[], $4::int[], $5::boolean[]);
 
+-- job_hand_back --
+-- A peer agent hands back its assigned gang $2 at epoch $3 whose tasks did not all start
+-- (the start timeout, a task that could not start): $4 = 'queued' (epoch + 1, no owner),
+-- 'failed' (out of retries) or 'killed' (a cancel stored); attempts + 1 (a failed start
+-- is a retry). CAS on (assigned, epoch, owner $1), changelog and sync state in the same
+-- statement (function: migration 0016). The changelog seq; NULL: the CAS lost.
+SELECT irisfed_job_hand_back($1, $2, $3, $4, $5);
+
+-- job_list_assigned_specs --
+-- What to run of a peer's assigned gangs ($1: the peer; $2, $3: job ids and epochs): a
+-- gang is launched while still assigned and accepted (job_start_batch) once all its
+-- tasks run. Only its own rows at those epochs.
+SELECT j.job_id, j.spec, j.backend
+FROM unnest($2::text[], $3::bigint[]) AS input(job_id, epoch)
+JOIN jobs j ON j.job_id = input.job_id AND j.epoch = input.epoch
+WHERE j.owner_peer_id = $1 AND j.state = 'assigned';
+
 -- job_end_run --
 -- A peer agent ends its own running job $2 at epoch $3 other than by its exit: back to
 -- the queue ($4 = 'queued': epoch + 1, no owner, no backend; launch error or orphan with

@@ -253,8 +253,8 @@ async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
     try:
         await apply_roles(conn, make_config())
         functions = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'irisfed_job_%'"
-        # 0004's three, 0015's irisfed_job_runs_stopped and 0016's irisfed_job_tasks_report
-        assert await conn.fetchval(functions) == 5
+        # 0004's three, 0015's irisfed_job_runs_stopped, 0016's irisfed_job_tasks_report and _hand_back
+        assert await conn.fetchval(functions) == 6
         await asyncio.to_thread(dbmod.downgrade, url, "0003")
         assert await conn.fetchval(functions) == 0
         # 0003's rights are back as they were.
@@ -262,7 +262,7 @@ async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
         assert await conn.fetchval(
             "SELECT has_table_privilege('irisfed_agent', 'federation_changelog', 'INSERT')")
         await asyncio.to_thread(dbmod.migrate, url)
-        assert await conn.fetchval(functions) == 5
+        assert await conn.fetchval(functions) == 6
         assert not await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'UPDATE')")
         assert await conn.fetchval("SELECT has_table_privilege('irisfed_agent', 'jobs', 'SELECT')")
         assert not await conn.fetchval(

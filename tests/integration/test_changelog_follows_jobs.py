@@ -72,7 +72,8 @@ def test_every_store_statement_writes_history_only_for_jobs_it_wrote():
 async def test_every_database_function_writes_history_only_for_jobs_it_wrote(pool):
     bodies = {r["proname"]: r["prosrc"] for r in await pool.fetch(
         "SELECT proname, prosrc FROM pg_proc WHERE prosrc ~* 'INSERT\\s+INTO\\s+federation_changelog'")}
-    assert set(bodies) == {"irisfed_job_start_batch", "irisfed_job_finish_batch", "irisfed_job_end_run"}
+    assert set(bodies) == {"irisfed_job_start_batch", "irisfed_job_finish_batch", "irisfed_job_end_run",
+                           "irisfed_job_hand_back"}
     assert {name: _unfed_inserts(sql) for name, sql in bodies.items()} == {name: [] for name in bodies}
 
 

@@ -46,6 +46,31 @@ async def test_an_agent_ending_its_run_leaves_the_epoch_the_fencing_rule_says(po
     assert (await store.changelog_list_for_job(job_id))[-1].epoch == after.epoch
 
 
+@pytest.mark.parametrize("to_state", [JobState.QUEUED, JobState.FAILED, JobState.KILLED])
+async def test_an_agent_handing_back_a_gang_leaves_the_epoch_and_retries_the_rules_say(pool, to_state):
+    """``irisfed_job_hand_back`` (a gang whose tasks did not all start) against the
+    fencing rule's epoch and ``gang_not_started_move``'s retry decision."""
+    from irisfed.services.peer_agent.plan import gang_not_started_move
+
+    store = Store(pool)
+    job = make_job(replicas=2, max_retries=1)
+    await insert_jobs(store, [job])
+    await assign_jobs(store, [job], PEER)
+    row = await store.job_get(job.job_id)
+    assert await store.job_hand_back(PEER, job.job_id, row.epoch, to_state, "test") is not None
+    after = await store.job_get(job.job_id)
+    assert (after.state, after.attempts) == (to_state, row.attempts + 1)
+    assert after.epoch == epoch_after(JobState.ASSIGNED, to_state, row.epoch)
+    assert after.owner_peer_id == (None if to_state is JobState.QUEUED else PEER)
+    last = (await store.changelog_list_for_job(job.job_id))[-1]
+    assert (last.from_state, last.epoch, last.actor) == (JobState.ASSIGNED, after.epoch, PEER)
+    # The plan's decision for this job: one retry left before the failed start, none after.
+    assert gang_not_started_move(PEER, job.job_id, row.epoch, "x", row).to_state is JobState.QUEUED
+    assert gang_not_started_move(PEER, job.job_id, row.epoch, "x", after).to_state is JobState.FAILED
+    # Only from assigned, ours, at that epoch.
+    assert await store.job_hand_back(PEER, job.job_id, after.epoch, JobState.QUEUED, "again") is None
+
+
 @pytest.mark.parametrize("exit_code", [0, 1, 137])
 @pytest.mark.parametrize(("stored", "reported"), [(False, False), (True, False), (False, True), (True, True)])
 async def test_a_finished_run_ends_as_the_cancel_rule_says(pool, exit_code, stored, reported):

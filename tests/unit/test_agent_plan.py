@@ -35,6 +35,7 @@ class FakeRun:
     exit_code: int | None = None
     cancel_requested: bool = False
     tasks: int = 1
+    accepted: bool = True
 
 
 def owned(job_id: str, state: JobState = JobState.RUNNING, epoch: int = 1, backend: str | None = "main",
@@ -66,6 +67,25 @@ def test_runs_that_are_no_longer_ours_at_their_epoch_are_fenced():
     plan = plan_reconcile(local, {}, rows, BACKENDS)
     assert plan.fence == ("moved", "newer", "ended")  # gone, later epoch, not running under us
     assert plan.cancel == () and plan.orphans == ()  # "finished" is being reported: left alone
+
+
+def test_a_gang_launched_before_its_acceptance_is_ours_while_its_row_is_assigned():
+    local = runs(FakeRun("waiting", 1, tasks=4, accepted=False), FakeRun("started", 1, tasks=4, accepted=False),
+                 FakeRun("moved", 1, tasks=4, accepted=False))
+    rows = [owned("waiting", state=JobState.ASSIGNED), owned("started"), owned("moved", state=JobState.ASSIGNED,
+                                                                                  epoch=2)]
+    plan = plan_reconcile(local, {}, rows, BACKENDS)
+    # Running rows are the accepted's; a later epoch is another run's: both fenced.
+    assert plan.fence == ("started", "moved") and plan.add_pending == () and plan.orphans == ()
+
+
+def test_a_gang_takes_a_slot_per_task_and_waits_for_all_of_them():
+    from irisfed.services.peer_agent.plan import Pending, choose_starts
+
+    pending = {"big": Pending("big", 1, "main", 9, tasks=3), "small": Pending("small", 1, "main", 1)}
+    chosen = choose_starts(pending, [FakeRun("r", 1, tasks=2)], {"main": 4})
+    assert [p.job_id for p in chosen] == ["small"]  # 2 + 3 > 4: the gang waits, a single fits
+    assert [p.job_id for p in choose_starts(pending, [], {"main": 4})] == ["big", "small"]
 
 
 def test_a_stored_cancel_kills_the_run_once():
