@@ -53,8 +53,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 # SQLSTATEs (classes and codes) that mean "not now", not "never": connection
 # exceptions, insufficient resources, operator intervention (shutdown, starting up,
 # statement timeout or cancel), serialization failure and deadlock, lock timeout,
-# a session ended for idling in a transaction.
-TRANSIENT_SQLSTATES = ("08", "53", "57", "40001", "40P01", "55P03", "25P03")
+# a session ended for idling in a transaction, and a write refused by a read-only
+# server (a standby: the primary moved in a failover, the next connection finds it).
+TRANSIENT_SQLSTATES = ("08", "53", "57", "40001", "40P01", "55P03", "25P03", "25006")
 
 # SQLSTATEs that no retry fixes and that say the settings are wrong, not a statement:
 # invalid authorization (a wrong password, no such role, a role that may not log in,

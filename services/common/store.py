@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 import msgspec
 
+from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import JobState, check_transition
 from irisfed.shared.messages import Heartbeat
 from irisfed.shared.postgres import translated_errors
@@ -143,6 +144,26 @@ class Store:
     def __init__(self, db: Any) -> None:
         self.db = db
 
+    def _pool(self) -> Any:
+        """The pool this store's connections come from (None: not a pool's)."""
+        return self.db if isinstance(self.db, asyncpg.Pool) else None
+
+    @contextlib.asynccontextmanager
+    async def _translated(self) -> AsyncIterator[None]:
+        """``translated_errors``, and one thing more: a statement refused because the server
+        is a standby (read-only: a failover moved the primary, or a URL without
+        ``target_session_attrs=read-write`` reached a replica) is ``Unavailable`` and
+        retired every pooled connection, so the next ones find the primary."""
+        try:
+            with translated_errors():
+                yield
+        except Unavailable as exc:
+            if isinstance(exc.__cause__, asyncpg.exceptions.ReadOnlySQLTransactionError):
+                pool = self._pool()
+                if pool is not None:
+                    await pool.expire_connections()
+            raise
+
     # ------------------------------------------------------------ connections and transactions
 
     @property
@@ -153,7 +174,7 @@ class Store:
     async def hold(self, wait_s: float | None = None) -> HeldStore:
         """A store on one pooled connection (waiting ``wait_s`` at most for one: the pool's
         default when None), held until ``release()`` or ``discard()``."""
-        with translated_errors():
+        async with self._translated():
             conn = await self.db.acquire(timeout=wait_s)
         return HeldStore(conn, self.db)
 
@@ -172,7 +193,7 @@ class Store:
     async def begin(self) -> Transaction:
         """Open a transaction on this store's connection (a bound store: ``connection()``/``hold()``)."""
         transaction = self.db.transaction()
-        with translated_errors():
+        async with self._translated():
             await transaction.start()
         return Transaction(transaction)
 
@@ -192,19 +213,19 @@ class Store:
 
     async def _fetch(self, name: str, *args: Any, limit_s: float | None = None) -> list[asyncpg.Record]:
         """Run query ``name``; ``limit_s``: its client-side timeout (None: the pool's)."""
-        with translated_errors():
+        async with self._translated():
             return await self.db.fetch(QUERIES[name], *args, timeout=limit_s)
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
-        with translated_errors():
+        async with self._translated():
             return await self.db.fetchrow(QUERIES[name], *args)
 
     async def _fetchval(self, name: str, *args: Any, limit_s: float | None = None) -> Any:
-        with translated_errors():
+        async with self._translated():
             return await self.db.fetchval(QUERIES[name], *args, timeout=limit_s)
 
     async def _execute(self, name: str, *args: Any) -> None:
-        with translated_errors():
+        async with self._translated():
             await self.db.execute(QUERIES[name], *args)
 
     async def _one(self, name: str, kind: type[_R], *args: Any) -> _R | None:
@@ -582,7 +603,10 @@ class HeldStore(Store):
 
     def __init__(self, conn: Any, pool: Any) -> None:
         super().__init__(conn)
-        self._pool = pool
+        self._held_from = pool
+
+    def _pool(self) -> Any:
+        return self._held_from
 
     def usable(self) -> bool:
         """Whether the connection can take the next statement.
@@ -599,7 +623,7 @@ class HeldStore(Store):
     async def release(self) -> None:
         """Give the connection back to the pool (a dead one is simply discarded)."""
         try:
-            await self._pool.release(self.db)
+            await self._held_from.release(self.db)
         except Exception:  # noqa: BLE001 - a dead connection is simply discarded
             with contextlib.suppress(asyncpg.InterfaceError):
                 self.db.terminate()

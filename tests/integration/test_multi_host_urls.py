@@ -39,3 +39,33 @@ async def test_migrate_and_the_services_pool_take_a_multi_host_url(empty_databas
     finally:
         await pool.close()
     await asyncio.to_thread(dbmod.downgrade, url, "base")
+
+
+async def test_a_write_refused_by_a_read_only_server_is_retried_on_fresh_connections(database_url, pool):
+    """A server that turned read-only (a primary demoted in a failover; here: the
+    database's default_transaction_read_only) refuses writes with SQLSTATE 25006: that is
+    ``unavailable`` (a retry), and every pooled connection is retired, so the next ones
+    are opened afresh (to the new primary, in a real failover)."""
+    from irisfed.shared.errors import Unavailable
+    from tests.infra.factories import insert_jobs, make_job
+
+    own = await dbmod.connect(database_url, max_size=3)
+    store = Store(own)
+    dbname = urlsplit(database_url).path.lstrip("/")
+    try:
+        await insert_jobs(store, [make_job()])  # pooled connections, writable
+        await pool.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
+        await own.expire_connections()  # (its next connections read the setting)
+        try:
+            import pytest
+
+            with pytest.raises(Unavailable):
+                await insert_jobs(store, [make_job()])
+        finally:
+            await pool.execute(f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = off')
+        # The refusal retired the read-only connections: the retry writes.
+        done = make_job()
+        await insert_jobs(store, [done])
+        assert (await store.job_get(done.job_id)).state == "queued"
+    finally:
+        await own.close()
