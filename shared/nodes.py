@@ -217,6 +217,15 @@ class NodePool:
     def fits(self, gang: Gang) -> bool:
         return self.choose(gang) is not None
 
+    def choose_by_totals(self, units: Units) -> list[tuple[tuple, int]] | None:
+        """A node whose totals hold one task of ``units`` though none has it free now (a
+        single task waits in the engine's queue there): the one with the most free."""
+        free_of = self.free_of
+        shaped = [key for key, n in self.counts.items() if n > 0 and fits_on(dict(key[1]), units)]
+        if not shaped:
+            return None
+        return [(max(shaped, key=lambda key: (sum(free_of(key).values()), key)), 1)]
+
     def most_nodes(self, gang: Gang, by_totals: bool) -> int:
         """The most nodes that could take one task each (sharing a ``group_by`` value):
         now, or (``by_totals``) when the backend is empty."""

@@ -232,6 +232,10 @@ class _Room:
         return self.nodes is None or self.nodes.can_ever_hold(Gang(1, units))
 
     def fits(self, units: tuple[tuple[str, int], ...]) -> bool:
+        """Room for a single task now: a slot and, where resources are advertised, the
+        request free. Its nodes are judged by their totals only (``can_ever_hold``): a
+        node's free amount counts the engine's other work, and a single task placed on a
+        busy cluster waits in the engine's own queue, as it always has (docs/scheduling.md)."""
         if self.slots <= 0:
             return False
         if not self.legacy:
@@ -239,7 +243,7 @@ class _Room:
             for name, amount in units:
                 if free.get(name, 0) < amount:
                     return False
-        return self.nodes is None or self.nodes.fits_one(units)
+        return True
 
     # A gang: ``gang.replicas`` tasks of ``gang.units``; ``total`` is all of them.
 
@@ -298,7 +302,7 @@ class _Room:
         taken: tuple = ()
         if self.nodes is not None:
             if nodes is None:
-                nodes = self.nodes.choose(Gang(tasks, units))
+                nodes = self.nodes.choose(Gang(tasks, units)) or self.nodes.choose_by_totals(units)
             if nodes:
                 self.nodes.take(nodes, units)
                 taken = tuple(nodes)
@@ -814,11 +818,7 @@ class PlacementRun:
                     if not found:
                         victims = rank = None
                     else:
-                        if room.nodes is None:
-                            victims = choose_victims(units, room.free, room.slots, room.legacy, found)
-                        else:  # and a node for it once they are gone
-                            chosen = _gang_victims(room, Gang(1, units), units, found)
-                            victims = None if chosen is None else chosen[0]
+                        victims = choose_victims(units, room.free, room.slots, room.legacy, found)
                         rank = (victims_rank(victims), _rank(room, units, preferences, self.sign)) if victims else ()
                     memo[(room.key, units, band, preferences)] = (room.version, victims, rank)
                     if victims is None and rank is None:

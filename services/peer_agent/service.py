@@ -357,7 +357,7 @@ class PeerAgent(Service):
                         backend=name, error=repr(exc))
             return
         if handle is not None:
-            run = Run(row.job_id, row.epoch, name, handle=handle)
+            run = Run(row.job_id, row.epoch, name, handle=handle, tasks=row.replicas)
             self.runs[row.job_id] = run
             metrics.RUNS_ADOPTED.inc()
             log.warning("run_adopted", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch, backend=name)
