@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any, NamedTuple
+
+import msgspec
 
 from irisfed.shared.resources import fmt_amount, from_units, offer_units
 
@@ -59,9 +62,28 @@ def _attr_key(raw: object) -> AttrKey:
 def parse_node_groups(raw: object) -> tuple[NodeClass, ...]:
     """Advertised node groups (decoded JSON or the wire's structs) → NodeClasses,
     sanitised like a backend's resources: a malformed entry, a count that is not a
-    positive integer (or past MAX_NODE_COUNT) and a bad resource offer nothing."""
-    if not isinstance(raw, list | tuple):
+    positive integer (or past MAX_NODE_COUNT) and a bad resource offer nothing.
+
+    Cached by content: a peer heartbeats the same groups every interval, and a router
+    or tick hears every peer's (1,000 peers at 1 Hz: parsing each anew cost ~60 µs)."""
+    if not raw or not isinstance(raw, list | tuple):
         return ()
+    try:
+        key = _encode(raw)
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        return _parse_node_groups(raw)
+    return _parsed(key)
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+@lru_cache(maxsize=4096)
+def _parsed(key: bytes) -> tuple[NodeClass, ...]:
+    return _parse_node_groups(msgspec.json.decode(key))
+
+
+def _parse_node_groups(raw: list | tuple) -> tuple[NodeClass, ...]:
     classes: dict[tuple[AttrKey, tuple, tuple], int] = {}
     for entry in raw:
         get = entry.get if isinstance(entry, Mapping) else (lambda key, default=None, e=entry: getattr(e, key, default))
