@@ -1,8 +1,10 @@
 """What the ray backend says to and reads from the Ray Jobs API (``ray_text``): names,
-quoting, resources, outcomes and the cluster's capacity. Pure (the entrypoint run through
-a real shell is tests/integration/test_ray_entrypoint_shell.py); the cluster status
-samples were captured from a real head (ray 2.60, 2 CPUs, ``{"TPU": 4}``), idle and
-while a job held 1 CPU, 1 TPU and 512 MiB."""
+quoting, resources, outcomes, the cluster's capacity and nodes, and a gang's driver
+(``ray_gang``: what it prints, read back). Pure (the entrypoint run through a real shell
+is tests/integration/test_ray_entrypoint_shell.py; gangs on a real cluster are
+tests/engines/test_ray_gangs.py); the cluster status samples were captured from a real
+head (ray 2.60, 2 CPUs, ``{"TPU": 4}``), idle and while a job held 1 CPU, 1 TPU and 512
+MiB, and the node samples from a head with three worker raylets, one of them dead."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from irisfed.services.peer_agent import backends
 from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from irisfed.services.peer_agent.backends import ray_gang as driver
 from irisfed.services.peer_agent.backends import ray_text as text
 
 MIB = 1024 * 1024
@@ -257,8 +261,11 @@ def test_an_idle_head_reports_its_totals_free() -> None:
     report = text.cluster_report(IDLE)
     assert report.discovered == Discovered(
         attributes={"device_type": ["tpu"]},
-        resources={"cpu": (2.0, 2.0), "tpu": (4.0, 4.0), "memory_mb": (23298.0, 23298.0)})
-    assert report.nodes == [{"cpu": 2.0, "tpu": 4.0, "memory_mb": 23298.0}]
+        resources={"cpu": (2.0, 2.0), "tpu": (4.0, 4.0), "memory_mb": (23298.0, 23298.0)},
+        nodes=[{"count": 1, "attributes": {}, "resources": {
+            "cpu": {"total": 2, "free": 2}, "memory_mb": {"total": 23298, "free": 23298},
+            "tpu": {"total": 4, "free": 4}}}])
+    assert [node.totals() for node in report.nodes] == [{"cpu": 2.0, "tpu": 4.0, "memory_mb": 23298.0}]
     assert report.ray_names == {"tpu": "TPU"}
 
 
@@ -274,7 +281,7 @@ def test_gpus_accelerator_types_and_custom_resources_are_discovered() -> None:
     # bookkeeping, names that are not irisfed resource names.
     assert report.discovered.resources == {
         "cpu": (32.0, 28.0), "gpu": (8.0, 6.0), "memory_mb": (163840.0, 163838.0), "fpga.xilinx": (2.0, 2.0)}
-    assert sorted(map(sorted, report.nodes)) == [
+    assert sorted(sorted(node.totals()) for node in report.nodes) == [
         ["cpu", "fpga.xilinx", "memory_mb"], ["cpu", "gpu", "memory_mb"], ["cpu", "gpu", "memory_mb"]]
 
 
@@ -304,3 +311,223 @@ def test_names_that_collide_once_lower_cased_keep_the_first() -> None:
 def test_an_answer_without_a_resource_report_is_an_error(payload: dict) -> None:
     with pytest.raises(ValueError, match="resource report"):
         text.cluster_report(payload)
+
+
+# ------------------------------------------------------------------ nodes
+
+HEAD_ID, WORKER_A, WORKER_B, DEAD, NEW = "4be45e0b" * 7, "082937a3" * 7, "b9fe765b" * 7, "99d8cae3" * 7, "c0ffee00" * 7
+WORKER_USAGE = {"CPU": [0.0, 1.0], "memory": [0.0, 1024.0 * MIB], "objectStoreMemory": [0.0, 83886080.0],
+                "node:192.0.2.2": [0.0, 1.0]}
+
+
+def node_entry(node_id: str, state: str = "ALIVE", labels: dict | None = None, totals: dict | None = None,
+               head: bool = False) -> dict:
+    """One node of a ``GET /api/v0/nodes`` answer (as ray 2.60 lists it)."""
+    return {"node_id": node_id, "node_ip": "192.0.2.2", "is_head_node": head, "state": state, "state_message": None,
+            "node_name": "192.0.2.2", "labels": {"ray.io/node-id": node_id, **(labels or {})},
+            "resources_total": totals or {"CPU": 1.0, "memory": 1024.0 * MIB, "object_store_memory": 83886080.0,
+                                          "node:192.0.2.2": 1.0}}
+
+
+def nodes_payload(*entries: dict) -> dict:
+    return {"result": True, "msg": "", "data": {"result": {
+        "total": len(entries), "num_after_truncation": len(entries), "num_filtered": len(entries),
+        "result": list(entries), "partial_failure_warning": "", "warnings": None}}}
+
+
+def cluster(busy_b: bool = False) -> text.ClusterReport:
+    """A head (TPU, no labels), two alike workers of rack r1 (B running a 1-CPU task when
+    ``busy_b``), a dead worker of rack r2 and one just joined that the resource report
+    has not seen yet."""
+    b_usage = {**WORKER_USAGE, "CPU": [1.0, 1.0]} if busy_b else WORKER_USAGE
+    by_node = {HEAD_ID: IDLE_USAGE, WORKER_A: WORKER_USAGE, WORKER_B: b_usage, DEAD: WORKER_USAGE}
+    # The summed report still counts the dead worker (it does for a while), not the new one.
+    usage = {"CPU": [1.0 if busy_b else 0.0, 5.0], "TPU": [0.0, 4.0], "memory": [0.0, 3072.0 * MIB]}
+    return text.cluster_report(status_payload(usage, by_node), nodes_payload(
+        node_entry(WORKER_A, labels={"rack": "r1"}), node_entry(HEAD_ID, head=True, totals={"CPU": 2.0}),
+        node_entry(DEAD, "DEAD", {"rack": "r2"}), node_entry(WORKER_B, labels={"rack": "r1"}),
+        node_entry(NEW, labels={"rack": "r3", "ray.io/tpu-worker-id": "0"})))
+
+
+def test_alive_nodes_are_grouped_with_their_labels_as_attributes_and_their_own_free() -> None:
+    report = cluster()
+    assert sorted(node.node_id for node in report.nodes) == sorted([HEAD_ID, WORKER_A, WORKER_B, NEW])  # not DEAD
+    worker = {"cpu": {"total": 1, "free": 1}, "memory_mb": {"total": 1024, "free": 1024}}
+    assert report.discovered.nodes == [
+        {"count": 1, "attributes": {}, "resources": {
+            "cpu": {"total": 2, "free": 2}, "memory_mb": {"total": 23298, "free": 23298},
+            "tpu": {"total": 4, "free": 4}}},
+        {"count": 2, "attributes": {"rack": ["r1"]}, "resources": worker},  # alike: counted together
+        # Not in the resource report yet: nothing free until it is; its per-node label is not advertised.
+        {"count": 1, "attributes": {"rack": ["r3"]}, "resources": {
+            "cpu": {"total": 1, "free": 0}, "memory_mb": {"total": 1024, "free": 0}}},
+    ]
+    # The cluster's totals are its alive nodes' (the dead one's CPU is gone, the new one's
+    # counts but offers nothing yet); its attributes are what they were.
+    assert report.discovered.attributes == {"device_type": ["tpu"]}
+    assert report.discovered.resources == {"cpu": (5.0, 4.0), "memory_mb": (23298.0 + 3 * 1024, 23298.0 + 2 * 1024),
+                                           "tpu": (4.0, 4.0)}
+
+
+def test_a_busy_node_is_a_group_of_its_own() -> None:
+    groups = cluster(busy_b=True).discovered.nodes
+    racks = [(g["count"], g["resources"]["cpu"]) for g in groups if g["attributes"] == {"rack": ["r1"]}]
+    assert sorted(racks, key=lambda r: r[1]["free"]) == [(1, {"total": 1, "free": 0}), (1, {"total": 1, "free": 1})]
+
+
+def test_labels_that_name_one_node_alone_are_not_attributes() -> None:
+    assert text.node_attributes({"ray.io/node-id": "n1", "ray.io/tpu-worker-id": "3", "ray.io/tpu-slice-name": "s",
+                                 "rack": "r1", "bad": 7}) == {"ray.io/tpu-slice-name": ["s"], "rack": ["r1"]}
+    assert text.node_attributes(None) == {}
+
+
+@pytest.mark.parametrize("payload", [{}, {"data": {"result": None}}, {"data": {"result": {"result": "x"}}}])
+def test_a_node_list_that_is_not_one_is_an_error(payload: dict) -> None:
+    with pytest.raises(ValueError, match="node list"):
+        text.cluster_report(IDLE, payload)
+
+
+# ------------------------------------------------------------------ gangs
+
+
+def test_a_gang_needs_enough_nodes_that_each_hold_a_task_sharing_one_label_value() -> None:
+    report = cluster(busy_b=True)  # by totals: what is busy now does not count
+    assert text.gang_problem({"cpu": 1}, 4, "", report) is None  # head, A, B and the new one
+    assert text.gang_problem({"cpu": 1}, 2, "rack", report) is None  # A and B
+    assert text.gang_problem({"cpu": 1}, 3, "rack", report) == (
+        "the gang needs 3 Ray nodes sharing one rack that can each hold cpu=1; the cluster has 2: "
+        "Ray would keep it waiting until its start timeout")
+    assert "needs 2 Ray nodes that can each hold cpu=1, tpu=1; the cluster has 1" in text.gang_problem(
+        {"cpu": 1, "tpu": 1}, 2, "", report)
+    assert "the cluster has 1" in text.gang_problem({"cpu": 2}, 2, "", report)  # only the head has 2
+    assert "sharing one zone" in text.gang_problem({"cpu": 1}, 2, "zone", report)  # no node has that label
+    flat = text.cluster_report(status_payload({"CPU": [0, 4]}))  # a head that reports no nodes: cannot tell
+    assert text.gang_problem({"cpu": 1}, 9, "", flat) is None
+
+
+def test_a_task_is_a_bundle_in_rays_names() -> None:
+    assert text.gang_bundle({}) == {"CPU": 1}
+    assert text.gang_bundle({"cpu": 0.5, "gpu": 1, "memory_mb": 512, "tpu": 4, "fpga.xilinx": 1},
+                            {"fpga.xilinx": "FPGA.Xilinx"}) == {
+        "CPU": 0.5, "GPU": 1, "memory": 512 * MIB, "TPU": 4, "FPGA.Xilinx": 1}
+    with pytest.raises(ValueError, match="bundle cannot be empty"):
+        text.gang_bundle({"cpu": 0})
+
+
+def test_a_gangs_run_travels_verbatim_beside_its_driver() -> None:
+    import json
+
+    env = {"HOSTILE": "$HOME ${HOME} 'q' `x`", "not-a-shell-name": "v"}
+    payload = text.driver_payload("print('driver')\n")
+    env_vars = text.gang_env(["sh", "-c", "echo $1", "sh", "$(x)"], env, "job-1", 3, 2, {"CPU": 1}, "rack", 30.0,
+                             payload)
+    assert set(env_vars) == {driver.SPEC_VARIABLE, text.DRIVER_VARIABLE, "IRISFED_JOB_ID", "IRISFED_EPOCH"}
+    assert "$" not in env_vars[driver.SPEC_VARIABLE]  # nothing for Ray to expand
+    spec = json.loads(base64.b64decode(env_vars[driver.SPEC_VARIABLE]))
+    assert spec == {"command": ["sh", "-c", "echo $1", "sh", "$(x)"], "replicas": 2, "bundle": {"CPU": 1},
+                    "group_by": "rack", "start_timeout_s": 30.0,
+                    "env": {**env, "IRISFED_JOB_ID": "job-1", "IRISFED_EPOCH": "3", "IRISFED_NUM_TASKS": "2"}}
+    import zlib
+
+    assert zlib.decompress(base64.b64decode(env_vars[text.DRIVER_VARIABLE])) == b"print('driver')\n"
+    with pytest.raises(ValueError, match="at most"):
+        text.gang_env(["true"], {"BIG": "x" * text.ENV_MAX_CHARS}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
+    with pytest.raises(ValueError, match="NUL"):
+        text.gang_env(["true"], {"A": "\0"}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
+
+
+def test_the_gang_entrypoint_runs_the_driver_from_its_variable_with_the_nodes_python() -> None:
+    import shlex
+
+    words = shlex.split(text.gang_entrypoint("/opt/ray/bin/python3"))
+    assert words[:3] == ["exec", "/opt/ray/bin/python3", "-c"]
+    compile(words[3], "bootstrap", "exec")  # valid Python
+    assert text.DRIVER_VARIABLE in words[3] and "sys.path[0]==''" in words[3]
+
+
+def test_a_gang_carries_its_size_in_its_metadata() -> None:
+    meta = text.metadata("peer-a", "job-1", 2, "n0nce", tasks=4, start_timeout_s=90)
+    assert text.gang_of(meta) == (4, 90.0)
+    assert text.owned_run("irisfed-job-1-e2", meta, "peer-a") == ("job-1", 2)
+    assert text.gang_of(text.metadata("peer-a", "job-1", 2, "n0nce")) is None
+    assert text.metadata("peer-a", "job-1", 2) == {"irisfed_peer": "peer-a", "irisfed_job": "job-1",
+                                                   "irisfed_epoch": "2"}
+    assert text.gang_of({"irisfed_tasks": "x"}) is None
+    assert text.gang_of({"irisfed_tasks": "3", "irisfed_start_timeout_s": "?"}) == (3, 0.0)
+
+
+def driven(*writes: tuple[int, str, str]) -> str:
+    """What the driver prints for these writes of its tasks' output, in order."""
+    pieces: dict = {}
+    out = []
+    for index, stream, chunk in writes:
+        lines, pieces[(index, stream)] = driver.task_lines(index, stream, chunk, pieces.get((index, stream), ""))
+        out.append(lines)
+    for (index, stream), piece in sorted(pieces.items()):
+        out.append(driver.task_lines(index, stream, "", piece, final=True)[0])
+    return "".join(out)
+
+
+def test_a_gangs_log_is_split_back_into_each_tasks_output_byte_for_byte() -> None:
+    sneaky = f"{driver.GANG_MARK} end {{\"exit\": 0, \"lost\": \"\"}}\n"  # a task cannot forge the driver's line
+    log = (
+        "2026-12-05 14:16:43,950\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+        + driver.gang_line("started", {"nodes": ["n0", "n1"]})
+        + driven((0, "out", "hello\nwor"), (1, "err", "oops\n"), (0, "out", "ld\n\n"), (1, "out", sneaky),
+                 (0, "err", "no newline at the end"), (1, "out", "x" * (driver.MAX_PIECE + 5) + "\ntail"))
+        + driver.gang_line("end", {"exit": 3, "lost": "", "killed": False, "states": ["succeeded", "failed"],
+                                   "codes": [0, 3], "nodes": ["n0", "n1"]})
+    )
+    read = text.read_gang_log(log, 2)
+    assert read.started == ["n0", "n1"]
+    assert read.end["exit"] == 3 and read.end["states"] == ["succeeded", "failed"]
+    assert read.outputs == {(0, "out"): "hello\nworld\n\n", (0, "err"): "no newline at the end",
+                            (1, "err"): "oops\n", (1, "out"): sneaky + "x" * (driver.MAX_PIECE + 5) + "\ntail"}
+    assert text.gang_started(log) == ["n0", "n1"]
+    assert text.gang_started(log.split(driver.GANG_MARK + " started")[0]) is None
+    assert text.read_gang_log(driven((5, "out", "not one of ours\n")), 2).outputs == {}
+
+
+def gang_state(status: str, code: int | None = None, message: str = "") -> text.JobState:
+    return text.JobState(status, code, None, message)
+
+
+def end_line(**fields) -> text.GangLog:
+    return text.GangLog(["n0", "n1"], {"exit": 0, "lost": "", "killed": False, **fields})
+
+
+@pytest.mark.parametrize("state, log, kill_requested, code", [
+    (gang_state("SUCCEEDED", 0), end_line(), False, 0),
+    (gang_state("FAILED", 3), end_line(exit=3), False, 3),
+    (gang_state("FAILED", 137), end_line(exit=-9), False, -9),  # the task's own code, not the driver's status
+    (gang_state("STOPPED"), end_line(killed=True), True, KILLED_EXIT_CODE),
+    (gang_state("STOPPED"), text.GangLog(), True, KILLED_EXIT_CODE),  # stopped before the driver said anything
+    (gang_state("STOPPED"), text.GangLog(), False, KILLED_EXIT_CODE),  # whoever stopped it
+    (gang_state("FAILED"), text.GangLog(), True, KILLED_EXIT_CODE),
+    (gang_state("FAILED", 3), None, False, 3),  # the log could not be read: the driver's status stands in
+    (gang_state("SUCCEEDED", 0), None, False, 0),
+])
+def test_a_gangs_exit_code_is_its_drivers_word(state, log, kill_requested: bool, code: int) -> None:
+    assert text.gang_exit_code(state, log, kill_requested) == code
+
+
+@pytest.mark.parametrize("state, log, start_timed_out, why", [
+    (gang_state("FAILED", 1), end_line(lost="task 1 on node n1 failed in Ray (NodeDiedError: ...)"), "",
+     "NodeDiedError"),
+    (gang_state("FAILED", 1), end_line(lost="its 2 tasks did not all start within 30s"), "", "did not all start"),
+    (gang_state("STOPPED"), text.GangLog(), "its 2 tasks did not all start within 30s (the Ray job was PENDING)",
+     "PENDING"),
+    (gang_state("FAILED", 1, "Traceback ... ModuleNotFoundError: No module named 'ray'"), text.GangLog(), "",
+     "without saying how its tasks did: Traceback"),
+    (gang_state("FAILED", None, "Job supervisor actor failed"), text.GangLog(), "", "supervisor"),
+])
+def test_a_gang_lost_by_its_infrastructure_is_lost(state, log, start_timed_out: str, why: str) -> None:
+    with pytest.raises(RunLost, match=why):
+        text.gang_exit_code(state, log, False, start_timed_out)
+
+
+def test_the_driver_speaks_the_backends_task_states_and_exit_statuses() -> None:
+    assert (driver.PENDING, driver.RUNNING, driver.SUCCEEDED, driver.FAILED, driver.KILLED, driver.LOST) == (
+        backends.TASK_PENDING, backends.TASK_RUNNING, backends.TASK_SUCCEEDED, backends.TASK_FAILED,
+        backends.TASK_KILLED, backends.TASK_LOST)
+    assert [driver.driver_exit(code) for code in (0, 3, 255, 256, -9, -15)] == [0, 3, 255, 1, 137, 143]

@@ -1,20 +1,33 @@
-"""A local Ray head in a folder, for backend tests (docs/design.md §7).
+"""A local Ray cluster in a folder, for backend tests (docs/design.md §7).
 
 ``start_ray(folder)`` runs ``ray start --head --block`` in its own process group
 with its own ports (GCS, dashboard on 127.0.0.1, and every other port Ray opens),
 ``--num-cpus 2 --num-gpus 0 --resources '{"TPU": 4}'``, a 200 MB object store,
 ``--temp-dir`` in ``folder`` and usage stats off, and returns a ``RayHead`` once
-the Jobs API answers. ``RayHead.stop()`` sends SIGTERM to ``ray start`` (which
-stops raylet, GCS and dashboard), then SIGKILLs by PID whatever is left: Ray's
-workers, job supervisors and job entrypoints run in process groups of their own
-(``setsid``), so they are found by a tag in their inherited environment
-(``IRISFED_RAY_HEAD``). ``ray_available()`` says why it cannot.
+the Jobs API answers. ``workers=[RayWorkerSpec(...)]`` adds worker raylets on this
+host (``ray start --address HEAD --block``, each in its own process group, with its
+own CPUs, memory, custom resources and node labels), joined before it returns: a
+multi-node cluster on one machine, for gangs (one task a node). ``RayHead.stop()``
+SIGKILLs by PID every tagged process outside the head's group (workers' raylets,
+Ray's workers, job supervisors and entrypoints, which run in process groups of
+their own: found by a tag in their inherited environment, ``IRISFED_RAY_HEAD``),
+then sends SIGTERM to the head's ``ray start`` (which stops raylet, GCS and
+dashboard) and SIGKILLs by PID whatever is left. ``RayWorker.kill_raylet()`` kills
+one worker's raylet by PID (a node dying under its tasks) and
+``RayHead.replace_worker`` starts another like it. ``ray_available()`` says why it
+cannot. Every process of the cluster has this Python's folder first on its PATH, so
+``python3`` in a job is the Python that has Ray (the gang driver runs with it), as on
+a real cluster.
 
 Measured here (ray 2.60.0, Python 3.11, 2 cores at load average ~8):
 ``pip install 'ray[default]'`` ~100 s (a 79 MB wheel plus 45 dependencies; the
 venv grows by ~290 MB, ray itself 240 MB); ``start_ray`` 11-25 s (Jobs API up,
 then the first resource report); a trivial job (``echo hi``) 3-5 s from submit to
-SUCCEEDED, the very first one of a head up to ~18 s; ``stop()`` 4-9 s.
+SUCCEEDED, the very first one of a head up to ~18 s; ``stop()`` 4-9 s. Two worker
+raylets (started together once the head answers) join in ~5-10 s more; a gang of 3
+(driver, placement group, one task a node) ran in ~3.5 s end to end, started in
+1.3-4.5 s; killing a worker's raylet under a running gang failed its task
+(``NodeDiedError``) within ~1.3 s.
 
 What a backend calls (``JobSubmissionClient(head.address)``; the address is the
 dashboard's ``http://127.0.0.1:PORT``; ``RAY_ADDRESS`` works too):
@@ -74,11 +87,28 @@ Capacity without a driver (no ``ray.init``)
     as ``Total Usage: 0.0/2.0 CPU`` lines (used/total) but costs ~8 s of Python
     start-up per call.
 
+Nodes without a driver
+    ``/api/cluster_status`` also has ``loadMetricsReport.usageByNode``: ``{node id:
+    {resource: [used, total]}}`` for each node the autoscaler monitor last saw
+    (refreshed every few seconds). ``GET {address}/api/v0/nodes?limit=N`` (the
+    state API) lists every node the GCS knows, dead ones too: ``node_id``,
+    ``state`` (``ALIVE``/``DEAD``), ``is_head_node``, ``resources_total`` and
+    ``labels`` (``--labels k=v,...`` of ``ray start``, plus Ray's own
+    ``ray.io/node-id``); no free amounts. Measured on a head and three workers
+    (idle, 2 cores at load ~2.5): ``cluster_status`` 3.1 KB in 3-6 ms,
+    ``api/v0/nodes`` 1.4 KB in 3-11 ms (a state filter adds nothing measurable),
+    ``/nodes?view=summary`` 39 KB (per node: host stats, raylet ports and
+    ``resourcesTotal``, no free amounts). A placement group's bundles count as used
+    on their nodes (their ``<name>_group_<id>`` resources are bookkeeping).
+
 Gotchas: Ray replaces ``--node-ip-address 127.0.0.1`` with the machine's address,
 and GCS and raylet listen on all interfaces whatever it is given (only the
 dashboard honours 127.0.0.1); on SIGTERM, ``ray start`` drains the node for 30 s
 unless RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 (set here); unix socket paths
 under ``--temp-dir`` must stay under 108 bytes, hence the short fallback temp dir.
+Every raylet of one host detects the whole host's memory (~24 GB each here, each a
+little different): workers are given ``--memory`` so that alike workers are alike.
+Labels need Ray >= 2.10 (``--labels`` is a hidden option of ``ray start`` in 2.60).
 """
 
 from __future__ import annotations
@@ -91,6 +121,7 @@ import sys
 import tempfile
 import urllib.request
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +129,7 @@ from irisfed.tooling.engines.procs import (
     Availability,
     EngineError,
     GroupProcess,
+    group_members,
     kill_tagged,
     log_tail,
     spawn,
@@ -111,6 +143,7 @@ INSTALL_HINT = "pip install 'ray[default]'"
 START_TIMEOUT_S = 120.0
 # The object store is not what the tests exercise: keep it small (Ray's minimum is 75 MB).
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
+WORKER_OBJECT_STORE_BYTES = 80 * 1024 * 1024
 # How long `ray start --block` gets to stop its children before SIGKILL.
 STOP_GRACE_S = 15.0
 # Put in the environment of `ray start`; every process Ray starts inherits it. Ray
@@ -120,6 +153,7 @@ TAG_ENV = "IRISFED_RAY_HEAD"
 # Ray puts unix sockets under --temp-dir/session_<date>_<pid>/sockets/ (about 70
 # bytes); sun_path holds 107.
 MAX_TEMP_DIR_LEN = 36
+MIB = 1024 * 1024
 
 
 def ray_available() -> Availability:
@@ -139,6 +173,47 @@ def _ray_cli() -> str | None:
     return str(beside) if beside.exists() else shutil.which("ray")
 
 
+@dataclass(frozen=True)
+class RayWorkerSpec:
+    """A worker raylet of a test cluster: what its node offers and says of itself."""
+
+    name: str
+    num_cpus: int = 1
+    memory_mb: int = 1024
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RayWorker:
+    """A running worker raylet: its ``ray start --block`` process group and its node."""
+
+    spec: RayWorkerSpec
+    process: GroupProcess
+    node_manager_port: int
+    node_id: str = ""
+
+    def raylet_pid(self) -> int | None:
+        """The PID of this worker's raylet (a member of its process group), None when gone."""
+        for pid in group_members(self.process.pid):
+            try:
+                program = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if program.endswith(b"/raylet"):
+                return pid
+        return None
+
+    def kill_raylet(self) -> int:
+        """SIGKILL this worker's raylet (by PID): its node dies under whatever runs there.
+        Returns the PID."""
+        pid = self.raylet_pid()
+        if pid is None:
+            raise EngineError(f"worker {self.spec.name} has no raylet left")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+
 @dataclass
 class RayHead:
     """A running (or given) Ray head and how to reach it.
@@ -147,7 +222,7 @@ class RayHead:
     (``JobSubmissionClient(address)``) and the REST calls use; ``gcs_address`` is what
     ``ray status --address`` and ``ray.init(address=...)`` take (empty for a head we
     were only given the HTTP address of). ``process`` is None for a head we did not
-    start; ``stop`` then does nothing.
+    start; ``stop`` then does nothing. ``workers``: the worker raylets we started.
     """
 
     address: str
@@ -158,6 +233,10 @@ class RayHead:
     temp_dir: Path | None = None
     process: GroupProcess | None = None
     tag: str = ""
+    workers: list[RayWorker] = field(default_factory=list)
+    node_id: str = ""
+    ports: set[int] = field(default_factory=set)  # every port given to one of its processes
+    worker_temp_dirs: list[Path] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -174,34 +253,118 @@ class RayHead:
         """``{resource: (used, total)}`` now (``cluster_usage``)."""
         return cluster_usage(self.address)
 
+    def nodes(self) -> list[dict]:
+        """Every node the head knows (``/api/v0/nodes``), dead ones too."""
+        return list_nodes(self.address)
+
+    def start_workers(self, specs: Sequence[RayWorkerSpec], timeout: float = START_TIMEOUT_S) -> list[RayWorker]:
+        """Start a worker raylet per spec (all at once), joined to this head; return once
+        every one is alive and in the head's resource report."""
+        if self.process is None or self.folder is None or self.temp_dir is None:
+            raise EngineError("workers can only join a head this process started")
+        started = [self._spawn_worker(spec) for spec in specs]
+        self.workers.extend(started)
+        wait_until(lambda: self._joined(started), f"{len(started)} Ray worker(s) to join", timeout,
+                   [self.process, *(worker.process for worker in started)])
+        return started
+
+    def replace_worker(self, worker: RayWorker, timeout: float = START_TIMEOUT_S) -> RayWorker:
+        """Stop ``worker`` (what is left of it) and start another like it in its place."""
+        # Its `ray start` and raylet; Ray's workers of that node exit once their raylet
+        # is gone (what their tasks started is the session's: ``stop`` kills it by tag).
+        worker.process.stop(signal.SIGKILL, timeout=STOP_GRACE_S)
+        self.workers.remove(worker)
+        (new,) = self.start_workers([worker.spec], timeout)
+        return new
+
+    def _spawn_worker(self, spec: RayWorkerSpec) -> RayWorker:
+        assert self.folder is not None and self.temp_dir is not None
+        node_manager_port, *others = _free_ports(6, self.ports)
+        args = [
+            _ray_cli(), "start", "--block", "--disable-usage-stats", "--address", self.gcs_address,
+            "--num-cpus", str(spec.num_cpus), "--num-gpus", "0",
+            "--memory", str(spec.memory_mb * MIB),
+            "--resources", json.dumps(dict(spec.resources)),
+            "--object-store-memory", str(WORKER_OBJECT_STORE_BYTES),
+            "--node-manager-port", str(node_manager_port),
+            *_port_flags(["--object-manager-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                          "--runtime-env-agent-port", "--metrics-export-port"], others),
+        ]
+        if spec.labels:
+            args += ["--labels", ",".join(f"{key}={value}" for key, value in spec.labels.items())]
+        # A temp dir of its own: raylets sharing one pick their socket names (raylet.N)
+        # by looking at what is there, and two starting at once took the same one.
+        temp_dir = _short_temp_dir(self.folder / f"ray-{spec.name}")
+        self.worker_temp_dirs.append(temp_dir)
+        args += ["--temp-dir", str(temp_dir)]
+        log = self.folder / f"ray-worker-{spec.name}.log"
+        process = spawn(f"ray worker {spec.name}", args, log, env=_cluster_env(self.tag, self.temp_dir),
+                        cwd=self.folder)
+        return RayWorker(spec, process, node_manager_port)
+
+    def _joined(self, workers: Sequence[RayWorker]) -> bool:
+        """Whether every worker is an alive node (its id learned) in the resource report."""
+        try:
+            with urllib.request.urlopen(self.address + "/nodes?view=summary", timeout=10) as response:
+                summary = json.loads(response.read())["data"]["summary"]
+            reported = _usage_by_node(self.address)
+        except (OSError, KeyError, ValueError):
+            return False
+        by_port = {node["raylet"].get("nodeManagerPort"): node["raylet"] for node in summary
+                   if node.get("raylet", {}).get("state") == "ALIVE"}
+        for worker in workers:
+            raylet = by_port.get(worker.node_manager_port)
+            if raylet is None or raylet["nodeId"] not in reported:
+                return False
+            worker.node_id = raylet["nodeId"]
+        return True
+
     def stop(self) -> None:
-        """Stop the ``ray start --block`` process group (raylet, gcs_server, dashboard,
-        workers ...) and remove the temp dir when it was one of our own."""
+        """Stop the workers' raylets and the ``ray start --block`` process group (raylet,
+        gcs_server, dashboard, workers ...) and remove the temp dir when it was one of our
+        own."""
         if self.process is None:
             return
-        # Workers, job supervisors and job entrypoints (outside the group, carrying
-        # our tag) first: `ray start` would wait on them. Then SIGTERM to the leader
-        # only: it stops raylet, GCS and dashboard in order (SIGTERM to the whole
-        # group at once left it hanging). Whatever is left gets SIGKILL by PID.
+        # Worker raylets, Ray's workers, job supervisors and job entrypoints (outside the
+        # group, carrying our tag) first: `ray start` would wait on them. Then SIGTERM to
+        # the leader only: it stops raylet, GCS and dashboard in order (SIGTERM to the
+        # whole group at once left it hanging). Whatever is left gets SIGKILL by PID.
         try:
             kill_tagged(TAG_ENV, self.tag, spare_group=self.process.pid)
+            for worker in self.workers:
+                worker.process.stop(signal.SIGKILL, timeout=STOP_GRACE_S)
             self.process.stop(signal.SIGTERM, timeout=STOP_GRACE_S, leader_only=True)
         finally:
             kill_tagged(TAG_ENV, self.tag)
             self.process = None
-        if self.temp_dir is not None and self.folder is not None and not _inside(
-            self.temp_dir, self.folder
-        ):
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.workers = []
+        for temp_dir in [self.temp_dir, *self.worker_temp_dirs]:
+            if temp_dir is not None and self.folder is not None and not _inside(temp_dir, self.folder):
+                shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _get_json(url: str, timeout: float = 10.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
 
 
 def cluster_usage(address: str, timeout: float = 10.0) -> dict[str, tuple[float, float]]:
     """``{resource: (used, total)}`` over the whole cluster, from the dashboard's
     ``/api/cluster_status`` (no driver needed). Memory amounts are bytes."""
-    with urllib.request.urlopen(address + "/api/cluster_status", timeout=timeout) as response:
-        report = json.loads(response.read())
+    report = _get_json(address + "/api/cluster_status", timeout)
     usage = report["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
     return {name: (float(used), float(total)) for name, (used, total) in usage.items()}
+
+
+def _usage_by_node(address: str, timeout: float = 10.0) -> dict[str, dict]:
+    report = _get_json(address + "/api/cluster_status", timeout)
+    return report["data"]["clusterStatus"]["loadMetricsReport"].get("usageByNode") or {}
+
+
+def list_nodes(address: str, timeout: float = 10.0) -> list[dict]:
+    """Every node the head knows, dead ones too (``/api/v0/nodes``: ``node_id``, ``state``,
+    ``resources_total``, ``labels`` ...)."""
+    return _get_json(address + "/api/v0/nodes?limit=10000", timeout)["data"]["result"]["result"]
 
 
 # Resources every Ray node has; the rest are custom ones (TPU here).
@@ -221,20 +384,64 @@ def connect_ray(address: str) -> RayHead:
     return RayHead(address=address, num_cpus=totals.get("CPU", 0.0), resources=resources)
 
 
+def _short_temp_dir(wanted: Path) -> Path:
+    """``wanted`` when unix sockets fit under it, else a short one under /tmp (made)."""
+    if len(str(wanted)) > MAX_TEMP_DIR_LEN:
+        return Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    wanted.mkdir(exist_ok=True)
+    return wanted
+
+
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` ports free now, none of them in ``taken`` (which gets them): two calls
+    of ``free_port`` may answer the same port, and Ray refuses one port for two uses."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in taken:
+            taken.add(port)
+            ports.append(port)
+    return ports
+
+
+def _port_flags(flags: Sequence[str], ports: Sequence[int]) -> list[str]:
+    return [word for flag, port in zip(flags, ports, strict=True) for word in (flag, str(port))]
+
+
 def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
+
+
+def _cluster_env(tag: str, temp_dir: Path) -> dict[str, str]:
+    """The environment of every ``ray start`` of one cluster."""
+    env = {
+        **os.environ, "RAY_USAGE_STATS_ENABLED": "0", TAG_ENV: tag,
+        # The dashboard's multiprocessing leaves pymp-* folders in TMPDIR when it is
+        # killed; keep them (and the jobs' temp files) in the temp dir.
+        "TMPDIR": str(temp_dir / "tmp"),
+        # On SIGTERM, Ray otherwise drains the node for up to 30 s (waiting on
+        # running jobs) before it stops anything.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        # `python3` in a job is the Python with Ray, as on a real cluster (the gang
+        # driver of the ray backend runs with it).
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    env.pop("RAY_ADDRESS", None)  # `ray start --head` must not join someone else's cluster
+    return env
 
 
 def start_ray(
     folder: Path, *, num_cpus: int = 2, resources: dict[str, float] | None = None,
     job_start_timeout_s: float | None = None, timeout: float = START_TIMEOUT_S,
+    workers: Sequence[RayWorkerSpec] = (),
 ) -> RayHead:
     """Start ``ray start --head --block`` in its own process group, on free ports (the
     dashboard on 127.0.0.1), with ``num_cpus`` CPUs, no GPUs and ``resources`` (default
-    ``{"TPU": 4}``); return once the Jobs API answers and the first resource report is
-    in (``usage()`` is empty before). Logs go to ``folder``; Ray's
-    own temp dir (sessions, sockets, job logs) is ``folder/ray`` when that path is
-    short enough for unix sockets, else a short one under /tmp removed by ``stop``.
+    ``{"TPU": 4}``), and a worker raylet per ``workers`` spec; return once the Jobs API
+    answers, the first resource report is in (``usage()`` is empty before) and every
+    worker joined. Logs go to ``folder``; Ray's own temp dir (sessions, sockets, job
+    logs) is ``folder/ray`` when that path is short enough for unix sockets, else a short
+    one under /tmp removed by ``stop``.
 
     ``job_start_timeout_s`` sets RAY_JOB_START_TIMEOUT_SECONDS on the head: how long
     a job waits PENDING for its entrypoint resources before Ray fails it (Ray's
@@ -246,11 +453,9 @@ def start_ray(
     resources = {"TPU": 4} if resources is None else resources
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    temp_dir = folder / "ray"
-    if len(str(temp_dir)) > MAX_TEMP_DIR_LEN:
-        temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    temp_dir.mkdir(exist_ok=True)
-    gcs_port, dashboard_port = free_port(), free_port()
+    temp_dir = _short_temp_dir(folder / "ray")
+    ports: set[int] = set()
+    gcs_port, dashboard_port, *others = _free_ports(9, ports)
     args = [
         _ray_cli(), "start", "--head", "--block", "--disable-usage-stats",
         # No --node-ip-address: Ray turns 127.0.0.1 into this machine's address anyway,
@@ -259,38 +464,24 @@ def start_ray(
         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
         "--dashboard-port", str(dashboard_port),
         # Every other port too, so two heads (or someone's own Ray) never collide.
-        "--ray-client-server-port", str(free_port()),
-        "--object-manager-port", str(free_port()),
-        "--node-manager-port", str(free_port()),
-        "--dashboard-agent-listen-port", str(free_port()),
-        "--dashboard-agent-grpc-port", str(free_port()),
-        "--runtime-env-agent-port", str(free_port()),
-        "--metrics-export-port", str(free_port()),
+        *_port_flags(["--ray-client-server-port", "--object-manager-port", "--node-manager-port",
+                      "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+                      "--metrics-export-port"], others),
         "--num-cpus", str(num_cpus), "--num-gpus", "0",
         "--resources", json.dumps(resources),
         "--object-store-memory", str(OBJECT_STORE_BYTES),
         "--temp-dir", str(temp_dir),
     ]
     tag = uuid.uuid4().hex
-    scratch = temp_dir / "tmp"
-    scratch.mkdir(exist_ok=True)
-    env = {
-        **os.environ, "RAY_USAGE_STATS_ENABLED": "0", TAG_ENV: tag,
-        # The dashboard's multiprocessing leaves pymp-* folders in TMPDIR when it is
-        # killed; keep them (and the jobs' temp files) in the temp dir.
-        "TMPDIR": str(scratch),
-        # On SIGTERM, Ray otherwise drains the node for up to 30 s (waiting on
-        # running jobs) before it stops anything.
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-    }
+    (temp_dir / "tmp").mkdir(exist_ok=True)
+    env = _cluster_env(tag, temp_dir)
     if job_start_timeout_s is not None:
         env["RAY_JOB_START_TIMEOUT_SECONDS"] = str(job_start_timeout_s)
-    env.pop("RAY_ADDRESS", None)  # `ray start --head` must not join someone else's cluster
     process = spawn("ray head", args, folder / "ray-head.log", env=env, cwd=folder)
     head = RayHead(
         address=f"http://127.0.0.1:{dashboard_port}", gcs_address=f"127.0.0.1:{gcs_port}",
         num_cpus=float(num_cpus), resources={k: float(v) for k, v in resources.items()},
-        folder=folder, temp_dir=temp_dir, process=process, tag=tag,
+        folder=folder, temp_dir=temp_dir, process=process, tag=tag, ports=ports,
     )
     try:
         wait_until(lambda: _jobs_api_answers(head), "the Ray Jobs API to answer", timeout,
@@ -298,11 +489,15 @@ def start_ray(
         # The capacity report stays empty until the autoscaler monitor's first round.
         wait_until(lambda: _reports_usage(head), "Ray's first resource report", timeout,
                    [process])
+        head.node_id = next(node["node_id"] for node in head.nodes() if node.get("is_head_node"))
+        if workers:
+            head.start_workers(workers, timeout)
         return head
     except BaseException as exc:
         head.stop()
         if isinstance(exc, EngineError):
-            raise EngineError(f"{exc}\n{log_tail(folder / 'ray-head.log')}") from None
+            logs = [folder / "ray-head.log", *(worker.process.log_path for worker in head.workers)]
+            raise EngineError(f"{exc}\n" + "\n".join(log_tail(log) for log in logs)) from None
         raise
 
 

@@ -31,6 +31,30 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
 - A submit whose answer was lost (a timeout) may have created the job all the
   same; it is then a run the agent does not know, which its next leftover scan
   (``list_runs``) finds and kills.
+- A gang (``replicas`` > 1) is one Ray job too, same name, metadata (plus
+  ``irisfed_tasks`` and its start timeout) and nonce: its entrypoint runs a driver
+  (``ray_gang.py``, shipped zlib+base64 in the job's runtime env and run by the head's
+  ``python3``) that places one task a node in a ``STRICT_SPREAD`` placement group and
+  prints what happens; the backend reads that back from the job's log
+  (``ray_text.read_gang_log``). ``started`` is set once the log of the RUNNING job
+  holds the driver's ``started`` line: one ``get_job_logs`` per poll for each gang
+  that is running and has not started yet (the job's status alone says only that the
+  driver runs; its metadata cannot change). The end: the driver's ``end`` line says
+  each task's state, node and exit code, and whether the run was lost (a task's node
+  died, a task could not start, not all started within the start timeout: ``RunLost``);
+  each task's output goes to ``<run dir>/task-<i>/stdout`` and ``stderr``. A gang
+  whose driver has not said its tasks run ``GANG_START_GRACE_S`` after its start
+  timeout (a job Ray keeps PENDING) is stopped and lost. A gang the cluster could
+  never hold (too few alive nodes whose totals hold a task, sharing one ``group_by``
+  label value) is refused at launch (``ray_text.gang_problem``).
+- Discovery: ``GET /api/cluster_status`` (totals and free, cluster-wide and per node
+  in ``usageByNode``) then ``GET /api/v0/nodes`` (which nodes are alive, their labels),
+  in one of the backend's threads; alive nodes grouped with their labels as
+  attributes (``ray_text.cluster_report``). Measured on a head and three worker
+  raylets (ray 2.60, 2 loaded cores): 3.1 KB in 3-6 ms and 1.4 KB in 3-11 ms; the
+  dashboard's ``/nodes?view=summary`` has no free amounts and is 13 KB a node. A node
+  the resource report (refreshed every few seconds) has not seen yet offers nothing
+  free until it has.
 
 Limits (measured with ray 2.60): a job sees the environment of the Ray node that
 runs it plus its own variables. Ray expands ``$NAME`` and ``${NAME}`` in
@@ -48,9 +72,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import os
 import secrets
+import time
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -60,11 +86,17 @@ from typing import Any
 from irisfed.services.common.log import EventLogger
 from irisfed.services.peer_agent.backends import (
     DEFAULT_POLL_INTERVAL_S,
+    TASK_KILLED,
+    TASK_LOST,
+    TASK_PENDING,
+    TASK_RUNNING,
     Discovered,
     LaunchError,
     LiveRun,
     RunLost,
     RunSpec,
+    TaskStatus,
+    ray_gang,
 )
 from irisfed.services.peer_agent.backends import ray_text as text
 from irisfed.shared.errors import ConfigError
@@ -80,6 +112,15 @@ CALL_TIMEOUT_S = 30.0
 CALL_THREADS = 4
 # In a run's folder, written before it is submitted: the nonce in its Ray metadata.
 NONCE_FILE = "ray-submission"
+# The most nodes one ``/api/v0/nodes`` answer lists (the state API's own cap: 10,000).
+NODES_LIMIT = 10_000
+# A gang's driver enforces its start timeout itself, from its own start; the backend
+# stops a gang whose driver has not said its tasks run this long after that timeout
+# (a job Ray keeps PENDING, a driver that hangs) and counts it lost. Room for the
+# driver to start, import Ray and join the cluster on a busy node.
+GANG_START_GRACE_S = 60.0
+# The driver's source, read once: what every gang's job runs (ray_gang.py).
+_DRIVER_PAYLOAD = text.driver_payload(inspect.getsource(ray_gang))
 
 
 def _make_client(address: str, timeout_s: float) -> Any:
@@ -107,6 +148,15 @@ def _job_submission_client() -> type:
 def _get_json(url: str, timeout_s: float) -> Any:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+def _cluster_payloads(address: str, timeout_s: float) -> tuple[Any, Any]:
+    """The resource report and the node list, one after the other in one thread (each
+    answers in milliseconds; one thread per discovery, however silent the head)."""
+    deadline = time.monotonic() + timeout_s
+    status = _get_json(address + "/api/cluster_status", timeout_s)
+    nodes = _get_json(address + f"/api/v0/nodes?limit={NODES_LIMIT}", max(0.1, deadline - time.monotonic()))
+    return status, nodes
 
 
 def _not_found(error: BaseException) -> bool:
@@ -138,10 +188,17 @@ def _recorded_nonce(run_dir: Path) -> str | None:
         return "" if run_dir.is_dir() else None
 
 
-def _write_outputs(run_dir: Path, stdout: str, stderr: str) -> None:
+def _write_outputs(run_dir: Path, stdout: str, stderr: str,
+                   tasks: dict[int, tuple[str, str]] | None = None) -> None:
+    """The run's ``stdout``/``stderr``, and each gang task's in ``task-<i>/``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "stdout").write_text(stdout)
     (run_dir / "stderr").write_text(stderr)
+    for index, (task_out, task_err) in (tasks or {}).items():
+        task_dir = run_dir / f"task-{index}"
+        task_dir.mkdir(exist_ok=True)
+        (task_dir / "stdout").write_text(task_out)
+        (task_dir / "stderr").write_text(task_err)
 
 
 class _RayRun:
@@ -159,8 +216,8 @@ class _RayRun:
         self.state: text.JobState | None = None
         self.lost = ""  # why the run was lost, when the poller knows it was
         self.forgotten = False  # the head no longer has the job (nor its logs)
-        self._outputs_saved = False
-        self._saving = asyncio.Lock()
+        self._result: tuple[str, int] | None = None  # (why lost, exit code), settled once
+        self._settling = asyncio.Lock()
 
     def end(self, state: text.JobState | None = None, forgotten: str = "") -> None:
         """It ended as ``state`` says, or the head ``forgotten`` it (why)."""
@@ -170,14 +227,10 @@ class _RayRun:
     async def wait(self) -> int:
         self.backend.follow(self)
         await self.ended.wait()
-        lost, code = self.lost, 0
-        if not lost:
-            assert self.state is not None
-            try:
-                code = text.exit_code(self.state, self.kill_requested)
-            except RunLost as exc:
-                lost = str(exc)
-        await self._save_outputs(lost)
+        async with self._settling:
+            if self._result is None:
+                self._result = await self._settle()
+        lost, code = self._result
         if lost:
             raise RunLost(lost)
         return code
@@ -193,25 +246,123 @@ class _RayRun:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ended.wait(), timeout=grace_s)
 
-    async def _save_outputs(self, lost: str) -> None:
-        """The job's logs into ``stdout`` (once); ``stderr`` says what went wrong, if anything."""
-        async with self._saving:
-            if self._outputs_saved:
-                return
-            stdout, stderr = "", ""
-            if lost:
-                stderr = f"irisfed: run lost: {lost}\n"
-            if not self.forgotten:  # a forgotten job has no logs left
-                try:
-                    stdout = await self.backend.call("get_job_logs", self.submission_id)
-                except Exception as exc:  # noqa: BLE001 - the outcome matters more than the logs
-                    stderr += f"irisfed: could not fetch the Ray job's logs: {exc!r}\n"
-                    log.warning("ray_logs_unavailable", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
+    def outcome(self, logs: str | None) -> int:
+        """The exit code of the ended job (``logs``: its log, None when unreadable);
+        raises ``RunLost``."""
+        assert self.state is not None
+        return text.exit_code(self.state, self.kill_requested)
+
+    def task_outputs(self, logs: str) -> dict[int, tuple[str, str]]:
+        """Each task's (stdout, stderr) to write apart: none for a single task."""
+        return {}
+
+    async def _settle(self) -> tuple[str, int]:
+        """Once: the job's logs into ``stdout`` (``stderr`` says what went wrong, if
+        anything), and its outcome: (why it was lost or "", exit code)."""
+        logs: str | None = None
+        problem = ""
+        if not self.forgotten:  # a forgotten job has no logs left
             try:
-                await asyncio.to_thread(_write_outputs, Path(self.log_dir), stdout, stderr)
-            except OSError as exc:
-                log.warning("ray_logs_not_written", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
-            self._outputs_saved = True
+                logs = await self.backend.call("get_job_logs", self.submission_id)
+            except Exception as exc:  # noqa: BLE001 - the outcome matters more than the logs
+                problem = f"irisfed: could not fetch the Ray job's logs: {exc!r}\n"
+                log.warning("ray_logs_unavailable", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
+        lost, code = self.lost, 0
+        if not lost:
+            try:
+                code = self.outcome(logs)
+            except RunLost as exc:
+                lost = str(exc)
+        stderr = (f"irisfed: run lost: {lost}\n" if lost else "") + problem
+        try:
+            await asyncio.to_thread(_write_outputs, Path(self.log_dir), logs or "", stderr,
+                                    self.task_outputs(logs or ""))
+        except OSError as exc:
+            log.warning("ray_logs_not_written", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
+        return lost, code
+
+
+class _RayGang(_RayRun):
+    """A gang's Ray job: its driver (ray_gang.py) runs ``replicas`` tasks, one a node.
+    ``started`` is set once the driver's log says every task runs (the poller reads
+    the log of a RUNNING gang until it does); the outcome, each task's state, node and
+    exit code, and each task's output come from the log once the job ended."""
+
+    def __init__(self, backend: RayBackend, submission_id: str, job_id: str, epoch: int, replicas: int,
+                 start_timeout_s: float, submitted_at: float) -> None:
+        super().__init__(backend, submission_id, job_id, epoch)
+        self.replicas = replicas
+        self.start_timeout_s = start_timeout_s
+        self.submitted_at = submitted_at  # wall clock (time.time()): Ray's start_time when adopted
+        self.started = asyncio.Event()
+        self.nodes: list[str | None] = [None] * replicas
+        self.start_timed_out = ""  # why the backend stopped it before its tasks all ran
+        self.gang_log: text.GangLog | None = None
+
+    def start_overdue(self, now: float) -> bool:
+        return not self.started.is_set() and now > self.submitted_at + self.start_timeout_s + GANG_START_GRACE_S
+
+    def saw_start(self, nodes: list[str | None]) -> None:
+        self.nodes = (list(nodes) + [None] * self.replicas)[:self.replicas]
+        self.started.set()
+
+    def outcome(self, logs: str | None) -> int:
+        assert self.state is not None
+        if logs is not None:
+            self.gang_log = text.read_gang_log(logs, self.replicas)
+            if self.gang_log.started is not None and not self.started.is_set():
+                self.saw_start(self.gang_log.started)
+        return text.gang_exit_code(self.state, self.gang_log if logs is not None else None, self.kill_requested,
+                                   self.start_timed_out)
+
+    def task_outputs(self, logs: str) -> dict[int, tuple[str, str]]:
+        gang_log = self.gang_log or text.read_gang_log(logs, self.replicas)
+        return {index: (gang_log.outputs.get((index, "out"), ""), gang_log.outputs.get((index, "err"), ""))
+                for index in range(self.replicas)}
+
+    def tasks(self) -> list[TaskStatus]:
+        """Each task as the driver last said: pending until ``started``, then running,
+        then as its ``end`` line says (running ones of a run lost without one: lost)."""
+        end = self.gang_log.end if self.gang_log is not None else None
+        states = [TASK_RUNNING if self.started.is_set() else TASK_PENDING] * self.replicas
+        codes: list[int | None] = [None] * self.replicas
+        nodes = list(self.nodes)
+        if end is not None:
+            states = _listed(end.get("states"), self.replicas, states)
+            codes = _listed(end.get("codes"), self.replicas, codes)
+            nodes = _listed(end.get("nodes"), self.replicas, nodes)
+        elif self._result is not None and self._result[0]:  # lost, and the driver did not say how
+            states = [TASK_LOST if state == TASK_RUNNING else state for state in states]
+        elif self._result is not None:  # stopped before the driver said how
+            states = [TASK_KILLED if state == TASK_RUNNING else state for state in states]
+        return [TaskStatus(i, nodes[i], states[i], codes[i], str(Path(self.log_dir) / f"task-{i}"))
+                for i in range(self.replicas)]
+
+    async def look_for_start(self) -> None:
+        """Read the log of the RUNNING job for the driver's ``started`` line (a failure
+        is only logged: asked again at the next poll)."""
+        try:
+            logs = await self.backend.call("get_job_logs", self.submission_id)
+        except Exception as exc:  # noqa: BLE001 - asked again at the next poll
+            log.warning("ray_gang_log_unavailable", submission_id=self.submission_id, error=repr(exc))
+            return
+        nodes = text.gang_started(logs)
+        if nodes is not None and not self.started.is_set():
+            self.saw_start(nodes)
+
+    async def give_up_start(self, status: str) -> None:
+        """Its tasks did not all start in time: stop the job (again at every poll until
+        it ends); it is lost."""
+        self.start_timed_out = (f"its {self.replicas} tasks did not all start within {self.start_timeout_s:g}s "
+                                f"(the Ray job was {status} {GANG_START_GRACE_S:g}s after that)")
+        log.warning("ray_gang_start_overdue", submission_id=self.submission_id, why=self.start_timed_out)
+        self.kill_requested = True
+        await self.backend.stop(self.submission_id)
+
+
+def _listed(values: Any, length: int, default: list) -> list:
+    """``values`` when it is a list of ``length`` items (a driver's ``end`` line), else ``default``."""
+    return list(values) if isinstance(values, list) and len(values) == length else default
 
 
 class RayBackend:
@@ -224,12 +375,13 @@ class RayBackend:
 
     def __init__(self, address: str, work_root: Path, peer_id: str,
                  poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S, python: str = "python3") -> None:
         self.address = address.rstrip("/")
         self.work_root = work_root
         self.peer_id = peer_id
         self.poll_interval_s = poll_interval_s
         self.call_timeout_s = call_timeout_s
+        self.python = python  # on the head's PATH, with Ray: what runs a gang's driver
         self.engine_calls: Counter[str] = Counter()  # calls to the head, by name
         self.polls = 0  # poller rounds: one list_jobs each, whatever the number of runs
         self._client: Any = None
@@ -294,11 +446,6 @@ class RayBackend:
 
     async def launch(self, spec: RunSpec) -> _RayRun:
         submission_id = text.submission_id(spec.job_id, spec.epoch)
-        try:
-            entrypoint = text.entrypoint(spec.command, spec.env)
-            env_vars = text.job_env(spec.env, spec.job_id, spec.epoch)
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
         report = self._report
         if report is None:
             try:
@@ -307,19 +454,26 @@ class RayBackend:
                 raise LaunchError(f"cannot learn what the Ray cluster at {self.address} has: {exc!r}") from exc
             report = self._report
             assert report is not None
+        try:
+            submission = self._submission(spec, report)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         problem = text.too_big(spec.resources, report)
+        if problem is None and spec.replicas > 1:
+            problem = text.gang_problem(spec.resources, spec.replicas, spec.group_by, report)
         if problem is not None:
             raise LaunchError(problem)
         try:
             nonce = await asyncio.to_thread(_prepare_run_dir, self.run_dir(spec.job_id, spec.epoch))
         except OSError as exc:
             raise LaunchError(f"cannot make the run folder: {exc.strerror or exc}") from exc
+        submitted_at = time.time()
         try:
             await self.call(
-                "submit_job", entrypoint=entrypoint, submission_id=submission_id,
-                runtime_env={"env_vars": env_vars},
-                metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch, nonce),
-                **text.submit_resources(spec.resources, report.ray_names),
+                "submit_job", submission_id=submission_id,
+                metadata=text.metadata(self.peer_id, spec.job_id, spec.epoch, nonce, spec.replicas,
+                                       spec.start_timeout_s),
+                **submission,
             )
         except Exception as exc:  # noqa: BLE001 - any failure to submit is a launch error
             if not text.already_exists(exc):
@@ -336,7 +490,22 @@ class RayBackend:
             if handle is None:
                 raise LaunchError(f"Ray job {submission_id} exists and is not this peer's run") from exc
             return handle
-        return self.track(submission_id, spec.job_id, spec.epoch)
+        gang = (spec.replicas, spec.start_timeout_s) if spec.replicas > 1 else None
+        return self.track(submission_id, spec.job_id, spec.epoch, gang, submitted_at)
+
+    def _submission(self, spec: RunSpec, report: text.ClusterReport) -> dict[str, Any]:
+        """``submit_job``'s entrypoint, runtime env and resources for ``spec``: the command
+        itself, or for a gang the driver, which holds nothing (its tasks' placement group
+        does). Raises ValueError for what cannot be passed."""
+        if spec.replicas <= 1:
+            return {"entrypoint": text.entrypoint(spec.command, spec.env),
+                    "runtime_env": {"env_vars": text.job_env(spec.env, spec.job_id, spec.epoch)},
+                    **text.submit_resources(spec.resources, report.ray_names)}
+        bundle = text.gang_bundle(spec.resources, report.ray_names)
+        env_vars = text.gang_env(spec.command, spec.env, spec.job_id, spec.epoch, spec.replicas, bundle,
+                                 spec.group_by, spec.start_timeout_s, _DRIVER_PAYLOAD)
+        return {"entrypoint": text.gang_entrypoint(self.python), "runtime_env": {"env_vars": env_vars},
+                "entrypoint_num_cpus": 0}
 
     async def _submitted_anyway(self, spec: RunSpec, submission_id: str, failure: Exception) -> _RayRun | None:
         """Our run of ``spec`` when a failed ``submit_job`` created it all the same (the
@@ -354,13 +523,23 @@ class RayBackend:
 
     # ------------------------------------------------------------ following runs
 
-    def track(self, submission_id: str, job_id: str, epoch: int) -> _RayRun:
-        """The followed run of ``submission_id`` (a new one when none is followed)."""
+    def track(self, submission_id: str, job_id: str, epoch: int, gang: tuple[int, float] | None = None,
+              submitted_at: float = 0.0) -> _RayRun:
+        """The followed run of ``submission_id`` (a new one when none is followed; a gang's
+        of (tasks, start timeout) when ``gang`` says so)."""
         run = self._runs.get(submission_id)
-        if run is None:
-            run = _RayRun(self, submission_id, job_id, epoch)
+        if run is None or (gang is not None and not isinstance(run, _RayGang)):
+            was = self._runs.pop(submission_id, None)  # followed as a single task, to stop it
+            run = self._handle(submission_id, job_id, epoch, gang, submitted_at)
+            run.kill_requested = was is not None and was.kill_requested
             self.follow(run)
         return run
+
+    def _handle(self, submission_id: str, job_id: str, epoch: int, gang: tuple[int, float] | None,
+                submitted_at: float) -> _RayRun:
+        if gang is None:
+            return _RayRun(self, submission_id, job_id, epoch)
+        return _RayGang(self, submission_id, job_id, epoch, gang[0], gang[1], submitted_at or time.time())
 
     def follow(self, run: _RayRun) -> None:
         """Have the poller follow ``run`` until it ends (starting the poller if needed)."""
@@ -388,7 +567,8 @@ class RayBackend:
         started = self.polls
         jobs = await self.call("list_jobs")
         listed = {job.submission_id: job for job in jobs if job.submission_id}
-        stopping = []
+        now = time.time()
+        asking = []
         for submission_id, run in list(self._runs.items()):
             job = listed.get(submission_id)
             if job is None:
@@ -401,9 +581,14 @@ class RayBackend:
                 del self._runs[submission_id]
                 run.end(state)
             elif run.kill_requested:  # Ray ignores stop_job while a job is PENDING
-                stopping.append(self.stop(submission_id))
-        if stopping:
-            await asyncio.gather(*stopping)
+                asking.append(self.stop(submission_id))
+            elif isinstance(run, _RayGang) and not run.started.is_set():
+                if run.start_overdue(now):
+                    asking.append(run.give_up_start(state.status))
+                elif state.status == "RUNNING":  # only its driver's log says when its tasks run
+                    asking.append(run.look_for_start())
+        if asking:
+            await asyncio.gather(*asking)
 
     # ------------------------------------------------------------ runs left behind
 
@@ -429,9 +614,13 @@ class RayBackend:
                         why="not submitted by this peer (no matching nonce in its run folder)")
             return None
         state = text.job_state(info)
+        gang = text.gang_of(info.metadata)
+        submitted_at = (getattr(info, "start_time", None) or 0) / 1000  # Ray's: epoch milliseconds
         if not state.terminal:
-            return self.track(submission_id, run.job_id, run.epoch)
-        handle = self._runs.pop(submission_id, None) or _RayRun(self, submission_id, run.job_id, run.epoch)
+            return self.track(submission_id, run.job_id, run.epoch, gang, submitted_at)
+        handle = self._runs.pop(submission_id, None)
+        if handle is None or (gang is not None and not isinstance(handle, _RayGang)):
+            handle = self._handle(submission_id, run.job_id, run.epoch, gang, submitted_at)
         handle.end(state)
         return handle
 
@@ -461,11 +650,12 @@ class RayBackend:
     # ------------------------------------------------------------ capacity
 
     async def discover(self) -> Discovered:
-        """What the cluster has now, from ``GET /api/cluster_status`` (no driver needed);
-        kept for launch's check that a request fits. One request at a time: a caller that
-        gives up (the agent's discovery loop does, after two heartbeat intervals) leaves
-        it to finish, and the next caller waits for that one instead of starting another
-        (a silent head would otherwise take one more thread per heartbeat)."""
+        """What the cluster has now and its alive nodes, from ``GET /api/cluster_status``
+        and ``GET /api/v0/nodes`` (no driver needed); kept for launch's check that a
+        request fits. One discovery at a time: a caller that gives up (the agent's
+        discovery loop does, after two heartbeat intervals) leaves it to finish, and the
+        next caller waits for that one instead of starting another (a silent head would
+        otherwise take more threads every heartbeat)."""
         if self._discovery is None or self._discovery.done():
             self._discovery = asyncio.ensure_future(self._discover_once())
             self._discovery.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -473,10 +663,10 @@ class RayBackend:
 
     async def _discover_once(self) -> Discovered:
         self.engine_calls["cluster_status"] += 1
-        payload = await asyncio.wait_for(
-            self._in_thread(_get_json, self.address + "/api/cluster_status", self.call_timeout_s),
-            timeout=self.call_timeout_s)
-        self._report = text.cluster_report(payload)
+        self.engine_calls["nodes"] += 1
+        status, nodes = await asyncio.wait_for(
+            self._in_thread(_cluster_payloads, self.address, self.call_timeout_s), timeout=self.call_timeout_s)
+        self._report = text.cluster_report(status, nodes)
         return self._report.discovered
 
     async def close(self) -> None:
