@@ -8,6 +8,11 @@ temporary folder by ``irisfed.tooling.engines`` and stopped by PID at the end. W
 engine is not installed the tests are skipped, except in CI (``CI=true``), where
 that is a failure: CI must install them.
 
+Our own Slurm cluster has one node in its default partition (``debug``: what the
+single-node tests measure) and ``SLURM_GANG_NODES`` more, each its own slurmd on this
+host, in partition ``gang`` (``SlurmCluster.gang_partition``: gangs, one task a
+node). A given cluster's gang partition is the first with two nodes or more.
+
 ``slurm_time_limited_run``: a run submitted with a one-minute time limit as soon as
 a Slurm backend test first asks for the cluster (``slurm_env`` requests it), so the
 minute or more Slurm takes to end it (it checks limits every 30 s, a hard-coded
@@ -30,13 +35,22 @@ from irisfed.services.peer_agent.backends import RunSpec
 from irisfed.services.peer_agent.backends.slurm import SlurmBackend
 from irisfed.services.peer_agent.backends.slurm_text import comment_for, job_name, output_path
 from irisfed.tooling.engines.chromium import Chromium, chromium_available, start_chromium
-from irisfed.tooling.engines.ray import RayHead, connect_ray, ray_available, start_ray
+from irisfed.tooling.engines.ray import (
+    RayHead,
+    RayWorkerSpec,
+    connect_ray,
+    ray_available,
+    start_ray,
+)
 from irisfed.tooling.engines.slurm import SlurmCluster, connect_slurm, slurm_available, start_slurm
 
 RAY_ADDRESS_ENV = "IRISFED_TEST_RAY_ADDRESS"
 # A CPU the machine lacks, declared by our own test cluster: the time-limited run
 # holds it for its minute, so no test waits behind it or finds the node fuller.
 SLURM_SPARE_CPUS = 1
+# Nodes of the gang partition: a 2-task gang has a choice, and `group_by rack` one
+# rack of two nodes (gn1, gn2) and one of one (gn3).
+SLURM_GANG_NODES = 3
 
 
 def _unavailable(reason: str) -> None:
@@ -63,7 +77,7 @@ def _engine(given: str | None, connect, available, start, folder: Path):
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
     given = os.environ.get("SLURM_CONF")
     yield from _engine(given and Path(given), connect_slurm, slurm_available(),
-                       functools.partial(start_slurm, spare_cpus=SLURM_SPARE_CPUS),
+                       functools.partial(start_slurm, spare_cpus=SLURM_SPARE_CPUS, gang_nodes=SLURM_GANG_NODES),
                        tmp_path_factory.mktemp("slurm"))
 
 
@@ -98,8 +112,15 @@ def slurm_time_limited_run(slurm_cluster: SlurmCluster,
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> RayHead:
-    yield from _engine(os.environ.get(RAY_ADDRESS_ENV), connect_ray, ray_available(), start_ray,
-                       tmp_path_factory.mktemp("ray"))
+    """The session's Ray cluster: our own is a head (2 CPUs, ``{"TPU": 4}``, no labels) and
+    ``RAY_WORKERS``, started once (gangs need nodes: tests/engines/test_ray_gangs.py)."""
+    yield from _engine(os.environ.get(RAY_ADDRESS_ENV), connect_ray, ray_available(),
+                       functools.partial(start_ray, workers=RAY_WORKERS), tmp_path_factory.mktemp("ray"))
+
+
+# Two alike worker raylets of one slice (label ``slice=a``), 1 CPU and 1 GiB each: a gang
+# of 3 takes every node, one of 2 sharing a slice takes both workers.
+RAY_WORKERS = (RayWorkerSpec("w1", labels={"slice": "a"}), RayWorkerSpec("w2", labels={"slice": "a"}))
 
 
 @pytest.fixture(scope="session")

@@ -5,25 +5,43 @@ Sample lines are real answers of the Slurm 22.05 test cluster (tooling/engines/s
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import pytest
 
-from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE
+from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, TaskStatus
 from irisfed.services.peer_agent.backends.slurm_text import (
+    EXIT_STATUS_FILE,
     STARTED_MARKER,
+    GangFile,
     Outcome,
     ScriptError,
     SlurmJob,
+    TaskRecord,
     batch_script,
     capacity,
     choose_run,
     comment_for,
     default_partition,
+    expand_hostlist,
+    feature_attribute,
     forgotten_outcome,
+    gang_args,
+    gang_batch_script,
+    gang_file_text,
+    gang_misfit,
+    gang_outcome,
+    gang_tasks,
+    group_constraint,
     job_name,
     misfit,
+    node_groups,
     node_usable,
     outcome,
     output_path,
+    parse_features,
+    parse_gang_file,
     parse_gres,
     parse_job_name,
     parse_nodes,
@@ -35,6 +53,8 @@ from irisfed.services.peer_agent.backends.slurm_text import (
     sbatch_job_id,
     shell_word,
     slurm_request,
+    task_script,
+    tres_gres,
 )
 
 NODE_IDLE = (
@@ -123,25 +143,30 @@ def test_output_paths_escape_slurm_patterns() -> None:
 
 def test_squeue_lines_of_ours_only() -> None:
     text = (
-        "4|CANCELLED|0|cancelme|(null)\n"
-        "1|FAILED|768|irisfed-a-e1|irisfed:p1\n"
-        "3|FAILED|9|irisfed-c-e2|irisfed:p2\n"  # another peer's
-        "2|RUNNING|0|irisfed-b-e1|irisfed:p1\n"
-        "7_1|RUNNING|0|irisfed-arr-e1|irisfed:p1\n"  # an array task: none of ours
+        "4|CANCELLED|0||None|cancelme|(null)\n"
+        "1|FAILED|768|vm|NonZeroExitCode|irisfed-a-e1|irisfed:p1\n"
+        "3|FAILED|9|vm|None|irisfed-c-e2|irisfed:p2\n"  # another peer's
+        "2|RUNNING|0|gn[1-2]|None|irisfed-b-e1|irisfed:p1\n"
+        "5|PENDING|0||Resources|irisfed-g-e1|irisfed:p1\n"
+        "7_1|RUNNING|0|vm|None|irisfed-arr-e1|irisfed:p1\n"  # an array task: none of ours
         "garbage\n"
     )
     assert parse_squeue(text, COMMENT) == [
-        SlurmJob("1", "FAILED", 768, "a", 1),
-        SlurmJob("2", "RUNNING", 0, "b", 1),
+        SlurmJob("1", "FAILED", 768, "a", 1, "vm", "NonZeroExitCode"),
+        SlurmJob("2", "RUNNING", 0, "b", 1, "gn[1-2]", "None"),
+        SlurmJob("5", "PENDING", 0, "g", 1, "", "Resources"),
     ]
 
 
 def test_squeue_names_and_comments_may_hold_pipes() -> None:
     ours = comment_for("p|1")
-    assert parse_squeue_line("5|PENDING|0|irisfed-j-e3|irisfed:p|1", ours) == SlurmJob("5", "PENDING", 0, "j", 3)
+    assert parse_squeue_line("5|PENDING|0||None|irisfed-j-e3|irisfed:p|1", ours) == SlurmJob(
+        "5", "PENDING", 0, "j", 3, "", "None")
     # A name ending in our comment, with another comment, is not ours.
-    assert parse_squeue_line("6|RUNNING|0|irisfed-j-e3|irisfed:p|1|(null)", ours) is None
-    assert parse_squeue_line("6|RUNNING|0|irisfed-j-e3|irisfed:p1 extra", COMMENT) is None
+    assert parse_squeue_line("6|RUNNING|0|vm|None|irisfed-j-e3|irisfed:p|1|(null)", ours) is None
+    assert parse_squeue_line("6|RUNNING|0|vm|None|irisfed-j-e3|irisfed:p1 extra", COMMENT) is None
+    # The format of an agent before node lists: not ours (never polled with this parser).
+    assert parse_squeue_line("5|PENDING|0|irisfed-j-e3|irisfed:p1", COMMENT) is None
 
 
 def test_live_and_terminal() -> None:
@@ -149,6 +174,14 @@ def test_live_and_terminal() -> None:
     assert SlurmJob("1", "COMPLETING", 0, "a", 1).live
     assert SlurmJob("1", "SOME_NEW_STATE", 0, "a", 1).live
     assert not SlurmJob("1", "CANCELLED", 15, "a", 1).live
+
+
+@pytest.mark.parametrize("state, started", [
+    ("PENDING", False), ("CONFIGURING", False), ("REQUEUE_HOLD", False),
+    ("RUNNING", True), ("COMPLETING", True), ("SUSPENDED", True), ("COMPLETED", True), ("FAILED", True),
+])
+def test_a_job_has_started_once_slurm_runs_it(state: str, started: bool) -> None:
+    assert SlurmJob("1", state, 0, "a", 1).started is started
 
 
 def test_choose_run_prefers_live_then_the_given_id_then_the_latest() -> None:
@@ -364,3 +397,260 @@ def test_slurm_commands_and_so_jobs_get_only_passed_through_and_slurm_settings()
                       "IRISFED_DATABASE_URL": "postgres://agent:secret@db", "AWS_SECRET_ACCESS_KEY": "k",
                       "PYENV_SHELL": "bash"})
     assert env == {"PATH": "/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_ACCOUNT": "a"}
+
+
+# ---------------------------------------------------------------- nodes as node groups (gangs)
+# Lines of the test cluster's gang partition (`scontrol show node -o -d`): gn1 and gn2
+# alike (rack:a), gn3 with `rack=b,ssd`; gn1 runs a task holding 1 CPU, 1 GB and 1 GPU.
+
+def _gang_node(name: str, features: str, alloc: int = 0, alloc_mem: int = 0, gpus_used: int = 0,
+               state: str = "IDLE") -> str:
+    return (f"NodeName={name} Arch=x86_64 CoresPerSocket=2  CPUAlloc={alloc} CPUEfctv=2 CPUTot=2 CPULoad=2.80 "
+            f"AvailableFeatures={features} ActiveFeatures={features} Gres=gpu:h100:2 GresDrain=N/A "
+            f"GresUsed=gpu:h100:{gpus_used}(IDX:{'0' if gpus_used else 'N/A'}) NodeAddr=127.0.0.1 "
+            f"NodeHostName={name} Port=49979 Version=22.05.8 OS=Linux 6.18.44-fc-v1252 #1 SMP PREEMPT_DYNAMIC @0  "
+            f"RealMemory=4096 AllocMem={alloc_mem} FreeMem=19872 Sockets=1 Boards=1 State={state} ThreadsPerCore=1 "
+            f"TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=gang  CfgTRES=cpu=2,mem=4G,billing=2 AllocTRES=")
+
+
+GANG_NODES = "\n".join([_gang_node("gn1", "rack:a", alloc=1, alloc_mem=1024, gpus_used=1, state="MIXED"),
+                        _gang_node("gn2", "rack:a"), _gang_node("gn3", "rack=b,ssd")])
+
+
+def test_node_features_are_attributes() -> None:
+    gn1, gn2, gn3 = parse_nodes(GANG_NODES)
+    assert gn1.features == ("rack:a",) and gn3.features == ("rack=b", "ssd")
+    assert gn1.attributes() == {"rack": ["a"]}
+    assert gn3.attributes() == {"rack": ["b"], "feature": ["ssd"]}
+    assert parse_nodes(NODE_IDLE)[0].attributes() == {}  # AvailableFeatures=(null)
+
+
+@pytest.mark.parametrize("feature, attribute", [
+    ("rack:a", ("rack", "a")), ("zone=us-east1", ("zone", "us-east1")), ("ssd", ("feature", "ssd")),
+    ("slice:v5e:a", ("slice", "v5e:a")), ("k=v:w", ("k", "v:w")), (":a", ("feature", ":a")),
+    ("a:", ("feature", "a:")),
+])
+def test_feature_attribute(feature: str, attribute: tuple[str, str]) -> None:
+    assert feature_attribute(feature) == attribute
+
+
+def test_features_a_constraint_could_not_name_are_left_out() -> None:
+    assert parse_features("rack:a,x|y,a&b,[c],ok,(null)") == ("rack:a", "ok")
+    assert parse_features("(null)") == ()
+
+
+def test_node_groups_count_identical_nodes_together() -> None:
+    idle = GANG_NODES.replace("MIXED", "IDLE").replace("CPUAlloc=1", "CPUAlloc=0").replace(
+        "AllocMem=1024", "AllocMem=0").replace("gpu:h100:1(IDX:0)", "gpu:h100:0(IDX:N/A)")
+    whole = {"cpu": {"total": 2, "free": 2}, "gpu": {"total": 2, "free": 2},
+             "memory_mb": {"total": 4096, "free": 4096}}
+    assert node_groups(parse_nodes(idle)) == [
+        {"count": 1, "attributes": {"feature": ["ssd"], "rack": ["b"]}, "resources": whole},
+        {"count": 2, "attributes": {"rack": ["a"]}, "resources": whole}]
+    # gn1 runs a task: no longer like gn2, what it holds is not free.
+    busy = Counter()
+    for group in node_groups(parse_nodes(GANG_NODES)):
+        busy[json.dumps(group["resources"], sort_keys=True)] += group["count"]
+    assert busy == {json.dumps(whole, sort_keys=True): 2, json.dumps(
+        {"cpu": {"total": 2, "free": 1}, "gpu": {"total": 2, "free": 1}, "memory_mb": {"total": 4096, "free": 3072}},
+        sort_keys=True): 1}
+
+
+def test_node_groups_of_a_thousand_nodes_in_two_shapes_are_two_entries() -> None:
+    lines = [_node(f"n{i}", cpus=64, partitions="p") for i in range(990)]
+    lines += [_node(f"g{i}", gres="gpu:h100:8", used="gpu:h100:0", partitions="p") for i in range(10)]
+    groups = node_groups(parse_nodes("\n".join(lines)))
+    assert sorted(g["count"] for g in groups) == [10, 990]
+    assert len(json.dumps(groups)) < 1024
+
+
+def test_unusable_nodes_offer_nothing_free_in_their_group() -> None:
+    [down] = node_groups(parse_nodes(_node("a", state="DOWN*")))
+    assert down["resources"]["cpu"] == {"total": 8, "free": 0}
+
+
+def test_gres_used_from_alloc_tres_when_gres_used_is_missing() -> None:
+    assert tres_gres("cpu=1,mem=1G,gres/gpu=2,gres/gpu:h100=2,gres/fpga=1") == {"gpu": 2, "fpga": 1}
+    assert tres_gres("") == {}
+    [node] = parse_nodes("NodeName=a CPUTot=4 CPUAlloc=1 RealMemory=100 AllocMem=0 Gres=gpu:2 "
+                         "AllocTRES=cpu=1,gres/gpu=1 State=MIXED Partitions=p")
+    assert node.used["gpu"] == 1
+
+
+@pytest.mark.parametrize("text, names", [
+    ("gn[1-2]", ["gn1", "gn2"]),
+    ("gn[1-3,5],vm", ["gn1", "gn2", "gn3", "gn5", "vm"]),
+    ("n[08-10]", ["n08", "n09", "n10"]),
+    ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+    ("vm", ["vm"]),
+    ("", []), ("(null)", []), ("None", []),
+])
+def test_expand_hostlist(text: str, names: list[str]) -> None:
+    assert expand_hostlist(text) == names
+
+
+# ---------------------------------------------------------------- what a gang asks
+
+
+def test_gang_args_are_one_task_a_node_with_each_task_s_resources() -> None:
+    request = {"cpu": 2, "memory_mb": 2048, "gpu": 1}
+    assert gang_args(4, request) == ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "-c", "2", "--mem=2048",
+                                     "--gres=gpu:1"]
+    assert gang_args(2, {"cpu": 1, "memory_mb": 1024}, "[rack:a|rack=b]")[-1] == "--constraint=[rack:a|rack=b]"
+
+
+def test_group_constraint_is_a_matching_or_of_the_key_s_features() -> None:
+    nodes = parse_nodes(GANG_NODES)
+    assert group_constraint("rack", nodes) == "[rack:a|rack=b]"
+    assert group_constraint("feature", nodes) == "[ssd]"
+    assert group_constraint("slice", nodes) is None
+
+
+def test_gang_misfit_counts_nodes_that_fit_one_task_and_share_a_value() -> None:
+    nodes = parse_nodes(GANG_NODES)
+    one_cpu = {"cpu": 1, "memory_mb": 1024}
+    assert gang_misfit(one_cpu, 3, "", nodes, "gang") is None
+    assert gang_misfit(one_cpu, 2, "rack", nodes, "gang") is None
+    assert gang_misfit(one_cpu, 3, "rack", nodes, "gang") == (
+        "the gang needs 3 nodes of Slurm partition gang with cpu=1, memory_mb=1024 sharing one rack "
+        "(its node features rack:VALUE): it has at most 2")
+    assert "at most 0" in gang_misfit(one_cpu, 2, "slice", nodes, "gang")
+    assert "at most 3" in gang_misfit(one_cpu, 4, "", nodes, "gang")
+    assert "at most 0" in gang_misfit({"cpu": 4, "memory_mb": 1}, 2, "", nodes, "gang")  # by totals, not free
+
+
+# ---------------------------------------------------------------- a gang's scripts
+# Run by srun on a real cluster: tests/engines/test_slurm_gangs.py.
+
+
+def test_gang_batch_script_runs_one_srun_step_that_kills_on_a_bad_exit() -> None:
+    text = gang_batch_script("/w/j/epoch-1", 3, 2)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/sh" and lines[1].startswith("# Written by")
+    assert lines[2].startswith(f"printf '%s\\n' \"${{SLURM_JOB_ID-}}\" > /w/j/epoch-1/{STARTED_MARKER} ||")
+    assert _command_line(text) == ("(exec srun --kill-on-bad-exit=1 --nodes=3 --ntasks=3 --ntasks-per-node=1 "
+                                   "--cpus-per-task=2 /bin/sh /w/j/epoch-1/task.sh)")
+    assert "export" not in text  # the job's environment is the task wrapper's, never srun's
+
+
+def test_task_script_sets_the_task_s_variables_before_the_job_s_own() -> None:
+    env = {"A": "1", "IRISFED_JOB_ID": "j", "IRISFED_TASK_INDEX": "forged", "IRISFED_COORDINATOR": "x:1"}
+    text = task_script(["prog", "x y"], env, "/w/j/epoch-1")
+    lines = text.splitlines()
+    assert lines[3] == ('cd /w/j/epoch-1 && command -p mkdir -p "task-${SLURM_PROCID-}" && cd "task-${SLURM_PROCID-}" '
+                        "|| { printf 'irisfed: cannot enter %s: the task was not run\\n' \"task-${SLURM_PROCID-}\" "
+                        ">&2; exit 1; }")
+    assert lines[4] == "exec >stdout 2>stderr"
+    assert lines[5].startswith(f"printf '%s\\n' \"${{SLURMD_NODENAME-}}\" > {STARTED_MARKER} ||")
+    task_vars = lines.index('export IRISFED_COORDINATOR="${SLURM_LAUNCH_NODE_IPADDR-}:'
+                            '$((20000 + ${SLURM_JOB_ID:-0} % 10000))"')
+    assert lines[task_vars - 1].startswith('export IRISFED_TASK_INDEX="${SLURM_PROCID-}"')
+    assert lines[task_vars + 1:task_vars + 3] == ["export A=1", "export IRISFED_JOB_ID=j"]
+    assert "forged" not in text and "x:1" not in text
+    assert _command_line(text) == "(exec prog 'x y')"
+    assert (f"printf '%s\\n' \"$irisfed_code\" > {EXIT_STATUS_FILE}.tmp && command -p mv -f "
+            f"{EXIT_STATUS_FILE}.tmp {EXIT_STATUS_FILE}") in lines
+    # Ended by Slurm (a sibling failed): srun hears 0, so its exit code stays the sibling's.
+    assert lines[-2:] == ['[ -z "$irisfed_signal" ] || exit 0', 'exit "$irisfed_status"']
+
+
+def test_task_script_refuses_what_cannot_be_passed() -> None:
+    with pytest.raises(ScriptError, match="no command"):
+        task_script([], {}, "/d")
+
+
+def test_the_single_run_script_is_unchanged_by_gangs() -> None:
+    assert batch_script(["prog", "x"], {"A": "1"}, "/d") == (
+        "#!/bin/sh\n"
+        "# Written by the irisfed peer agent: a start marker, the job's environment, its command, its exit.\n"
+        "printf '%s\\n' \"${SLURM_JOB_ID-}\" > /d/irisfed-started || { printf 'irisfed: cannot write %s: "
+        "the command was not run\\n' /d/irisfed-started >&2; exit 1; }\n"
+        "export A=1\n"
+        "irisfed_signal=\n"
+        "trap 'irisfed_signal=15' TERM\n"
+        "(exec prog x)\n"
+        "irisfed_status=$?\n"
+        '[ "$irisfed_status" != 143 ] || irisfed_signal=15\n'
+        "irisfed_code=$irisfed_status\n"
+        '[ -z "$irisfed_signal" ] || irisfed_code=-$irisfed_signal\n'
+        "printf '%s\\n' \"$irisfed_code\" > /d/irisfed-exit-status.tmp && command -p mv -f "
+        "/d/irisfed-exit-status.tmp /d/irisfed-exit-status\n"
+        '[ -z "$irisfed_signal" ] || { trap - TERM; kill -s TERM "$$"; }\n'
+        'exit "$irisfed_status"\n')
+
+
+@pytest.mark.parametrize("text, gang", [
+    ("2 300 1733412345.125\n", GangFile(2, 300.0, 1733412345.125)),
+    ("4096 2.5 1733412345\n", GangFile(4096, 2.5, 1733412345.0)),
+    (None, None), ("", None), ("0 1 1\n", None), ("4097 1 1\n", None), ("2 1\n", None), ("two 1 1\n", None),
+    ("2 1 1e9\n", None), ("2 -1 1\n", None),
+])
+def test_gang_file(text: str | None, gang: GangFile | None) -> None:
+    assert parse_gang_file(text) == gang
+
+
+def test_gang_file_round_trip() -> None:
+    gang = GangFile(3, 300.0, 1733412345.5)
+    assert gang_file_text(gang) == "3 300.000 1733412345.500\n"
+    assert parse_gang_file(gang_file_text(gang)) == gang
+
+
+# ---------------------------------------------------------------- a gang's outcome and tasks
+
+
+def _ran(code: int | None, node: str = "gn1", at: int = 0) -> TaskRecord:
+    return TaskRecord(f"{node}\n", None if code is None else f"{code}\n", at)
+
+
+def test_a_gang_fails_with_its_first_failing_task_s_exit_code() -> None:
+    records = [_ran(-15, "gn1", 300), _ran(3, "gn2", 200), _ran(5, "gn3", 250)]
+    assert gang_outcome(Outcome(143), False, records, "12") == Outcome(3)  # srun's own status aside
+    assert gang_outcome(Outcome(-15), False, records, "12") == Outcome(3)  # the batch shell ended by TERM
+
+
+def test_a_gang_s_success_cancel_loss_and_unknown_outcome_are_the_job_s() -> None:
+    records = [_ran(0), _ran(3, "gn2")]
+    assert gang_outcome(Outcome(0), False, records, "12") == Outcome(0)
+    assert gang_outcome(Outcome(KILLED_EXIT_CODE), True, records, "12") == Outcome(KILLED_EXIT_CODE)
+    lost = Outcome(None, "Slurm job 12 ended NODE_FAIL: not the job's fault")
+    assert gang_outcome(lost, False, records, "12") == lost
+    unknown = Outcome(None, unknown="Slurm forgot job 12 ...")
+    assert gang_outcome(unknown, False, records, "12") == unknown
+
+
+def test_a_gang_whose_tasks_did_not_all_start_is_lost_unless_one_failed() -> None:
+    never = [_ran(-15), TaskRecord()]
+    assert gang_outcome(Outcome(1), False, never, "12") == Outcome(
+        None, "Slurm job 12 ended with 1 of its 2 tasks never started (task 1 first): not the job's fault")
+    assert gang_outcome(Outcome(1), False, [_ran(7), TaskRecord()], "12") == Outcome(7)
+    # Every task ran and was ended by SIGTERM (the time limit): the job's own outcome.
+    assert gang_outcome(Outcome(-15), False, [_ran(-15), _ran(-15)], "12") == Outcome(-15)
+    assert gang_outcome(Outcome(2), False, [], "12") == Outcome(2)  # task folders unreadable
+
+
+def test_gang_tasks_while_pending_running_and_once_ended() -> None:
+    pending = gang_tasks(2, False, None, (), [], "/w/j/epoch-1")
+    assert pending == [TaskStatus(0, None, "pending", None, "/w/j/epoch-1/task-0"),
+                       TaskStatus(1, None, "pending", None, "/w/j/epoch-1/task-1")]
+    running = gang_tasks(2, True, None, (), ["gn1", "gn2"], "/w/j/epoch-1")
+    assert [(t.node, t.state) for t in running] == [("gn1", "running"), ("gn2", "running")]
+    records = [_ran(-15, "gn1"), _ran(1, "gn2")]
+    ended = gang_tasks(2, True, Outcome(1), records, ["gn1", "gn2"], "/w/j/epoch-1")
+    assert [(t.index, t.node, t.state, t.exit_code) for t in ended] == [
+        (0, "gn1", "killed", -15), (1, "gn2", "failed", 1)]
+
+
+def test_gang_tasks_without_an_exit_status_take_the_gang_s_fate() -> None:
+    def states(ended: Outcome) -> list[tuple[str, int | None]]:
+        tasks = gang_tasks(2, True, ended, [_ran(None), TaskRecord()], ["gn1", "gn2"], "/d")
+        return [(t.state, t.exit_code) for t in tasks]
+    assert states(Outcome(0)) == [("succeeded", 0), ("succeeded", 0)]
+    assert states(Outcome(None, "lost")) == [("lost", None), ("lost", None)]
+    assert states(Outcome(None, unknown="unknown")) == [("failed", None), ("failed", None)]
+    assert states(Outcome(KILLED_EXIT_CODE)) == [("killed", None), ("killed", None)]
+
+
+def test_a_task_s_node_is_what_it_recorded_if_it_is_a_node_name() -> None:
+    records = [TaskRecord("gn9\n"), TaskRecord("$(x)\n"), TaskRecord("")]
+    tasks = gang_tasks(3, True, None, records, ["gn1", "gn2"], "/d")
+    assert [t.node for t in tasks] == ["gn9", "gn2", None]

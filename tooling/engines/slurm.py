@@ -1,14 +1,31 @@
-"""A single-node Slurm cluster in a folder, for backend tests (docs/design.md §7).
+"""A Slurm cluster in a folder, for backend tests (docs/design.md §7): one node in
+partition ``debug``, and with ``gang_nodes`` that many more, each its own slurmd on
+this host, in partition ``gang`` (multi-node jobs: gangs).
 
 The config it writes, how its daemons start and stop, and the reference output of
 the commands a backend parses live together: a change to one shows in the others.
 
 ``start_slurm(folder)`` writes ``slurm.conf`` and ``gres.conf`` into ``folder``
 (its own ports, state, spool, logs, munge key and socket: nothing from /etc), then
-starts munged, slurmctld and slurmd as root, each in its own process group, and
-returns a ``SlurmCluster`` once the node is idle (under a second on an idle
-machine). ``SlurmCluster.stop()`` cancels every job and stops the three by their
-process groups. ``slurm_available()`` says why it cannot (packages, root).
+starts munged, slurmctld and a slurmd per node as root, each in its own process
+group, and returns a ``SlurmCluster`` once every node is idle (under a second on an
+idle machine; ~1 s with three gang nodes). ``SlurmCluster.stop()`` cancels every
+job and stops the daemons by their process groups. ``slurm_available()`` says why
+it cannot (packages, root).
+
+Several slurmd on one host (Debian's 22.05.8 build, measured): ``slurmd -N NAME``
+runs the daemon as node NAME; each node's line names its own ``Port=`` (slurmd
+listens on 0.0.0.0 there, so every node keeps ``NodeAddr=127.0.0.1``: distinct
+loopback addresses are not needed); one ``slurm.conf`` serves all of them, as
+``SlurmdSpoolDir``, ``SlurmdPidFile`` and ``SlurmdLogFile`` expand ``%n`` to the
+node's name (a copy per node, differing in those, also works but makes slurmctld
+log that each node's config differs from its own). ``SlurmdParameters=
+config_overrides`` lets every node declare CPUs and memory of its own (all share
+the host's 2 cores). Multi-node steps work across them: ``srun`` in a 2-node batch
+job ran task 0 on gn1 and task 1 on gn2 (``SLURMD_NODENAME``), ``--constraint=
+[rack:a|rack=b]`` kept both nodes on one rack, and ``--kill-on-bad-exit=1`` ended
+the sibling of a task that exited 3 (SIGTERM; the job FAILED, ``ExitCode=3:0``).
+Features may be ``KEY:VALUE`` or ``KEY=VALUE`` (``Features=rack=b`` is accepted).
 
 Measured here (Slurm 22.05.8 and munge 0.5.15 from Debian 12, 2 cores):
 ``apt-get install -y slurm-wlm munge`` ~18 s (43 packages, ~10 MB, 46 MB on disk);
@@ -16,7 +33,10 @@ start to idle node 0.4-0.7 s; ``sbatch --wrap true`` to COMPLETED 2.7-3.3 s.
 
 The cluster: one node (``slurmd -C``'s name, CPUs and memory; with ``spare_cpus``,
 that many CPUs more than the machine has, declared one core each on one socket with
-``SlurmdParameters=config_overrides``) in partition ``debug``, ``Gres=gpu:h100:4``
+``SlurmdParameters=config_overrides``) in partition ``debug``; with ``gang_nodes``,
+nodes ``gn1``... (``GANG_NODE`` each: 2 CPUs, 4096 MB, ``gpu:h100:2``; features
+``rack:a`` on all but the last, which has ``rack=b,ssd``) in partition ``gang``;
+``Gres=gpu:h100:4``
 backed by ``gpus/gpuN`` symlinks to /dev/null (slurmd wants character devices:
 with plain files it logs an error per GPU and jobs get no CUDA_VISIBLE_DEVICES),
 ``select/cons_tres`` with CR_Core_Memory, ``proctrack/linuxproc`` and ``task/none``
@@ -104,11 +124,13 @@ Node capacity
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -124,7 +146,6 @@ from irisfed.tooling.engines.procs import (
     spawn,
     wait_until,
 )
-from irisfed.tooling.servers import free_port
 
 # Debian's `slurm-wlm` (slurmctld, slurmd, the clients) and `munge` provide these.
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -144,6 +165,12 @@ KILL_WAIT_S = 5
 DEF_MEM_PER_CPU_MB = 256
 # Unix socket paths are limited to 108 bytes (sun_path) including the final NUL.
 MAX_SOCKET_PATH = 107
+# Each gang node: what it declares (config_overrides: every node shares the host's
+# cores, and jobs here mostly sleep). Two GPUs each, backed by the same fake devices.
+GANG_NODE = {"CPUs": "2", "Boards": "1", "SocketsPerBoard": "1", "CoresPerSocket": "2", "ThreadsPerCore": "1",
+             "RealMemory": "4096"}
+GANG_NODE_GPUS = 2
+GANG_PARTITION = "gang"
 
 
 # JobState values (`scontrol show job`, `squeue %T`). Live: may still change.
@@ -194,6 +221,9 @@ class SlurmCluster:
     folder: Path | None = None
     cluster_name: str = ""
     processes: list[GroupProcess] = field(default_factory=list)
+    # A partition of several nodes (gangs: one task a node) and its nodes; "" / []: none.
+    gang_partition: str = ""
+    gang_nodes: list[str] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -215,9 +245,9 @@ class SlurmCluster:
             )
         return done.stdout
 
-    def node(self) -> dict[str, str]:
-        """``scontrol show node -o`` of the node, as KEY -> VALUE."""
-        return parse_scontrol_line(self.run("scontrol", "show", "node", "-o", self.node_name))
+    def node(self, name: str = "") -> dict[str, str]:
+        """``scontrol show node -o`` of the node (or of node ``name``), as KEY -> VALUE."""
+        return parse_scontrol_line(self.run("scontrol", "show", "node", "-o", name or self.node_name))
 
     def job(self, job_id: str) -> dict[str, str] | None:
         """``scontrol show job -o ID`` as KEY -> VALUE; None once Slurm forgot the job."""
@@ -251,7 +281,8 @@ class SlurmCluster:
             self.processes.clear()
 
     def _cancel_all_jobs(self) -> None:
-        self.run("scancel", f"--partition={self.partition}", check=False)
+        for partition in filter(None, (self.partition, self.gang_partition)):
+            self.run("scancel", f"--partition={partition}", check=False)
         try:
             wait_until(
                 lambda: not self.run("squeue", "-h", "-o", "%i", check=False).strip(),
@@ -275,6 +306,12 @@ def connect_slurm(conf_path: Path) -> SlurmCluster:
     partition = next((p for p in partitions if p.get("Default") == "YES"), partitions[0])
     hosts = probe.run("scontrol", "show", "hostnames", partition["Nodes"]).split()
     probe.partition, probe.node_name = partition["PartitionName"], hosts[0]
+    # Gangs: the default partition if it has several nodes, else the first that has.
+    for candidate in sorted(partitions, key=lambda p: p is not partition):
+        nodes = probe.run("scontrol", "show", "hostnames", candidate.get("Nodes", "")).split()
+        if len(nodes) >= 2:
+            probe.gang_partition, probe.gang_nodes = candidate["PartitionName"], nodes
+            break
     node = probe.node()
     probe.cpus, probe.memory_mb = int(node["CPUTot"]), int(node["RealMemory"])
     probe.gres = "" if node.get("Gres") in (None, "(null)") else node["Gres"]
@@ -283,14 +320,17 @@ def connect_slurm(conf_path: Path) -> SlurmCluster:
 
 def start_slurm(
     folder: Path, *, gpus: int = 4, gpu_type: str = "h100", partition: str = "debug",
-    spare_cpus: int = 0, timeout: float = START_TIMEOUT_S,
+    spare_cpus: int = 0, gang_nodes: int = 0, timeout: float = START_TIMEOUT_S,
 ) -> SlurmCluster:
-    """Start munged, slurmctld and slurmd (as root, each in its own process group) with
-    config, state, logs and sockets all in ``folder``, on free ports; return once the
-    node is idle. The node has this machine's CPUs and memory and ``gpus`` fake GPUs of
-    type ``gpu_type`` (GRES backed by symlinks to /dev/null), plus ``spare_cpus`` CPUs
-    the machine lacks: room for a long idle job (the tests' time-limit run) that leaves
-    the machine's CPUs to the rest.
+    """Start munged, slurmctld and a slurmd per node (as root, each in its own process
+    group) with config, state, logs and sockets all in ``folder``, on free ports; return
+    once every node is idle. The node has this machine's CPUs and memory and ``gpus``
+    fake GPUs of type ``gpu_type`` (GRES backed by symlinks to /dev/null), plus
+    ``spare_cpus`` CPUs the machine lacks: room for a long idle job (the tests'
+    time-limit run) that leaves the machine's CPUs to the rest. ``gang_nodes`` more
+    nodes (``GANG_NODE``, each its own ``slurmd -N gnI`` on its own port) make partition
+    ``GANG_PARTITION``, apart from ``partition`` so that its one node stays what
+    single-node tests measure.
     """
     available = slurm_available()
     if not available:
@@ -300,6 +340,7 @@ def start_slurm(
     os.chmod(folder, 0o755)
     hardware = _declared(_hardware(), spare_cpus)
     node_name = hardware["NodeName"]
+    gang_names = [f"gn{i + 1}" for i in range(gang_nodes)]
     cluster_name = "irisfed" + uuid.uuid4().hex[:8]  # also tags job processes, for stop()
     munge_dir = folder / "munge"
     socket_path = munge_dir / "munge.socket"
@@ -307,24 +348,30 @@ def start_slurm(
         raise EngineError(f"folder path too long for a unix socket: {socket_path}")
     for sub in ("state", "spool", "log", "gpus"):
         (folder / sub).mkdir(exist_ok=True)
+    for name in [node_name, *gang_names]:  # slurmd wants its spool there before it makes its socket in it
+        (folder / "spool" / name).mkdir(exist_ok=True)
     munge_dir.mkdir(exist_ok=True)
     os.chmod(munge_dir, 0o755)  # munged wants its socket folder reachable by all
     key = munge_dir / "munge.key"
     key.write_bytes(secrets.token_bytes(1024))
     os.chmod(key, 0o600)
     gpu_files = []
-    for i in range(gpus):
+    for i in range(max(gpus, GANG_NODE_GPUS if gang_names else 0)):
         gpu_file = folder / "gpus" / f"gpu{i}"
         _make_fake_device(gpu_file)
         gpu_files.append(gpu_file)
 
     conf = folder / "slurm.conf"
+    ctld_port, slurmd_port, *gang_ports = _free_ports(2 + len(gang_names))
     conf.write_text(_slurm_conf(
         folder=folder, cluster_name=cluster_name, node_name=node_name, hardware=hardware,
-        socket_path=socket_path, ctld_port=free_port(), slurmd_port=free_port(),
+        socket_path=socket_path, ctld_port=ctld_port, slurmd_port=slurmd_port,
         gres=f"gpu:{gpu_type}:{gpus}" if gpus else "", partition=partition, spare_cpus=spare_cpus,
+        gang_nodes=_gang_node_lines(gang_names, gang_ports, gpu_type),
     ))
-    gres_lines = [f"NodeName={node_name} Name=gpu Type={gpu_type} File={f}" for f in gpu_files]
+    gres_lines = [f"NodeName={node_name} Name=gpu Type={gpu_type} File={f}" for f in gpu_files[:gpus]]
+    gres_lines += [f"NodeName={name} Name=gpu Type={gpu_type} File={f}"
+                   for name in gang_names for f in gpu_files[:GANG_NODE_GPUS]]
     (folder / "gres.conf").write_text("AutoDetect=off\n" + "".join(f"{g}\n" for g in gres_lines))
     (folder / "plugstack.conf").write_text("")
 
@@ -332,6 +379,7 @@ def start_slurm(
         conf_path=conf, node_name=node_name, partition=partition,
         cpus=int(hardware["CPUs"]), memory_mb=int(hardware["RealMemory"]),
         gres=f"gpu:{gpu_type}:{gpus}" if gpus else "", folder=folder, cluster_name=cluster_name,
+        gang_partition=GANG_PARTITION if gang_names else "", gang_nodes=gang_names,
     )
     try:
         munged = spawn("munged", [
@@ -350,15 +398,20 @@ def start_slurm(
         cluster.processes.append(slurmctld)
         wait_until(lambda: _ctld_up(cluster), "slurmctld to answer", timeout, [slurmctld])
 
-        slurmd = spawn(
-            "slurmd", [_which("slurmd"), "-D", "-f", str(conf)],
-            folder / "log" / "slurmd.out", env=env,
-        )
-        cluster.processes.append(slurmd)
-        wait_until(
-            lambda: _node_idle(cluster), f"node {node_name} to be idle", timeout,
-            [munged, slurmctld, slurmd],
-        )
+        # One slurmd per node, each told its name (-N): they share the host name.
+        slurmds = []
+        for name in [node_name, *gang_names]:
+            slurmd = spawn(
+                f"slurmd {name}", [_which("slurmd"), "-D", "-N", name, "-f", str(conf)],
+                folder / "log" / f"slurmd-{name}.out", env=env,
+            )
+            cluster.processes.append(slurmd)
+            slurmds.append(slurmd)
+        for name in [node_name, *gang_names]:
+            wait_until(
+                lambda name=name: _node_idle(cluster, name), f"node {name} to be idle", timeout,
+                [munged, slurmctld, *slurmds],
+            )
         return cluster
     except BaseException:
         cluster.stop()
@@ -383,16 +436,43 @@ def _declared(hardware: dict[str, str], spare_cpus: int) -> dict[str, str]:
             "ThreadsPerCore": "1"}
 
 
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 now: held open together while they
+    are chosen (one ``free_port`` after another may hand out a port just released)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def _gang_node_lines(names: list[str], ports: list[int], gpu_type: str) -> list[str]:
+    """The NodeName lines of the gang nodes: each on a port of its own; features
+    ``rack:a`` on all but the last, ``rack=b,ssd`` on the last (so ``group_by rack``
+    has a choice, and both spellings of KEY/VALUE features are read)."""
+    shape = " ".join(f"{key}={value}" for key, value in GANG_NODE.items())
+    return [f"NodeName={name} NodeAddr=127.0.0.1 Port={port} {shape} Gres=gpu:{gpu_type}:{GANG_NODE_GPUS} "
+            f"Features={'rack=b,ssd' if i == len(names) - 1 else 'rack:a'} State=UNKNOWN"
+            for i, (name, port) in enumerate(zip(names, ports, strict=True))]
+
+
 def _slurm_conf(
     *, folder: Path, cluster_name: str, node_name: str, hardware: dict[str, str],
     socket_path: Path, ctld_port: int, slurmd_port: int, gres: str, partition: str,
-    spare_cpus: int = 0,
+    spare_cpus: int = 0, gang_nodes: list[str] | None = None,
 ) -> str:
     log = folder / "log"
-    # With spare CPUs, slurmd must take the node line as written instead of draining a
-    # node that has fewer CPUs than it declares.
+    gang_nodes = gang_nodes or []
+    # With spare CPUs (or gang nodes, which share the host's), slurmd must take the
+    # node line as written instead of draining a node that does not have what it declares.
     overrides = (f"# {spare_cpus} CPU(s) more than the machine has: room for a long idle test job.\n"
-                 "SlurmdParameters=config_overrides\n") if spare_cpus > 0 else ""
+                 if spare_cpus > 0 else "")
+    if spare_cpus > 0 or gang_nodes:
+        overrides += "SlurmdParameters=config_overrides\n"
+    gang = "".join(f"{line}\n" for line in gang_nodes)
+    if gang_nodes:
+        names = ",".join(line.split()[0].removeprefix("NodeName=") for line in gang_nodes)
+        gang += f"PartitionName={GANG_PARTITION} Nodes={names} Default=NO MaxTime=INFINITE State=UP\n"
     node = " ".join(
         f"{key}={hardware[key]}"
         for key in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
@@ -400,7 +480,7 @@ def _slurm_conf(
         if key in hardware
     )
     return f"""\
-# Written by tooling/engines/slurm.py: a throwaway single-node cluster.
+# Written by tooling/engines/slurm.py: a throwaway cluster, every node on this host.
 ClusterName={cluster_name}
 SlurmctldHost={node_name}(127.0.0.1)
 SlurmctldPort={ctld_port}
@@ -411,11 +491,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={socket_path}
 StateSaveLocation={folder / "state"}
-SlurmdSpoolDir={folder / "spool"}
+# %n: the node's name, so that each slurmd of this host has its own.
+SlurmdSpoolDir={folder / "spool" / "%n"}
 SlurmctldPidFile={folder / "slurmctld.pid"}
-SlurmdPidFile={folder / "slurmd.pid"}
+SlurmdPidFile={folder / "slurmd-%n.pid"}
 SlurmctldLogFile={log / "slurmctld.log"}
-SlurmdLogFile={log / "slurmd.log"}
+SlurmdLogFile={log / "slurmd-%n.log"}
 PlugStackConfig={folder / "plugstack.conf"}
 # No cgroups: processes are tracked through their parents.
 ProctrackType=proctrack/linuxproc
@@ -442,7 +523,7 @@ EnforcePartLimits=ALL
 SchedulerType=sched/backfill
 {overrides}NodeName={node_name} NodeAddr=127.0.0.1 {node}{f" Gres={gres}" if gres else ""} State=UNKNOWN
 PartitionName={partition} Nodes={node_name} Default=YES MaxTime=INFINITE State=UP
-"""
+{gang}"""
 
 
 def _make_fake_device(path: Path) -> None:
@@ -466,13 +547,13 @@ def _ctld_up(cluster: SlurmCluster) -> bool:
     return "UP" in cluster.run("scontrol", "ping", check=False)
 
 
-def _node_idle(cluster: SlurmCluster) -> bool:
-    node = cluster.node()
+def _node_idle(cluster: SlurmCluster, name: str) -> bool:
+    node = cluster.node(name)
     state = node.get("State", "")
     if "INVAL" in state or "DRAIN" in state:
         raise EngineError(
-            f"node {cluster.node_name} is {state} ({node.get('Reason', 'no reason')}); "
-            f"slurmd log:\n{log_tail(cluster.folder / 'log' / 'slurmd.log')}"
+            f"node {name} is {state} ({node.get('Reason', 'no reason')}); "
+            f"slurmd log:\n{log_tail(cluster.folder / 'log' / f'slurmd-{name}.log')}"
         )
     return state == "IDLE"
 

@@ -35,18 +35,32 @@ work, and is never run again); only a run that never started is lost (retried).
 
 Capacity (``discover``): one ``scontrol show node -o -d`` call, kept to the nodes
 whose ``Partitions`` name the partition (so nodes added to it later count without
-a restart); each node's shape is kept to refuse, before ``sbatch``, a job no single
-node could ever hold.
+a restart): totals, attributes, and each node's resources and features as node
+groups (``slurm_text.node_groups``); the nodes are kept to refuse, before ``sbatch``,
+a job no single node could ever hold, or a gang no set of nodes could.
+
+Gangs (``RunSpec.replicas`` > 1): one batch job of N nodes, one task each
+(``slurm_text.gang_args``; ``group_by`` KEY as ``--constraint=[KEY:v1|KEY:v2...]``,
+Slurm's "matching OR": all nodes share one of the values), whose script runs the
+tasks as one ``srun --kill-on-bad-exit=1`` step, each through a wrapper that records
+its node and exit code in ``task-<i>/`` of the run folder. The handle's ``started``
+is set once Slurm runs the job; a gang Slurm still has pending past its start
+timeout (persisted in the run folder, so an adopted gang keeps it) is cancelled and
+lost. Its outcome and ``tasks()`` come from the task folders when it ends
+(``slurm_text.gang_outcome``, ``gang_tasks``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import stat
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from irisfed.services.common.log import EventLogger
@@ -59,24 +73,40 @@ from irisfed.services.peer_agent.backends import (
     RunLost,
     RunOutcomeUnknown,
     RunSpec,
+    TaskStatus,
 )
 from irisfed.services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
+    GANG_FILE,
     SQUEUE_FORMAT,
     STARTED_MARKER,
+    TASK_SCRIPT,
+    GangFile,
+    Node,
     Outcome,
     ScriptError,
     SlurmJob,
+    TaskRecord,
     batch_script,
     capacity,
     choose_run,
     comment_for,
     default_partition,
+    expand_hostlist,
     forgotten_outcome,
+    gang_args,
+    gang_batch_script,
+    gang_file_text,
+    gang_misfit,
+    gang_outcome,
+    gang_tasks,
+    group_constraint,
     job_name,
     misfit,
+    node_groups,
     outcome,
     output_path,
+    parse_gang_file,
     parse_nodes,
     parse_scontrol_line,
     parse_scontrol_lines,
@@ -84,8 +114,10 @@ from irisfed.services.peer_agent.backends.slurm_text import (
     resource_args,
     sbatch_job_id,
     slurm_request,
+    task_script,
 )
 from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
+from irisfed.shared.resources import CPU
 
 log = EventLogger("peer-agent")
 
@@ -128,20 +160,44 @@ def read_marker(path: Path) -> str | None:
     a folder: the job's own doing), which still shows the run started. Never follows
     a symlink nor blocks. Other OSErrors (folder unreadable, file system away)
     propagate: the caller cannot tell, and asks again later."""
+    return _read_marker(path)[0]
+
+
+def _read_marker(path: Path) -> tuple[str | None, int]:
+    """``read_marker``'s text, and when the marker was last written (ns; 0: unknown)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return None
+        return None, 0
     except OSError:
         if os.path.lexists(path):
-            return ""
+            return "", 0
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
-        return os.read(fd, MARKER_MAX_BYTES).decode(errors="replace")
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return "", 0
+        return os.read(fd, MARKER_MAX_BYTES).decode(errors="replace"), status.st_mtime_ns
     finally:
         os.close(fd)
+
+
+def read_task_records(run_dir: Path, replicas: int) -> tuple[TaskRecord, ...]:
+    """What each task of a gang left in ``run_dir/task-<i>`` (file I/O: call it in a
+    thread); OSError when a folder cannot be read."""
+    run_dir = run_dir.resolve()
+    records = []
+    for index in range(replicas):
+        folder = run_dir / f"task-{index}"
+        started = read_marker(folder / STARTED_MARKER)
+        exit_status, ended_ns = _read_marker(folder / EXIT_STATUS_FILE)
+        records.append(TaskRecord(started, exit_status, ended_ns))
+    return tuple(records)
+
+
+def read_gang_file(run_dir: Path) -> GangFile | None:
+    """A run folder's ``GANG_FILE`` (file I/O: call it in a thread); None: not a gang."""
+    return parse_gang_file(read_marker(run_dir.resolve() / GANG_FILE))
 
 
 def run_evidence(slurm_id: str, run_dir: Path) -> Outcome:
@@ -151,21 +207,66 @@ def run_evidence(slurm_id: str, run_dir: Path) -> Outcome:
                              read_marker(run_dir / EXIT_STATUS_FILE), str(run_dir))
 
 
+def _gang_of(spec: RunSpec) -> GangFile | None:
+    """What a gang's run folder records of it at launch (None: not a gang)."""
+    if spec.replicas <= 1:
+        return None
+    return GangFile(spec.replicas, spec.start_timeout_s, time.time() + spec.start_timeout_s)
+
+
 def _result(ended: Outcome) -> int | RunLost | RunOutcomeUnknown:
     if ended.exit_code is not None:
         return ended.exit_code
     return RunOutcomeUnknown(ended.unknown) if ended.unknown else RunLost(ended.lost)
 
 
-class _SlurmRun:
-    """A Slurm job this backend follows: ``wait`` resolves when a poll sees it end."""
+@dataclass(eq=False)
+class _Followed:
+    """A Slurm job this backend follows, shared by every handle on it: its outcome (set
+    by the poller) and what the polls saw of it."""
 
-    def __init__(self, backend: SlurmBackend, slurm_id: str, log_dir: str,
-                 done: asyncio.Future[int]) -> None:
+    done: asyncio.Future[int]
+    run_dir: Path
+    log_dir: str
+    replicas: int = 1
+    start_by: float | None = None  # a gang: the loop time its tasks must run by (its start timeout)
+    start_timeout_s: float = 0.0
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    nodes: list[str] = field(default_factory=list)  # the job's NodeList, once Slurm allocated it
+    tasks: list[TaskStatus] | None = None  # settled: each task's end
+    timed_out: str = ""  # set when it was cancelled for not starting in time: why
+    misses: int = 0  # polls in a row that did not list it
+
+    def saw(self, job: SlurmJob) -> None:
+        if job.nodes and not self.nodes:
+            self.nodes = expand_hostlist(job.nodes)
+        if job.live and job.started:
+            self.started.set()  # Slurm runs the batch script once every node is allocated
+
+    def overdue(self, job: SlurmJob, now: float) -> bool:
+        """A gang Slurm has not started by its start timeout (and was not cancelled for it yet)."""
+        return self.start_by is not None and not job.started and now >= self.start_by and not self.timed_out
+
+
+class _SlurmRun:
+    """A Slurm job this backend follows: ``wait`` resolves when a poll sees it end. A
+    gang's tasks (``tasks()``) and ``started`` (Slurm runs it) come from the same polls."""
+
+    def __init__(self, backend: SlurmBackend, slurm_id: str, followed: _Followed) -> None:
         self.backend = backend
         self.slurm_id = slurm_id
-        self.log_dir = log_dir
-        self.done = done
+        self.followed = followed
+        self.log_dir = followed.log_dir
+        self.done = followed.done
+        self.started = followed.started
+
+    def tasks(self) -> list[TaskStatus]:
+        """Each task: its node, state and exit code (pending, then running once Slurm runs
+        the job; how each ended once it ended), its log folder."""
+        followed = self.followed
+        if followed.tasks is not None:
+            return list(followed.tasks)
+        return _task_view(followed, None, ())
 
     async def wait(self) -> int:
         return await asyncio.shield(self.done)  # a cancelled waiter leaves the run followed
@@ -176,6 +277,16 @@ class _SlurmRun:
         if not self.done.done():
             await self.backend.scancel(self.slurm_id)
         await asyncio.wait({self.done})
+
+
+def _task_view(followed: _Followed, ended: Outcome | None, records: Sequence[TaskRecord]) -> list[TaskStatus]:
+    """``gang_tasks`` of a followed run; a single-task run is its one task, its log the run folder."""
+    if followed.replicas > 1:
+        return gang_tasks(followed.replicas, followed.started.is_set(), ended, records, followed.nodes,
+                          followed.log_dir)
+    single = (TaskRecord(None, str(ended.exit_code) if ended and ended.exit_code is not None else None),)
+    [task] = gang_tasks(1, followed.started.is_set(), ended, single, followed.nodes, followed.log_dir)
+    return [dataclasses.replace(task, log_path=followed.log_dir)]
 
 
 class SlurmBackend:
@@ -197,14 +308,13 @@ class SlurmBackend:
         self.command_timeout_s = command_timeout_s
         self.engine_calls: Counter[str] = Counter()  # command name → times run
         self.polls = 0  # polls that got an answer, one squeue call each
-        self._followed: dict[str, asyncio.Future[int]] = {}  # Slurm job id → its outcome
-        self._run_dirs: dict[str, Path] = {}  # Slurm job id → its run folder (read once Slurm forgets it)
-        self._misses: Counter[str] = Counter()
+        self._followed: dict[str, _Followed] = {}  # Slurm job id → what is followed of it
         self._poller: asyncio.Task[None] | None = None
         self._poll_failing = False
         self._launch_lock = asyncio.Lock()
         self._partition_name: str | None = None  # resolved once
         self._shapes: list[dict[str, float]] | None = None  # each node's resources, at the last discover
+        self._nodes: list[Node] = []  # the partition's nodes, at the last discover
 
     def run_dir(self, job_id: str, epoch: int) -> Path:
         return self.work_root / job_id / f"epoch-{epoch}"
@@ -266,10 +376,15 @@ class SlurmBackend:
             try:
                 existing = [job for job in await self._jobs(name) if job.live]
                 if existing:
-                    return self.follow(choose_run(existing).slurm_id, spec.job_id, spec.epoch)
+                    gang = await asyncio.to_thread(read_gang_file, self.run_dir(spec.job_id, spec.epoch))
+                    return self.follow(choose_run(existing).slurm_id, spec.job_id, spec.epoch,
+                                       gang or _gang_of(spec))
                 request = slurm_request(spec.resources, DEFAULT_MEMORY_MB_PER_CPU)
-                partition = await self._check_fits(request)
-                script = await asyncio.to_thread(self._write_script, spec)
+                partition = await self._check_fits(request, spec)
+                shape = resource_args(request) if spec.replicas <= 1 else gang_args(
+                    spec.replicas, request, self._constraint(spec.group_by))
+                gang = _gang_of(spec)
+                script = await asyncio.to_thread(self._write_script, spec, gang)
                 try:
                     stdout = await self._run(
                         "sbatch", "--parsable", "-J", name, f"--comment={self.comment}", "-p", partition,
@@ -278,7 +393,7 @@ class SlurmBackend:
                         # irisfed retries elsewhere; Slurm's own requeue (after a node failure,
                         # JobRequeue=1 by default) would run the command again in the same folder.
                         "--no-requeue",
-                        *resource_args(request), str(script))
+                        *shape, str(script))
                 except SlurmError as exc:
                     # sbatch may fail (or time out) after slurmctld took the job ("Socket
                     # timed out on send/recv"): that job is this run, started or not. Failing
@@ -288,15 +403,15 @@ class SlurmBackend:
                         raise
                     log.warning("slurm_submit_answer_lost", job_id=spec.job_id, epoch=spec.epoch,
                                 slurm_job=made.slurm_id, error=str(exc))
-                    return self.follow(made.slurm_id, spec.job_id, spec.epoch)
+                    return self.follow(made.slurm_id, spec.job_id, spec.epoch, gang)
                 slurm_id = sbatch_job_id(stdout)
             except (SlurmError, ScriptError, ValueError) as exc:
                 raise LaunchError(str(exc)) from exc
             except OSError as exc:
                 raise LaunchError(f"cannot write the batch script of {name}: {exc.strerror or exc}") from exc
         log.debug("slurm_job_submitted", job_id=spec.job_id, epoch=spec.epoch, slurm_job=slurm_id,
-                  partition=partition)
-        return self.follow(slurm_id, spec.job_id, spec.epoch)
+                  partition=partition, tasks=spec.replicas)
+        return self.follow(slurm_id, spec.job_id, spec.epoch, gang)
 
     async def _submitted_anyway(self, name: str, failure: SlurmError) -> SlurmJob | None:
         """The job a failed ``sbatch`` of ``name`` created all the same, if Slurm lists one
@@ -317,23 +432,40 @@ class SlurmBackend:
         fields = parse_scontrol_line(await self._run("scontrol", "show", "job", "-o", job.slurm_id))
         return fields.get("Reason") != "BadConstraints"
 
-    async def _check_fits(self, request: dict[str, int]) -> str:
-        """The partition's name, once sure one of its nodes can hold ``request``."""
+    async def _check_fits(self, request: dict[str, int], spec: RunSpec) -> str:
+        """The partition's name, once sure one of its nodes can hold ``request`` (a gang:
+        that ``spec.replicas`` of them can, sharing a ``spec.group_by`` value)."""
         if self._shapes is None:
             await self.discover()
         partition = await self._partition()
         why = misfit(request, self._shapes or [], partition)
+        if not why and spec.replicas > 1:
+            why = gang_misfit(request, spec.replicas, spec.group_by, self._nodes, partition)
         if why:
             raise LaunchError(why)
         return partition
 
-    def _write_script(self, spec: RunSpec) -> Path:
+    def _constraint(self, group_by: str) -> str:
+        """``--constraint`` for a gang's ``group_by`` over the partition's features ("":
+        none asked; ``gang_misfit`` refused a key no node has)."""
+        return (group_constraint(group_by, self._nodes) or "") if group_by else ""
+
+    def _write_script(self, spec: RunSpec, gang: GangFile | None = None) -> Path:
+        """The run folder's batch script (a gang's: also its task wrapper and ``GANG_FILE``)."""
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
         env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
         run_dir = self.run_dir(spec.job_id, spec.epoch).resolve()
-        text = batch_script(spec.command, env, str(run_dir))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if gang is None:
+            text = batch_script(spec.command, env, str(run_dir))
+            run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            cpus = slurm_request(spec.resources, DEFAULT_MEMORY_MB_PER_CPU)[CPU]
+            text = gang_batch_script(str(run_dir), gang.replicas, cpus)
+            wrapper = task_script(spec.command, env, str(run_dir))
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / TASK_SCRIPT).write_text(wrapper)
+            (run_dir / GANG_FILE).write_text(gang_file_text(gang))
         script = run_dir / "job.sh"
         script.write_text(text)
         script.chmod(0o700)
@@ -341,16 +473,23 @@ class SlurmBackend:
 
     # ------------------------------------------------------------ following runs
 
-    def follow(self, slurm_id: str, job_id: str, epoch: int) -> _SlurmRun:
-        """A handle on Slurm job ``slurm_id`` as (job, epoch)'s run, settled by the poller."""
-        done = self._followed.get(slurm_id)
-        if done is None:
-            done = asyncio.get_running_loop().create_future()
-            self._followed[slurm_id] = done
-            self._run_dirs[slurm_id] = self.run_dir(job_id, epoch)
+    def follow(self, slurm_id: str, job_id: str, epoch: int, gang: GangFile | None = None) -> _SlurmRun:
+        """A handle on Slurm job ``slurm_id`` as (job, epoch)'s run, settled by the poller;
+        a gang's (``gang``) is cancelled and lost when Slurm has not started it by
+        ``gang.start_by`` (Unix time)."""
+        followed = self._followed.get(slurm_id)
+        if followed is None:
+            followed = _Followed(asyncio.get_running_loop().create_future(), self.run_dir(job_id, epoch),
+                                 self.log_dir(job_id, epoch))
+            if gang is not None and gang.replicas > 1:
+                followed.replicas = gang.replicas
+                # Persisted as a Unix time (it outlives the agent); followed on the loop's clock.
+                followed.start_by = asyncio.get_running_loop().time() + (gang.start_by - time.time())
+                followed.start_timeout_s = gang.start_timeout_s
+            self._followed[slurm_id] = followed
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll_forever(), name="slurm-poller")
-        return _SlurmRun(self, slurm_id, self.log_dir(job_id, epoch), done)
+        return _SlurmRun(self, slurm_id, followed)
 
     async def _poll_forever(self) -> None:
         while True:
@@ -370,46 +509,99 @@ class SlurmBackend:
 
     async def poll(self) -> None:
         """One squeue call; settle every followed run it shows ended, or no longer shows
-        (from its run folder, read in a thread)."""
+        (from its run folder, read in a thread); cancel every gang it shows still
+        pending past its start timeout."""
         asked = list(self._followed)  # runs followed before the call: Slurm knew them then
         jobs = {job.slurm_id: job for job in await self._jobs()}
         self.polls += 1
-        forgotten = []
+        now = asyncio.get_running_loop().time()
+        ended: list[tuple[str, Outcome, bool]] = []
+        forgotten, overdue = [], []
         for slurm_id in asked:
+            followed = self._followed.get(slurm_id)
+            if followed is None:
+                continue  # settled meanwhile
             job = jobs.get(slurm_id)
             if job is None:
-                self._misses[slurm_id] += 1
-                if self._misses[slurm_id] >= MISSES_BEFORE_LOST:
+                followed.misses += 1
+                if followed.misses >= MISSES_BEFORE_LOST:
                     forgotten.append(slurm_id)
                 continue
-            self._misses.pop(slurm_id, None)
-            ended = outcome(job.state, job.wait_status, slurm_id, KILLED_EXIT_CODE)
-            if ended is not None:
-                self._settle(slurm_id, _result(ended))
+            followed.misses = 0
+            followed.saw(job)
+            result = outcome(job.state, job.wait_status, slurm_id, KILLED_EXIT_CODE)
+            if result is not None:
+                ended.append((slurm_id, result, job.state == "CANCELLED"))
+            elif followed.overdue(job, now):
+                overdue.append(job)
+        for slurm_id, result, cancelled in ended:
+            await self._end(slurm_id, result, cancelled)
         for slurm_id in forgotten:
-            run_dir = self._run_dirs.get(slurm_id)
-            if run_dir is None:
+            followed = self._followed.get(slurm_id)
+            if followed is None:
                 continue  # settled meanwhile
             try:
-                ended = await asyncio.to_thread(run_evidence, slurm_id, run_dir)
+                result = await asyncio.to_thread(run_evidence, slurm_id, followed.run_dir)
             except OSError as exc:  # cannot tell how it ended: the next poll reads again
-                log.warning("slurm_run_folder_unreadable", slurm_job=slurm_id, run_dir=str(run_dir),
+                log.warning("slurm_run_folder_unreadable", slurm_job=slurm_id, run_dir=str(followed.run_dir),
                             error=str(exc))
                 continue
-            log.warning("slurm_job_forgotten", slurm_job=slurm_id, run_dir=str(run_dir),
-                        exit_code=ended.exit_code, why=ended.unknown or ended.lost)
-            self._settle(slurm_id, _result(ended))
+            log.warning("slurm_job_forgotten", slurm_job=slurm_id, run_dir=str(followed.run_dir),
+                        exit_code=result.exit_code, why=result.unknown or result.lost)
+            await self._end(slurm_id, result, False)
+        for job in overdue:
+            await self._cancel_unstarted(job)
+
+    async def _cancel_unstarted(self, job: SlurmJob) -> None:
+        """Cancel a gang Slurm has not started within its start timeout: it ends lost (the
+        agent requeues it whole). A failed scancel is tried again at the next poll."""
+        followed = self._followed.get(job.slurm_id)
+        if followed is None:
+            return
+        followed.timed_out = (f"its {followed.replicas} tasks did not all start within "
+                              f"{followed.start_timeout_s:g}s: Slurm job {job.slurm_id} was still {job.state}"
+                              + (f" ({job.reason})" if job.reason and job.reason != "None" else "")
+                              + ", cancelled")
+        try:
+            await self.scancel(job.slurm_id)
+        except SlurmError as exc:
+            followed.timed_out = ""
+            log.warning("slurm_gang_cancel_failed", slurm_job=job.slurm_id, error=str(exc))
+            return
+        log.warning("slurm_gang_start_timeout", job_id=job.job_id, epoch=job.epoch, slurm_job=job.slurm_id,
+                    why=followed.timed_out)
+
+    async def _end(self, slurm_id: str, ended: Outcome, cancelled: bool) -> None:
+        """Settle a run that ended as ``ended`` (``cancelled``: Slurm says CANCELLED): a
+        gang's outcome and tasks from its task folders (read in a thread; unreadable: the
+        job's outcome alone), a gang cancelled for its start timeout as lost."""
+        followed = self._followed.get(slurm_id)
+        if followed is None:
+            return
+        records: tuple[TaskRecord, ...] = ()
+        if followed.replicas > 1:
+            try:
+                records = await asyncio.to_thread(read_task_records, followed.run_dir, followed.replicas)
+            except OSError as exc:
+                log.warning("slurm_task_folders_unreadable", slurm_job=slurm_id, run_dir=str(followed.run_dir),
+                            error=str(exc))
+            if followed.timed_out and cancelled:
+                ended = Outcome(None, followed.timed_out)
+            else:
+                ended = gang_outcome(ended, cancelled, records, slurm_id)
+            if records and all(record.started is not None for record in records):
+                followed.started.set()  # every task ran (perhaps between two polls)
+        followed.tasks = _task_view(followed, ended, records)
+        self._settle(slurm_id, _result(ended))
 
     def _settle(self, slurm_id: str, result: int | RunLost | RunOutcomeUnknown) -> None:
-        done = self._followed.pop(slurm_id, None)
-        self._misses.pop(slurm_id, None)
-        self._run_dirs.pop(slurm_id, None)
-        if done is None or done.done():
+        followed = self._followed.pop(slurm_id, None)
+        if followed is None or followed.done.done():
             return
         if isinstance(result, Exception):
-            done.set_exception(result)
+            followed.done.set_exception(result)
         else:
-            done.set_result(result)
+            followed.done.set_result(result)
 
     # ------------------------------------------------------------ runs left behind
 
@@ -418,17 +610,20 @@ class SlurmBackend:
 
     async def adopt(self, run: LiveRun) -> _SlurmRun | None:
         """Follow (job, epoch)'s Slurm job, live or ended while no agent watched (then its
-        outcome comes with the next poll). When Slurm knows no such job of ours (it may
-        have forgotten it), the run folder says how it ended: a handle already settled
-        with the recorded exit code, or with ``RunOutcomeUnknown`` when it started and
-        recorded none. None when the folder shows it never started, or Slurm lists only
-        a submission it refused (an agent killed before it handed the job back)."""
+        outcome comes with the next poll); a gang as a gang (its run folder's
+        ``GANG_FILE``: its tasks and the start timeout it was launched with). When
+        Slurm knows no such job of ours (it may have forgotten it), the run folder says
+        how it ended: a handle already settled with the recorded exit code, or with
+        ``RunOutcomeUnknown`` when it started and recorded none. None when the folder
+        shows it never started, or Slurm lists only a submission it refused (an agent
+        killed before it handed the job back)."""
         chosen = choose_run(await self._jobs(job_name(run.job_id, run.epoch)), run.handle)
         if chosen is None:
             return await self._from_folder(run.job_id, run.epoch)
         if not await self._ran(chosen):
             return None  # a refused submission is no run: the job is handed back and retried
-        return self.follow(chosen.slurm_id, run.job_id, run.epoch)
+        gang = await asyncio.to_thread(read_gang_file, self.run_dir(run.job_id, run.epoch))
+        return self.follow(chosen.slurm_id, run.job_id, run.epoch, gang)
 
     async def _from_folder(self, job_id: str, epoch: int) -> _SlurmRun | None:
         """A handle settled from (job, epoch)'s run folder; None when it never started.
@@ -437,15 +632,22 @@ class SlurmBackend:
         ended = await asyncio.to_thread(run_evidence, "", run_dir)
         if ended.lost:
             return None
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        followed = _Followed(asyncio.get_running_loop().create_future(), run_dir, self.log_dir(job_id, epoch))
+        gang = await asyncio.to_thread(read_gang_file, run_dir)
+        records: tuple[TaskRecord, ...] = ()
+        if gang is not None and gang.replicas > 1:
+            followed.replicas = gang.replicas
+            records = await asyncio.to_thread(read_task_records, run_dir, gang.replicas)
+            ended = gang_outcome(ended, False, records, "")
+        followed.tasks = _task_view(followed, ended, records)
         result = _result(ended)
         if isinstance(result, Exception):
-            done.set_exception(result)
+            followed.done.set_exception(result)
         else:
-            done.set_result(result)
+            followed.done.set_result(result)
         log.warning("slurm_job_forgotten", job_id=job_id, epoch=epoch, run_dir=str(run_dir),
-                    exit_code=ended.exit_code, why=ended.unknown)
-        return _SlurmRun(self, "", self.log_dir(job_id, epoch), done)
+                    exit_code=ended.exit_code, why=ended.unknown or ended.lost)
+        return _SlurmRun(self, "", followed)
 
     async def kill_run(self, run: LiveRun) -> bool:
         live = [job for job in await self._jobs(job_name(run.job_id, run.epoch))
@@ -461,13 +663,14 @@ class SlurmBackend:
 
     async def discover(self) -> Discovered:
         """The partition's nodes (one ``scontrol show node`` call): each resource's total
-        and free amount, ``device_type`` and ``device_variant``."""
+        and free amount, ``device_type`` and ``device_variant``, and the nodes themselves
+        as node groups (their features as attributes; identical nodes counted together)."""
         partition = await self._partition()
         nodes = [node for node in parse_nodes(await self._run("scontrol", "show", "node", "-o", "-d"))
                  if partition in node.partitions]
         found = capacity(nodes)
-        self._shapes = found.shapes
-        return Discovered(found.attributes(), found.resources)
+        self._shapes, self._nodes = found.shapes, nodes
+        return Discovered(found.attributes(), found.resources, node_groups(nodes))
 
     async def close(self) -> None:
         """Stop polling; the runs go on in Slurm (a next agent run adopts them)."""
