@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(p)
     p.add_argument("--state-dir", default=".irisfed", help="where data, logs and job output live")
     p.add_argument("--no-live", action="store_true", help="print plain progress lines instead of a live table")
+    p.add_argument("--ha", action="store_true",
+                   help="past one machine, on this one: Postgres as a primary and a synchronous standby under "
+                        "Patroni (with etcd; apt-get install patroni etcd-server) and a NATS cluster of three, "
+                        "every service on their multi-host URLs (docs/operations.md, \"High availability\")")
 
     p = sub.add_parser("env", help='shell exports for a role while `irisfed up` runs: eval "$(irisfed env)"')
     p.add_argument("--role", choices=["producer", "operator"], default="producer",

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from irisfed.services.common import db
-from irisfed.services.common.nats_auth import user_role
+from irisfed.services.common.nats_auth import NatsAuth, user_role
 from irisfed.services.common.private import write_private
 from irisfed.shared.config import (
     CONFIG_ENV,
@@ -34,6 +34,7 @@ from irisfed.shared.config import (
 )
 from irisfed.shared.redact import redact
 from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
+from irisfed.tooling.ha import start_nats_cluster, start_patroni
 from irisfed.tooling.servers import free_port, port_is_free, start_postgres, start_secured_nats
 
 # The demo federation `irisfed up` writes to STATE/federation.toml when no --config is given.
@@ -72,8 +73,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(state / "logs")
+    patroni = None
     try:
         db_url = args.database_url or os.environ.get(DATABASE_URL_ENV)
+        if not db_url and args.ha:
+            print("starting Postgres under Patroni: a primary and a synchronous standby, with etcd ...", flush=True)
+            patroni = start_patroni(state / "patroni", scope="irisfed-up")
+            asyncio.run(db.ensure_database(patroni.url("postgres"), "irisfed"))
+            db_url = patroni.url("irisfed")
         if not db_url:
             print("starting Postgres ...", flush=True)
             postgres = supervisor.add_server(start_postgres(state / "postgres", durable=True))
@@ -88,6 +95,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         config = load_config(config_path)
         nats_url = args.nats_url or os.environ.get(NATS_URL_ENV)
         auth = None
+        if not nats_url and args.ha:
+            print("starting a NATS cluster of three (auth on: one user per service) ...", flush=True)
+            auth = NatsAuth.create(config.subject_prefix, config.peer_ids, config.user_ids)
+            conf, _ = auth.write(state / "nats")
+            cluster = start_nats_cluster(state / "nats-cluster", 3, conf)
+            for server in cluster.servers:
+                supervisor.add_server(server)
+            nats_url = cluster.url
         if not nats_url:
             nats_port = NATS_PORT if port_is_free(NATS_PORT) else free_port()
             if nats_port != NATS_PORT:
@@ -150,6 +165,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                                       lambda: pids_file.write_text(json.dumps(supervisor.pids()))))
     finally:
         supervisor.close()
+        if patroni is not None:
+            patroni.stop()
         print("irisfed up: stopped", flush=True)
 
 

@@ -338,3 +338,81 @@ async def _at_least(burst: Burst, n: int) -> bool:
     return len(burst.acked) >= n
 
 
+
+
+def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(tmp_path):
+    """``irisfed up --ha``: the demo federation on a primary and a synchronous standby
+    and three nats-servers; the CLI's URLs name every member; a job runs; SIGINT stops
+    every process it started (Patroni's Postgres and etcd included)."""
+    import signal as signals
+    import sys
+
+    why = ha_available()
+    if why:
+        _unavailable(why)
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IRISFED_")}
+    up = subprocess.Popen([sys.executable, "-m", "irisfed.cli", "up", "--ha", "--state-dir", str(state), "--no-live"],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started: list[int] = []
+    try:
+        lines = []
+        for line in up.stdout:
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        assert any("ready" in line for line in lines), "".join(lines)
+        connect = _read_json(state / "connect.json")
+        assert connect["database_url"].count(",") == 1 and "target_session_attrs=read-write" in connect["database_url"]
+        assert connect["nats_url"].count(",") == 2
+        client_env = {**env, "IRISFED_DATABASE_URL": connect["database_url"], "IRISFED_NATS_URL": connect["nats_url"],
+                      "IRISFED_CONFIG": connect["config"]}
+        for _ in range(100):
+            result = subprocess.run([sys.executable, "-m", "irisfed.cli", "submit", "--wait", "--", "echo", "ha"],
+                                    env=client_env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                                    check=False)
+            if "no router answered" not in result.stderr:
+                break
+            time.sleep(0.2)
+        assert result.returncode == 0 and "succeeded" in result.stdout, result.stdout + result.stderr
+        pids = _read_json(state / "pids.json")
+        started = pids["servers"] + list(pids["children"].values())
+        assert len(pids["servers"]) == 3  # the NATS cluster (Patroni is stopped after them)
+        patroni = _postgres_pids(state)
+        assert len(patroni) >= 2
+        started += patroni
+    finally:
+        up.send_signal(signals.SIGINT)
+        rest, _ = up.communicate(timeout=180)
+    assert up.returncode == 0, rest
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    relocated = state / "patroni" / "DATA_LOCATION"
+    if relocated.exists():  # root with a 0700 temp dir: the cluster lived elsewhere
+        shutil.rmtree(relocated.read_text().strip(), ignore_errors=True)
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def _postgres_pids(state: Path) -> list[int]:
+    """The postmasters and Patroni processes whose command line names this state folder."""
+    found = []
+    folder = state / "patroni"
+    relocated = folder / "DATA_LOCATION"
+    if relocated.exists():
+        folder = Path(relocated.read_text().strip())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmdline and ("patroni" in cmdline or "postgres" in cmdline or "etcd" in cmdline):
+            found.append(int(entry.name))
+    return found
