@@ -166,10 +166,79 @@ class TcpProxy:
             self._loop.close()
 
 
-def proxy_for(url: str) -> TcpProxy:
-    """A proxy in front of the server ``url`` names."""
+def servers_of(url: str) -> list[tuple[str, int]]:
+    """Every (host, port) a URL names: libpq's ``postgresql://u@h1:p1,h2:p2/db`` or a
+    NATS cluster's ``nats://u@h1:p1,nats://u@h2:p2``."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    default = 4222 if parts.scheme.startswith("nats") else 5432
-    return TcpProxy(parts.hostname or "127.0.0.1", parts.port or default)
+    scheme = url.split("://", 1)[0] if "://" in url else "nats"
+    default = 4222 if scheme.startswith("nats") else 5432
+    if scheme.startswith("postgres"):
+        netloc = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0]
+        hosts = netloc.rsplit("@", 1)[-1].split(",")
+    else:
+        hosts = [urlsplit(part.strip()).netloc.rsplit("@", 1)[-1] for part in url.split(",") if part.strip()]
+    found = []
+    for host in hosts:
+        name, sep, port = host.rpartition(":")
+        found.append((name or "127.0.0.1", int(port)) if sep and port.isdigit() else (host or "127.0.0.1", default))
+    return found
+
+
+class ProxyGroup:
+    """One TcpProxy per server of a multi-host URL (a Patroni cluster's, a NATS
+    cluster's), cut, stalled and restored together: a service's whole view of that
+    cluster goes away, or hangs, at once."""
+
+    def __init__(self, proxies: list[TcpProxy]) -> None:
+        self.proxies = proxies
+
+    @property
+    def is_cut(self) -> bool:
+        return any(p.is_cut for p in self.proxies)
+
+    @property
+    def is_stalled(self) -> bool:
+        return any(p.is_stalled for p in self.proxies)
+
+    def cut(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def stall(self) -> None:
+        for proxy in self.proxies:
+            proxy.stall()
+
+    def restore(self, drop: bool = False) -> None:
+        for proxy in self.proxies:
+            proxy.restore(drop=drop)
+
+    def delay(self, seconds: float) -> None:
+        for proxy in self.proxies:
+            proxy.delay(seconds)
+
+    def url_for(self, url: str) -> str:
+        """``url`` with its i-th server replaced by the i-th proxy."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        ports = [f"127.0.0.1:{p.port}" for p in self.proxies]
+        if url.startswith("postgres"):
+            scheme, rest = url.split("://", 1)
+            netloc, sep, tail = rest.partition("/")
+            userinfo = netloc.rsplit("@", 1)[0] + "@" if "@" in netloc else ""
+            return f"{scheme}://{userinfo}{','.join(ports)}{sep}{tail}"
+        parts = [urlsplit(part.strip()) for part in url.split(",") if part.strip()]
+        return ",".join(urlunsplit(p._replace(netloc=(p.netloc.rsplit("@", 1)[0] + "@" if "@" in p.netloc else "")
+                                               + port)) for p, port in zip(parts, ports, strict=True))
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+
+
+def proxy_for(url: str) -> TcpProxy | ProxyGroup:
+    """A proxy in front of the server ``url`` names (a group of them for several)."""
+    servers = servers_of(url)
+    if len(servers) == 1:
+        return TcpProxy(*servers[0])
+    return ProxyGroup([TcpProxy(host, port) for host, port in servers])

@@ -108,11 +108,12 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     """Seeded random faults against a real federation; exit 1 on any violation."""
     from irisfed.tooling.chaos import ChaosSettings, run_chaos
 
-    settings = ChaosSettings(keep=args.keep, restricted_roles=args.restricted_roles,
+    settings = ChaosSettings(keep=args.keep, restricted_roles=args.restricted_roles, ha=args.ha,
                              **given(args, schedules="schedules", seed="seed", steps="steps", first="first"))
     roles = "restricted login roles" if settings.restricted_roles else "the owner role"
+    where = ", on Patroni and a NATS cluster of three" if settings.ha else ""
     print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}, "
-          f"services on {roles}", flush=True)
+          f"services on {roles}{where}", flush=True)
     with sigterm_as_sigint():
         summary = run_chaos(settings, say=lambda line: print(line, flush=True))
     print(summary.line(), flush=True)

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep logs even when nothing failed")
     p.add_argument("--restricted-roles", action="store_true",
                    help="services and agents connect as their own login roles (irisfed db-roles)")
+    p.add_argument("--ha", action="store_true",
+                   help="on Patroni (a primary, a synchronous standby) and a NATS cluster of three, with the "
+                        "faults failover_postgres and kill_nats_node (needs patroni and etcd-server)")
 
     p = sub.add_parser("nats-auth", help="generate NATS users and subject permissions per role")
     p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")

@@ -29,12 +29,39 @@ import os
 import pytest
 
 from irisfed.tooling.chaos import ChaosSettings, run_chaos
+from irisfed.tooling.ha import ha_available
+from tests.engines.fixtures import _unavailable
 
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("IRISFED_CHAOS_SEED", "20261130"))
 OWNER_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_SCHEDULES", "12"))
 RESTRICTED_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_RESTRICTED_SCHEDULES", "8"))
+
+
+HA_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_HA_SCHEDULES", "4"))
+
+
+def test_chaos_schedules_on_an_ha_world_keep_every_invariant(capsys):
+    """Past one machine: the same workload and checks on Patroni (a primary and a
+    synchronous standby) and a NATS cluster of three, each schedule failing the primary
+    over or killing NATS nodes (every acknowledged job must be found and end)."""
+    why = ha_available()
+    if why:
+        _unavailable(why)
+    settings = ChaosSettings(schedules=HA_SCHEDULES, seed=SEED, steps=8, first=OWNER_SCHEDULES + RESTRICTED_SCHEDULES,
+                             ha=True)
+    lines: list[str] = []
+    summary = run_chaos(settings, say=lines.append)
+    with capsys.disabled():
+        print()
+        for line in lines:
+            print(line)
+        print(summary.line())
+    assert len(summary.results) == settings.schedules
+    assert summary.kinds["failover_postgres"] >= 1 and summary.kinds["kill_nats_node"] >= 1, summary.kinds
+    assert summary.jobs > 0 and sum(r.runs for r in summary.results) > 0
+    assert summary.violations == []
 
 
 @pytest.mark.parametrize("restricted", [False, True], ids=["owner-role", "restricted-roles"])

@@ -40,6 +40,15 @@ ACTIONS = {
 }
 POSTGRES_RESTARTS = {"fast": "restart_postgres", "immediate": "crash_postgres_immediate",
                      "kill": "crash_postgres_sigkill"}
+# On an HA world (``irisfed chaos --ha``) the servers' faults are a primary that dies
+# (Patroni promotes the synchronous standby) and NATS nodes that die (two of three at
+# most at once), in place of one server's restarts.
+HA_ACTIONS = {**{k: v for k, v in ACTIONS.items() if k not in ("restart_nats", "restart_postgres")},
+              "failover_postgres": 2, "kill_nats_node": 2}
+
+
+def actions_for(ha: bool) -> dict[str, int]:
+    return HA_ACTIONS if ha else ACTIONS
 
 # Submits a job of a kind (see workload.job_body): the schedule's producer.
 Submit = Callable[..., Awaitable[None]]
@@ -63,6 +72,7 @@ class Faults:
         self.prefix = prefix
         self.submit = submit
         self.pending_restarts: list[tuple[float, str]] = []
+        self.nats_restarts: list[tuple[float, int]] = []  # (when, NATS cluster node)
         self.partitions: list[tuple[float, TcpProxy]] = []
         self.stalls: list[tuple[float, TcpProxy, bool]] = []  # until, proxy, drop on restore
         self.rogues: list[asyncio.Task] = []
@@ -125,6 +135,17 @@ class Faults:
             how = rng.choice(sorted(POSTGRES_RESTARTS))
             self.result.fault(POSTGRES_RESTARTS[how])
             await asyncio.to_thread(self.servers.restart_postgres, how)
+        elif action == "failover_postgres":
+            self.result.fault(action)
+            await asyncio.to_thread(self.servers.failover_postgres)
+        elif action == "kill_nats_node":
+            cluster = self.servers.nats_cluster
+            alive = [i for i, server in enumerate(cluster.servers) if server.running()]
+            if len(alive) >= 2:  # one is always left: with none, NATS is simply down (restart_nats)
+                index = rng.choice(alive)
+                self.result.fault(action)
+                self.servers.kill_nats_node(index)
+                self.nats_restarts.append((time.monotonic() + rng.uniform(0.5, 4.0), index))
 
     async def _kill_agent_with_runs(self) -> None:
         """SIGKILL a subprocess peer's agent while real runs of it go on (own sessions)."""
@@ -148,7 +169,7 @@ class Faults:
             seen = self.heard.setdefault(peer, [msg.data, msg.data])
             seen[1] = msg.data
 
-        self.spy = await connect_client(self.servers.auth.url(self.servers.nats.url, "admin"),
+        self.spy = await connect_client(self.servers.auth.url(self.servers.nats_url, "admin"),
                                         max_reconnect_attempts=-1, reconnect_time_wait=0.2, error_cb=quiet)
         await self.spy.subscribe(f"{self.prefix}.heartbeat.*", cb=heard)
         await self.spy.flush()
@@ -161,7 +182,7 @@ class Faults:
         ``target``'s credentials (stolen), on ``target``'s subject: that old
         heartbeat replayed verbatim (old run, seq and sent_at).
         """
-        auth, url = self.servers.auth, self.servers.nats.url
+        auth, url = self.servers.auth, self.servers.nats_url
         clients = []
         try:
             for user in (f"agent-{rogue}", f"agent-{target}"):
@@ -205,6 +226,9 @@ class Faults:
         for when, peer in [r for r in self.pending_restarts if r[0] <= now]:
             self.fed.start(peer)
             self.pending_restarts.remove((when, peer))
+        for when, index in [r for r in self.nats_restarts if r[0] <= now]:
+            self.servers.restart_nats_node(index)
+            self.nats_restarts.remove((when, index))
 
     async def mend_all(self) -> None:
         """Every fault ended, every service running (one that exited by itself is a finding)."""
@@ -219,6 +243,9 @@ class Faults:
         for _, peer in self.pending_restarts:
             self.fed.start(peer)
         self.pending_restarts.clear()
+        self.nats_restarts.clear()
+        if self.servers.ha:  # every node back: a failed-over primary rejoins as a standby
+            await asyncio.to_thread(self.servers.healthy)
         for name in SERVICES:
             if not self.fed.running(name):
                 self.fed.start(name)

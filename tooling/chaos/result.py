@@ -42,6 +42,7 @@ class ChaosSummary:
     seed: int
     results: list[ScheduleResult]
     restricted_roles: bool = False
+    ha: bool = False  # on Patroni and a NATS cluster (irisfed chaos --ha)
 
     @property
     def faults(self) -> int:
@@ -104,7 +105,8 @@ class ChaosSummary:
         ends = ",".join(f"{state}:{n}" for state, n in sorted(self.preempted.items()))
         return (f"chaos: schedules={len(self.results)} faults={self.faults} jobs={self.jobs} "
                 f"violations={len(self.violations)} seed={self.seed} "
-                f"roles={'restricted' if self.restricted_roles else 'owner'} runs={runs} "
+                f"roles={'restricted' if self.restricted_roles else 'owner'} "
+                f"servers={'ha' if self.ha else 'single'} runs={runs} "
                 f"| users: shared_ids={self.shared_ids} foreign_cancels={self.foreign_cancels} "
                 f"quotas_full={full or 'none'} "
                 f"| bands: preemptions={self.preemptions} ({ends or 'none'}) in "

@@ -26,6 +26,9 @@ class ChaosSettings:
     keep: bool = False  # keep the temporary folder (logs) for inspection
     # Services and agents connect as their own login roles (irisfed db-roles), not the owner.
     restricted_roles: bool = False
+    # Past one machine: Patroni (a primary, a synchronous standby) and a NATS cluster of
+    # three, with the faults failover_postgres and kill_nats_node.
+    ha: bool = False
 
 
 def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> ChaosSummary:
@@ -35,7 +38,7 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
     servers: Servers | None = None
     results = []
     try:
-        servers = Servers(root / "servers")
+        servers = Servers(root / "servers", ha=settings.ha)
         template = f"chaos_template_{os.getpid()}"
         template_url = servers.database_url(template)
         asyncio.run(servers.admin(f'CREATE DATABASE "{template}"'))
@@ -67,4 +70,4 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
             say(f"  logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    return ChaosSummary(settings.seed, results, settings.restricted_roles)
+    return ChaosSummary(settings.seed, results, settings.restricted_roles, settings.ha)

@@ -46,7 +46,7 @@ from irisfed.tooling.chaos.checks import (
     converge_and_check,
     nats_log_size,
 )
-from irisfed.tooling.chaos.faults import ACTIONS, Faults, quiet
+from irisfed.tooling.chaos.faults import Faults, actions_for, quiet
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
 from irisfed.tooling.chaos.workload import draw_band, job_body
@@ -123,11 +123,11 @@ class Schedule:
         await self.servers.admin(f'CREATE DATABASE "{dbname}" TEMPLATE "{self.template}"')
         database_url = self.servers.database_url(dbname)
         (self.folder / "federation.toml").write_text(config_text(prefix))
-        self.fed = ChaosFederation(self.folder, self._db_urls(database_url), self.servers.nats.url,
+        self.fed = ChaosFederation(self.folder, self._db_urls(database_url), self.servers.nats_url,
                                    self.servers.auth)
         phase("database")
-        nats_log = self.servers.nats.log_path  # the same file across NATS restarts
-        nats_from = nats_log_size(nats_log)
+        nats_logs = self.servers.nats_logs  # the same files across NATS restarts
+        nats_from = [nats_log_size(log) for log in nats_logs]
         self.clients: dict = {}
         self.prefix = prefix
         self.faults = Faults(self.rng, self.result, self.fed, self.servers, self.watcher, prefix, self.submit)
@@ -141,7 +141,7 @@ class Schedule:
             # _INBOX_user-alice ...): the default user as v1's producer, the others as user-<id>.
             for user in SUBMITTERS:
                 role = "producer" if user == DEFAULT_USER else user_role(user)
-                self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats.url, role),
+                self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats_url, role),
                                                           max_reconnect_attempts=-1,
                                                           reconnect_time_wait=0.2, error_cb=quiet)
             await self._wait_ready(database_url)
@@ -150,8 +150,15 @@ class Schedule:
             # One step of every schedule squeezes, whatever the draw: preemption is exercised
             # in every schedule (others may squeeze too, drawn like any action).
             squeeze_at = self.rng.randrange(self.steps) if self.steps else -1
+            # On an HA world, one step of every schedule fails a server over (alternating
+            # the primary and a NATS node between schedules), whatever the draw.
+            ha_at, ha_fault = -1, None
+            if self.servers.ha and self.steps > 1:
+                ha_at = (squeeze_at + 1 + self.rng.randrange(self.steps - 1)) % self.steps
+                ha_fault = "failover_postgres" if self.index % 2 == 0 else "kill_nats_node"
             for index in range(self.steps):
-                action = await self.step("squeeze" if index == squeeze_at else None)
+                forced = "squeeze" if index == squeeze_at else ha_fault if index == ha_at else None
+                action = await self.step(forced)
                 phase(f"step:{action}")
                 self._restart_exited()
                 self.faults.mend_due()
@@ -170,14 +177,16 @@ class Schedule:
             phase("stop")
             check_runs(self.watcher, self.result)
             check_logs(self.folder, self.result)
-            check_nats_permissions(nats_log, nats_from, self.result)
+            for log, offset in zip(nats_logs, nats_from, strict=True):
+                check_nats_permissions(log, offset, self.result)
         return self.result
 
     async def step(self, action: str | None = None) -> str:
         """Producers submit, cancel or squeeze, or one fault is injected (drawn by weight,
         unless ``action`` says which); which."""
         rng = self.rng
-        action = action or rng.choices(list(ACTIONS), weights=list(ACTIONS.values()))[0]
+        actions = actions_for(self.servers.ha)
+        action = action or rng.choices(list(actions), weights=list(actions.values()))[0]
         if action == "submit" or not self.acked and action == "cancel":
             # Producers in parallel (each retrying on its own); drawn in order, so seeded.
             if rng.random() < BURST_P:  # one quota user asks for more than its quota at once

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import asyncpg
 
+from irisfed.services.common import db as dbmod
 from irisfed.services.common.db_roles import apply_roles
 from irisfed.services.common.nats_auth import NatsAuth
 from irisfed.shared.bands import INTERACTIVE, PRODUCTION
@@ -26,6 +27,7 @@ from irisfed.tooling.federation import (
     nats_role,
     render_config,
 )
+from irisfed.tooling.ha import NatsCluster, PatroniCluster, start_nats_cluster, start_patroni
 from irisfed.tooling.proxy import TcpProxy
 from irisfed.tooling.servers import start_nats, start_postgres, start_secured_nats
 
@@ -170,27 +172,56 @@ class ChaosFederation(LocalFederation):
 
 
 class Servers:
-    """NATS and Postgres this chaos run owns (it restarts them)."""
+    """NATS and Postgres this chaos run owns (it restarts them). With ``ha``: Postgres as
+    a primary and a synchronous standby under Patroni, and NATS as a cluster of three
+    (``irisfed chaos --ha``); its faults fail the primary over and kill NATS nodes."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, ha: bool = False) -> None:
         self.folder = folder
+        self.ha = ha
+        self.patroni: PatroniCluster | None = None
+        self.nats_cluster: NatsCluster | None = None
         # Subject prefixes differ per schedule (one token each): permissions for "*".
         # Every user gets its own NATS user (user-<id>), allowed only its own subjects.
-        self.nats, self.auth = start_secured_nats(folder / "nats", "*", PEERS, auth_dir=folder / "nats-auth",
-                                                  user_ids=USERS)
-        self.auth_conf = self.nats.extra["config_file"]
+        if ha:
+            self.auth = NatsAuth.create("*", PEERS, USERS)
+            self.auth_conf, _ = self.auth.write(folder / "nats-auth")
+            self.nats_cluster = start_nats_cluster(folder / "nats", 3, self.auth_conf)
+        else:
+            self.nats, self.auth = start_secured_nats(folder / "nats", "*", PEERS, auth_dir=folder / "nats-auth",
+                                                      user_ids=USERS)
+            self.auth_conf = self.nats.extra["config_file"]
         # Durable (fsync, synchronous_commit): an acknowledged submit must survive a crash.
         try:
-            self.postgres = start_postgres(folder / "pg", durable=True)
+            if ha:
+                self.patroni = start_patroni(folder / "pg")
+            else:
+                self.postgres = start_postgres(folder / "pg", durable=True)
         except BaseException:  # a signal or a failure mid-start: NATS is not left behind
-            self.nats.stop()
+            self._stop_nats()
             raise
 
+    @property
+    def nats_url(self) -> str:
+        return self.nats_cluster.url if self.nats_cluster is not None else self.nats.url
+
+    @property
+    def nats_logs(self) -> list[Path]:
+        """Every NATS server's log (one per cluster node)."""
+        if self.nats_cluster is not None:
+            return [server.log_path for server in self.nats_cluster.servers]
+        return [self.nats.log_path]
+
+    def _admin_url(self) -> str:
+        return self.patroni.url("postgres") if self.patroni is not None else self.postgres.url
+
     def database_url(self, name: str) -> str:
+        if self.patroni is not None:
+            return self.patroni.url(name)
         return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
 
     async def admin(self, sql: str) -> None:
-        conn = await asyncpg.connect(self.postgres.url)
+        conn = await dbmod.with_retry(lambda: asyncpg.connect(self._admin_url()), attempts=100)
         try:
             await conn.execute(sql)
         finally:
@@ -227,9 +258,52 @@ class Servers:
         self.postgres = start_postgres(self.folder / "pg", port=port, durable=True,
                                        ready_timeout_s=CRASH_RECOVERY_TIMEOUT_S)
 
+    # ------------------------------------------------------------ past one machine (--ha)
+
+    def healthy(self) -> None:
+        """Every Patroni node up, a leader and a synchronous standby (so the next
+        failover loses nothing); every NATS node up."""
+        assert self.patroni is not None and self.nats_cluster is not None
+        for node in self.patroni.nodes:
+            if not node.process.running():
+                self.patroni.restart(node)
+        self.patroni.wait_leader()
+        self.patroni.wait_sync_standby()
+        for index, server in enumerate(self.nats_cluster.servers):
+            if not server.running():
+                self.nats_cluster.restart(index)
+
+    def failover_postgres(self) -> str:
+        """SIGKILL the primary's Patroni and postmaster (its machine died) once the cluster
+        is healthy; return once the standby is promoted. The dead node stays down until
+        :meth:`healthy` (the next failover, or the end of the schedule) restarts it."""
+        assert self.patroni is not None
+        self.healthy()
+        old = self.patroni.kill_leader()
+        self.patroni.wait_leader(not_=old)
+        return old.name
+
+    def kill_nats_node(self, index: int) -> None:
+        assert self.nats_cluster is not None
+        self.nats_cluster.servers[index].kill()
+
+    def restart_nats_node(self, index: int) -> None:
+        assert self.nats_cluster is not None
+        if not self.nats_cluster.servers[index].running():
+            self.nats_cluster.restart(index)
+
+    def _stop_nats(self) -> None:
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop()
+        else:
+            self.nats.stop()
+
     def close(self) -> None:
-        for server in (self.nats, self.postgres):
-            server.stop()
+        self._stop_nats()
+        if self.patroni is not None:
+            self.patroni.stop()
+        else:
+            self.postgres.stop()
 
 
 CRASH_RECOVERY_TIMEOUT_S = 180.0
