@@ -23,7 +23,7 @@ from irisfed.services.common import metrics
 from irisfed.services.common.bus import publish
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.store import Store
-from irisfed.services.peer_agent.backends import TASK_LOST, TASK_PENDING, RunHandle
+from irisfed.services.peer_agent.backends import TASK_ENDED, TASK_LOST, TASK_PENDING, RunHandle
 from irisfed.services.peer_agent.plan import (
     gang_not_started_move,
     launch_error_move,
@@ -285,11 +285,20 @@ class Reports:
                 moved.append(move)
 
         if row.replicas > 1:  # every task it left behind is killed (or gone): none runs any more
-            lost = [(row.job_id, row.epoch, i, None, TASK_LOST, None, None) for i in range(row.replicas)]
-            await self.guard(ReportKind.TASKS, row.job_id, row.epoch, self.store.job_tasks_report(self.peer_id, lost))
+            await self.guard(ReportKind.TASKS, row.job_id, row.epoch, self._tasks_lost(row))
         if await self.guard(ReportKind.ORPHAN, row.job_id, row.epoch, write()) and moved:
             log.warning("orphan_recovered", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch,
                         state=moved[0].to_state.value, leftover_killed=leftover_killed)
+
+    async def _tasks_lost(self, row: OwnedJob) -> None:
+        """The tasks of ``row``'s run left behind are ``lost``, except those its rows
+        already say ended (written before the agent died: how they ended stays)."""
+        ended = {task.task_index for task in await self.store.job_tasks_list(row.job_id)
+                 if task.epoch == row.epoch and task.state in TASK_ENDED}
+        lost = [(row.job_id, row.epoch, i, None, TASK_LOST, None, None)
+                for i in range(row.replicas) if i not in ended]
+        if lost:
+            await self.store.job_tasks_report(self.peer_id, lost)
 
     async def end_run(self, move: Move) -> bool:
         """End one of our running jobs as ``move`` says, then announce it.

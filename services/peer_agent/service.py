@@ -444,7 +444,12 @@ class PeerAgent(Service):
                 break
             await asyncio.sleep(self.settings.reconcile_interval_s)  # Postgres away: ask again
         if outcome:
-            await self.reports.guard(ReportKind.TASKS, run.job_id, run.epoch, self.reports.record_tasks([run]))
+            try:
+                await self.reports.guard(ReportKind.TASKS, run.job_id, run.epoch, self.reports.record_tasks([run]))
+            except Unavailable as exc:
+                # The gang runs on: where its tasks run is written with its end (report).
+                log.warning("tasks_not_recorded", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=str(exc))
             await self.reports.announce(JobEvent(
                 run.job_id, JobState.RUNNING, self.peer_id, run.epoch, self.clock.now(),
                 reason=f"running on {self.peer_id}/{run.backend}: {run.tasks} tasks"))

@@ -564,7 +564,7 @@ class Router(Service):
             if job.state == JobState.ASSIGNED.value:
                 await publish(self.nc, self.subjects.assign(job.owner_peer_id),
                               AssignmentNotice(job.job_id, job.owner_peer_id, job.epoch, job.backend or "",
-                                               job.priority))
+                                               job.priority, job.replicas))
             shape = (job.state, job.owner_peer_id, job.epoch, job.reason)
             tail = tails.get(shape)
             if tail is None:

@@ -535,7 +535,8 @@ FOR UPDATE SKIP LOCKED;
 -- when absent) fails instead; one whose cancel was stored ends killed (the user asked).
 -- Both keep their owner on record and are fenced the same way. A running victim queued
 -- again is not placed until its old run is seen to stop (stopping_on: its run owner
--- clears it, or the tick once that owner is lost), so it never runs under two epochs.
+-- clears it, or the tick once that owner is lost), so it never runs under two epochs;
+-- an assigned gang too, whose tasks start before it is accepted.
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[])
         AS t(job_id, state, epoch, owner_peer_id, preemptor)
@@ -554,7 +555,8 @@ WITH input AS (
         epoch = jobs.epoch + 1,
         owner_peer_id = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.owner_peer_id END,
         backend = CASE WHEN decided.to_state = 'queued' THEN NULL ELSE jobs.backend END,
-        stopping_on = CASE WHEN decided.to_state = 'queued' AND decided.state = 'running'
+        stopping_on = CASE WHEN decided.to_state = 'queued'
+                                AND (decided.state = 'running' OR jobs.replicas > 1)
                            THEN decided.owner_peer_id END,
         preemptions = jobs.preemptions + 1,
         reason = CASE decided.to_state

@@ -78,6 +78,8 @@ TASK_SUCCEEDED = "succeeded"
 TASK_FAILED = "failed"
 TASK_KILLED = "killed"
 TASK_LOST = "lost"
+# How a task ended: a row in one of these states is final for its run.
+TASK_ENDED = frozenset({TASK_SUCCEEDED, TASK_FAILED, TASK_KILLED, TASK_LOST})
 
 
 @dataclass(frozen=True)
