@@ -21,6 +21,7 @@ from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.nats_auth import NatsAuth
 from irisfed.services.common.store import Store
+from irisfed.shared.postgres import with_database
 from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, write_config
 
 # (peer id, attributes, slots): one simulated backend each.
@@ -57,7 +58,7 @@ class Deployment:
         self.bench = bench
         self.admin_url = admin_url
         self.name = name
-        self.database_url = admin_url.rsplit("/", 1)[0] + f"/bench_{name}"
+        self.database_url = with_database(admin_url, f"bench_{name}")
         self.nats_url = nats_url
         self.auth = auth
         self.prefix = prefix_of(name)

@@ -30,6 +30,7 @@ import asyncpg
 from irisfed.bench.deployment import bench_env, cpu_seconds, python_module
 from irisfed.bench.load import Run, spread
 from irisfed.bench.report import Bench, Figure
+from irisfed.shared.postgres import with_database
 
 ENTRYPOINT = "bench"
 RATE = 500  # jobs/s, as irisfed's dispatch figure
@@ -191,7 +192,7 @@ async def pgqueuer_database(admin_url: str, name: str):
     await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     await conn.execute(f'CREATE DATABASE "{database}"')
     await conn.close()
-    url = admin_url.rsplit("/", 1)[0] + f"/{database}"
+    url = with_database(admin_url, database)
     conn = await asyncpg.connect(url)
     try:
         await Queries.from_asyncpg_connection(conn).install()

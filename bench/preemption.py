@@ -32,6 +32,7 @@ from irisfed.services.common.bus import connect_client
 from irisfed.services.common.store import Store
 from irisfed.shared.bands import BATCH, INTERACTIVE, MAX_PREEMPTIONS_LIMIT, band_rank
 from irisfed.shared.lifecycle import JobState
+from irisfed.shared.postgres import with_database
 
 if TYPE_CHECKING:
     from irisfed.services.tick.service import TickResult
@@ -214,7 +215,7 @@ async def preempting_dispatch(bench: Bench, admin_url: str, nats_url: str) -> No
 
 
 def _database_url(admin_url: str, name: str) -> str:
-    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+    return with_database(admin_url, name)
 
 
 async def _copy_database(admin_url: str, template: str, name: str) -> None:

@@ -6,13 +6,15 @@ with fsync on, NATS), like the tests do. The parts: ``baselines``,
 ``sections`` (irisfed's figures), ``preemption`` (what preempting costs a job and a
 tick pass), ``pgqueuer`` (the local queue a team might use
 instead, beside dispatch and submit), ``engines`` (real Slurm and Ray), ``web`` (the
-dashboard), ``deployment`` (a database and services per figure), ``load`` (closed
-and open loop), ``report`` (figures, table, JSON).
+dashboard), ``ha`` (a synchronous standby and failovers under Patroni), ``deployment``
+(a database and services per figure), ``load`` (closed and open loop), ``report``
+(figures, table, JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -21,6 +23,7 @@ from pathlib import Path
 from irisfed.bench.baselines import nats_baseline, postgres_baselines
 from irisfed.bench.engines import engines_section
 from irisfed.bench.gangs import gangs_section
+from irisfed.bench.ha import ha_section
 from irisfed.bench.pgqueuer import missing as pgqueuer_missing
 from irisfed.bench.pgqueuer import pgqueuer_section
 from irisfed.bench.preemption import preemption_section
@@ -49,10 +52,12 @@ SECTIONS = {
     "gangs": ("gangs (a tick pass with gangs on node groups; heartbeats of 1,000 nodes)", gangs_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
+    "ha": ("ha (Patroni with a synchronous standby: submits, dispatch, failovers)", ha_section),
 }
 # Left out of a --quick run that names no sections (CI's smoke run): they need root,
-# Slurm and Ray, and take minutes. `--quick --sections engines` runs them at quick sizes.
-NOT_IN_QUICK_DEFAULT = {"engines"}
+# Slurm and Ray, or Patroni and etcd, and take minutes. `--quick --sections engines,ha`
+# runs them at quick sizes.
+NOT_IN_QUICK_DEFAULT = {"engines", "ha"}
 # What pgqueuer is compared with: choosing either brings it along, like the baselines.
 BESIDE_PGQUEUER = {"submit", "dispatch"}
 
@@ -91,6 +96,9 @@ def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]
         # A clear stop before any server starts, not a table silently short of its peer rows.
         raise SystemExit(f"irisfed bench: {reason}; the pgqueuer section, and submit and dispatch "
                          "beside it, need it")
+    # The bench's own pools ride the ha section's failovers: asyncpg's warnings while it
+    # reconnects them are not figures, and would fill the table's terminal with tracebacks.
+    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
     folder = Path(tempfile.mkdtemp(prefix="irisfed-bench-"))
     os.chmod(folder, 0o755)
     bench = Bench(Profile(quick), folder, load_at_start=os.getloadavg())

@@ -70,6 +70,13 @@ SCHEMA_SQLSTATES = ("42P01", "42703", "42883")
 MIGRATE_HINT = "run `irisfed migrate` (or use the irisfed version that matches the database)"
 
 
+def with_database(server_url: str, name: str) -> str:
+    """``server_url`` with its database replaced by ``name``, its hosts and its query
+    (``target_session_attrs`` of a multi-host URL) kept as they were."""
+    base, mark, query = server_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + mark + query
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away by itself (retry later) rather than on every retry.
 

@@ -126,15 +126,39 @@ class PatroniCluster:
     def node_url(self, node: PatroniNode, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{node.pg_port}/{database}"
 
-    def leader(self) -> PatroniNode | None:
+    def _members(self) -> dict[str, dict]:
+        """The cluster's members as its DCS says (the first running node's ``/cluster``)."""
         for node in self.nodes:
-            if node.process.running() and _get(f"{node.rest}/primary")[0] == 200:
+            if node.process.running():
+                status, doc = _get(f"{node.rest}/cluster")
+                if status == 200 and isinstance(doc.get("members"), list):
+                    return {str(m.get("name")): m for m in doc["members"] if isinstance(m, dict)}
+        return {}
+
+    def leader(self) -> PatroniNode | None:
+        """The node holding the leader key whose own REST API says it is the primary
+        (either alone can be stale for a moment: a restarted node's, a dead leader's key)."""
+        members = self._members()
+        for node in self.nodes:
+            member = members.get(node.name, {})
+            if node.process.running() and member.get("role") == "leader" and member.get("state") == "running" \
+                    and _get(f"{node.rest}/primary")[0] == 200:
                 return node
         return None
 
     def sync_standby(self) -> PatroniNode | None:
+        """The node the leader now replicates to synchronously: ``sync_standby`` in the
+        DCS's view (the leader names it once it streams caught up), running, not the
+        leader. A node's own ``/sync`` is not enough: a leader just promoted answers 200
+        from the key it held as the standby, and a failover then has nowhere to go."""
+        leader = self.leader()
+        if leader is None:
+            return None
+        members = self._members()
         for node in self.nodes:
-            if node.process.running() and _get(f"{node.rest}/sync")[0] == 200:
+            member = members.get(node.name, {})
+            if node is not leader and node.process.running() and member.get("role") == "sync_standby" \
+                    and member.get("state") in ("running", "streaming") and _get(f"{node.rest}/sync")[0] == 200:
                 return node
         return None
 

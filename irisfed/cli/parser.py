@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,engines,web "
-                                      "(default: all)")
+    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,engines,"
+                                      "web,ha (default: all; --quick leaves out engines and ha unless named)")
     p.add_argument("--report", metavar="FILE",
                    help="run nothing: print a results file (--out's JSON, e.g. bench/results/*.json) as the "
                         "README's Markdown table")

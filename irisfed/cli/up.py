@@ -32,6 +32,7 @@ from irisfed.shared.config import (
     FederationConfig,
     load_config,
 )
+from irisfed.shared.postgres import with_database
 from irisfed.shared.redact import redact
 from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
 from irisfed.tooling.ha import start_nats_cluster, start_patroni
@@ -85,7 +86,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             print("starting Postgres ...", flush=True)
             postgres = supervisor.add_server(start_postgres(state / "postgres", durable=True))
             asyncio.run(db.ensure_database(postgres.url, "irisfed"))
-            db_url = postgres.url.rsplit("/", 1)[0] + "/irisfed"
+            db_url = with_database(postgres.url, "irisfed")
         config_path = args.config or os.environ.get(CONFIG_ENV)
         if not config_path:
             config_path = state / "federation.toml"

@@ -37,9 +37,10 @@ def test_quick_leaves_engines_out_unless_asked():
     from irisfed.bench.run import SECTIONS, chosen_sections
 
     everything = set(SECTIONS)
-    assert "engines" in everything
-    assert chosen_sections(True, everything) == everything - {"engines"}
+    assert {"engines", "ha"} <= everything
+    assert chosen_sections(True, everything) == everything - {"engines", "ha"}
     assert chosen_sections(True, {"engines"}) == {"engines"}
+    assert chosen_sections(True, {"ha"}) == {"ha"}
     assert chosen_sections(False, everything) == everything
 
 

@@ -5,7 +5,7 @@ import asyncpg
 import pytest
 
 from irisfed.shared.errors import PermanentStoreError, Unavailable
-from irisfed.shared.postgres import is_transient, translate, translated_errors
+from irisfed.shared.postgres import is_transient, translate, translated_errors, with_database
 
 
 @pytest.mark.parametrize("exc", [
@@ -153,3 +153,10 @@ async def test_a_url_the_driver_cannot_parse_is_refused_before_any_socket(url):
         message = refused.value.message
         assert message.startswith("invalid database URL") and "u:***@" in message, message
         assert SECRET not in message and "ab#" not in message and "'ab'" not in message, message
+
+
+def test_with_database_keeps_every_host_and_the_query() -> None:
+    url = "postgresql://postgres@10.0.0.1:5432,10.0.0.2:5433/postgres?target_session_attrs=read-write"
+    assert with_database(url, "irisfed") == (
+        "postgresql://postgres@10.0.0.1:5432,10.0.0.2:5433/irisfed?target_session_attrs=read-write")
+    assert with_database("postgresql://u@h:5432/postgres", "bench_x") == "postgresql://u@h:5432/bench_x"

@@ -18,6 +18,7 @@ from irisfed.services.common.db_roles import apply_roles
 from irisfed.services.common.nats_auth import NatsAuth
 from irisfed.shared.bands import INTERACTIVE, PRODUCTION
 from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
+from irisfed.shared.postgres import with_database
 from irisfed.shared.users import DEFAULT_MAX_BAND, DEFAULT_USER
 from irisfed.tooling.federation import (
     LocalFederation,
@@ -218,7 +219,7 @@ class Servers:
     def database_url(self, name: str) -> str:
         if self.patroni is not None:
             return self.patroni.url(name)
-        return self.postgres.url.rsplit("/", 1)[0] + f"/{name}"
+        return with_database(self.postgres.url, name)
 
     async def admin(self, sql: str) -> None:
         conn = await dbmod.with_retry(lambda: asyncpg.connect(self._admin_url()), attempts=100)
