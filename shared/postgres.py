@@ -16,6 +16,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import asyncpg
 import msgspec
@@ -75,6 +76,18 @@ def with_database(server_url: str, name: str) -> str:
     (``target_session_attrs`` of a multi-host URL) kept as they were."""
     base, mark, query = server_url.partition("?")
     return base.rsplit("/", 1)[0] + f"/{name}" + mark + query
+
+
+def with_login(database_url: str, user: str, password: str) -> str:
+    """``database_url`` logging in as ``user`` with ``password`` (any login it named
+    replaced). One login for every host of a multi-host URL: libpq's form,
+    ``postgresql://user:password@h1:5432,h2:5432/db``."""
+    scheme, sep, rest = database_url.partition("://")
+    if not sep:
+        raise ValueError(f"not a database URL: {database_url!r}")
+    hosts_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    hosts = rest[:hosts_end].rsplit("@", 1)[-1]
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{hosts}{rest[hosts_end:]}"
 
 
 def is_transient(exc: BaseException) -> bool:

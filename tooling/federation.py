@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from irisfed.services.common.db_roles import peer_role
-from irisfed.services.common.nats_auth import NatsAuth, with_credentials
+from irisfed.services.common.nats_auth import NatsAuth
 from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV, FederationConfig, parse_config
+from irisfed.shared.postgres import with_login
 from irisfed.tooling.proxy import TcpProxy, proxy_for
 from irisfed.tooling.servers import ServerProcess
 
@@ -126,7 +127,7 @@ def login_role_urls(database_url: str, peer_ids: Iterable[str], passwords: Mappi
     (``irisfed db-roles``: ``passwords`` maps each login role to its password)."""
     roles = {"router": "irisfed_svc_router", "tick": "irisfed_svc_tick", "web": "irisfed_svc_web",
              **{peer: peer_role(peer) for peer in peer_ids}}
-    return {name: with_credentials(database_url, role, passwords[role]) for name, role in roles.items()}
+    return {name: with_login(database_url, role, passwords[role]) for name, role in roles.items()}
 
 
 # ---------------------------------------------------------------- processes

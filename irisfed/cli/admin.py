@@ -154,11 +154,17 @@ def cmd_compose_secrets(args: argparse.Namespace) -> int:
     """Write every secret compose.yaml mounts (irisfed/cli/compose_secrets.py)."""
     import os
 
-    from irisfed.cli.compose_secrets import IMAGE_UID, write_secrets
+    from irisfed.cli.compose_secrets import (
+        DEFAULT_DATABASE_URL,
+        DEFAULT_NATS_URL,
+        IMAGE_UID,
+        write_secrets,
+    )
 
     config = federation_config(args)
     owner = IMAGE_UID if os.geteuid() == 0 else None
-    written = write_secrets(config, Path(args.out), owner=owner)
+    written = write_secrets(config, Path(args.out), database=args.database_url or DEFAULT_DATABASE_URL,
+                            nats=args.nats_url or DEFAULT_NATS_URL, owner=owner)
     print(f"secrets for compose.yaml in {args.out} (0600; existing files kept): {len(written)} files")
     if owner is None:
         print(f"  not root: give the containers their files with "

@@ -38,6 +38,8 @@ from irisfed.services.common.nats_auth import (
 )
 from irisfed.services.common.private import write_private
 from irisfed.shared.config import FederationConfig
+from irisfed.shared.errors import ConfigError
+from irisfed.shared.postgres import with_login
 
 DATABASE = "irisfed"
 OWNER = "irisfed"  # the database owner (the postgres image's POSTGRES_USER)
@@ -65,16 +67,26 @@ def _keep_or_write(path: Path, make) -> str:
     return text
 
 
-def write_secrets(config: FederationConfig, out: Path, database: str = f"postgresql://postgres:5432/{DATABASE}",
-                  nats: str = "nats://nats:4222", owner: int | None = None) -> list[Path]:
+DEFAULT_DATABASE_URL = f"postgresql://postgres:5432/{DATABASE}"
+DEFAULT_NATS_URL = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"  # compose.yaml's cluster
+
+
+def write_secrets(config: FederationConfig, out: Path, database: str = DEFAULT_DATABASE_URL,
+                  nats: str = DEFAULT_NATS_URL, owner: int | None = None) -> list[Path]:
     """Write (or keep) every secret file of compose.yaml under ``out``; the files' paths.
-    ``owner``: give the files irisfed's containers read to this uid (needs root)."""
+    ``database`` and ``nats``: the servers every URL names, without credentials (each
+    file adds its own; a multi-host Postgres URL and a NATS server list keep every
+    host). ``owner``: give the files irisfed's containers read to this uid (needs root)."""
+    for url, what in ((database, "--database-url"), (nats, "--nats-url")):
+        if "@" in url.split("?", 1)[0]:
+            raise ConfigError(f"{what} names the servers only: leave out the user and password "
+                              "(each service's file gets its own)")
     out.mkdir(parents=True, exist_ok=True)
     out.chmod(0o700)
     before = set(out.iterdir())
     owner_password = _keep_or_write(out / "postgres-password", lambda: secrets.token_urlsafe(24)).strip()
     db_base = database  # without credentials: each file adds its own
-    _keep_or_write(out / "admin.database-url", lambda: with_credentials(db_base, OWNER, owner_password) + "\n")
+    _keep_or_write(out / "admin.database-url", lambda: with_login(db_base, OWNER, owner_password) + "\n")
 
     roles = login_roles(config)
     stored = json.loads(_keep_or_write(out / "db-credentials.json", lambda: "{}"))
@@ -94,7 +106,7 @@ def write_secrets(config: FederationConfig, out: Path, database: str = f"postgre
     users = {f"user-{u}": (None, user_role(u)) for u in config.user_ids}
     for service, (role, user) in {**service_roles(config), "operator": (None, "operator"), **users}.items():
         if role is not None:
-            write_private(out / f"{service}.database-url", with_credentials(db_base, role, stored[role]) + "\n")
+            write_private(out / f"{service}.database-url", with_login(db_base, role, stored[role]) + "\n")
         write_private(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]) + "\n")
     _keep_or_write(out / "web-operator-token", lambda: secrets.token_urlsafe(32) + "\n")
     written = sorted(set(out.iterdir()) | before)

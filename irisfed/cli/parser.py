@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compose-secrets", help="write every secret compose.yaml mounts (0600; keeps existing ones)")
     p.add_argument("--config", help=f"federation TOML (default ${CONFIG_ENV})")
     p.add_argument("--out", default="deploy/secrets", help="the folder compose.yaml reads secrets from")
+    p.add_argument("--database-url", default=None,
+                   help="the Postgres every service's URL names, without credentials (default "
+                        "postgresql://postgres:5432/irisfed; HA: postgresql://pg-1:5432,pg-2:5432/irisfed"
+                        "?target_session_attrs=read-write)")
+    p.add_argument("--nats-url", default=None,
+                   help="the NATS servers, comma-separated, without credentials (default compose.yaml's "
+                        "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222)")
 
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")

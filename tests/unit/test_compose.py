@@ -11,6 +11,7 @@ from irisfed.shared.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
+NATS_NODES = ("nats-1", "nats-2", "nats-3")
 
 
 def parses(command: list[str]) -> bool:
@@ -23,7 +24,7 @@ def parses(command: list[str]) -> bool:
 
 
 def test_topology_has_every_role():
-    assert {"nats", "postgres", "migrate", "router", "tick", "web"} <= set(SERVICES)
+    assert {"nats-1", "nats-2", "nats-3", "postgres", "migrate", "router", "tick", "web"} <= set(SERVICES)
     agents = [name for name, svc in SERVICES.items() if "peer-agent" in svc.get("command", [])]
     assert len(agents) == 2
     attrs = [tuple(svc["command"][i + 1] for i, a in enumerate(svc["command"]) if a == "--attr")
@@ -121,7 +122,8 @@ def test_no_password_is_written_in_compose():
     text = (ROOT / "compose.yaml").read_text()
     assert "irisfed:irisfed" not in text and "POSTGRES_PASSWORD:" not in text
     assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
-    assert "/run/secrets/nats_conf" in SERVICES["nats"]["command"]
+    for node in NATS_NODES:
+        assert "/run/secrets/nats_conf" in SERVICES[node]["command"]
     assert SERVICES["roles"]["command"][:3] == ["irisfed", "db-roles", "--passwords"]
 
 
@@ -149,3 +151,47 @@ def test_each_configured_user_gets_its_own_nats_credentials(tmp_path):
     conf = (tmp_path / "nats.conf").read_text()
     assert '"irisfed.submit.alice", "irisfed.cancel.alice"' in conf
     assert '"_INBOX_user-bob.>"' in conf
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_nats_is_a_cluster_of_three_every_service_waits_for():
+    routes = set()
+    for node in NATS_NODES:
+        command = SERVICES[node]["command"]
+        assert _flag(command, "--cluster_name") == "irisfed"
+        assert _flag(command, "--name") == node  # a name per node: its logs and /routez tell them apart
+        routes.add(_flag(command, "--routes"))
+        assert "healthcheck" in SERVICES[node]
+    # The same routes on every node, naming every node (a node ignores its route to itself).
+    assert routes == {",".join(f"nats://{node}:6222" for node in NATS_NODES)}
+    for name, service in SERVICES.items():
+        if {"router", "tick", "peer-agent"} & set(service.get("command", [])):
+            assert all(service["depends_on"][node]["condition"] == "service_healthy" for node in NATS_NODES), name
+
+
+def test_secret_urls_name_every_nats_node_and_keep_a_multi_host_database(tmp_path):
+    from irisfed.cli.compose_secrets import write_secrets
+
+    config = load_config(ROOT / "deploy" / "federation.toml")
+    ha = "postgresql://pg-1:5432,pg-2:5432/irisfed?target_session_attrs=read-write"
+    write_secrets(config, tmp_path, database=ha)
+    router_nats = (tmp_path / "router.nats-url").read_text().strip().split(",")
+    assert [url.rsplit("@", 1)[1] for url in router_nats] == [f"{node}:4222" for node in NATS_NODES]
+    router_db = (tmp_path / "router.database-url").read_text().strip()
+    assert router_db.startswith("postgresql://irisfed_svc_router:")
+    assert router_db.endswith("@pg-1:5432,pg-2:5432/irisfed?target_session_attrs=read-write")
+
+
+def test_compose_secrets_refuses_credentials_in_the_server_urls_and_writes_nothing(tmp_path):
+    from irisfed.cli.compose_secrets import write_secrets
+    from irisfed.shared.errors import ConfigError
+
+    config = load_config(ROOT / "deploy" / "federation.toml")
+    with pytest.raises(ConfigError, match="leave out the user and password"):
+        write_secrets(config, tmp_path / "out", database="postgresql://u:secret@pg-1:5432/irisfed")
+    with pytest.raises(ConfigError, match="--nats-url"):
+        write_secrets(config, tmp_path / "out", nats="nats://u:secret@n1:4222")
+    assert not (tmp_path / "out").exists()

@@ -160,3 +160,16 @@ def test_with_database_keeps_every_host_and_the_query() -> None:
     assert with_database(url, "irisfed") == (
         "postgresql://postgres@10.0.0.1:5432,10.0.0.2:5433/irisfed?target_session_attrs=read-write")
     assert with_database("postgresql://u@h:5432/postgres", "bench_x") == "postgresql://u@h:5432/bench_x"
+
+
+def test_with_login_puts_one_login_before_every_host() -> None:
+    from irisfed.shared.postgres import with_login
+
+    url = "postgresql://old:pw@10.0.0.1:5432,10.0.0.2:5433/irisfed?target_session_attrs=read-write"
+    assert with_login(url, "irisfed_svc_tick", "p@ss/word") == (
+        "postgresql://irisfed_svc_tick:p%40ss%2Fword@10.0.0.1:5432,10.0.0.2:5433/irisfed"
+        "?target_session_attrs=read-write")
+    assert with_login("postgresql://h:5432/db", "u", "p") == "postgresql://u:p@h:5432/db"
+    assert with_login("postgresql://h", "u", "p") == "postgresql://u:p@h"
+    with pytest.raises(ValueError, match="not a database URL"):
+        with_login("h:5432/db", "u", "p")
