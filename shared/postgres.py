@@ -72,22 +72,30 @@ MIGRATE_HINT = "run `irisfed migrate` (or use the irisfed version that matches t
 
 
 def with_database(server_url: str, name: str) -> str:
-    """``server_url`` with its database replaced by ``name``, its hosts and its query
+    """``server_url`` with its database replaced by ``name``, its login, hosts and query
     (``target_session_attrs`` of a multi-host URL) kept as they were."""
-    base, mark, query = server_url.partition("?")
-    return base.rsplit("/", 1)[0] + f"/{name}" + mark + query
+    scheme, netloc, _, query = _url_parts(server_url)
+    return f"{scheme}://{netloc}/{name}{query}"
 
 
 def with_login(database_url: str, user: str, password: str) -> str:
     """``database_url`` logging in as ``user`` with ``password`` (any login it named
     replaced). One login for every host of a multi-host URL: libpq's form,
     ``postgresql://user:password@h1:5432,h2:5432/db``."""
-    scheme, sep, rest = database_url.partition("://")
+    scheme, netloc, path, query = _url_parts(database_url)
+    hosts = netloc.rsplit("@", 1)[-1]
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{hosts}{path}{query}"
+
+
+def _url_parts(url: str) -> tuple[str, str, str, str]:
+    """A libpq URL's scheme, login and hosts, ``/database`` ("" when none) and ``?query``
+    ("" when none). Split by hand: a multi-host netloc is not one ``host:port``."""
+    scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(f"not a database URL: {database_url!r}")
-    hosts_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    hosts = rest[:hosts_end].rsplit("@", 1)[-1]
-    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{hosts}{rest[hosts_end:]}"
+        raise ValueError(f"not a database URL: {url!r}")
+    rest, mark, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    return scheme, netloc, slash + path, mark + query
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -173,3 +173,9 @@ def test_with_login_puts_one_login_before_every_host() -> None:
     assert with_login("postgresql://h", "u", "p") == "postgresql://u:p@h"
     with pytest.raises(ValueError, match="not a database URL"):
         with_login("h:5432/db", "u", "p")
+
+
+def test_with_database_on_a_url_without_a_database_keeps_its_host() -> None:
+    assert with_database("postgresql://u@h:5432", "irisfed") == "postgresql://u@h:5432/irisfed"
+    assert with_database("postgresql://h1,h2?target_session_attrs=read-write", "x") == (
+        "postgresql://h1,h2/x?target_session_attrs=read-write")
