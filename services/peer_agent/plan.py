@@ -236,15 +236,8 @@ def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: Jo
     ``job`` None: its row is no longer ours to read (the write's CAS will say so).
     """
     what = f"{'run lost' if lost else 'launch failed'}: {error}"
-    failure = after_infra_failure(job.attempts, job.max_retries, job.preemptions) if job is not None else GIVE_UP
-    if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
-        asker = job.cancel_requested_by if job is not None else None
-        return Move(job_id, JobState.RUNNING, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
-                    reason=f"{cancelled_by(asker)}; {what}")
-    return Move(job_id, JobState.RUNNING, failure.to_state, epoch, actor=peer_id,
-                owner_peer_id=failure.owner_after(peer_id),
-                new_epoch=epoch_after(JobState.RUNNING, failure.to_state, epoch),
-                reason=what + ("; retrying" if failure.retrying else ""))
+    return _handed_back(peer_id, job_id, epoch, JobState.RUNNING, what, job, cancelled, attempts_added=0,
+                        out_of_retries="")
 
 
 def gang_not_started_move(peer_id: str, job_id: str, epoch: int, why: str, job: JobRow | None,
@@ -252,15 +245,25 @@ def gang_not_started_move(peer_id: str, job_id: str, epoch: int, why: str, job: 
     """Hand back an assigned gang whose tasks did not all start (``why``): the failed start
     counts as one (attempts + 1), so requeued while retries remain, else failed; killed
     when a cancel was requested. ``job`` None: no longer ours to read (the CAS will say)."""
-    failure = after_infra_failure(job.attempts + 1, job.max_retries, job.preemptions) if job is not None else GIVE_UP
+    return _handed_back(peer_id, job_id, epoch, JobState.ASSIGNED, why, job, cancelled, attempts_added=1,
+                        out_of_retries="; no retries left")
+
+
+def _handed_back(peer_id: str, job_id: str, epoch: int, from_state: JobState, why: str, job: JobRow | None,
+                 cancelled: bool, attempts_added: int, out_of_retries: str) -> Move:
+    """A job of ours at ``epoch`` that failed through no fault of its own (``why``):
+    requeued while retries remain (its attempts plus ``attempts_added``), else failed;
+    killed when a cancel was requested (``cancelled``, or stored on its row)."""
+    attempts = job.attempts + attempts_added if job is not None else 0
+    failure = after_infra_failure(attempts, job.max_retries, job.preemptions) if job is not None else GIVE_UP
     if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
         asker = job.cancel_requested_by if job is not None else None
-        return Move(job_id, JobState.ASSIGNED, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
+        return Move(job_id, from_state, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
                     reason=f"{cancelled_by(asker)}; {why}")
-    return Move(job_id, JobState.ASSIGNED, failure.to_state, epoch, actor=peer_id,
+    return Move(job_id, from_state, failure.to_state, epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id),
-                new_epoch=epoch_after(JobState.ASSIGNED, failure.to_state, epoch),
-                reason=why + ("; retrying" if failure.retrying else "; no retries left"))
+                new_epoch=epoch_after(from_state, failure.to_state, epoch),
+                reason=why + ("; retrying" if failure.retrying else out_of_retries))
 
 
 def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool) -> Move:
