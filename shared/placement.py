@@ -446,6 +446,16 @@ def assign_queued(
     return run.place(jobs)
 
 
+def waiting_rule(rule: str, holding: tuple[str, str] | None, reserve_after_s: float,
+                 cannot_preempt: str | None) -> str:
+    """Why a job waits: the rule that left it, the room held for it, why it cannot preempt."""
+    if holding is not None:
+        rule = f"{rule}; backend {holding[1]} of {holding[0]} is held for it (waiting {reserve_after_s:g}s or more)"
+    if cannot_preempt is not None:
+        rule = f"{rule}; cannot preempt: {cannot_preempt}"
+    return rule
+
+
 class PlacementRun:
     """One placement run over a fixed view of the peers: ``place`` the queue batch by batch.
 
@@ -631,13 +641,8 @@ class PlacementRun:
                 why = explained.get(key)
                 if why is None:
                     why = explained[key] = _explain(job, units, self.peers, rooms, self.now, holds)
-                rule = why.rule
-                if holding is not None:
-                    rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
-                            f"(waiting {reserve_after_s:g}s or more)")
-                if cannot_preempt is not None:
-                    rule = f"{rule}; cannot preempt: {cannot_preempt}"
-                waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
+                waiting.append(Waiting(job.job_id, waiting_rule(why.rule, holding, reserve_after_s, cannot_preempt),
+                                       why.verdicts, holding))
                 continue
             nodes = choice.take(units, 1, _nodes_leaving_hold(choice, units, holds, job.job_id))
             improves = choice.improves
@@ -725,13 +730,8 @@ class PlacementRun:
         why = self._explained.get(explained_key)
         if why is None:
             why = self._explained[explained_key] = _explain(job, units, self.peers, self.rooms, self.now, holds)
-        rule = why.rule
-        if holding is not None:
-            rule = (f"{rule}; backend {holding[1]} of {holding[0]} is held for it "
-                    f"(waiting {self.reserve_after_s:g}s or more)")
-        if cannot_preempt is not None:
-            rule = f"{rule}; cannot preempt: {cannot_preempt}"
-        waiting.append(Waiting(job.job_id, rule, why.verdicts, holding))
+        waiting.append(Waiting(job.job_id, waiting_rule(why.rule, holding, self.reserve_after_s, cannot_preempt),
+                               why.verdicts, holding))
 
     def _placed_on(self, room: _Room, _nodes: tuple) -> None:
         """A gang took room here: single-task kinds re-rank an improving room (pack)."""
