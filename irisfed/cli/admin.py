@@ -163,8 +163,9 @@ def cmd_compose_secrets(args: argparse.Namespace) -> int:
 
     config = federation_config(args)
     owner = IMAGE_UID if os.geteuid() == 0 else None
-    written = write_secrets(config, Path(args.out), database=args.database_url or DEFAULT_DATABASE_URL,
-                            nats=args.nats_url or DEFAULT_NATS_URL, owner=owner)
+    database = DEFAULT_DATABASE_URL if args.database_url is None else args.database_url
+    nats = DEFAULT_NATS_URL if args.nats_url is None else args.nats_url
+    written = write_secrets(config, Path(args.out), database=database, nats=nats, owner=owner)
     print(f"secrets for compose.yaml in {args.out} (0600; existing files kept): {len(written)} files")
     if owner is None:
         print(f"  not root: give the containers their files with "

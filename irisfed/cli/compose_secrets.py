@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 from irisfed.services.common.db_roles import login_roles, peer_role
 from irisfed.services.common.nats_auth import (
@@ -71,16 +72,74 @@ DEFAULT_DATABASE_URL = f"postgresql://postgres:5432/{DATABASE}"
 DEFAULT_NATS_URL = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"  # compose.yaml's cluster
 
 
+# A second login in the query: libpq would take it, asyncpg the userinfo's.
+LOGIN_PARAMETERS = frozenset({"user", "password", "passfile"})
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def _one_token(url: str, what: str) -> None:
+    if not url:
+        raise ConfigError(f"{what} is empty: name the servers (or leave the option out for compose's own)")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ConfigError(f"{what} {url!r}: holds whitespace or a control character")
+
+
+def database_servers(url: str, what: str = "--database-url") -> None:
+    """Refuse anything but ``postgresql://host:port[,host:port...]/database[?parameters]``
+    without a login (each service's file gets its own): every secret file must hold one
+    URL every driver reads the same way."""
+    _one_token(url, what)
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{what} {url!r}: not a Postgres URL (postgresql://host:port/database)")
+    if "#" in rest:
+        raise ConfigError(f"{what} {url!r}: a fragment (#...) has no meaning in a database URL")
+    rest, _, query = rest.partition("?")
+    netloc, _, database = rest.partition("/")
+    if "@" in netloc:
+        raise ConfigError(f"{what} names the servers only: leave out the user and password "
+                          "(each service's file gets its own)")
+    for host in netloc.split(","):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{what} {url!r}: each server as host:port, comma-separated (got {host!r})")
+    if not database:
+        raise ConfigError(f"{what} {url!r}: name the database (postgresql://host:port/irisfed)")
+    smuggled = LOGIN_PARAMETERS & {k for k, _ in parse_qsl(query, keep_blank_values=True)}
+    if smuggled:
+        raise ConfigError(f"{what} {url!r}: {', '.join(sorted(smuggled))} in the query: leave the login "
+                          "out (each service's file gets its own)")
+
+
+def nats_servers(url: str, what: str = "--nats-url") -> None:
+    """Refuse anything but ``nats://host:port[,nats://host:port...]`` without a login."""
+    _one_token(url, what)
+    for member in url.split(","):
+        try:
+            parts = urlsplit(member)
+            port = parts.port
+        except ValueError:
+            port = None
+            parts = None
+        if parts is None or parts.scheme not in NATS_SCHEMES or not parts.hostname or port is None:
+            raise ConfigError(f"{what} {url!r}: each server as nats://host:port, comma-separated "
+                              f"(got {member!r})")
+        if "@" in parts.netloc:
+            raise ConfigError(f"{what} names the servers only: leave out the user and password "
+                              "(each service's file gets its own)")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigError(f"{what} {url!r}: a server is nats://host:port, nothing after it "
+                              f"(got {member!r})")
+
+
 def write_secrets(config: FederationConfig, out: Path, database: str = DEFAULT_DATABASE_URL,
                   nats: str = DEFAULT_NATS_URL, owner: int | None = None) -> list[Path]:
     """Write (or keep) every secret file of compose.yaml under ``out``; the files' paths.
     ``database`` and ``nats``: the servers every URL names, without credentials (each
     file adds its own; a multi-host Postgres URL and a NATS server list keep every
     host). ``owner``: give the files irisfed's containers read to this uid (needs root)."""
-    for url, what in ((database, "--database-url"), (nats, "--nats-url")):
-        if "@" in url.split("?", 1)[0]:
-            raise ConfigError(f"{what} names the servers only: leave out the user and password "
-                              "(each service's file gets its own)")
+    database_servers(database)
+    nats_servers(nats)
     out.mkdir(parents=True, exist_ok=True)
     out.chmod(0o700)
     before = set(out.iterdir())
