@@ -20,6 +20,7 @@ from irisfed.shared.errors import DatabaseSchemaMismatch, InvalidRequest, Irisfe
 from irisfed.shared.messages import CancelRequest, OperatorCancelRequest, decode_request, encoder
 from irisfed.shared.postgres import (
     connecting,
+    pool_connect,
     schema_mismatch_message,
     set_json_codecs,
     translated_errors,
@@ -27,8 +28,11 @@ from irisfed.shared.postgres import (
 from irisfed.shared.queries import QUERIES
 from irisfed.shared.records import ChangelogEntry, JobRow, TaskRow
 
-# A client's reads are single-row lookups: a small pool, a short wait for it.
+# A client's reads are single-row lookups: a small pool, a short wait for it. Every
+# wait is bounded, so a primary that hangs (rather than resets) fails a read
+# ``Unavailable`` instead of blocking a producer's get/wait/watch for ever.
 CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0  # a statement, and the wait for a free connection
 SHOWN_ID_CHARS = 40  # an invalid id is quoted up to this many characters
 JOB_ID_RULE = "1 to 128 letters, digits, '.', '_' or '-', the first a letter or digit"
 
@@ -78,33 +82,35 @@ class JobReads:
         (the URL named, its password not). No schema check: a read the schema cannot
         answer raises ``DatabaseSchemaMismatch`` itself."""
         with connecting(database_url):
-            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2,
-                                             timeout=CONNECT_TIMEOUT_S, init=set_json_codecs)
+            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2, connect=pool_connect(database_url),
+                                             timeout=CONNECT_TIMEOUT_S, command_timeout=READ_TIMEOUT_S,
+                                             init=set_json_codecs)
         return cls(pool)
 
     async def job_get(self, job_id: str) -> JobRow | None:
         """The job stored as ``job_id`` (``alice:train-1``; a ``default`` job's id bare)."""
         job_id = checked_stored_job_id(job_id)
-        record = await self._read(self._pool.fetchrow, QUERIES["job_get"], job_id)
+        record = await self._read("fetchrow", QUERIES["job_get"], job_id)
         return None if record is None else JobRow.from_record(record)
 
     async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
         """A gang's tasks, newest run first (none for a single-task job)."""
         job_id = checked_stored_job_id(job_id)
-        records = await self._read(self._pool.fetch, QUERIES["job_tasks_list"], job_id)
+        records = await self._read("fetch", QUERIES["job_tasks_list"], job_id)
         return [TaskRow.from_record(record) for record in records]
 
     async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
         job_id = checked_stored_job_id(job_id)
-        records = await self._read(self._pool.fetch, QUERIES["changelog_list_for_job"], job_id)
+        records = await self._read("fetch", QUERIES["changelog_list_for_job"], job_id)
         return [ChangelogEntry.from_record(record) for record in records]
 
-    async def _read(self, read, query: str, *args):
-        """``read(query, *args)``, its failures translated; a schema mismatch also says
-        which revision the database is at."""
+    async def _read(self, method: str, query: str, *args):
+        """``connection.<method>(query, *args)``, its failures translated; a schema
+        mismatch also says which revision the database is at."""
         try:
             with translated_errors():
-                return await read(query, *args)
+                async with self._pool.acquire(timeout=READ_TIMEOUT_S) as conn:
+                    return await getattr(conn, method)(query, *args)
         except DatabaseSchemaMismatch as exc:
             found = await self._revision()
             if found is None:
@@ -116,9 +122,10 @@ class JobReads:
         """Where the database's schema is, as words for a message (None: cannot tell)."""
         try:
             with translated_errors():
-                if not await self._pool.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
-                    return "the database has no irisfed schema at all"
-                found = await self._pool.fetchval("SELECT max(version_num) FROM alembic_version")
+                async with self._pool.acquire(timeout=READ_TIMEOUT_S) as conn:
+                    if not await conn.fetchval("SELECT to_regclass('alembic_version') IS NOT NULL"):
+                        return "the database has no irisfed schema at all"
+                    found = await conn.fetchval("SELECT max(version_num) FROM alembic_version")
         except IrisfedError:
             return None
         return f"the database is at schema revision {found}" if found else "the database has no schema revision"

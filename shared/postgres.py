@@ -98,6 +98,59 @@ def _url_parts(url: str) -> tuple[str, str, str, str]:
     return scheme, netloc, slash + path, mark + query
 
 
+def one_url_per_host(database_url: str) -> list[str]:
+    """A multi-host URL (``postgresql://login@h1:5432,h2:5432/db?...``) as one URL per
+    host, in its order, each with the same login, database and query; a one-host URL
+    as itself."""
+    scheme, netloc, path, query = _url_parts(database_url)
+    login, at, hosts = netloc.rpartition("@")
+    return [f"{scheme}://{login}{at}{host}{path}{query}" for host in hosts.split(",")]
+
+
+class HostByHost:
+    """asyncpg's ``connect`` for a pool on a multi-host URL: each host tried in turn
+    within a connect timeout of its own, the host that served last tried first.
+
+    asyncpg gives the whole timeout to the first host: one that swallows the attempt
+    (its machine black-holed, not reset) leaves nothing for the next, and after a
+    failover every connection would go on timing out on it. Moving on from a host:
+    unreachable, silent, starting up, or not what ``target_session_attrs`` asks for
+    (a standby); any other answer (a refused login, no such database) is kept and
+    raised if no host serves, since it says what is wrong."""
+
+    def __init__(self, database_url: str) -> None:
+        self.urls = one_url_per_host(database_url)
+        self.first = 0
+
+    async def __call__(self, dsn: str | None = None, **kwargs) -> asyncpg.Connection:
+        """``kwargs``: what the pool passes ``asyncpg.connect`` (its ``timeout`` is each host's)."""
+        del dsn  # one URL per host instead
+        order = [self.first] + [i for i in range(len(self.urls)) if i != self.first]
+        answered: Exception | None = None
+        unreachable: Exception | None = None
+        for index in order:
+            try:
+                conn = await asyncpg.connect(self.urls[index], **kwargs)
+            except CONNECTION_ERRORS as exc:  # with a standby's TargetServerAttributeNotMatched
+                unreachable = exc
+                continue
+            except asyncpg.PostgresError as exc:
+                answered = answered or exc
+                continue
+            self.first = index
+            return conn
+        raise answered or unreachable or OSError("no host in the database URL")
+
+
+def pool_connect(database_url: str) -> HostByHost | None:
+    """The pool's ``connect`` for ``database_url``: host by host when it names several."""
+    try:
+        urls = one_url_per_host(database_url)
+    except ValueError:
+        return None  # asyncpg says what is wrong with it
+    return HostByHost(database_url) if len(urls) > 1 else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away by itself (retry later) rather than on every retry.
 

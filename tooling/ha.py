@@ -24,6 +24,7 @@ the old leader back as a standby by pg_rewind ~5 s, ~160 MB in all.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -34,6 +35,8 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import asyncpg
 
 from irisfed.shared.errors import ConfigError
 from irisfed.tooling.servers import (
@@ -125,6 +128,29 @@ class PatroniCluster:
 
     def node_url(self, node: PatroniNode, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{node.pg_port}/{database}"
+
+    async def create_database(self, name: str) -> str:
+        """Create ``name`` on the leader and return its multi-host URL once every
+        streaming standby has replayed it: a synchronous commit is flushed on the
+        standby, not yet applied, and a client whose URL names the standby first gets
+        "database does not exist" there (asyncpg moves to the next host only when a
+        host cannot be reached, not when it answers with an error)."""
+        conn = await asyncpg.connect(self.url("postgres"))
+        try:
+            await conn.execute(f'CREATE DATABASE "{name.replace(chr(34), chr(34) * 2)}"')
+        finally:
+            await conn.close()
+        deadline = time.monotonic() + HA_START_TIMEOUT_S
+        members = await asyncio.to_thread(self._members)
+        standbys = [n for n in self.nodes if n.process.running()
+                    and members.get(n.name, {}).get("role") in ("replica", "sync_standby")
+                    and members.get(n.name, {}).get("state") in ("running", "streaming")]
+        for node in standbys:
+            while not await _has_database(self.node_url(node), name):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"database {name!r} not on standby {node.name} within {HA_START_TIMEOUT_S:.0f}s")
+                await asyncio.sleep(0.05)
+        return self.url(name)
 
     def _members(self) -> dict[str, dict]:
         """The cluster's members as its DCS says (the first running node's ``/cluster``)."""
@@ -233,6 +259,17 @@ class PatroniCluster:
                     except (ProcessLookupError, PermissionError):
                         pass
         self.etcd.stop()
+
+
+async def _has_database(url: str, name: str) -> bool:
+    try:
+        conn = await asyncpg.connect(url, timeout=5)
+    except (TimeoutError, OSError, asyncpg.PostgresError):
+        return False
+    try:
+        return bool(await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name))
+    finally:
+        await conn.close()
 
 
 def _postmaster_pid(node: PatroniNode) -> int | None:

@@ -35,6 +35,7 @@ class TcpProxy:
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._connections: set[asyncio.Task] = set()
+        self._accepted = 0
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"proxy-{self.port}", daemon=True)
         self._thread.start()
         self._call(self._start())
@@ -49,6 +50,7 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        self._accepted += 1
         self._connections.add(task)
         try:
             await self._serve(reader, writer)
@@ -98,6 +100,10 @@ class TcpProxy:
         for writer in list(self._writers):
             writer.transport.abort()
         self._writers.clear()
+
+    def connections_seen(self) -> int:
+        """How many connections it has accepted so far (stalled or not)."""
+        return self._accepted
 
     @property
     def is_cut(self) -> bool:

@@ -23,6 +23,7 @@ from irisfed.shared.errors import SchemaMismatch, Unavailable
 from irisfed.shared.postgres import (
     CONNECTION_ERRORS,
     connecting,
+    pool_connect,
     set_json_codecs,
     translated_errors,
 )
@@ -154,7 +155,7 @@ async def connect(
     pool = TimedPool(
         database_url, connection_class=asyncpg.Connection, record_class=asyncpg.Record,
         init_size=None, min_size=min_size, max_size=max_size, max_queries=50_000,
-        max_inactive_connection_lifetime=300.0, connect=None, setup=None, loop=None,
+        max_inactive_connection_lifetime=300.0, connect=pool_connect(database_url), setup=None, loop=None,
         init=set_json_codecs, reset=_release_as_is,
         timeout=timeouts.connect_s or None, command_timeout=timeouts.command_s or None,
         server_settings=timeouts.server_settings(), acquire_timeout=timeouts.acquire_s or None,

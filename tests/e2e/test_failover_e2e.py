@@ -27,7 +27,6 @@ import time
 import uuid
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from irisfed.services.common import db as dbmod
@@ -79,11 +78,7 @@ async def ha(patroni, tmp_path, servers, subject_prefix, nats_client):
     Patroni cluster, every service given the multi-host URL."""
     await asyncio.to_thread(_healthy, patroni)
     name = f"ha_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(patroni.url("postgres"))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
+    await patroni.create_database(name)
     url = patroni.url(name)
     await asyncio.to_thread(dbmod.migrate, url)
     pool = await dbmod.connect(url, max_size=4)
