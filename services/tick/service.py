@@ -338,7 +338,9 @@ class Tick(Service):
             try:
                 first = await connections.enter_async_context(self.store.connection())
                 claimed, run = await self._open_run(first, peers, now, concurrent=pipelined)
-                batch = await self._placed(first, *claimed, run) if claimed is not None else None
+                if claimed is None:
+                    return  # nothing queued
+                batch = await self._placed(first, *claimed, run)
                 spare = None  # the second connection, taken only when a second batch is needed
                 while batch is not None:
                     following = None
@@ -367,8 +369,9 @@ class Tick(Service):
                         await left.claim.rollback_quietly()
 
     async def _open_run(self, bound: Store, peers, now: float, concurrent: bool
-                        ) -> tuple[tuple[Transaction, list[ClaimedJob], Cursor] | None, FairShareRun]:
-        """The first claim (None: nothing queued) and the run's placement state.
+                        ) -> tuple[tuple[Transaction, list[ClaimedJob], Cursor] | None, FairShareRun | None]:
+        """The first claim and the run's placement state (None, None: nothing queued;
+        an idle federation's passes then cost no placement state over every peer).
 
         Slots and resources in use are counted once per run; the run's placement state
         takes each placement's share as it goes (and gets back those whose CAS lost),
@@ -380,7 +383,7 @@ class Tick(Service):
         """
         top_band_of = await bound.job_list_queued_users()
         if not top_band_of:
-            return None, FairShareRun(PlacementRun(peers, {}, now), self.users, {})
+            return None, None
         users = list(top_band_of)
         cursor: Cursor = dict.fromkeys(users)
         # One user without a quota needs no one's usage: its own order is the whole order.
