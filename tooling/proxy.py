@@ -159,6 +159,11 @@ class TcpProxy:
             self._flowing.set()  # let stalled pipes see their aborted connections and end
             if self._connections:
                 await asyncio.wait(list(self._connections), timeout=2)
+            left = list(self._connections)  # e.g. still connecting to a target that is gone
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left, timeout=2)
             if self._server is not None:
                 self._server.close()
                 with contextlib.suppress(Exception):

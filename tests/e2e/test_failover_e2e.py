@@ -20,6 +20,7 @@ The Patroni cluster is started once for this module (~12 s) and repaired between
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ import pytest
 
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
+from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.tooling.federation import Peer, render_config
 from irisfed.tooling.ha import PatroniCluster, ha_available, start_nats_cluster, start_patroni
@@ -72,28 +74,47 @@ def _healthy(cluster: PatroniCluster) -> None:
     cluster.wait_sync_standby()
 
 
-@pytest.fixture
-async def ha(patroni, tmp_path, servers, subject_prefix, nats_client):
-    """A federation (router, tick, two simulated agents) on a fresh database of the
-    Patroni cluster, every service given the multi-host URL."""
+SIMULATED_PEERS = [Peer("home", {"device_type": "cpu"}, slots=64, backend="simulated"),
+                   Peer("gpu-west", {"device_type": "gpu"}, slots=64, backend="simulated")]
+
+
+@contextlib.asynccontextmanager
+async def fresh_federation(patroni: PatroniCluster, tmp_path, servers, subject_prefix, nats_client, prefix: str,
+                           peers: list[Peer] = SIMULATED_PEERS):
+    """A federation (not started) on a new, migrated database of the healthy Patroni
+    cluster, every service given the multi-host URL; the test's own pool on it."""
     await asyncio.to_thread(_healthy, patroni)
-    name = f"ha_{uuid.uuid4().hex[:10]}"
-    await patroni.create_database(name)
-    url = patroni.url(name)
+    url = await patroni.create_database(f"{prefix}_{uuid.uuid4().hex[:10]}")
     await asyncio.to_thread(dbmod.migrate, url)
     pool = await dbmod.connect(url, max_size=4)
     fed = Federation(tmp_path, url, servers.nats_plain_url or servers.nats_url, subject_prefix, nats_client,
                      Store(pool), auth=servers.nats_auth)
     fed.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=64, backend="simulated"),
-         Peer("gpu-west", {"device_type": "gpu"}, slots=64, backend="simulated")],
-        local_cluster="home", subject_prefix=subject_prefix, heartbeat_interval_s=0.5, heartbeat_ttl_s=20.0,
-        tick_interval_s=0.25, assign_grace_s=5.0))
+        peers, local_cluster="home", subject_prefix=subject_prefix, heartbeat_interval_s=0.5,
+        heartbeat_ttl_s=20.0, tick_interval_s=0.25, assign_grace_s=5.0))
     try:
-        yield fed, patroni
+        yield fed
     finally:
         fed.close()
         await pool.close()
+
+
+async def retrying(read):
+    """A read of the test's own through a failover (its pool's old connections break once)."""
+    async def attempt():
+        try:
+            return (await read(),)
+        except Unavailable:
+            return None
+    return (await wait_for(attempt, "a read through the failover", timeout=60))[0]
+
+
+@pytest.fixture
+async def ha(patroni, tmp_path, servers, subject_prefix, nats_client):
+    """A federation (router, tick, two simulated agents) on a fresh database of the
+    Patroni cluster, every service given the multi-host URL."""
+    async with fresh_federation(patroni, tmp_path, servers, subject_prefix, nats_client, "ha") as fed:
+        yield fed, patroni
 
 
 async def start(fed: Federation) -> None:

@@ -21,14 +21,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from irisfed.services.common import db as dbmod
-from irisfed.services.common.store import Store
-from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from irisfed.tooling.federation import Peer
 from irisfed.tooling.invariants import assert_changelog_replays
 from tests.e2e.conftest import Federation
-from tests.e2e.test_failover_e2e import _healthy, patroni  # noqa: F401 - the module's Patroni cluster
+from tests.e2e.test_failover_e2e import fresh_federation, patroni, retrying  # noqa: F401 - the module's Patroni cluster
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -40,25 +37,11 @@ SHORT, LONG, LATE = 12, 12, 12  # jobs ended before the fault, running through i
 
 @pytest.fixture
 async def replay_world(patroni, tmp_path, servers, subject_prefix, nats_client):  # noqa: F811
-    await asyncio.to_thread(_healthy, patroni)
-    name = f"replay_{uuid.uuid4().hex[:10]}"
-    await patroni.create_database(name)
-    url = patroni.url(name)
-    await asyncio.to_thread(dbmod.migrate, url)
-    pool = await dbmod.connect(url, max_size=4)
-    fed = Federation(tmp_path, url, servers.nats_plain_url or servers.nats_url, subject_prefix, nats_client,
-                     Store(pool), auth=servers.nats_auth)
-    fed.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=64, backend="subprocess")],
-        local_cluster="home", subject_prefix=subject_prefix, heartbeat_interval_s=0.5, heartbeat_ttl_s=20.0,
-        tick_interval_s=0.25, assign_grace_s=5.0))
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    try:
+    peers = [Peer("home", {"device_type": "cpu"}, slots=64, backend="subprocess")]
+    async with fresh_federation(patroni, tmp_path, servers, subject_prefix, nats_client, "replay", peers) as fed:
+        runs = tmp_path / "runs"
+        runs.mkdir()
         yield fed, patroni, runs
-    finally:
-        fed.close()
-        await pool.close()
 
 
 class Replayer:
@@ -88,15 +71,6 @@ class Replayer:
 def _body(job_id: str, runs: Path, seconds: float) -> dict:
     line = f'echo "$IRISFED_EPOCH" >> {runs / job_id}; sleep {seconds}'
     return {"job_id": job_id, "command": ["sh", "-c", line]}
-
-
-async def _read(read):
-    async def attempt():
-        try:
-            return (await read(),)
-        except Unavailable:
-            return None
-    return (await wait_for(attempt, "a read through the failover", timeout=60))[0]
 
 
 async def test_replayed_submits_across_a_failover_are_one_job_each_and_never_run_twice(replay_world):
@@ -147,11 +121,11 @@ async def test_replayed_submits_across_a_failover_are_one_job_each_and_never_run
             assert first.get("duplicate") is not True, (r.job_id, first)
 
     # One row per job_id, all on the new primary.
-    rows = {r.job_id: r for r in await _read(fed.store.job_list_states)}
+    rows = {r.job_id: r for r in await retrying(fed.store.job_list_states)}
     assert all(r.job_id in rows for r in everyone), sorted(r.job_id for r in everyone if r.job_id not in rows)
 
     async def ended():
-        states = {r.job_id: r.state for r in await _read(fed.store.job_list_states)}
+        states = {r.job_id: r.state for r in await retrying(fed.store.job_list_states)}
         return all(states.get(r.job_id) in TERMINAL_STATES for r in everyone)
     await wait_for(ended, "every job to end", timeout=180)
     conn = await asyncpg.connect(cluster.url(fed.database_url.rsplit("/", 1)[1].split("?")[0]))
@@ -174,7 +148,7 @@ async def test_replayed_submits_across_a_failover_are_one_job_each_and_never_run
     for r in short:
         epochs = (runs / r.job_id).read_text().split()
         assert len(epochs) == 1, f"{r.job_id} (ended before the fault) ran again after replays: {epochs}"
-    await _read(lambda: assert_changelog_replays(fed.store))
+    await retrying(lambda: assert_changelog_replays(fed.store))
 
 
 async def _all(values) -> bool:
