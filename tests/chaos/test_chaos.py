@@ -39,7 +39,7 @@ OWNER_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_SCHEDULES", "12"))
 RESTRICTED_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_RESTRICTED_SCHEDULES", "8"))
 
 
-HA_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_HA_SCHEDULES", "4"))
+HA_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_HA_SCHEDULES", "2"))
 
 
 def test_chaos_schedules_on_an_ha_world_keep_every_invariant(capsys):
