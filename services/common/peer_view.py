@@ -265,6 +265,11 @@ class PeerView:
         log.warning("heartbeat_dropped", reason=reason, subject=subject[:200], **fields)
         return None, UNCHANGED
 
+    def held(self) -> list[tuple[str, str, int]]:
+        """(peer_id, run_id, seq) of every advertisement held: what a re-read of
+        ``peer_heartbeat`` may leave out (``peer_heartbeat_list_news``)."""
+        return [(peer_id, advert.run_id, advert.seq) for peer_id, advert in self._adverts.items()]
+
     def apply_rows(self, rows: Iterable[PeerHeartbeatRow]) -> bool:
         """Merge ``peer_heartbeat`` rows (what other services' peers told Postgres).
 

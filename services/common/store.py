@@ -530,6 +530,11 @@ class Store:
     async def peer_heartbeat_list(self) -> list[PeerHeartbeatRow]:
         return await self._all("peer_heartbeat_list", PeerHeartbeatRow)
 
+    async def peer_heartbeat_list_news(self, held: Sequence[tuple[str, str, int]]) -> list[PeerHeartbeatRow]:
+        """The advertisements newer than ``held`` ((peer_id, run_id, seq) a view has)."""
+        return await self._all("peer_heartbeat_list_news", PeerHeartbeatRow,
+                               [h[0] for h in held], [h[1] for h in held], [h[2] for h in held])
+
     # ------------------------------------------------------------ the dashboard (irisfed web: reads only)
 
     # A trigram index finds nothing shorter (fewer than 3 characters: a scan of newest first).

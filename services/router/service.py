@@ -226,7 +226,7 @@ class Router(Service):
 
     async def refresh_view(self) -> None:
         """Merge what Postgres knows of heartbeats (covers missed NATS messages)."""
-        self.view.apply_rows(await self.store.peer_heartbeat_list())
+        self.view.apply_rows(await self.store.peer_heartbeat_list_news(self.view.held()))
 
     async def on_heartbeat(self, msg: Msg) -> None:
         # The subject names the sender (NATS auth); a body naming another peer, or an

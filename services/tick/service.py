@@ -194,7 +194,7 @@ class Tick(Service):
             metrics.QUEUE_DEPTH.labels(row.pinned_peer, row.constraints).set(row.jobs)
 
     async def refresh_view(self) -> None:
-        if self.view.apply_rows(await self.store.peer_heartbeat_list()):
+        if self.view.apply_rows(await self.store.peer_heartbeat_list_news(self.view.held())):
             self.wake.set()  # a peer back (or roomier) through Postgres, e.g. NATS-partitioned
 
     async def on_heartbeat(self, msg: Msg) -> None:

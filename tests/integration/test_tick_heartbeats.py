@@ -219,3 +219,17 @@ async def test_a_heartbeat_held_back_through_an_outage_is_persisted_as_old_as_it
     restarted = Tick(config, pool, None, clock=ManualClock())
     await restarted.refresh_view()
     assert "gpu-west" not in restarted.view.reachable_ids()
+
+
+async def test_a_re_read_of_stored_heartbeats_returns_only_what_the_view_lacks(pool):
+    """``peer_heartbeat_list_news``: a view re-reads the table every interval and most
+    rows are what it holds; only a peer it lacks, a higher seq or another run come back."""
+    store = Store(pool)
+    await store.peer_heartbeat_upsert_batch([(heartbeat("same", 5), 0.0), (heartbeat("ahead", 7), 0.0),
+                                             (heartbeat("behind", 2), 0.0), (heartbeat("new-run", 1), 0.0),
+                                             (heartbeat("unheld", 1), 0.0)])
+    held = [("same", "r1", 5), ("ahead", "r1", 6), ("behind", "r1", 3), ("new-run", "r0", 9)]
+    news = await store.peer_heartbeat_list_news(held)
+    assert [(r.peer_id, r.seq) for r in news] == [("ahead", 7), ("new-run", 1), ("unheld", 1)]
+    everything = await store.peer_heartbeat_list()
+    assert {r.peer_id for r in await store.peer_heartbeat_list_news([])} == {r.peer_id for r in everything}
