@@ -13,6 +13,7 @@ classified one way everywhere.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,10 +102,15 @@ def _url_parts(url: str) -> tuple[str, str, str, str]:
 def one_url_per_host(database_url: str) -> list[str]:
     """A multi-host URL (``postgresql://login@h1:5432,h2:5432/db?...``) as one URL per
     host, in its order, each with the same login, database and query; a one-host URL
-    as itself."""
+    as itself. An empty host (``h1,/db``) raises ``ClientConfigurationError``: split,
+    it would name no host and reach whatever Postgres runs on this machine."""
     scheme, netloc, path, query = _url_parts(database_url)
     login, at, hosts = netloc.rpartition("@")
-    return [f"{scheme}://{login}{at}{host}{path}{query}" for host in hosts.split(",")]
+    listed = hosts.split(",")
+    if len(listed) > 1 and not all(listed):
+        raise asyncpg.exceptions.ClientConfigurationError(
+            "the database URL lists an empty host (a stray comma?)")
+    return [f"{scheme}://{login}{at}{host}{path}{query}" for host in listed]
 
 
 class HostByHost:
@@ -116,19 +122,27 @@ class HostByHost:
     failover every connection would go on timing out on it. Moving on from a host:
     unreachable, silent, starting up, or not what ``target_session_attrs`` asks for
     (a standby); any other answer (a refused login, no such database) is kept and
-    raised if no host serves, since it says what is wrong."""
+    raised if no host serves, since it says what is wrong. The next attempt starts
+    past a host while it is being tried: a pool that gives up on a connect sooner
+    than the host's timeout (its acquire wait) must not start on that host again."""
 
     def __init__(self, database_url: str) -> None:
-        self.urls = one_url_per_host(database_url)
+        self.database_url = database_url
+        self.urls: list[str] = []
         self.first = 0
 
     async def __call__(self, dsn: str | None = None, **kwargs) -> asyncpg.Connection:
         """``kwargs``: what the pool passes ``asyncpg.connect`` (its ``timeout`` is each host's)."""
         del dsn  # one URL per host instead
-        order = [self.first] + [i for i in range(len(self.urls)) if i != self.first]
+        # Split at the first connect, so a bad URL is raised where the pool opens
+        # (``connecting`` names it), not where the pool object is made.
+        self.urls = self.urls or one_url_per_host(self.database_url)
+        count = len(self.urls)
+        order = [(self.first + step) % count for step in range(count)]
         answered: Exception | None = None
         unreachable: Exception | None = None
         for index in order:
+            self.first = (index + 1) % count  # where the next attempt starts if this one is cut short
             try:
                 conn = await asyncpg.connect(self.urls[index], **kwargs)
             except CONNECTION_ERRORS as exc:  # with a standby's TargetServerAttributeNotMatched
@@ -143,12 +157,17 @@ class HostByHost:
 
 
 def pool_connect(database_url: str) -> HostByHost | None:
-    """The pool's ``connect`` for ``database_url``: host by host when it names several."""
+    """The pool's ``connect`` for ``database_url``: host by host when it names several.
+    Not with ``PGHOST``/``PGPORT`` lists (libpq's hosts and ports from the environment):
+    asyncpg matches a ``PGPORT`` list against every URL's hosts, a one-host URL's too,
+    so those are left to asyncpg's own multi-host connect."""
+    if "," in os.environ.get("PGPORT", "") + os.environ.get("PGHOST", ""):
+        return None
     try:
-        urls = one_url_per_host(database_url)
+        _, netloc, _, _ = _url_parts(database_url)
     except ValueError:
         return None  # asyncpg says what is wrong with it
-    return HostByHost(database_url) if len(urls) > 1 else None
+    return HostByHost(database_url) if "," in netloc.rpartition("@")[2] else None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -72,8 +72,10 @@ DEFAULT_DATABASE_URL = f"postgresql://postgres:5432/{DATABASE}"
 DEFAULT_NATS_URL = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"  # compose.yaml's cluster
 
 
-# A second login in the query: libpq would take it, asyncpg the userinfo's.
+# In the query, libpq takes these over the URL's own login, hosts and database, asyncpg
+# does not: psql on admin.database-url and the services would reach different places.
 LOGIN_PARAMETERS = frozenset({"user", "password", "passfile"})
+SERVER_PARAMETERS = frozenset({"host", "hostaddr", "port", "dbname", "database", "service"})
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
@@ -82,6 +84,11 @@ def _one_token(url: str, what: str) -> None:
         raise ConfigError(f"{what} is empty: name the servers (or leave the option out for compose's own)")
     if any(c.isspace() or not c.isprintable() for c in url):
         raise ConfigError(f"{what} {url!r}: holds whitespace or a control character")
+
+
+def _port_number(text: str) -> bool:
+    """A TCP port written in ASCII digits (``int`` also reads ``５４３２``; libpq does not)."""
+    return text.isascii() and text.isdigit() and 0 < int(text) < 65536
 
 
 def database_servers(url: str, what: str = "--database-url") -> None:
@@ -101,14 +108,19 @@ def database_servers(url: str, what: str = "--database-url") -> None:
                           "(each service's file gets its own)")
     for host in netloc.split(","):
         name, _, port = host.rpartition(":")
-        if not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{what} {url!r}: each server as host:port, comma-separated (got {host!r})")
+        bare_ipv6 = ":" in name and not (name.startswith("[") and name.endswith("]"))
+        if not name or bare_ipv6 or not _port_number(port):
+            raise ConfigError(f"{what} {url!r}: each server as host:port (an IPv6 address in brackets), "
+                              f"comma-separated (got {host!r})")
     if not database:
         raise ConfigError(f"{what} {url!r}: name the database (postgresql://host:port/irisfed)")
-    smuggled = LOGIN_PARAMETERS & {k for k, _ in parse_qsl(query, keep_blank_values=True)}
-    if smuggled:
+    keys = {k for k, _ in parse_qsl(query, keep_blank_values=True)}
+    if smuggled := LOGIN_PARAMETERS & keys:
         raise ConfigError(f"{what} {url!r}: {', '.join(sorted(smuggled))} in the query: leave the login "
                           "out (each service's file gets its own)")
+    if elsewhere := SERVER_PARAMETERS & keys:
+        raise ConfigError(f"{what} {url!r}: {', '.join(sorted(elsewhere))} in the query: name the servers "
+                          "and the database in the URL itself (libpq and asyncpg read the query differently)")
 
 
 def nats_servers(url: str, what: str = "--nats-url") -> None:
@@ -121,7 +133,7 @@ def nats_servers(url: str, what: str = "--nats-url") -> None:
         except ValueError:
             port = None
             parts = None
-        if parts is None or parts.scheme not in NATS_SCHEMES or not parts.hostname or port is None:
+        if parts is None or parts.scheme not in NATS_SCHEMES or not parts.hostname or not port:
             raise ConfigError(f"{what} {url!r}: each server as nats://host:port, comma-separated "
                               f"(got {member!r})")
         if "@" in parts.netloc:
