@@ -93,15 +93,21 @@ def web_answers(url: str, timeout: float) -> bool:
 
 
 @contextlib.contextmanager
-def sigterm_as_sigint() -> Iterator[None]:
-    """SIGTERM (what ``timeout``, CI runners and supervisors send) handled as Ctrl-C:
-    the run's own ``finally`` blocks stop every server, service and job process it
-    started, instead of the interpreter dying and leaving them to init."""
-    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGTERM (what ``timeout``, CI runners and supervisors send) and SIGINT raise
+    KeyboardInterrupt: the run's own ``finally`` blocks stop every server, service and
+    job process it started, instead of the interpreter dying and leaving them to init.
+    Set here rather than inherited: a shell starting a command in the background (``&``
+    without job control) hands it SIGINT ignored, and Python then keeps it ignored."""
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -114,7 +120,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     where = ", on Patroni and a NATS cluster of three" if settings.ha else ""
     print(f"chaos: {settings.schedules} schedules of {settings.steps} steps, seed {settings.seed}, "
           f"services on {roles}{where}", flush=True)
-    with sigterm_as_sigint():
+    with interrupted_by_signals():
         summary = run_chaos(settings, say=lambda line: print(line, flush=True))
     print(summary.line(), flush=True)
     return 1 if summary.violations else 0
@@ -228,7 +234,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"irisfed: unknown bench section(s): {', '.join(sorted(sections - known))} "
               f"(known: {', '.join(sorted(known))})", file=sys.stderr)
         return 2
-    with sigterm_as_sigint():
+    with interrupted_by_signals():
         run_bench(args.quick, Path(args.out) if args.out else None, sections)
     return 0
 

@@ -71,6 +71,13 @@ def _operator_token(path: Path) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from irisfed.cli.admin import interrupted_by_signals
+
+    with interrupted_by_signals():  # from the first server it starts, not only once it supervises
+        return _up(args)
+
+
+def _up(args: argparse.Namespace) -> int:
     state = Path(args.state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(state / "logs")
