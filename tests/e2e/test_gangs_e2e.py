@@ -180,7 +180,7 @@ async def test_an_agent_sigkilled_mid_gang_ends_every_task_then_runs_it_again_wh
     await wait_for(lambda: _is(len(ledger.rows("long")) == 4), "the four tasks to start")
     first = ledger.rows("long")
     try:
-        assert (await federation.job("long")).state == "running"
+        await federation.wait_state("long", "running")  # the agent reports it once all four run
         federation.kill("tpu-east")
         assert all(alive(r["pid"]) for r in first)  # their own sessions: the agent's death spares them
         federation.start("tpu-east", *SLICES, "--resource", "cpu=8")

@@ -531,3 +531,20 @@ def test_the_driver_speaks_the_backends_task_states_and_exit_statuses() -> None:
         backends.TASK_PENDING, backends.TASK_RUNNING, backends.TASK_SUCCEEDED, backends.TASK_FAILED,
         backends.TASK_KILLED, backends.TASK_LOST)
     assert [driver.driver_exit(code) for code in (0, 3, 255, 256, -9, -15)] == [0, 3, 255, 1, 137, 143]
+
+
+def test_a_gang_drivers_end_calls_every_cancelled_task_still_marked_running_killed(capsys) -> None:
+    """One task fails; a sibling's generator closes (or is given up) after its cancel
+    without an exit item: at the end no task of an ended gang may still say running."""
+    import queue
+
+    gang = driver.Driver({"replicas": 3, "start_timeout_s": 60}, ray=None, events=queue.Queue())
+    gang.states = [driver.RUNNING, driver.FAILED, driver.KILLED]
+    gang.codes = [None, 3, None]
+    gang.failed = 3
+    gang.cancelled = {0: 0.0, 2: 0.0}
+    gang.finished = {0, 1, 2}
+    gang.end()
+    said = text.read_gang_log(capsys.readouterr().out, 3)
+    assert said.end["states"] == ["killed", "failed", "killed"]
+    assert said.end["exit"] == 3

@@ -430,8 +430,10 @@ class Driver:
             sys.stderr.write(f"irisfed: cancelling task {index}: {exc!r}\n")
 
     def end(self) -> int:
-        if self.killed:
-            self.states = [KILLED if state == RUNNING else state for state in self.states]
+        # Every task has ended here: one still "running" was cancelled (its generator
+        # closed without an exit item, or given up after the forced cancel), so killed.
+        self.states = [KILLED if state == RUNNING and (self.killed or index in self.cancelled) else state
+                       for index, state in enumerate(self.states)]
         self.write(gang_line("end", {"exit": self.failed or 0, "lost": self.lost, "killed": self.killed,
                                      "states": self.states, "codes": self.codes, "nodes": self.nodes}))
         if self.killed:
