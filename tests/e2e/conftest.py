@@ -9,6 +9,7 @@ changelog-replay invariant checked. Processes start through the one harness
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,23 @@ from irisfed.tooling.federation import (
 from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.tooling.proxy import TcpProxy
 from tests.infra.waiting import wait_for
+
+
+def interrupt_and_collect(process: subprocess.Popen, timeout: float = 120.0) -> str:
+    """SIGINT ``process`` (``irisfed up``) and return the rest of its output. If it does
+    not stop, SIGTERM (then SIGKILL) before failing: a failing test must never leave
+    it and its services running for the rest of the suite."""
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        raise
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: README, examples, docs
 TERMINAL = TERMINAL_STATES

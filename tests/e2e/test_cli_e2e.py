@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT
+from tests.e2e.conftest import ROOT, interrupt_and_collect
 
 pytestmark = pytest.mark.e2e
 
@@ -130,8 +129,7 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
         everything = pids["servers"] + list(pids["children"].values())
         assert len(everything) == 2 + 2 + 3 + 1
     finally:
-        up.send_signal(signal.SIGINT)
-        rest, _ = up.communicate(timeout=120)
+        rest = interrupt_and_collect(up)
     assert up.returncode == 0, rest
     assert "irisfed up: stopped" in rest
     for pid in everything:

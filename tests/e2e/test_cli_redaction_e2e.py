@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from irisfed.tooling.servers import free_port
+from tests.e2e.conftest import interrupt_and_collect
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pa55-do-not-print"
@@ -71,8 +72,6 @@ def test_up_with_unreachable_servers_never_prints_the_password(tmp_path, dead_ur
 
 async def test_up_with_your_servers_prints_no_password(tmp_path, empty_database_url, servers):
     """`irisfed up --database-url ... --nats-url ...` says where it runs without the passwords."""
-    import signal
-
     # The test Postgres trusts local connections, so any password will do; NATS checks its own.
     database_url = empty_database_url.replace("://postgres@", f"://postgres:{SECRET}@")
     assert SECRET in database_url
@@ -91,8 +90,7 @@ async def test_up_with_your_servers_prints_no_password(tmp_path, empty_database_
             if "logs in" in line:
                 break
     finally:
-        up.send_signal(signal.SIGINT)
-        rest, _ = up.communicate(timeout=120)
+        rest = interrupt_and_collect(up)
     out = "".join(lines) + rest
     assert "irisfed up: ready" in out, out
     assert "***@" in out  # it still says where
