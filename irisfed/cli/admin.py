@@ -221,6 +221,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.readme is not None or args.all:
         print("irisfed: --readme and --all go with --report FILE (they render a results file)", file=sys.stderr)
         return 2
+    if args.compare is not None:
+        return bench_compare(args)
     try:
         from irisfed.bench.run import SECTIONS, run_bench
     except ModuleNotFoundError as exc:  # the bench's own dependencies are an extra
@@ -236,6 +238,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     with interrupted_by_signals():
         run_bench(args.quick, Path(args.out) if args.out else None, sections)
+    return 0
+
+
+def bench_compare(args: argparse.Namespace) -> int:
+    """``irisfed bench --compare REV``: REV and this tree alternating (bench/compare.py)."""
+    if args.rounds < 1:
+        print("irisfed: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    from irisfed.bench.compare import compare
+
+    with interrupted_by_signals():
+        compare(args.compare, args.sections or "dispatch", args.rounds, args.quick,
+                Path(args.out) if args.out else None)
     return 0
 
 

@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "between its <!-- bench-table:start --> and <!-- bench-table:end --> lines")
     p.add_argument("--all", action="store_true",
                    help="with --report: every figure, with its runs and notes, and the targets")
+    p.add_argument("--compare", metavar="REV",
+                   help="A/B: build commit REV in a temporary virtualenv and alternate its bench with this "
+                        "tree's (--sections, default dispatch), printing medians and ratios")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="with --compare: alternating rounds (default 3; each side runs once a round)")
 
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")
