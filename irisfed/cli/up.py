@@ -122,6 +122,8 @@ def _up(args: argparse.Namespace) -> int:
             nats_url = supervisor.add_server(nats).url
         print("migrating ...", flush=True)
         db.migrate(db_url)
+        replicas = 3 if args.ha and not (args.nats_url or os.environ.get(NATS_URL_ENV)) else 1
+        _object_store(auth.url(nats_url, "admin") if auth else nats_url, config.subject_prefix, replicas)
         env = dict(os.environ)
         env.pop(CONFIG_ENV, None)
         federation = LocalFederation(supervisor, config_path, db_url, nats_url, auth=auth, env=env,
@@ -176,6 +178,27 @@ def _up(args: argparse.Namespace) -> int:
         if patroni is not None:
             patroni.stop()
         print("irisfed up: stopped", flush=True)
+
+
+def _object_store(nats_url: str, prefix: str, replicas: int) -> None:
+    """The federation's object store (JetStream buckets for workspaces and outputs,
+    docs/design.md §3.5), created when missing; one line when the servers cannot hold it."""
+    from irisfed.services.common.bus import connect_client
+    from irisfed.services.common.objects import ObjectStoreError, ensure_buckets
+
+    async def ensure() -> None:
+        nc = await connect_client(nats_url, name="irisfed-up")
+        try:
+            await ensure_buckets(nc, prefix, replicas=replicas)
+        finally:
+            await nc.close()
+
+    print(f"object store: JetStream buckets for workspaces and outputs ({replicas} "
+          f"{'replica' if replicas == 1 else 'replicas'}) ...", flush=True)
+    try:
+        asyncio.run(ensure())
+    except ObjectStoreError as exc:
+        print(f"irisfed up: {exc}", flush=True)
 
 
 async def _supervise(supervisor: Supervisor, db_url: str,

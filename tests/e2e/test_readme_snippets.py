@@ -220,3 +220,31 @@ def test_irisfed_up_keeps_the_producer_credentials_private(irisfed_up):
     assert user == "producer" and password
     assert password not in (irisfed_up.folder / "up.log").read_text()  # never on the screen
     assert "export NATS_URL=nats://127.0.0.1:" in irisfed_up.run("irisfed env").stdout
+
+
+def test_irisfed_up_creates_the_object_store(irisfed_up):
+    """The buckets workspaces and outputs will live in (docs/design.md §3.5) exist once
+    `irisfed up` is ready, and hold what is put there."""
+    import asyncio
+    import json
+    from urllib.parse import quote, urlsplit
+
+    from irisfed.services.common.bus import connect_client
+    from irisfed.services.common.objects import ObjectStore
+
+    connect = json.loads((irisfed_up.folder / ".irisfed" / "connect.json").read_text())
+    passwords = json.loads((irisfed_up.folder / ".irisfed" / "nats" / "nats-credentials.json").read_text())
+    server = urlsplit(connect["nats_url"])
+    admin_url = f"nats://admin:{quote(passwords['admin'], safe='')}@{server.hostname}:{server.port}"
+
+    async def check() -> tuple[str, int, bytes]:
+        nc = await connect_client(admin_url)
+        try:
+            store = await ObjectStore(nc).open()
+            digest, size, _ = await store.put_workspace(b"print(1)\n")
+            return digest, size, await store.get_workspace(digest)
+        finally:
+            await nc.close()
+
+    digest, size, data = asyncio.run(check())
+    assert digest.startswith("sha256:") and size == 9 and data == b"print(1)\n"

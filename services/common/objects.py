@@ -1,0 +1,275 @@
+"""The federation's object store (DESIGN 3.5): workspaces and run outputs as bytes in
+NATS JetStream's object store, on the NATS servers the federation already runs.
+
+Two buckets per subject prefix (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` -> ``_2E``,
+so ``irisfed`` gives ``irisfed-workspaces`` and ``irisfed-outputs``): workspaces under
+their digest, as ``sha256-<64 hex>``; outputs, kept ``output_retention_days`` (the
+bucket's max age), as ``<job>/<epoch>/<task>/<name>`` where the job id and the name
+escape every byte of their UTF-8 outside ``[-_.A-Za-z0-9]`` (the name keeps its ``/``)
+as ``=XX``, ``=`` included: reversible, and within the names every client accepts.
+
+Every nats error is translated here into an :class:`ObjectStoreError` whose message is
+one sentence: :class:`StoreMissing` (JetStream off, or a bucket never created),
+:class:`ObjectMissing`, :class:`DigestMismatch`, :class:`StoreUnavailable` (timeouts).
+Listing outputs reads the metadata of every object in the bucket (names are hashed
+into subjects, so the server cannot filter by job): Postgres keeps the references.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import re
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import api
+from nats.js import errors as js_errors
+
+from irisfed.shared.workspace import DIGEST_RE
+
+WORKSPACES = "irisfed-workspaces"
+OUTPUTS = "irisfed-outputs"
+KINDS = ("workspaces", "outputs")
+MAX_REPLICAS = 3
+_STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
+_PLAIN = re.compile(r"[A-Za-z0-9._-]")
+_ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
+_NUMBER = re.compile(r"[0-9]+")
+
+
+class ObjectStoreError(Exception):
+    """Anything the object store could not do; the message is one sentence."""
+
+
+class StoreMissing(ObjectStoreError):
+    """JetStream is off, or the federation's buckets were never created."""
+
+
+class StoreUnavailable(ObjectStoreError):
+    """NATS did not answer in time, or the connection is gone: worth retrying later."""
+
+
+class ObjectMissing(ObjectStoreError):
+    """No such workspace or output (never stored, deleted, or past its retention)."""
+
+
+class DigestMismatch(ObjectStoreError):
+    """The bytes stored under a digest are not the bytes that digest names."""
+
+
+def bucket(prefix: str = "irisfed", kind: str = "workspaces") -> str:
+    """The bucket of ``kind`` ("workspaces"/"outputs", or WORKSPACES/OUTPUTS) for a subject prefix."""
+    kind = kind.removeprefix("irisfed-")
+    if kind not in KINDS:
+        raise ValueError(f"unknown object store kind {kind!r}: expected one of {', '.join(KINDS)}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+        raise ValueError(f"invalid subject prefix {prefix!r}")
+    return f"{prefix.replace('_', '_5F').replace('.', '_2E')}-{kind}"
+
+
+def workspace_object(digest: str) -> str:
+    """The object name of a workspace digest ("sha256:<hex>" -> "sha256-<hex>")."""
+    if not DIGEST_RE.fullmatch(digest):
+        raise ValueError(f"not a workspace digest (sha256:<64 lowercase hex>): {digest!r}")
+    return digest.replace(":", "-", 1)
+
+
+def _escape(text: str, keep: str = "") -> str:
+    return "".join(ch if _PLAIN.fullmatch(ch) or ch in keep else
+                   "".join(f"={b:02X}" for b in ch.encode("utf-8")) for ch in text)
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED.sub(lambda m: bytes.fromhex(m.group(0).replace("=", "")).decode("utf-8"), text)
+
+
+def output_object(job_id: str, epoch: int, task: int, name: str) -> str:
+    """The object name of one output file: ``<job>/<epoch>/<task>/<name>``, escaped."""
+    if not job_id:
+        raise ValueError("an output needs a job id")
+    if not (isinstance(epoch, int) and isinstance(task, int) and epoch >= 0 and task >= 0):
+        raise ValueError(f"epoch and task must be non-negative integers, not {epoch!r} and {task!r}")
+    parts = name.split("/")
+    if "\0" in name or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"an output name must be a relative path without empty, '.' or '..' parts: {name!r}")
+    return f"{_escape(job_id)}/{epoch}/{task}/{_escape(name, keep='/')}"
+
+
+def parse_output_object(object_name: str) -> tuple[str, int, int, str] | None:
+    """(job id, epoch, task, name) of an output object name; None if it is not one."""
+    parts = object_name.split("/", 3)
+    if len(parts) != 4 or not (_NUMBER.fullmatch(parts[1]) and _NUMBER.fullmatch(parts[2])):
+        return None
+    try:
+        return _unescape(parts[0]), int(parts[1]), int(parts[2]), _unescape(parts[3])
+    except UnicodeDecodeError:
+        return None
+
+
+def _missing_message(name: str) -> str:
+    return (f"the federation's object store (JetStream bucket {name}) is missing: JetStream must be on "
+            f"in the NATS servers and the buckets created by `irisfed up` (ensure_buckets)")
+
+
+@contextlib.contextmanager
+def _boundary(what: str, bucket_name: str):
+    """Translate nats errors raised while doing ``what`` into ObjectStoreError."""
+    try:
+        yield
+    except ObjectStoreError:
+        raise
+    except (js_errors.BucketNotFoundError, js_errors.ServiceUnavailableError,
+            js_errors.NoStreamResponseError, nats.errors.NoRespondersError) as exc:
+        raise StoreMissing(_missing_message(bucket_name)) from exc
+    except js_errors.NotFoundError as exc:  # ObjectNotFoundError hides a missing stream in its context
+        cause = exc if getattr(exc, "err_code", None) else exc.__context__
+        if getattr(cause, "err_code", None) == _STREAM_NOT_FOUND:
+            raise StoreMissing(_missing_message(bucket_name)) from exc
+        raise ObjectMissing(f"{what} failed: it is not in the object store (bucket {bucket_name})") from exc
+    except js_errors.DigestMismatchError as exc:
+        raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest") from exc
+    except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+            nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
+        raise StoreUnavailable(f"{what} failed: NATS did not answer ({type(exc).__name__})") from exc
+    except nats.errors.Error as exc:
+        raise ObjectStoreError(f"{what} failed in the object store (bucket {bucket_name}): {exc}") from exc
+
+
+async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
+                         output_ttl_s: float = 7 * 86400) -> None:
+    """Create the workspaces and outputs buckets if missing (idempotent, safe concurrently);
+    ``replicas``: the cluster's NATS nodes, capped at three. An existing outputs bucket
+    gets ``output_ttl_s`` as its max age when that changed."""
+    js = nc.jetstream()
+    replicas = max(1, min(int(replicas), MAX_REPLICAS))
+    for kind, ttl in (("workspaces", None), ("outputs", float(output_ttl_s))):
+        name = bucket(prefix, kind)
+        with _boundary(f"creating bucket {name}", name):
+            try:
+                info = await js.stream_info(f"OBJ_{name}")
+            except js_errors.NotFoundError:
+                config = api.ObjectStoreConfig(description=f"irisfed {kind} (DESIGN 3.5)", ttl=ttl,
+                                               storage=api.StorageType.FILE, replicas=replicas)
+                try:
+                    await js.create_object_store(name, config=config)
+                except js_errors.BadRequestError as exc:  # a concurrent call created it first
+                    if exc.err_code != _STREAM_NAME_IN_USE:
+                        raise
+                continue
+            if ttl is not None and info.config.max_age != ttl:
+                info.config.max_age = ttl
+                await js.update_stream(info.config)
+
+
+class ObjectStore:
+    """Workspaces and outputs of the federation under ``prefix``, over client ``nc``.
+    ``timeout_s`` bounds each whole transfer (a get never waits for chunks forever)."""
+
+    def __init__(self, nc: Client, prefix: str = "irisfed", *, timeout_s: float = 120.0) -> None:
+        self._js = nc.jetstream()
+        self._names = {kind: bucket(prefix, kind) for kind in KINDS}
+        self._stores: dict[str, object] = {}
+        self._timeout_s = timeout_s
+
+    async def open(self) -> ObjectStore:
+        """Open both buckets now (else on first use); StoreMissing if either is missing."""
+        for kind in KINDS:
+            await self._store(kind)
+        return self
+
+    async def _store(self, kind: str):
+        if kind not in self._stores:
+            name = self._names[kind]
+            with _boundary(f"opening bucket {name}", name):
+                self._stores[kind] = await asyncio.wait_for(self._js.object_store(name), self._timeout_s)
+        return self._stores[kind]
+
+    async def _call(self, kind: str, what: str, call):
+        store = await self._store(kind)
+        with _boundary(what, self._names[kind]):
+            return await asyncio.wait_for(call(store), self._timeout_s)
+
+    async def _get(self, kind: str, what: str, object_name: str) -> bytes:
+        async def fetch(store) -> bytes:
+            sink = io.BytesIO()  # nats-py otherwise grows one bytes object chunk by chunk
+            await store.get(object_name, writeinto=sink)
+            return sink.getvalue()
+        return await self._call(kind, what, fetch)
+
+    async def put_workspace(self, data: bytes) -> tuple[str, int, bool]:
+        """Store a packed workspace under its digest: (digest, size, stored_now); an object
+        already there with the same size is not sent again."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if await self.has_workspace(digest) == len(data):
+            return digest, len(data), False
+        await self._call("workspaces", f"storing workspace {digest}",
+                         lambda store: store.put(workspace_object(digest), data))
+        return digest, len(data), True
+
+    async def has_workspace(self, digest: str) -> int | None:
+        """The stored size of workspace ``digest``, or None when it is not stored."""
+        try:
+            info = await self._call("workspaces", f"looking up workspace {digest}",
+                                    lambda store: store.get_info(workspace_object(digest)))
+        except ObjectMissing:
+            return None
+        return info.size
+
+    async def get_workspace(self, digest: str) -> bytes:
+        """The bytes of workspace ``digest``, verified against it."""
+        what = f"fetching workspace {digest}"
+        try:
+            data = await self._get("workspaces", what, workspace_object(digest))
+        except ObjectMissing:
+            raise ObjectMissing(f"workspace {digest} is not in the object store") from None
+        except DigestMismatch:
+            raise DigestMismatch(f"workspace {digest} is corrupt in the object store: its chunks "
+                                 f"do not match their recorded digest") from None
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise DigestMismatch(f"the object stored as workspace {digest} holds other bytes ({actual})")
+        return data
+
+    async def delete_workspace(self, digest: str) -> bool:
+        """Remove workspace ``digest``; False if it was not there."""
+        try:
+            await self._call("workspaces", f"deleting workspace {digest}",
+                             lambda store: store.delete(workspace_object(digest)))
+        except ObjectMissing:
+            return False
+        return True
+
+    async def put_output(self, job_id: str, epoch: int, task: int, name: str, data: bytes) -> int:
+        """Store one output file of a run (replacing one of the same name); its size."""
+        object_name = output_object(job_id, epoch, task, name)
+        await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}",
+                         lambda store: store.put(object_name, data))
+        return len(data)
+
+    async def get_output(self, job_id: str, epoch: int, task: int, name: str) -> bytes:
+        """The bytes of one output file; ObjectMissing if absent or expired."""
+        what = f"fetching output {name!r} of job {job_id} epoch {epoch} task {task}"
+        try:
+            return await self._get("outputs", what, output_object(job_id, epoch, task, name))
+        except ObjectMissing:
+            raise ObjectMissing(f"output {name!r} of job {job_id} epoch {epoch} task {task} "
+                                f"is not in the object store") from None
+
+    async def list_outputs(self, job_id: str, epoch: int | None = None,
+                           task: int | None = None) -> list[tuple[int, int, str, int]]:
+        """(epoch, task, name, size) of each stored output of ``job_id``, sorted."""
+        try:
+            infos = await self._call("outputs", f"listing outputs of job {job_id}",
+                                     lambda store: store.list(ignore_deletes=True))
+        except ObjectMissing:  # nats-py's "no objects at all"
+            return []
+        found = []
+        for info in infos:
+            parsed = parse_output_object(info.name)
+            if info.deleted or parsed is None or parsed[0] != job_id:
+                continue
+            if (epoch is None or parsed[1] == epoch) and (task is None or parsed[2] == task):
+                found.append((parsed[1], parsed[2], parsed[3], info.size or 0))
+        return sorted(found)
