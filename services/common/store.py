@@ -417,15 +417,25 @@ class Store:
                                             dict[tuple[str, str | None], dict[str, float]]]:
         """Slots and resources in use, in one read: live jobs per (owner peer, backend),
         and what they asked per (owner peer, backend) and resource."""
+        live, used, _ = await self.job_live_usage_with_bands()
+        return live, used
+
+    async def job_live_usage_with_bands(self) -> tuple[dict[tuple[str, str | None], int],
+                                                       dict[tuple[str, str | None], dict[str, float]],
+                                                       dict[str, int]]:
+        """``job_live_usage``, and the lowest band live on each owner peer."""
         live: dict[tuple[str, str | None], int] = {}
         used: dict[tuple[str, str | None], dict[str, float]] = {}
+        lowest: dict[str, int] = {}
         for r in await self._fetch("job_live_usage"):
             key = (r["owner_peer_id"], r["backend"])
             if r["resource"] is None:
                 live[key] = int(r["amount"])
+                band = r["lowest_band"]
+                lowest[key[0]] = band if key[0] not in lowest else min(band, lowest[key[0]])
             else:
                 used.setdefault(key, {})[r["resource"]] = r["amount"]
-        return live, used
+        return live, used, lowest
 
     async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]],
                                details: Mapping[str, str] | None = None) -> list[AssignedJob]:

@@ -391,7 +391,8 @@ class PeerAgent(Service):
         accepted = await self.store.job_start_batch(self.peer_id, [
             (p.job_id, p.epoch, self.backends[p.backend].log_dir(p.job_id, p.epoch),
              f"running on {self.peer_id}/{p.backend}") for p in singles]) if singles else {}
-        specs = await self.store.job_list_assigned_specs(self.peer_id, [(p.job_id, p.epoch) for p in gangs])
+        specs = await self.store.job_list_assigned_specs(
+            self.peer_id, [(p.job_id, p.epoch) for p in gangs]) if gangs else {}
         crash_point("agent_after_accept")
         now = self.clock.now()
         started = []

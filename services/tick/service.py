@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +43,7 @@ from irisfed.services.tick.plan import (
     recovery_move,
     stored_cancel_move,
 )
+from irisfed.shared.bands import UNPREEMPTIBLE_RANK
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
@@ -137,8 +138,40 @@ class _Batch:
         return {r.job_id: r.user_id for r in self.rows}
 
 
-async def _nothing() -> dict:
-    return {}
+async def _done(value):
+    """An awaitable of a value already at hand (a slot of ``_gathered`` with nothing to read)."""
+    return value
+
+
+async def _gathered(*reads):
+    """``asyncio.gather`` of ``reads`` (the first: a claim or None), each awaited to its
+    end; on any error the claim, if it was made, is rolled back and the first error
+    raised."""
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        claim = results[0]
+        if claim is not None and not isinstance(claim, BaseException):
+            await claim[0].rollback_quietly()
+        raise failed
+    return results
+
+
+@dataclass(frozen=True)
+class QueueShape:
+    """Who has queued work and the highest band queued: what a pass's first reads need.
+    ``shared``: the users' usage matters (several users, or one with a quota)."""
+
+    users: tuple[str, ...] = ()
+    top_band: int = 0
+    shared: bool = False
+    preempts: bool = False  # a job live on a reachable peer is of a band the top band may preempt
+
+    @classmethod
+    def of(cls, top_band_of: dict[str, int], quota_users) -> QueueShape:
+        users = tuple(sorted(top_band_of))
+        return cls(users, max(top_band_of.values(), default=0),
+                   len(users) > 1 or bool(set(users) & set(quota_users)))
 
 
 class Tick(Service):
@@ -164,6 +197,10 @@ class Tick(Service):
         self.runs = 0  # full passes
         self.passes = 0  # placement passes (full or not): what wake-ups cost
         self.last_full_pass = float("-inf")  # the clock's monotonic reading when the last full pass started
+        self.queue_shape = QueueShape()  # the queue as the last pass listed it: the next pass's first guess
+        # The lowest band live on a reachable peer at this run's start (UNPREEMPTIBLE_RANK:
+        # none below production): a queue may preempt only a band below its own.
+        self.lowest_live_band = UNPREEMPTIBLE_RANK
 
     async def start(self) -> None:
         await self.refresh_view()
@@ -376,46 +413,81 @@ class Tick(Service):
         Slots and resources in use are counted once per run; the run's placement state
         takes each placement's share as it goes (and gets back those whose CAS lost),
         so each batch costs its own rows, not a scan of every live job. Kinds, holds
-        and explanations live for the run, not a batch. With connections to spare the
-        counts (one statement) and the first claim go to Postgres together: a wake-up
-        (every submit burst) waits for one round trip instead of two in a row. The counts are a
+        and explanations live for the run, not a batch.
+
+        With connections to spare, everything a pass reads before placing goes to
+        Postgres at once, so a wake-up (every submit burst) waits for one round trip:
+        the claim, the users with queued work, the counts, and — where they apply —
+        what users hold (more than one user, or a quota) and what may be preempted (a
+        queue above ``batch``). The claim and those two reads need the users and their
+        top band, which the same round trip lists: they go out for the users and band
+        the last pass listed (``QueueShape``), and are read again, in a second round
+        trip, only when the listing says the queue's shape changed. The counts are a
         snapshot either way; taken beside the claim they are no staler than before it.
         """
-        top_band_of = await bound.job_list_queued_users()
-        if not top_band_of:
-            return None, None
-        users = list(top_band_of)
-        cursor: Cursor = dict.fromkeys(users)
-        # One user without a quota needs no one's usage: its own order is the whole order.
-        shared_by = len(users) > 1 or users[0] in self.quota_users
-        victims = None
         if not concurrent:  # a pool of one: everything on the held connection, in turn
-            live, used = await bound.job_live_usage()
-            held = await bound.job_live_usage_by_user() if shared_by else {}
-            claimed = await self._claim(bound, cursor)
+            top_band_of = await bound.job_list_queued_users()
+            if not top_band_of:
+                return None, None
+            shape = QueueShape.of(top_band_of, self.quota_users)
+            live, used, lowest = await bound.job_live_usage_with_bands()
+            reachable = [p.peer_id for p in peers if p.is_reachable(now)]
+            self.lowest_live_band = min((lowest[p] for p in reachable if p in lowest), default=UNPREEMPTIBLE_RANK)
+            held = await bound.job_live_usage_by_user() if shape.shared else {}
+            claimed = await self._claim(bound, dict.fromkeys(shape.users))
+            victims = None
         else:
-            # A queue holding work above batch may preempt: its victims are read beside
-            # the counts and the claim (a snapshot like them; the commit locks each victim
-            # as seen), not after the claim, in turn.
-            top_band = max(top_band_of.values())
-            reachable = sorted(p.peer_id for p in peers if p.is_reachable(now))
-            claimed, usage, held, victims = await asyncio.gather(
-                self._claim(bound, cursor), self.store.job_live_usage(),
-                self.store.job_live_usage_by_user() if shared_by else _nothing(),
-                self.store.job_list_preemptible(top_band, reachable) if top_band > 0 and reachable else _nothing(),
-                return_exceptions=True)
-            failed = next((r for r in (claimed, usage, held, victims) if isinstance(r, BaseException)), None)
-            if failed is not None:
-                if claimed is not None and not isinstance(claimed, BaseException):
-                    await claimed[0].rollback_quietly()
-                raise failed
-            live, used = usage
-            victims = (top_band, victims) if top_band > 0 and reachable else None
+            claimed, (live, used), held, victims, shape = await self._open_concurrently(bound, peers, now)
+            if shape is None:
+                return None, None
         run = PlacementRun(peers, live, now, used=used, policy=self.settings.policy,
                            reserve_after_s=self.settings.reserve_after_s)
         if victims is not None:
             run.pool = VictimPool(map(candidate_from_row, victims[1]), victims[0])
         return claimed, FairShareRun(run, self.users, held)
+
+    async def _open_concurrently(self, bound: Store, peers, now: float):
+        """``_open_run``'s reads on several connections: one round trip when the queue's
+        shape is the last pass's, a second for what that guess got wrong. Returns the
+        claim (None: nothing claimable), the counts, what users hold, the victims (band,
+        rows) or None, and the shape (None: nothing queued). Victims are read only where
+        a live job's band is below the queue's top band (the counts say so)."""
+        reachable = sorted(p.peer_id for p in peers if p.is_reachable(now))
+        guess = self.queue_shape
+        claimed, listed, usage, held, victims = await _gathered(
+            self._claim(bound, dict.fromkeys(guess.users)) if guess.users else _done(None),
+            self.store.job_list_queued_users(), self.store.job_live_usage_with_bands(),
+            self.store.job_live_usage_by_user() if guess.shared else _done({}),
+            self._victims(guess.top_band, reachable) if guess.preempts else _done(None))
+        live, used, lowest = usage
+        self.lowest_live_band = min((lowest[p] for p in reachable if p in lowest), default=UNPREEMPTIBLE_RANK)
+        shape = QueueShape.of(listed, self.quota_users)
+        shape = self.queue_shape = replace(
+            shape, preempts=self.lowest_live_band < min(shape.top_band, UNPREEMPTIBLE_RANK))
+        if not listed:
+            if claimed is not None:
+                await claimed[0].rollback()
+            return None, (live, used), {}, None, None
+        reclaim = shape.users != guess.users  # users queued (or gone) since: claim them all
+        if reclaim and claimed is not None:
+            await claimed[0].rollback()
+        more_held = shape.shared and not guess.shared
+        more_victims = shape.preempts and not (guess.preempts and guess.top_band == shape.top_band)
+        if not shape.preempts:  # nothing live below the queue's band: no victims, none read
+            victims = (shape.top_band, []) if shape.top_band > 0 else None
+        if reclaim or more_held or more_victims:
+            claimed, held, victims = await _gathered(
+                self._claim(bound, dict.fromkeys(shape.users)) if reclaim else _done(claimed),
+                self.store.job_live_usage_by_user() if more_held else _done(held),
+                self._victims(shape.top_band, reachable) if more_victims else _done(victims))
+        return claimed, (live, used), held, victims, shape
+
+    async def _victims(self, band: int, reachable: list[str]) -> tuple[int, list] | None:
+        """What a queue whose top band is ``band`` may preempt on ``reachable`` peers
+        (None: nothing, the band being the lowest or no peer reachable)."""
+        if band <= 0 or not reachable:
+            return None
+        return band, await self.store.job_list_preemptible(band, reachable)
 
     async def _claim(self, bound: Store, cursor: Cursor) -> tuple[Transaction, list[ClaimedJob], Cursor] | None:
         """Open a transaction on ``bound``'s connection and claim the next batch: each
@@ -456,8 +528,10 @@ class Tick(Service):
                     by_user.setdefault(r.user_id, []).append(job)
                     resources[job.job_id] = job.resources
             top_band = max((r.band for r in rows if r.job_id not in kills), default=0)
-            if top_band > 0:
+            if top_band > 0 and self.lowest_live_band < min(top_band, UNPREEMPTIBLE_RANK):
                 await self._load_victims(bound, run, top_band)
+            elif top_band > 0 and (run.placement.pool is None or run.placement.pool.band < top_band):
+                run.placement.pool = VictimPool((), top_band)  # nothing live below it: nothing to read
             placements, waiting = run.place(by_user)
             preempted = run.placement.preempted
             victims = {p.job_id: preempted[p.job_id] for p in placements if p.job_id in preempted}

@@ -190,15 +190,17 @@ GROUP BY owner_peer_id, backend;
 -- What assigned and running jobs hold per peer and backend, in one statement (one
 -- round trip per tick wake-up): a row with resource NULL counts the slots in use (one
 -- per task), the others sum what the jobs asked for per resource (each task's, times
--- its tasks).
+-- its tasks). The slots row also names the lowest band live there: the tick reads what
+-- it may preempt only where a live job's band is below the queue's.
 WITH live AS (
-    SELECT owner_peer_id, backend, resources, replicas FROM jobs WHERE state IN ('assigned', 'running')
+    SELECT owner_peer_id, backend, resources, replicas, band FROM jobs WHERE state IN ('assigned', 'running')
 )
-SELECT owner_peer_id, backend, NULL::text AS resource, sum(replicas)::float8 AS amount
+SELECT owner_peer_id, backend, NULL::text AS resource, sum(replicas)::float8 AS amount,
+       min(band) AS lowest_band
 FROM live
 GROUP BY owner_peer_id, backend
 UNION ALL
-SELECT owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8
+SELECT owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8, NULL
 FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY owner_peer_id, backend, r.key;
 

@@ -38,6 +38,15 @@ def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> New
     return job
 
 
+def user_job(user: str, job_id: str, **request_fields) -> NewJob:
+    """``user``'s queued job ``job_id`` as the router builds it from that user's subject
+    (stored as ``<user>:<job_id>``)."""
+    request = msgspec.convert({"command": ["true"], "job_id": job_id, **request_fields}, SubmitRequest)
+    plan = SubmitPlan(SubmitDisposition("queue"), reason="test")
+    job, _ = plan_new_job(request, route(plan, "home", None), job_id, user)
+    return job
+
+
 async def insert_jobs(store: Store, jobs: list[NewJob]) -> None:
     async with store.transaction() as tx:
         await tx.job_insert_batch(jobs)

@@ -5,24 +5,12 @@ reasons are not rewritten each time that user's usage moves."""
 
 from __future__ import annotations
 
-import msgspec
-
 from irisfed.services.common.store import Store
-from irisfed.services.router.plan import plan_new_job, route
 from irisfed.services.tick.service import Tick
-from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
-from irisfed.shared.messages import SubmitRequest
-from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config
+from tests.infra.factories import advertise, assign_jobs, insert_jobs, make_config, user_job
 
 BACKLOG = 50_000
 USERS = [{"id": "alice", "quota": {"slots": 2}}, {"id": "bob"}]
-
-
-def user_job(user: str, job_id: str, **fields):
-    request = msgspec.convert({"command": ["true"], "job_id": job_id, **fields}, SubmitRequest)
-    plan = SubmitPlan(SubmitDisposition("queue"), reason="test")
-    job, _ = plan_new_job(request, route(plan, "home", None), job_id, user)
-    return job
 
 
 async def _insert_many(store: Store, jobs: list) -> None:
