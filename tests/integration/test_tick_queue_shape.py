@@ -13,6 +13,15 @@ from tests.infra.factories import advertise, insert_jobs, make_config, user_job
 USERS = [{"id": "alice", "max_band": "production"}, {"id": "bob", "max_band": "production"}]
 
 
+async def users_tick(pool, slots: int) -> tuple[Store, Tick]:
+    """gpu-west advertising ``slots``, and a tick (with its view) of a federation of USERS."""
+    store = Store(pool)
+    await advertise(store, "gpu-west", slots=slots)
+    tick = Tick(make_config(users=USERS), pool, None)
+    await tick.refresh_view()
+    return store, tick
+
+
 def counting_claims(tick: Tick) -> list[tuple[str, ...]]:
     """Every claim the tick opens, as the users it claims for."""
     claims: list[tuple[str, ...]] = []
@@ -27,10 +36,7 @@ def counting_claims(tick: Tick) -> list[tuple[str, ...]]:
 
 
 async def test_users_new_since_the_last_pass_are_claimed_in_the_same_pass(pool):
-    store = Store(pool)
-    await advertise(store, "gpu-west", slots=50)
-    tick = Tick(make_config(users=USERS), pool, None)
-    await tick.refresh_view()
+    store, tick = await users_tick(pool, slots=50)
     await insert_jobs(store, [user_job("alice", f"a{i}") for i in range(3)])
     first = await tick.run_once()
     assert len(first.assigned) == 3
@@ -45,10 +51,7 @@ async def test_users_new_since_the_last_pass_are_claimed_in_the_same_pass(pool):
 
 
 async def test_a_queue_whose_shape_held_costs_one_claim(pool):
-    store = Store(pool)
-    await advertise(store, "gpu-west", slots=50)
-    tick = Tick(make_config(users=USERS), pool, None)
-    await tick.refresh_view()
+    store, tick = await users_tick(pool, slots=50)
     await insert_jobs(store, [user_job("alice", "x0")])
     await tick.run_once()
     claims = counting_claims(tick)
@@ -59,10 +62,7 @@ async def test_a_queue_whose_shape_held_costs_one_claim(pool):
 
 
 async def test_a_band_that_rose_since_the_last_pass_reads_its_victims(pool):
-    store = Store(pool)
-    await advertise(store, "gpu-west", slots=1)
-    tick = Tick(make_config(users=USERS), pool, None)
-    await tick.refresh_view()
+    store, tick = await users_tick(pool, slots=1)
     await insert_jobs(store, [user_job("alice", "low", band="batch")])
     assert [j for j, _, _ in (await tick.run_once()).assigned] == ["alice:low"]
     assert tick.queue_shape.top_band == 0  # batch: nothing below it, no victims read
@@ -74,10 +74,7 @@ async def test_a_band_that_rose_since_the_last_pass_reads_its_victims(pool):
 
 
 async def test_an_emptied_queue_leaves_no_claim_open(pool):
-    store = Store(pool)
-    await advertise(store, "gpu-west", slots=5)
-    tick = Tick(make_config(users=USERS), pool, None)
-    await tick.refresh_view()
+    store, tick = await users_tick(pool, slots=5)
     await insert_jobs(store, [user_job("alice", "only")])
     await tick.run_once()
     result = await tick.run_once()  # guesses alice; the listing says nobody
@@ -88,10 +85,7 @@ async def test_an_emptied_queue_leaves_no_claim_open(pool):
 
 
 async def test_victims_are_read_only_where_a_lower_band_is_live(pool):
-    store = Store(pool)
-    await advertise(store, "gpu-west", slots=1)
-    tick = Tick(make_config(users=USERS), pool, None)
-    await tick.refresh_view()
+    store, tick = await users_tick(pool, slots=1)
     reads = []
     preemptible = tick.store.job_list_preemptible
 
