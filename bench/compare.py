@@ -85,9 +85,10 @@ def summarise(rev_runs: list[dict], work_runs: list[dict]) -> list[Compared]:
     return out
 
 
-def render(rows: list[Compared], rev: str) -> str:
+def render(rows: list[Compared], rev: str, other: str = "working") -> str:
     """The comparison as a plain table: medians, the ratio, and every round."""
-    lines = [f"{'section':<10} {'figure':<52} {rev[:12]:>12} {'working':>12} {'ratio':>7}  rounds (rev | working)"]
+    lines = [f"{'section':<10} {'figure':<52} {rev[:12]:>12} {other[:12]:>12} {'ratio':>7}  "
+             f"rounds (rev | {other[:12]})"]
     for r in rows:
         ratio = f"{r.ratio:.2f}×" if r.ratio is not None else "—"
         rounds = " ".join(f"{v:,.1f}" for v in r.rev) + " | " + " ".join(f"{v:,.1f}" for v in r.work)
@@ -146,15 +147,19 @@ def run_once(cmd: list[str], sections: str, quick: bool, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def compare(rev: str, sections: str, rounds: int, quick: bool, out: Path | None) -> list[Compared]:
-    """REV and the working tree, alternating for ``rounds`` rounds (REV first in odd
-    rounds, the working tree first in even ones, so a drift of the machine's speed
-    does not favour one side); prints the table and returns it."""
+def compare(rev: str, sections: str, rounds: int, quick: bool, out: Path | None,
+            against: str | None = None) -> list[Compared]:
+    """REV and the working tree (or commit ``against``, built like REV: a bisect's
+    step then does not depend on what the working tree holds meanwhile), alternating
+    for ``rounds`` rounds (REV first in odd rounds, the other side first in even ones,
+    so a drift of the machine's speed does not favour one side); prints the table and
+    returns it."""
     repo = repository()
     folder = Path(tempfile.mkdtemp(prefix="irisfed-compare-"))
     try:
         rev_cmd = [str(build(repo, rev, folder / "rev"))]
-        work_cmd = [sys.executable, "-m", "irisfed.cli"]
+        work_cmd = ([str(build(repo, against, folder / "against"))] if against
+                    else [sys.executable, "-m", "irisfed.cli"])
         rev_runs: list[dict] = []
         work_runs: list[dict] = []
         for i in range(rounds):
@@ -163,10 +168,10 @@ def compare(rev: str, sections: str, rounds: int, quick: bool, out: Path | None)
                 print(f"round {i + 1}/{rounds}: {side}", flush=True)
                 runs.append(run_once(cmd, sections, quick, folder / f"{side}-{i}.json"))
         rows = summarise(rev_runs, work_runs)
-        print(render(rows, rev), flush=True)
+        print(render(rows, rev, against or "working"), flush=True)
         if out is not None:
             out.write_text(json.dumps({
-                "rev": rev, "sections": sections, "rounds": rounds, "quick": quick,
+                "rev": rev, "against": against or "working tree", "sections": sections, "rounds": rounds, "quick": quick,
                 "when": datetime.now(UTC).isoformat(), "machine": f"{os.cpu_count()} cores",
                 "figures": [asdict(r) | {"rev_median": r.rev_median, "work_median": r.work_median,
                                          "ratio": r.ratio} for r in rows],

@@ -103,6 +103,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -135,7 +136,7 @@ from irisfed.jobs import (
 )
 from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
-from irisfed.shared.config import DATABASE_URL_ENV
+from irisfed.shared.config import DATABASE_URL_ENV, DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import IrisfedError
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.shared.messages import (
@@ -154,6 +155,7 @@ from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
 from irisfed.shared.redact import redact
 from irisfed.shared.subjects import Subjects
 from irisfed.shared.users import stored_job_id
+from irisfed.transfer import Output, download_outputs, output_views, store_workspace
 
 __all__ = [
     "Client",
@@ -290,7 +292,8 @@ class Client:
                      max_retries: int | None = None, deadline_s: float | None = None,
                      labels: Mapping[str, str] | None = None, band: str | None = None,
                      max_preemptions: int | None = None, dry_run: bool = False, replicas: int | None = None,
-                     group_by: str = "") -> SubmitReply | DryRunReply:
+                     group_by: str = "", workspace: str | os.PathLike[str] | None = None,
+                     max_workspace_mb: int = DEFAULT_MAX_WORKSPACE_MB) -> SubmitReply | DryRunReply:
         """Submit a job; return the router's :class:`~shared.messages.SubmitReply` (sent
         after the job is committed in Postgres) — or, with ``dry_run=True``, its
         :class:`~shared.messages.DryRunReply` (nothing is written).
@@ -315,6 +318,10 @@ class Client:
         ``replicas``: a gang of that many tasks of ``command``, each asking ``resources``,
         started together on distinct nodes of one backend or not at all; ``group_by``: a
         node attribute its nodes all share one value of (docs/design.md §3.4).
+        ``workspace``: a folder packed and stored in the federation's object store (not
+        sent again when already there); every run starts in a fresh copy of it. One that
+        cannot travel (a link leaving it, an unreadable file, over ``max_workspace_mb``)
+        raises :class:`InvalidRequestError` naming the file, before anything is stored.
 
         A reject returns normally (``reply.disposition == "reject"``; ``reply.reason``,
         ``reply.verdicts``). Errors raise :class:`IrisfedClientError` subclasses::
@@ -329,6 +336,9 @@ class Client:
                                priority=priority, max_retries=max_retries, deadline_s=deadline_s,
                                labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run,
                                replicas=replicas, group_by=group_by)
+        if workspace is not None:
+            stored, _ = await store_workspace(self._nc, self.servers.prefix, workspace, max_workspace_mb)
+            request = msgspec.structs.replace(request, workspace=stored)
         return await self.submit_request(request)
 
     async def submit_request(self, request: SubmitRequest) -> SubmitReply | DryRunReply:
@@ -443,6 +453,24 @@ class Client:
         except IrisfedError as exc:
             raise translated(exc) from None
         return task_views(rows)
+
+    async def outputs(self, job_id: str, *, epoch: int | None = None, task: int | None = None,
+                      to: str | os.PathLike[str] | None = None) -> list[Output]:
+        """The output files of ``job_id``'s newest run that left any (or of ``epoch``; of
+        ``task`` only), each an :class:`Output`; with ``to``, the stored ones are also
+        written under that folder (a gang's under ``task-<i>/``). Needs a database URL."""
+        job_id = _checked_job_id(job_id)
+        store = await self._get_store()
+        stored_id = stored_job_id(self.user, job_id)
+        try:
+            if await store.job_get(stored_id) is None:
+                raise NotFoundError(f"no job {job_id!r}")
+            found = output_views(await store.job_outputs_list(stored_id, epoch, task))
+        except IrisfedError as exc:
+            raise translated(exc) from None
+        if to is not None:
+            await download_outputs(self._nc, self.servers.prefix, stored_id, found, Path(to))
+        return found
 
     async def watch(self, job_id: str, *, history: bool = True) -> AsyncIterator[JobEvent]:
         """Every state change of ``job_id``, in order, each once, ending with its terminal one.
@@ -669,6 +697,10 @@ class SyncClient:
     def get(self, job_id: str) -> Job:
         """:meth:`Client.get`."""
         return self._runner.run(self._client.get(job_id))
+
+    def outputs(self, job_id: str, **options: Any) -> list[Output]:
+        """:meth:`Client.outputs`."""
+        return self._runner.run(self._client.outputs(job_id, **options))
 
     def tasks(self, job_id: str) -> list[Task]:
         """:meth:`Client.tasks`."""

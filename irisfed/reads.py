@@ -26,7 +26,7 @@ from irisfed.shared.postgres import (
     translated_errors,
 )
 from irisfed.shared.queries import QUERIES
-from irisfed.shared.records import ChangelogEntry, JobRow, TaskRow
+from irisfed.shared.records import ChangelogEntry, JobRow, OutputRow, TaskRow
 
 # A client's reads are single-row lookups: a small pool, a short wait for it. Every
 # wait is bounded, so a primary that hangs (rather than resets) fails a read
@@ -98,6 +98,13 @@ class JobReads:
         job_id = checked_stored_job_id(job_id)
         records = await self._read("fetch", QUERIES["job_tasks_list"], job_id)
         return [TaskRow.from_record(record) for record in records]
+
+    async def job_outputs_list(self, job_id: str, epoch: int | None = None,
+                               task: int | None = None) -> list[OutputRow]:
+        """A job's output files of ``epoch`` (None: the newest run with any), ``task`` (None: all)."""
+        job_id = checked_stored_job_id(job_id)
+        records = await self._read("fetch", QUERIES["job_outputs_list"], job_id, epoch, task)
+        return [OutputRow.from_record(record) for record in records]
 
     async def changelog_list_for_job(self, job_id: str) -> list[ChangelogEntry]:
         job_id = checked_stored_job_id(job_id)

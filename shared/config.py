@@ -55,7 +55,8 @@ DATABASE_URL_ENV = "IRISFED_DATABASE_URL"
 NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
-             "peers", "tick_interval_s", "assign_grace_s", "users"}
+             "peers", "tick_interval_s", "assign_grace_s", "users", "max_workspace_mb",
+             "max_workspace_files", "max_output_mb", "output_retention_days"}
 _PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address", "nodes",
               "gang_start_timeout_s"}
 _NODE_KEYS = {"count", "resources", "attributes"}
@@ -65,6 +66,11 @@ MAX_CONFIGURED_NODES = 100_000
 # there, short enough that a gang placed on a stale view does not hold its slots long.
 DEFAULT_GANG_START_TIMEOUT_S = 300.0
 BACKEND_KINDS = ("subprocess", "simulated", "slurm", "ray")
+# Workspaces and outputs (docs/design.md §3.5): what travels with a job and comes back.
+DEFAULT_MAX_WORKSPACE_MB = 256
+DEFAULT_MAX_WORKSPACE_FILES = 100_000
+DEFAULT_MAX_OUTPUT_MB = 1024
+DEFAULT_OUTPUT_RETENTION_DAYS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,18 @@ class FederationConfig:
     # How long a job may sit `assigned` on an unreachable peer before the tick requeues it.
     assign_grace_s: float = DEFAULT_ASSIGN_GRACE_S
     users: tuple[UserConfig, ...] = ()  # configured users; `default` acts for v1 producers
+    max_workspace_mb: int = DEFAULT_MAX_WORKSPACE_MB  # a packed workspace's largest size
+    max_workspace_files: int = DEFAULT_MAX_WORKSPACE_FILES  # its most entries (unpacking refuses more)
+    max_output_mb: int = DEFAULT_MAX_OUTPUT_MB  # what one run's outputs may store
+    output_retention_days: float = DEFAULT_OUTPUT_RETENTION_DAYS  # how long the store keeps outputs
+
+    @property
+    def max_workspace_bytes(self) -> int:
+        return self.max_workspace_mb * 1024 * 1024
+
+    @property
+    def max_output_bytes(self) -> int:
+        return self.max_output_mb * 1024 * 1024
 
     @property
     def user_table(self) -> UserTable:
@@ -171,6 +189,13 @@ def _positive(raw: Mapping[str, Any], key: str, default: float, where: str = "")
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
         raise ConfigError(f"{where}{key} must be a positive number, got {value!r}")
     return float(value)
+
+
+def _whole(raw: Mapping[str, Any], key: str, default: int, most: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ConfigError(f"{key} must be a whole number from 1 to {most:,}, got {value!r}")
+    return value
 
 
 def _text(value: object, where: str) -> str:
@@ -250,6 +275,10 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
         tick_interval_s=_positive(raw, "tick_interval_s", 1.0),
         assign_grace_s=_positive(raw, "assign_grace_s", DEFAULT_ASSIGN_GRACE_S),
         users=parse_users(raw.get("users"), ids),
+        max_workspace_mb=_whole(raw, "max_workspace_mb", DEFAULT_MAX_WORKSPACE_MB, 1024 * 1024),
+        max_workspace_files=_whole(raw, "max_workspace_files", DEFAULT_MAX_WORKSPACE_FILES, 10_000_000),
+        max_output_mb=_whole(raw, "max_output_mb", DEFAULT_MAX_OUTPUT_MB, 1024 * 1024),
+        output_retention_days=_positive(raw, "output_retention_days", DEFAULT_OUTPUT_RETENTION_DAYS),
     )
 
 

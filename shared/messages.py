@@ -80,6 +80,17 @@ class Coschedule(Struct, forbid_unknown_fields=True, frozen=True):
     group_by: AttributeKey
 
 
+# A workspace's content digest (docs/design.md §3.5): shared.workspace.DIGEST_RE.
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}(?!\n)$"
+
+
+class Workspace(Struct, forbid_unknown_fields=True, frozen=True):
+    """The packed workspace a job runs in, stored in the object store under ``digest``."""
+
+    digest: Annotated[str, Meta(pattern=DIGEST_PATTERN, description="sha256:<64 lowercase hex> of the archive")]
+    size: Annotated[int, Meta(ge=0, le=1 << 40, description="the archive's length in bytes")]
+
+
 class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Submit a job (``<prefix>.submit``, request/reply)."""
 
@@ -109,6 +120,8 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     # ``resources``, placed all or nothing on distinct nodes of one backend.
     replicas: Annotated[int, Meta(ge=1, le=MAX_REPLICAS)] = 1
     coschedule: Coschedule | None = None
+    # Added with workspaces (docs/design.md §3.5): the folder each run starts in.
+    workspace: Workspace | None = None
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():

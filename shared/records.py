@@ -354,6 +354,21 @@ class TaskRow(Row, frozen=True, array_like=True):
     updated_at: datetime
 
 
+class OutputRow(Row, frozen=True, array_like=True):
+    """One file a run left in its output directory (``job_outputs_list``): stored in
+    the object store, or left out (``note`` says why)."""
+
+    job_id: str
+    epoch: int
+    task_index: int
+    name: str
+    size: int
+    stored: bool
+    note: str
+    peer_id: str
+    stored_at: datetime
+
+
 class JobStateRow(Row, frozen=True, array_like=True):
     """A job's current state and epoch (``job_list_states``), for invariant checks."""
 

@@ -62,6 +62,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "peers": reads.cmd_peers,
     "users": reads.cmd_users,
     "logs": reads.cmd_logs,
+    "outputs": reads.cmd_outputs,
     "watch": client.cmd_watch,
     "health": admin.cmd_health,
     "explain": reads.cmd_explain,

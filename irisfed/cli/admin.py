@@ -223,6 +223,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.compare is not None:
         return bench_compare(args)
+    if args.against is not None:
+        print("irisfed: --against goes with --compare REV (it names the other side)", file=sys.stderr)
+        return 2
     try:
         from irisfed.bench.run import SECTIONS, run_bench
     except ModuleNotFoundError as exc:  # the bench's own dependencies are an extra
@@ -250,7 +253,7 @@ def bench_compare(args: argparse.Namespace) -> int:
 
     with interrupted_by_signals():
         compare(args.compare, args.sections or "dispatch", args.rounds, args.quick,
-                Path(args.out) if args.out else None)
+                Path(args.out) if args.out else None, args.against)
     return 0
 
 

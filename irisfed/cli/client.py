@@ -5,12 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from typing import Any
 
 import msgspec
 
-from irisfed.cli.connect import cli_user, nats_client, open_store, print_json, subjects
+from irisfed.cli.connect import (
+    cli_user,
+    federation_config,
+    nats_client,
+    open_store,
+    print_json,
+    subjects,
+)
+from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.resources import ResourceError, normalize_request, parse_amount_flags
@@ -37,6 +46,23 @@ async def _request(args: argparse.Namespace, subject: str, body: bytes) -> dict:
     finally:
         await nc.close()
     return msgspec.json.decode(reply.data)
+
+
+async def _store_workspace(args: argparse.Namespace) -> dict:
+    """Pack and store ``--workspace DIR``: the submit's workspace field."""
+    from irisfed.transfer import store_workspace
+
+    config = federation_config(args, required=False)
+    max_mb = config.max_workspace_mb if config else DEFAULT_MAX_WORKSPACE_MB
+    nc = await nats_client(args)
+    try:
+        workspace, sent = await store_workspace(nc, subjects(args).prefix, args.workspace, max_mb)
+    finally:
+        await nc.close()
+    if not args.json:
+        print(f"workspace {workspace.digest[:19]}… {workspace.size / 2**20:,.1f} MiB "
+              f"{'stored' if sent else 'already stored'}", file=sys.stderr)
+    return {"digest": workspace.digest, "size": workspace.size}
 
 
 def _reply_or_fail(reply: dict) -> dict:
@@ -90,6 +116,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         body["dry_run"] = True
     user = cli_user(args)
+    if args.workspace:
+        body["workspace"] = asyncio.run(_store_workspace(args))
     reply = asyncio.run(_request(args, subjects(args).submit_for(user), json.dumps(body).encode()))
     if args.dry_run:
         return _dry_run(args, reply)

@@ -4,6 +4,7 @@ connect.json``, as services find them), a NATS client as the URL's user, and a s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -98,8 +99,13 @@ async def with_store(args: argparse.Namespace, action):
 
 
 def _plain(value: Any) -> Any:
-    """Rows (msgspec structs) as their fields; anything else JSON does not know as a string."""
-    return msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else str(value)
+    """Rows (msgspec structs, dataclasses) as their fields; anything else JSON does not know
+    as a string."""
+    if isinstance(value, msgspec.Struct):
+        return msgspec.structs.asdict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def print_json(value: Any) -> None:

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     _user_flag(p)
     p.add_argument("--database-url", help="for --wait")
     p.add_argument("--id", help="job_id (idempotency key)")
+    p.add_argument("--workspace", metavar="DIR",
+                   help="pack DIR (minus .git/ and .irisfedignore's patterns) into the object store; every "
+                        "run starts in a fresh copy of it")
     p.add_argument("--name")
     p.add_argument("--constraint", action="append", metavar="EXPR", help=CONSTRAINT_HELP)
     p.add_argument("--prefer", action="append", metavar="EXPR",
@@ -194,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="REV",
                    help="A/B: build commit REV in a temporary virtualenv and alternate its bench with this "
                         "tree's (--sections, default dispatch), printing medians and ratios")
+    p.add_argument("--against", metavar="REV2",
+                   help="with --compare: build and bench commit REV2 in place of this tree (a bisect's step)")
     p.add_argument("--rounds", type=int, default=3,
                    help="with --compare: alternating rounds (default 3; each side runs once a round)")
 
@@ -209,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("users", help="users: live usage against quota, weight, fair share, queued and "
                                      "running jobs")
     add_server_flags(p, nats=False)
+    _output_flags(p)
+
+    p = sub.add_parser("outputs", help="list a job's outputs (its newest run's), or fetch them with --to DIR")
+    add_server_flags(p)
+    p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+    p.add_argument("job_id")
+    p.add_argument("--task", type=int, metavar="I", help="a gang's task I only")
+    p.add_argument("--epoch", type=int, metavar="N", help="run N's outputs (default: the newest run with any)")
+    p.add_argument("--to", metavar="DIR", help="write the stored files under DIR (a gang's under task-<i>/)")
     _output_flags(p)
 
     p = sub.add_parser("logs", help="a job's stdout (or --stderr)")

@@ -18,6 +18,7 @@ from irisfed.reads import checked_stored_job_id, shown_job_id
 from irisfed.services.common.startup import federation_config
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.users import USER_ID_PATTERN
+from irisfed.transfer import output_views
 
 _USER_ID = re.compile(USER_ID_PATTERN)
 
@@ -52,32 +53,34 @@ def _job_and_history(args: argparse.Namespace, tasks: bool = False):
 
     async def fetch(store):
         return (await store.job_get(job_id), await store.changelog_list_for_job(job_id),
-                await store.job_tasks_list(job_id) if tasks else [])
+                await store.job_tasks_list(job_id) if tasks else [],
+                await store.job_outputs_list(job_id) if tasks else [])
 
-    job, history, task_rows = asyncio.run(with_store(args, fetch))
+    job, history, task_rows, outputs = asyncio.run(with_store(args, fetch))
     if job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
-    return job, history, task_rows
+    return job, history, task_rows, output_views(outputs)
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history, task_rows = _job_and_history(args, tasks=True)
+    job, history, task_rows, outputs = _job_and_history(args, tasks=True)
     if job is None:
         return 1
     mode = views.output_mode(args)
     if mode == "json":
-        print_json({"job": views.job_json(job), "changelog": history, "tasks": task_views(task_rows)})
+        print_json({"job": views.job_json(job), "changelog": history, "tasks": task_views(task_rows),
+                    "outputs": outputs})
     else:
-        views.print_job(job, history, views.Out(mode, args.wide), task_views(task_rows))
+        views.print_job(job, history, views.Out(mode, args.wide), task_views(task_rows), outputs)
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history, _ = _job_and_history(args)
+    job, history, _, _ = _job_and_history(args)
     if job is None:
         return 1
     mode = views.output_mode(args)
@@ -123,6 +126,46 @@ def cmd_users(args: argparse.Namespace) -> int:
         print_json(views.users_json(lines))
     else:
         views.Out(mode, args.wide).grid(views.users_grid(lines, totals))
+    return 0
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    """``irisfed outputs ID [--task I] [--epoch N] [--to DIR]``: the newest run's output
+    files (Postgres lists them), and with ``--to`` their bytes from the object store."""
+    from irisfed.cli import views
+    from irisfed.transfer import download_outputs
+
+    job_id = checked_stored_job_id(args.job_id)
+
+    async def fetch(store):
+        return await store.job_get(job_id), await store.job_outputs_list(job_id, args.epoch, args.task)
+
+    job, rows = asyncio.run(with_store(args, fetch))
+    if job is None:
+        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
+        return 1
+    outputs = output_views(rows)
+    if not outputs:
+        which = f" of epoch {args.epoch}" if args.epoch is not None else ""
+        print(f"irisfed: job {args.job_id} has no outputs{which} (state {job.state})", file=sys.stderr)
+        return 1
+    if args.to:
+        async def download() -> list[Path]:
+            nc = await nats_client(args)
+            try:
+                return await download_outputs(nc, subjects(args).prefix, job_id, outputs, Path(args.to))
+            finally:
+                await nc.close()
+        written = asyncio.run(download())
+        total = sum(o.size for o in outputs if o.stored)
+        print(f"{len(written)} file{'s' if len(written) != 1 else ''} ({views.size_text(total)}) written under "
+              f"{args.to}", file=sys.stderr)
+    mode = views.output_mode(args)
+    if mode == "json":
+        print_json(outputs)
+    else:
+        views.Out(mode, getattr(args, "wide", False)).grid(
+            views.outputs_grid(outputs, f"outputs of {job.job_id} (epoch {outputs[0].epoch})"))
     return 0
 
 

@@ -242,13 +242,35 @@ def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | Non
     return Out()._rich(peers_grid(rows, config), fit=False)
 
 
+def size_text(size: int) -> str:
+    """A byte count as people read it: B under 1 KiB, else KiB, MiB or GiB."""
+    if size < 1024:
+        return f"{size} B"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} B"
+
+
+def outputs_grid(outputs: Sequence[Any], title: str = "outputs") -> Grid:
+    """A run's output files: task, name, size, and stored or why left out."""
+    grid = Grid(title, ("task", "name", "size", "stored"))
+    for o in outputs:
+        grid.add(str(o.task), lit(o.name), size_text(o.size), "yes" if o.stored else lit(f"no: {o.note}"))
+    return grid
+
+
 def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None,
-              tasks: Sequence[Any] = ()) -> None:
+              tasks: Sequence[Any] = (), outputs: Sequence[Any] = ()) -> None:
     out = out or Out()
     spec = job.spec
     out.line(lit(job.job_id, "bold"), "  ", lit(job.state), "  (", lit(job.disposition), ")")
     out.line("  user        ", lit(job.user_id))
     out.line("  command     ", lit(" ".join(spec["command"])))
+    workspace = spec.get("workspace")
+    if isinstance(workspace, dict):
+        out.line("  workspace   ", lit(str(workspace.get("digest"))), "  ",
+                 size_text(int(workspace.get("size") or 0)))
     if spec.get("name"):
         out.line("  name        ", lit(spec["name"]))
     if spec.get("labels"):
@@ -283,6 +305,8 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
                 task_grid.add(str(task.index), lit(task.node or "-"), lit(task.state),
                               "-" if task.exit_code is None else str(task.exit_code), lit(task.log_path or "-"))
             out.grid(task_grid)
+    if outputs:
+        out.grid(outputs_grid(outputs, f"outputs (epoch {outputs[0].epoch})"))
     grid = Grid("history", ("seq", "at", "from", "to", "peer", "epoch", "by", "detail"))
     for row in history:
         grid.add(str(row.seq), _clock(row.at), lit(row.from_state or "(new)"),

@@ -4,12 +4,17 @@ Roles and what they may do (``P`` is the subject prefix):
 
 | role | publish | subscribe |
 |---|---|---|
-| producer (the user ``default``) | P.submit, P.cancel | _INBOX_producer.> (its replies) |
-| user-U (each configured user U) | P.submit.U, P.cancel.U | _INBOX_user-U.> (its replies) |
-| operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.* |
+| producer (the user ``default``) | P.submit, P.cancel, objects | _INBOX_producer.> (its replies) |
+| user-U (each configured user U) | P.submit.U, P.cancel.U, objects | _INBOX_user-U.> (its replies) |
+| operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping, objects | P.events.*, P.heartbeat.*, _INBOX_operator.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, objects, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, _INBOX_router.> |
 | tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
-| agent-X | P.heartbeat.X, P.events.* | P.assign.X, P.cancel.X |
+| agent-X | P.heartbeat.X, P.events.*, objects | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
+
+"objects" is :func:`object_store_rights`: the two object store buckets' reads and writes
+through JetStream's API, nothing else of JetStream. Every role that has them can read
+and write every object in them: per-user and per-peer limits inside the buckets are not
+enforced by the server yet (docs/decisions.md, "The object store's rights").
 | web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
@@ -21,7 +26,8 @@ takes the user from the subject, which only that user's credentials may publish
 makes requests gets its own inbox prefix, ``_INBOX_<user>`` (:func:`inbox_prefix`),
 and may subscribe only below it, never to ``_INBOX.>`` where everyone's replies
 would be; our clients derive the prefix from the user in their URL
-(:func:`inbox_prefix_for_url`). Services make no requests, so they get no inbox.
+(:func:`inbox_prefix_for_url`). The router and agents get an inbox for the object
+store's answers; the tick and web make no requests, so they get none.
 Passwords are random; they live in a 0600 credentials file and reach services in
 their URL, never in logs.
 """
@@ -52,16 +58,38 @@ def user_role(user_id: str) -> str:
     return f"{USER_ROLE_PREFIX}{user_id}"
 
 
+def object_store_rights(prefix: str) -> tuple[str, ...]:
+    """What a role publishes to use the object store's two buckets (docs/design.md §3.5)
+    through JetStream's API: look up, read (an ordered consumer), write and replace
+    objects — and nothing else of JetStream (no stream created, changed or deleted). The
+    answers come to the role's own inbox, so a role with these rights gets one."""
+    from irisfed.services.common.objects import KINDS, bucket
+
+    rights = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]  # NAMES: a read finds its stream by subject
+    for kind in KINDS:
+        # A wildcard prefix (a test server shared by many federations): any bucket.
+        name = "*" if prefix == "*" else bucket(prefix, kind)
+        stream = "*" if prefix == "*" else f"OBJ_{name}"
+        rights += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
+                   f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
+                   f"$JS.API.STREAM.PURGE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
+                   f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
+                   f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>", f"$O.{name}.>"]
+    return tuple(dict.fromkeys(rights))
+
+
 def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> dict[str, Permissions]:
     """The permission set of every role for a federation's prefix, peers and users."""
     p = prefix
+    objects = object_store_rights(prefix)
     roles = {
-        "producer": Permissions((f"{p}.submit", f"{p}.cancel"), (f"{inbox_prefix('producer')}.>",)),
-        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping"),
+        "producer": Permissions((f"{p}.submit", f"{p}.cancel", *objects), (f"{inbox_prefix('producer')}.>",)),
+        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping", *objects),
                                 (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
-        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake"),
+        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *objects),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
-                               f"{p}.operator.cancel", f"{p}.heartbeat.*"), allow_responses=True),
+                               f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{inbox_prefix('router')}.>"),
+                              allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
         "web": Permissions((f"{p}.operator.cancel",),
@@ -70,10 +98,13 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
     }
     for user_id in user_ids:
         role = user_role(user_id)
-        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}"), (f"{inbox_prefix(role)}.>",))
+        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", *objects),
+                                  (f"{inbox_prefix(role)}.>",))
     for peer_id in peer_ids:
-        roles[f"agent-{peer_id}"] = Permissions(
-            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*"), (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}"))
+        role = f"agent-{peer_id}"
+        roles[role] = Permissions(
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", *objects),
+            (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}", f"{inbox_prefix(role)}.>"))
     return roles
 
 

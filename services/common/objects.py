@@ -17,6 +17,7 @@ into subjects, so the server cannot filter by job): Postgres keeps the reference
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import io
@@ -108,6 +109,11 @@ def parse_output_object(object_name: str) -> tuple[str, int, int, str] | None:
         return None
 
 
+def _store_digest(raw_sha256: bytes) -> str:
+    """How JetStream's object store records an object's SHA-256 (``ObjectInfo.digest``)."""
+    return "SHA-256=" + base64.urlsafe_b64encode(raw_sha256).decode()
+
+
 def _missing_message(name: str) -> str:
     return (f"the federation's object store (JetStream bucket {name}) is missing: JetStream must be on "
             f"in the NATS servers and the buckets created by `irisfed up` (ensure_buckets)")
@@ -168,7 +174,8 @@ class ObjectStore:
     ``timeout_s`` bounds each whole transfer (a get never waits for chunks forever)."""
 
     def __init__(self, nc: Client, prefix: str = "irisfed", *, timeout_s: float = 120.0) -> None:
-        self._js = nc.jetstream()
+        self._nc = nc
+        self._js = None  # JetStream's context, made on first use
         self._names = {kind: bucket(prefix, kind) for kind in KINDS}
         self._stores: dict[str, object] = {}
         self._timeout_s = timeout_s
@@ -181,6 +188,8 @@ class ObjectStore:
 
     async def _store(self, kind: str):
         if kind not in self._stores:
+            if self._js is None:
+                self._js = self._nc.jetstream()
             name = self._names[kind]
             with _boundary(f"opening bucket {name}", name):
                 self._stores[kind] = await asyncio.wait_for(self._js.object_store(name), self._timeout_s)
@@ -199,10 +208,17 @@ class ObjectStore:
         return await self._call(kind, what, fetch)
 
     async def put_workspace(self, data: bytes) -> tuple[str, int, bool]:
-        """Store a packed workspace under its digest: (digest, size, stored_now); an object
-        already there with the same size is not sent again."""
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if await self.has_workspace(digest) == len(data):
+        """Store a packed workspace under its digest: (digest, size, stored_now). An object
+        already there whose chunks the store recorded as these very bytes (its own
+        SHA-256 of them, not only its size) is not sent again."""
+        raw = hashlib.sha256(data).digest()
+        digest = "sha256:" + raw.hex()
+        try:
+            info = await self._call("workspaces", f"looking up workspace {digest}",
+                                    lambda store: store.get_info(workspace_object(digest)))
+        except ObjectMissing:
+            info = None
+        if info is not None and info.size == len(data) and info.digest == _store_digest(raw):
             return digest, len(data), False
         await self._call("workspaces", f"storing workspace {digest}",
                          lambda store: store.put(workspace_object(digest), data))
@@ -247,6 +263,15 @@ class ObjectStore:
         await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}",
                          lambda store: store.put(object_name, data))
         return len(data)
+
+    async def put_output_file(self, job_id: str, epoch: int, task: int, name: str, path: str) -> None:
+        """Store one output file from disk, read as it is sent (never whole in memory)."""
+        object_name = output_object(job_id, epoch, task, name)
+
+        async def put(store) -> None:
+            with open(path, "rb") as source:  # noqa: ASYNC230 - nats-py reads it chunk by chunk
+                await store.put(object_name, source)
+        await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}", put)
 
     async def get_output(self, job_id: str, epoch: int, task: int, name: str) -> bytes:
         """The bytes of one output file; ObjectMissing if absent or expired."""

@@ -49,6 +49,7 @@ from irisfed.shared.records import (
     Move,
     NewJob,
     OldestQueued,
+    OutputRow,
     OwnedJob,
     PeerHeartbeatRow,
     PreemptedJob,
@@ -364,6 +365,20 @@ class Store:
     async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
         """A job's tasks, newest run first, in index order."""
         return await self._all("job_tasks_list", TaskRow, job_id)
+
+    async def job_outputs_record(self, peer_id: str,
+                                 rows: Sequence[tuple[str, int, int, str, int, bool, str]]) -> int:
+        """Record runs' output files: (job, epoch, task, name, size, stored, note) each,
+        only of jobs ``peer_id`` owns at that epoch. How many were written."""
+        if not rows:
+            return 0
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        return await self._fetchval("job_outputs_record", peer_id, *columns)
+
+    async def job_outputs_list(self, job_id: str, epoch: int | None = None,
+                               task: int | None = None) -> list[OutputRow]:
+        """A job's output files of ``epoch`` (None: the newest with any), ``task`` (None: all)."""
+        return await self._all("job_outputs_list", OutputRow, job_id, epoch, task)
 
     async def job_hand_back(self, peer_id: str, job_id: str, epoch: int, to_state: JobState, reason: str) -> int | None:
         """``peer_id`` hands back its assigned gang whose tasks did not all start: queued (a

@@ -36,6 +36,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="advertised resource total, e.g. cpu=8, memory_mb=32768, gpu=2 (repeatable)")
     p.add_argument("--backend", choices=BACKEND_KINDS)
     p.add_argument("--work-dir", type=Path, help="per-job working directories")
+    p.add_argument("--cache-mb", type=int,
+                   help="unpacked workspaces kept on this peer, in MiB (default 4096; least recently used evicted)")
     p.add_argument("--heartbeat-interval", type=float)
     p.add_argument("--heartbeat-ttl", type=float)
     p.add_argument("--reconcile-interval", type=float)
@@ -128,7 +130,7 @@ def settings(args: argparse.Namespace, config: FederationConfig) -> AgentSetting
         heartbeat_interval_s=args.heartbeat_interval or config.heartbeat_interval_s,
         heartbeat_ttl_s=args.heartbeat_ttl or config.heartbeat_ttl_s,
         reconcile_interval_s=args.reconcile_interval or config.heartbeat_interval_s,
-        **given(args, work_root="work_dir", simulated_duration_s="sim_duration"),
+        **given(args, work_root="work_dir", simulated_duration_s="sim_duration", cache_mb="cache_mb"),
     )
 
 

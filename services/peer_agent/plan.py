@@ -266,6 +266,17 @@ def _handed_back(peer_id: str, job_id: str, epoch: int, from_state: JobState, wh
                 reason=why + ("; retrying" if failure.retrying else out_of_retries))
 
 
+def unusable_workspace_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool,
+                            accepted: bool = True) -> Move:
+    """End a job whose run never started because its workspace is unusable for good
+    (refused archive, bytes not their digest, gone from the store): failed, not retried
+    (another try would fetch the same bytes); killed when a cancel was requested. A gang
+    not yet accepted (``accepted`` False) ends from ``assigned``."""
+    from_state = JobState.RUNNING if accepted else JobState.ASSIGNED
+    return Move(job_id, from_state, under_cancel(JobState.FAILED, cancelled), epoch, actor=peer_id,
+                owner_peer_id=peer_id, reason=why)
+
+
 def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancelled: bool) -> Move:
     """End a job whose run started but whose outcome its engine lost (``RunOutcomeUnknown``):
     failed, never retried, since it may have done its work and a retry could run it

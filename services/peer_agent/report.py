@@ -29,6 +29,7 @@ from irisfed.services.peer_agent.plan import (
     launch_error_move,
     orphan_move,
     outcome_unknown_move,
+    unusable_workspace_move,
 )
 from irisfed.shared.clock import Clock
 from irisfed.shared.errors import PermanentStoreError, Unavailable
@@ -64,6 +65,7 @@ class Run:
     launch_error: str = ""  # why it could not start, or (lost) why its engine lost it
     lost: bool = False
     outcome_unknown: bool = False  # it started and its engine lost how it ended: failed, not retried
+    refused: bool = False  # never started: its workspace is unusable for good (failed, not retried)
     resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised; each task's)
     tasks: int = 1  # a gang's tasks (the slots it takes)
     accepted: bool = True  # its job is running; a gang not yet (launched while assigned, until its tasks all run)
@@ -207,6 +209,18 @@ class Reports:
                                          exit_code=run.exit_code, reason=row.reason))
 
     async def _report_launch_error(self, run: Run) -> None:
+        if run.refused:
+            move = unusable_workspace_move(self.peer_id, run.job_id, run.epoch, run.launch_error,
+                                           run.cancel_requested, accepted=run.accepted)
+            ended = (await self.end_run(move) if run.accepted else await self.store.job_hand_back(
+                self.peer_id, move.job_id, move.epoch, move.to_state, move.reason) is not None)
+            if not ended:
+                await self.runs_stopped([run.job_id])
+                self._refused(run.job_id, run.epoch)
+            elif not run.accepted:
+                await self.announce(JobEvent(move.job_id, move.to_state, self.peer_id, move.epoch,
+                                             self.clock.now(), reason=move.reason))
+            return
         if not run.accepted:  # a gang whose tasks did not all start: handed back from assigned
             job = await self.store.job_get(run.job_id)
             move = gang_not_started_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job,

@@ -30,6 +30,7 @@ from irisfed.services.common import metrics
 from irisfed.services.common.bus import publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
+from irisfed.services.common.objects import ObjectStore, ObjectStoreError, StoreUnavailable
 from irisfed.services.common.runtime import Service, forever, when_woken
 from irisfed.services.peer_agent.backends import (
     Backend,
@@ -42,6 +43,7 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
     make_backend,
 )
+from irisfed.services.peer_agent.outputs import choose_outputs, scan_outputs
 from irisfed.services.peer_agent.plan import (
     Pending,
     backend_for,
@@ -56,10 +58,11 @@ from irisfed.services.peer_agent.plan import (
 )
 from irisfed.services.peer_agent.report import ReportKind, Reports, Run
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.services.peer_agent.workspaces import CACHE_FOLDER, WorkspaceCache, WorkspaceUnusable
 from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
-from irisfed.shared.errors import Unavailable
+from irisfed.shared.errors import PermanentStoreError, Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
@@ -75,6 +78,8 @@ from irisfed.shared.messages import (
 from irisfed.shared.records import AcceptedJob, OwnedJob
 
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
+
+MIB = 1024 * 1024
 
 # Backends without an engine: their nodes are configured (LocalNodes).
 LOCAL_KINDS = ("subprocess", "simulated")
@@ -128,10 +133,17 @@ class PeerAgent(Service):
         self.reconcile_wanted = asyncio.Event()
         self.reports = Reports(self.store, self.peer_id, nc, self.subjects, self.clock, self.runs, self.lock)
         self.reconciled = 0
+        # Workspaces come from the object store, outputs go there (docs/design.md §3.5).
+        self.objects = ObjectStore(nc, self.subjects.prefix)
+        self.workspaces = WorkspaceCache(
+            settings.work_root / CACHE_FOLDER / self.peer_id, self.objects.get_workspace,
+            max_bytes=settings.cache_mb * MIB, max_files=config.max_workspace_files,
+            max_unpacked_bytes=config.max_workspace_bytes)
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        await self.workspaces.open()
         await self.nc.subscribe(self.subjects.assign(self.peer_id), cb=self.on_assign)
         await self.nc.subscribe(self.subjects.cancel_notice(self.peer_id), cb=self.on_cancel)
         await self.nc.flush()
@@ -414,24 +426,61 @@ class PeerAgent(Service):
 
     async def _launch(self, pending: Pending, accepted: AcceptedJob, accepted_already: bool = True) -> Run:
         """Start a job on the backend its row names (the row decides, not the notice):
-        accepted already, or (a gang) to be accepted once all its tasks run."""
+        accepted already, or (a gang) to be accepted once all its tasks run. A job with
+        a workspace starts in its own task, once the workspace is here (fetching it
+        never holds up the other starts)."""
         job_id, epoch, spec = pending.job_id, pending.epoch, accepted.spec
         replicas, group_by = job_gang(spec)
         run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
                   resources=job_resources(spec), tasks=replicas, accepted=accepted_already)
         self.runs[job_id] = run
+        run_spec = RunSpec(job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
+                           dict(spec.get("labels", {})), dict(run.resources), replicas, group_by,
+                           self.settings.gang_start_timeout_s)
+        workspace = (spec.get("workspace") or {}).get("digest")
+        if workspace is None:
+            await self._start_run(run, run_spec)
+            self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
+        else:
+            self.tasks.spawn(self._run_in_workspace(run, run_spec, workspace), name=f"run-{job_id}")
+        return run
+
+    async def _start_run(self, run: Run, run_spec: RunSpec) -> None:
         try:
-            run.handle = await self.backends[run.backend].launch(RunSpec(
-                job_id, epoch, list(spec["command"]), dict(spec.get("env", {})), dict(spec.get("labels", {})),
-                dict(run.resources), replicas, group_by, self.settings.gang_start_timeout_s,
-            ))
+            run.handle = await self.backends[run.backend].launch(run_spec)
         except Exception as exc:  # noqa: BLE001 - any failure to start is a launch error
             run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
             run.exit_code = -1
-            log.warning("launch_failed", job_id=job_id, peer_id=self.peer_id, epoch=epoch, error=str(exc))
-        log.debug("job_started", job_id=job_id, peer_id=self.peer_id, epoch=epoch)
-        self.tasks.spawn(self._finish(run), name=f"run-{job_id}")
-        return run
+            log.warning("launch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
+        log.debug("job_started", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
+
+    async def _run_in_workspace(self, run: Run, run_spec: RunSpec, digest: str) -> None:
+        """Fetch (or find cached) the job's workspace, then start and follow the run in
+        fresh copies of it. A workspace unusable for good fails the job (not retried);
+        a store that cannot answer now is a launch error (handed back while retries
+        remain). A run cancelled or fenced meanwhile is never started."""
+        held = False
+        try:
+            try:
+                path = await self.workspaces.acquire(digest)
+                held = True
+            except WorkspaceUnusable as exc:
+                run.launch_error, run.refused, run.exit_code = str(exc), True, -1
+                log.warning("workspace_unusable", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            why=str(exc))
+            except ObjectStoreError as exc:
+                run.launch_error, run.exit_code = f"workspace {digest}: {exc}", -1
+                log.warning("workspace_fetch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=str(exc))
+            if held:
+                if run.fenced or run.cancel_requested:
+                    run.launch_error, run.exit_code = "stopped before it started", -1
+                else:
+                    await self._start_run(run, dataclasses.replace(run_spec, workspace=path))
+            await self._finish(run)
+        finally:
+            if held:
+                self.workspaces.release(digest)
 
     async def _accept_gang(self, run: Run) -> None:
         """A gang's tasks all run: now its job is running (CAS on its assigned row, as any
@@ -505,7 +554,50 @@ class PeerAgent(Service):
                         del self.runs[run.job_id]
                 self.reconcile_wanted.set()
                 return
+            if not run.fenced:
+                await self._store_outputs(run)
         self.reports.finished.put_nowait(run)
+
+    async def _store_outputs(self, run: Run) -> None:
+        """Put what the run left in its output directories into the object store and
+        list it in Postgres (before its end is reported: the job is still ours then).
+        The store or Postgres away: tried a few times, then logged; the run's end is
+        reported regardless (a result never waits on its outputs forever)."""
+        output_dirs = getattr(self.backends[run.backend], "output_dirs", None)
+        if output_dirs is None:
+            return
+        found = await asyncio.to_thread(scan_outputs, output_dirs(run.job_id, run.epoch, run.tasks))
+        if not found:
+            return
+        outputs = choose_outputs(found, self.config.max_output_bytes)
+        rows = []
+        for out in outputs:
+            stored, note = out.stored, out.note
+            if stored:
+                try:
+                    await self._retrying(lambda o=out: self.objects.put_output_file(
+                        run.job_id, run.epoch, o.task, o.name, str(o.path)))
+                except (ObjectStoreError, OSError) as exc:
+                    stored, note = False, f"not stored: {exc}"
+            rows.append((run.job_id, run.epoch, out.task, out.name, out.size, stored, note))
+        try:
+            await self._retrying(lambda: self.store.job_outputs_record(self.peer_id, rows))
+        except (Unavailable, PermanentStoreError) as exc:
+            log.warning("outputs_not_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        error=str(exc))
+            return
+        log.info("outputs_stored", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                 files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
+
+    async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
+        """``call()``, again after a pause while what it needs is away for now."""
+        for attempt in range(tries):
+            try:
+                return await call()
+            except (StoreUnavailable, Unavailable):
+                if attempt == tries - 1:
+                    raise
+                await asyncio.sleep(self.settings.reconcile_interval_s)
 
     async def _accepted_when_started(self, run: Run) -> int:
         """Follow a gang launched before its acceptance to its end (its exit code, or what

@@ -67,6 +67,8 @@ class AgentSettings:
     report_linger_s: float = 0.01  # gather finished runs this long before writing them
     # A gang whose tasks have not all started by then is requeued whole (docs/design.md §3.4).
     gang_start_timeout_s: float = DEFAULT_GANG_START_TIMEOUT_S
+    # The unpacked workspaces kept on this peer (least recently used evicted past it).
+    cache_mb: int = 4096
 
     def __post_init__(self) -> None:
         if not self.peer_id:
@@ -82,5 +84,6 @@ class AgentSettings:
         require_seconds("agent", "kill_grace_s", self.kill_grace_s, positive=False)
         require_seconds("agent", "simulated_duration_s", self.simulated_duration_s, positive=False,
                         flag="--sim-duration")
+        require_count("agent", "cache_mb", self.cache_mb, least=0, flag="--cache-mb")
         require_seconds("agent", "report_linger_s", self.report_linger_s, positive=False)
         require_seconds("agent", "gang_start_timeout_s", self.gang_start_timeout_s, flag="--gang-start-timeout")

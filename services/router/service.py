@@ -52,6 +52,7 @@ from irisfed.services.router.plan import (
     route,
     waiting_for_quota,
 )
+from irisfed.services.router.workspaces import WorkspaceCheck
 from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
@@ -193,6 +194,7 @@ class Router(Service):
         self._dry_run_turn = asyncio.Semaphore(1)
         self.peer_ids = frozenset(config.peer_ids)
         self._own_subjects = f"{self.subjects.prefix}."
+        self.workspaces = WorkspaceCheck(nc, self.subjects.prefix, config.max_workspace_bytes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -260,6 +262,8 @@ class Router(Service):
             user = self._user(msg.subject, self.subjects.submit)
             request = decode_request(SubmitRequest, msg.data)
             band_allowed(user, request.band, self.max_bands)  # Forbidden above the user's max_band
+            if request.workspace is not None:
+                await self.workspaces.check(request.workspace)
             routed = None
             if user in self.quota_users:
                 why = over_whole_quota(self.users.get(user), request.resource_request().units, request.replicas)

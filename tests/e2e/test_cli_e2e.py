@@ -153,3 +153,38 @@ async def test_health_probes_answer_for_running_services(federation):
         result = federation.cli("health", *args)
         assert result.returncode == 0, result.stdout + result.stderr
     assert federation.cli("health", "peer-agent", "--peer-id", "gpu-west").returncode == 1
+
+
+async def test_cli_workspace_runs_without_the_producers_folder_and_outputs_come_home(federation):
+    """No shared disk: the folder is deleted once submitted, the peer's files before the
+    outputs are fetched; every service and the CLI on their own NATS users."""
+    from irisfed.services.common.objects import ensure_buckets
+
+    await ensure_buckets(federation.nats, federation.prefix)  # what `irisfed up` does
+    await federation.start_federation("home", "gpu-west")
+    folder = federation.tmp / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "train.py").write_text(
+        "import os, pathlib\n"
+        "text = pathlib.Path('data/input.txt').read_text()\n"
+        "pathlib.Path(os.environ['IRISFED_OUTPUT_DIR'], 'model.txt').write_text(text[::-1])\n"
+        "print('trained')\n")
+    (folder / "data" / "input.txt").write_text("weights")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    stored = federation.cli("submit", "--id", "ws-1", "--workspace", str(folder), "--constraint",
+                            "device_type=gpu", "--", sys.executable, "train.py")
+    assert stored.returncode == 0, stored.stderr
+    assert "stored" in stored.stderr and "ws-1: queue → queued" in stored.stdout
+    shutil.rmtree(folder)
+    await federation.wait_state("ws-1", "succeeded", "failed")
+    job = json.loads(federation.cli("job", "ws-1", "--json").stdout)
+    assert job["job"]["state"] == "succeeded", job["job"]["reason"]
+    assert [(o["name"], o["stored"]) for o in job["outputs"]] == [("model.txt", True)]
+    shutil.rmtree(federation.tmp / "work")  # every peer's run folders and caches
+    fetched = federation.cli("outputs", "ws-1", "--to", str(federation.tmp / "results"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert (federation.tmp / "results" / "model.txt").read_text() == "sthgiew"
+    assert "model.txt" in fetched.stdout and "1 file" in fetched.stderr
+    missing = federation.cli("submit", "--workspace", str(folder), "--", "true")
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr

@@ -11,7 +11,7 @@ from irisfed.services.common.store import Store
 from irisfed.shared.errors import SchemaMismatch
 
 TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations",
-          "job_listing", "job_tasks"}
+          "job_listing", "job_tasks", "job_outputs"}
 
 
 async def _tables(url: str) -> set[str]:

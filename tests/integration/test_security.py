@@ -7,7 +7,7 @@ import nats
 import pytest
 
 from irisfed.cli import main
-from irisfed.services.common.nats_auth import role_permissions
+from irisfed.services.common.nats_auth import object_store_rights, role_permissions
 from irisfed.tooling.servers import start_secured_nats
 
 PEERS = ("gpu-west", "tpu-east")
@@ -128,12 +128,19 @@ async def test_wrong_password_is_refused(secured_nats):
 
 def test_permissions_table_per_role():
     roles = role_permissions("acme", ["gpu"], ["alice"])
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*")
-    assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu")
-    assert roles["producer"].publish == ("acme.submit", "acme.cancel")
+    objects = object_store_rights("acme")
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", *objects)
+    assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
+    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *objects)
     assert roles["router"].allow_responses and not roles["producer"].allow_responses
+    # The object store's rights name its two buckets' streams and nothing else of JetStream.
+    assert all(r in ("$JS.API.INFO", "$JS.API.STREAM.NAMES") or "OBJ_acme-" in r or r.startswith("$O.acme-")
+               for r in objects)
+    assert not any(r.startswith(("$JS.API.STREAM.CREATE", "$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE"))
+                   for r in objects)
+    assert not any(r.startswith("$JS") or r.startswith("$O") for r in roles["tick"].publish + roles["web"].publish)
     # A user may ask only for itself, and read only its own replies.
-    assert roles["user-alice"].publish == ("acme.submit.alice", "acme.cancel.alice")
+    assert roles["user-alice"].publish == ("acme.submit.alice", "acme.cancel.alice", *objects)
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
     assert not roles["user-alice"].allow_responses
     assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)

@@ -285,6 +285,9 @@ def test_job_reads_take_stored_ids_and_refuse_others(monkeypatch, capsys):
             async def job_tasks_list(self, job_id):
                 return []
 
+            async def job_outputs_list(self, job_id):
+                return []
+
         return await read(Store())
 
     monkeypatch.setattr(reads, "with_store", fake_with_store)

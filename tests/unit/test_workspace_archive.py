@@ -25,6 +25,7 @@ from irisfed.shared.workspace import (
     pack_workspace,
     unpack_workspace,
 )
+from tests.infra.archives import archive, member
 
 BIG = 64 * 1024 * 1024
 
@@ -270,23 +271,6 @@ def test_packing_refuses_a_backslash_in_a_name(tmp_path):
 
 
 # --- unpacking hostile archives ----------------------------------------------------
-
-def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", *, link: str = "",
-           mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode, info.size = kind, link, mode, len(data)
-    if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
-        info.devmajor, info.devminor = 1, 3
-    return info, data
-
-
-def archive(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    return buffer.getvalue()
-
 
 @pytest.fixture
 def sandbox(tmp_path):

@@ -69,6 +69,9 @@ class RunSpec:
     replicas: int = 1
     group_by: str = ""
     start_timeout_s: float = 300.0
+    # The job's unpacked workspace (the agent's cache, read only to backends): each run
+    # starts in a fresh copy of it (docs/design.md §3.5). None: an empty folder.
+    workspace: Path | None = None
 
 
 # A task's state (``job_tasks.state``, migration 0016). Append only.

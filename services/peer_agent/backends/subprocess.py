@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 from dataclasses import asdict, dataclass, replace
@@ -32,9 +33,13 @@ from irisfed.services.peer_agent.backends import (
     TaskStatus,
 )
 from irisfed.services.peer_agent.backends.nodes import LocalNodes
+from irisfed.shared.workspace import copy_tree
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.
+# In a run's folder: what it leaves for its agent to store, and where it starts with a workspace.
+OUTPUT_FOLDER = "outputs"
+WORKSPACE_FOLDER = "workspace"
 PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 
 
@@ -236,9 +241,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _open_outputs(run_dir: Path):
+def _open_outputs(run_dir: Path, workspace: Path | None):
+    """The run's folder: its logs, its output directory and (with a workspace) a fresh
+    copy of the workspace to start in; the log files, opened; and the run's cwd."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    return open(run_dir / "stdout", "wb"), open(run_dir / "stderr", "wb")  # noqa: SIM115
+    (run_dir / OUTPUT_FOLDER).mkdir(exist_ok=True)
+    cwd = run_dir
+    if workspace is not None:
+        cwd = run_dir / WORKSPACE_FOLDER
+        if os.path.lexists(cwd):  # a copy an earlier start of this run left half made
+            shutil.rmtree(cwd)
+        copy_tree(workspace, cwd)
+    return open(run_dir / "stdout", "wb"), open(run_dir / "stderr", "wb"), cwd  # noqa: SIM115
 
 
 class SubprocessBackend:
@@ -278,6 +292,12 @@ class SubprocessBackend:
 
     def log_dir(self, job_id: str, epoch: int) -> str:
         return str(self.run_dir(job_id, epoch).resolve())
+
+    def output_dirs(self, job_id: str, epoch: int, tasks: int) -> list[tuple[int, Path]]:
+        """Each task's ``IRISFED_OUTPUT_DIR`` of a run (task 0 for a single-task job)."""
+        if tasks <= 1:
+            return [(0, self.run_dir(job_id, epoch) / OUTPUT_FOLDER)]
+        return [(i, self.run_dir(job_id, epoch, i) / OUTPUT_FOLDER) for i in range(tasks)]
 
     def node_groups(self) -> list[dict]:
         return self.nodes.groups()
@@ -333,18 +353,19 @@ class SubprocessBackend:
         run_dir = self.run_dir(spec.job_id, spec.epoch, task)
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
-        env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
+        env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch),
+                    "IRISFED_OUTPUT_DIR": str((run_dir / OUTPUT_FOLDER).resolve())})
         env.update(extra_env)
         record = _RunRecord(spec.job_id, spec.epoch, boot_id=self.boot_id, task=task)
         self._active[record.key] = record
         try:
-            out, err = await asyncio.to_thread(_open_outputs, run_dir)
+            out, err, cwd = await asyncio.to_thread(_open_outputs, run_dir, spec.workspace)
             try:
                 # Marked live before it exists: an agent killed right after the start
                 # still leaves a trace its next run follows (by the run's environment).
                 await asyncio.to_thread(self._mark_live, record)
                 process = await asyncio.create_subprocess_exec(
-                    *spec.command, cwd=run_dir, env=env, stdin=asyncio.subprocess.DEVNULL,
+                    *spec.command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
                     stdout=out, stderr=err, start_new_session=True,
                 )
             finally:

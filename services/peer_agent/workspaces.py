@@ -1,0 +1,166 @@
+"""A peer's workspaces (docs/design.md §3.5): fetched once per digest, verified,
+unpacked into a bounded on-disk cache, copied fresh for each run.
+
+The cache is ``<work root>/.workspaces/<hex>``, one unpacked tree per digest, made by
+``shared.workspace.unpack_workspace`` (verify, then unpack into a partial folder
+renamed when complete): a tree under its final name is always whole, so an agent
+killed mid-fetch or mid-unpack leaves only a partial folder, removed at the next
+start, and never runs it. Trees are evicted least recently used first when their
+bytes pass ``max_bytes``, never while a run holds one (``acquire``/``release``).
+
+What fails, and how the job ends (``WorkspaceUnusable`` carries the reason):
+- the archive refused (``WorkspaceRefused``), bytes that are not their digest, or a
+  workspace no longer in the store: the job fails, not retried — retrying would not
+  make the bytes good;
+- the store unreachable for now (``StoreUnavailable``/``StoreMissing``): a launch
+  error like any other, so the job is handed back while retries remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from irisfed.services.common.log import EventLogger
+from irisfed.services.common.objects import DigestMismatch, ObjectMissing
+from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_workspace
+
+log = EventLogger("irisfed.peer_agent.workspaces")
+
+CACHE_FOLDER = ".workspaces"
+DEFAULT_CACHE_MB = 4096
+
+
+class WorkspaceUnusable(Exception):
+    """A job's workspace cannot be run, for good; the message is the job's reason."""
+
+
+@dataclass
+class _Entry:
+    path: Path
+    size: int  # unpacked file bytes
+    used_at: float
+    holders: int = 0
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+class WorkspaceCache:
+    """The agent's unpacked workspaces under ``root``; ``fetch(digest)`` returns the
+    archive bytes (verified against the digest by the caller's store)."""
+
+    def __init__(self, root: Path, fetch: Callable[[str], Awaitable[bytes]], *, max_bytes: int,
+                 max_files: int, max_unpacked_bytes: int) -> None:
+        self.root = root
+        self.fetch = fetch
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+        self.max_unpacked_bytes = max_unpacked_bytes
+        self.entries: dict[str, _Entry] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.fetches = 0  # archives fetched from the store (tests and the bench read it)
+
+    async def open(self) -> WorkspaceCache:
+        """Drop partial trees a killed agent left; index the whole ones."""
+        self.entries = await asyncio.to_thread(self._scan)
+        return self
+
+    def _scan(self) -> dict[str, _Entry]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        found = {}
+        for path in self.root.iterdir():
+            if path.name.startswith("."):
+                shutil.rmtree(path, ignore_errors=True)  # a partial unpack: never used
+                continue
+            digest = f"sha256:{path.name}"
+            if DIGEST_RE.fullmatch(digest) and path.is_dir() and not path.is_symlink():
+                found[digest] = _Entry(path, _tree_bytes(path), path.stat().st_mtime)
+            else:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return found
+
+    async def acquire(self, digest: str) -> Path:
+        """The unpacked tree of ``digest``, held until ``release``: fetched and unpacked
+        the first time (once, however many runs ask at once). Raises WorkspaceUnusable
+        (the job fails) or the store's StoreUnavailable/StoreMissing (retry later)."""
+        if not DIGEST_RE.fullmatch(digest):
+            raise WorkspaceUnusable(f"workspace refused: {digest!r} is not a workspace digest")
+        lock = self._locks.setdefault(digest, asyncio.Lock())
+        async with lock:
+            entry = self.entries.get(digest)
+            if entry is None or not entry.path.is_dir():
+                entry = await self._add(digest)
+            entry.holders += 1
+            entry.used_at = time.time()
+            gone = self._evict()
+        if gone:
+            await asyncio.to_thread(lambda: [shutil.rmtree(path, ignore_errors=True) for path in gone])
+        return entry.path
+
+    def release(self, digest: str) -> None:
+        entry = self.entries.get(digest)
+        if entry is not None and entry.holders > 0:
+            entry.holders -= 1
+            entry.used_at = time.time()
+
+    async def _add(self, digest: str) -> _Entry:
+        try:
+            data = await self.fetch(digest)
+        except ObjectMissing:
+            raise WorkspaceUnusable(f"workspace {digest} is no longer in the object store") from None
+        except DigestMismatch as exc:
+            raise WorkspaceUnusable(f"workspace refused: {exc}") from None
+        self.fetches += 1
+        path = self.root / digest.removeprefix("sha256:")
+        try:
+            stats = await asyncio.to_thread(self._unpack, data, path, digest)
+        except WorkspaceRefused as exc:
+            log.warning("workspace_refused", digest=digest, why=str(exc))
+            raise WorkspaceUnusable(f"workspace refused: {exc}") from None
+        entry = _Entry(path, stats, time.time())
+        self.entries[digest] = entry
+        log.info("workspace_cached", digest=digest, bytes=stats)
+        return entry
+
+    def _unpack(self, data: bytes, path: Path, digest: str) -> int:
+        if os.path.lexists(path):  # a tree someone removed from under us, or a stray file
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        try:
+            stats = unpack_workspace(data, path, digest=digest, max_files=self.max_files,
+                                     max_bytes=self.max_unpacked_bytes)
+        except OSError as exc:  # the archive named something this filesystem will not take
+            raise WorkspaceRefused(f"cannot unpack: {exc.strerror or exc}") from None
+        return stats.bytes
+
+    def _evict(self) -> list[Path]:
+        """Take least recently used trees no run holds out of the cache until it fits;
+        the renamed folders to remove. On the loop (a rename each), so no acquire sees
+        a tree half gone; the removal itself is the caller's, in a thread."""
+        total = sum(e.size for e in self.entries.values())
+        gone = []
+        for digest, entry in sorted(self.entries.items(), key=lambda item: item[1].used_at):
+            if total <= self.max_bytes:
+                break
+            if entry.holders > 0:
+                continue
+            del self.entries[digest]
+            total -= entry.size
+            moved = entry.path.with_name(f".{entry.path.name}.evicted-{time.monotonic_ns()}")
+            with contextlib.suppress(OSError):
+                os.rename(entry.path, moved)
+                gone.append(moved)
+            log.info("workspace_evicted", digest=digest, bytes=entry.size)
+        return gone

@@ -1,0 +1,81 @@
+"""The router accepts a submit's workspace only when the object store holds it (docs/
+design.md §3.5): a digest never stored, stored with another size, or over
+max_workspace_mb is ``invalid_request`` and writes nothing; dry runs are checked the
+same; a store that is missing says so. Real nats-server with JetStream, real Postgres."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from irisfed.services.common.objects import ObjectStore, ensure_buckets
+from irisfed.shared.workspace import digest_of
+from tests.infra.archives import archive, member
+from tests.infra.routers import RouterThread
+
+DATA = archive(member("train.py", data=b"print(1)\n"))
+
+
+@pytest.fixture
+def ws_router(database_url, servers):
+    running = RouterThread(database_url, servers.nats_url, max_workspace_mb=1)
+    yield running
+    running.close()
+
+
+def _store(router: RouterThread, data: bytes, buckets: bool = True) -> None:
+    async def put():
+        if buckets:
+            await ensure_buckets(router.client, router.prefix)
+        await ObjectStore(router.client, router.prefix).put_workspace(data)
+    router.run(put())
+
+
+def _submit(router: RouterThread, workspace: dict, **fields) -> dict:
+    return router.request("submit", json.dumps({"command": ["true"], "workspace": workspace, **fields}).encode())
+
+
+def test_a_stored_workspace_is_accepted_and_kept_in_the_spec(ws_router):
+    _store(ws_router, DATA)
+    workspace = {"digest": digest_of(DATA), "size": len(DATA)}
+    reply = _submit(ws_router, workspace)
+    assert "error" not in reply, reply  # judged like any job (no peer heard here: rejected)
+    spec = ws_router.run(ws_router.pool.fetchval("SELECT spec FROM jobs WHERE job_id = $1", reply["job_id"]))
+    assert (json.loads(spec) if isinstance(spec, str) else spec)["workspace"] == workspace
+    again = _submit(ws_router, workspace)
+    assert "error" not in again
+    assert ws_router.router.workspaces.lookups == 1  # a digest seen stored is remembered
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_digest_never_stored_is_invalid_and_writes_nothing(ws_router, dry_run):
+    _store(ws_router, DATA)
+    before = ws_router.rows()
+    other = archive(member("other.py", data=b"x"))
+    reply = _submit(ws_router, {"digest": digest_of(other), "size": len(other)}, dry_run=dry_run)
+    assert reply["error"]["code"] == "invalid_request"
+    assert reply["error"]["message"] == (f"workspace: {digest_of(other)} is not in the federation's object "
+                                         "store; store it first (irisfed submit --workspace DIR does)")
+    assert ws_router.rows() == before
+
+
+def test_another_size_or_over_the_cap_is_invalid(ws_router):
+    _store(ws_router, DATA)
+    before = ws_router.rows()
+    wrong = _submit(ws_router, {"digest": digest_of(DATA), "size": len(DATA) + 1})
+    assert wrong["error"]["code"] == "invalid_request" and "not the" in wrong["error"]["message"]
+    big = _submit(ws_router, {"digest": digest_of(DATA), "size": 2 * 1024 * 1024})
+    assert big["error"] == {"code": "invalid_request",
+                            "message": "workspace: 2.0 MiB is over this federation's max_workspace_mb (1 MiB)"}
+    malformed = _submit(ws_router, {"digest": "sha256:XYZ", "size": 1})
+    assert malformed["error"]["code"] == "invalid_request" and "workspace.digest" in malformed["error"]["message"]
+    assert ws_router.rows() == before
+
+
+def test_a_missing_object_store_is_unavailable_in_one_line(ws_router):
+    before = ws_router.rows()
+    reply = _submit(ws_router, {"digest": digest_of(DATA), "size": len(DATA)})
+    assert reply["error"]["code"] == "unavailable"
+    assert "object store" in reply["error"]["message"] and "\n" not in reply["error"]["message"]
+    assert ws_router.rows() == before

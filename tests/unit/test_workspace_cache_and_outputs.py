@@ -1,0 +1,160 @@
+"""The agent's workspace cache (fetch once, verify, evict least recently used but never
+one a run holds, partial trees dropped at start), the choice of a run's outputs, the
+client's output paths, and the workspace settings and wire field. No network: the
+cache's fetch is a function over bytes held here."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from irisfed.errors import InvalidRequestError
+from irisfed.services.common.objects import DigestMismatch, ObjectMissing
+from irisfed.services.peer_agent.outputs import Found, choose_outputs, scan_outputs
+from irisfed.services.peer_agent.plan import unusable_workspace_move
+from irisfed.services.peer_agent.workspaces import WorkspaceCache, WorkspaceUnusable
+from irisfed.shared.config import parse_config
+from irisfed.shared.errors import ConfigError, InvalidRequest
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import SubmitRequest, decode_request
+from irisfed.shared.workspace import digest_of
+from irisfed.transfer import Output, local_path
+from tests.infra.archives import archive, member
+
+MIB = 1024 * 1024
+
+
+def tree(name: str, size: int) -> bytes:
+    return archive(member(f"{name}.bin", data=b"x" * size))
+
+
+def cache_of(root: Path, store: dict[str, bytes], max_bytes: int = 10 * MIB) -> WorkspaceCache:
+    async def fetch(digest: str) -> bytes:
+        if digest not in store:
+            raise ObjectMissing(f"workspace {digest} is not in the object store")
+        return store[digest]
+    return WorkspaceCache(root, fetch, max_bytes=max_bytes, max_files=100, max_unpacked_bytes=10 * MIB)
+
+
+async def test_a_digest_is_fetched_once_however_many_runs_ask_at_once(tmp_path):
+    data = tree("a", 100)
+    cache = await cache_of(tmp_path, {digest_of(data): data}).open()
+    paths = await asyncio.gather(*(cache.acquire(digest_of(data)) for _ in range(5)))
+    assert len(set(paths)) == 1 and (paths[0] / "a.bin").read_bytes() == b"x" * 100
+    assert cache.fetches == 1 and cache.entries[digest_of(data)].holders == 5
+
+
+async def test_least_recently_used_trees_go_first_but_never_one_a_run_holds(tmp_path):
+    blobs = {digest_of(d): d for d in (tree("a", 400_000), tree("b", 400_000), tree("c", 400_000))}
+    a, b, c = blobs
+    cache = await cache_of(tmp_path, blobs, max_bytes=900_000).open()
+    held = await cache.acquire(a)  # held by a run throughout
+    await cache.acquire(b)
+    cache.release(b)
+    await cache.acquire(c)  # over the cap: b (free, oldest free) goes, a stays
+    assert set(cache.entries) == {a, c} and held.is_dir()
+    assert not (tmp_path / b.removeprefix("sha256:")).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.removeprefix("sha256:") for d in (a, c))
+
+
+async def test_partial_trees_left_by_a_killed_agent_are_dropped_and_whole_ones_kept(tmp_path):
+    data = tree("a", 10)
+    first = await cache_of(tmp_path, {digest_of(data): data}).open()
+    await first.acquire(digest_of(data))
+    (tmp_path / ".abc.partial-1234").mkdir()
+    (tmp_path / ".abc.partial-1234" / "half").write_text("x")
+    (tmp_path / "not-a-digest").mkdir()
+    again = await cache_of(tmp_path, {}).open()  # nothing fetchable: a whole tree is reused
+    assert await again.acquire(digest_of(data)) == tmp_path / digest_of(data).removeprefix("sha256:")
+    assert again.fetches == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [digest_of(data).removeprefix("sha256:")]
+
+
+async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
+    hostile = archive(member("../escape", data=b"x"))
+    cache = await cache_of(tmp_path, {digest_of(hostile): hostile}).open()
+    with pytest.raises(WorkspaceUnusable, match=r"^workspace refused: '\.\.' in path"):
+        await cache.acquire(digest_of(hostile))
+    missing = "sha256:" + "0" * 64
+    with pytest.raises(WorkspaceUnusable, match=f"^workspace {missing} is no longer in the object store$"):
+        await cache.acquire(missing)
+
+    async def corrupt(digest):
+        raise DigestMismatch("the stored chunks do not match")
+    cache.fetch = corrupt
+    with pytest.raises(WorkspaceUnusable, match="^workspace refused: the stored chunks"):
+        await cache.acquire("sha256:" + "1" * 64)
+    with pytest.raises(WorkspaceUnusable, match="is not a workspace digest"):
+        await cache.acquire("sha256:../../etc")
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing half unpacked
+
+
+def found(name: str, size: int, regular: bool = True, task: int = 0) -> Found:
+    return Found(task, name, Path(name), size, regular)
+
+
+def test_outputs_within_the_cap_in_name_order_and_the_rest_listed_with_why():
+    chosen = choose_outputs([found("a", 600), found("b", 500), found("c", 300), found("l", 0, regular=False),
+                             found("bad\udcff", 1), found("ctl\n", 1)], max_bytes=1000)
+    assert [(o.name, o.stored) for o in chosen] == [
+        ("a", True), ("b", False), ("c", True), ("l", False), ("bad?", False), ("ctl\n", False)]
+    assert chosen[1].note == "over max_output_mb (0 MiB for the run)"
+    assert chosen[3].note == "not a regular file"
+    assert chosen[4].note == "its name is not UTF-8"
+    assert chosen[5].note == "its name is too long or holds control characters"
+
+
+def test_scan_lists_files_and_links_below_each_tasks_folder_without_following(tmp_path):
+    out = tmp_path / "out"
+    (out / "deep").mkdir(parents=True)
+    (out / "deep" / "f").write_text("12")
+    (out / "up").symlink_to(tmp_path)
+    (tmp_path / "secret").write_text("no")
+    entries = scan_outputs([(0, out), (1, tmp_path / "absent")])
+    assert [(e.task, e.name, e.size, e.regular) for e in entries] == [(0, "deep/f", 2, True),
+                                                                      (0, "up", len(str(tmp_path)), False)]
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "a/..", "", "nul\x00"])
+def test_an_output_name_never_leads_outside_the_folder(tmp_path, name):
+    with pytest.raises(InvalidRequestError, match="is not a relative path"):
+        local_path(tmp_path, Output(1, 0, name, 1, True, "", "p", None), by_task=False)
+
+
+def test_a_gangs_outputs_land_under_their_task():
+    output = Output(1, 3, "ckpt/model.pt", 1, True, "", "p", None)
+    assert local_path(Path("/r"), output, by_task=True) == Path("/r/task-3/ckpt/model.pt")
+
+
+def test_workspace_settings_default_and_refuse_nonsense():
+    config = parse_config({"peers": [{"id": "home"}]})
+    assert (config.max_workspace_mb, config.max_output_mb, config.output_retention_days) == (256, 1024, 7)
+    assert parse_config({"peers": [{"id": "home"}], "max_workspace_mb": 8}).max_workspace_bytes == 8 * MIB
+    for key, value in (("max_workspace_mb", 0), ("max_output_mb", "1"), ("max_workspace_files", True),
+                       ("output_retention_days", -1)):
+        with pytest.raises(ConfigError, match=key):
+            parse_config({"peers": [{"id": "home"}], key: value})
+
+
+def test_the_wire_field_is_strict_and_keeps_other_jobs_hashes():
+    digest = "sha256:" + "a" * 64
+    request = decode_request(SubmitRequest, msgspec.json.encode(
+        {"command": ["python3", "train.py"], "workspace": {"digest": digest, "size": 10}}))
+    assert request.workspace.digest == digest
+    plain = SubmitRequest(command=["true"])
+    assert b"workspace" not in plain.canonical_spec()
+    for bad in ({"digest": "sha256:" + "A" * 64, "size": 1}, {"digest": digest, "size": -1},
+                {"digest": digest, "size": 1, "extra": 1}, {"digest": digest + "\n", "size": 1}):
+        with pytest.raises(InvalidRequest, match="workspace"):
+            decode_request(SubmitRequest, msgspec.json.encode({"command": ["true"], "workspace": bad}))
+
+
+def test_an_unusable_workspace_fails_the_job_for_good_or_kills_it_when_cancelled():
+    move = unusable_workspace_move("p", "j", 3, "workspace refused: fifo", cancelled=False)
+    assert (move.from_state, move.to_state, move.epoch, move.reason) == (
+        JobState.RUNNING, JobState.FAILED, 3, "workspace refused: fifo")
+    assert unusable_workspace_move("p", "j", 3, "x", cancelled=True).to_state is JobState.KILLED
+    assert unusable_workspace_move("p", "j", 3, "x", cancelled=False, accepted=False).from_state is JobState.ASSIGNED
