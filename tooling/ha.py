@@ -14,8 +14,10 @@ leader serves writes and a synchronous standby is streaming. ``PatroniCluster.ur
 is the multi-host URL every service takes
 (``postgresql://postgres@h:p1,h:p2/db?target_session_attrs=read-write``).
 
-``start_nats_cluster(folder)`` starts three ``nats-server``s routed to each other; its
-``url`` lists all three (nats-py reconnects across them).
+``start_nats_cluster(folder)`` starts three ``nats-server``s routed to each other, JetStream
+on (clustered: the object store's buckets take a replica per node); its ``url`` lists all
+three (nats-py reconnects across them). JetStream answers once the three elected a meta
+leader, a few seconds after they listen: ``ensure_buckets(..., wait_s=)`` waits for it.
 
 Measured here (patroni 3.0.2, etcd 3.4.23, Postgres 15, 2 cores): first leader ~2 s,
 synchronous standby ~8 s, failover after the leader's SIGKILL ~10 s at ``ttl: 10``,
@@ -413,7 +415,10 @@ def _spawn_nats(folder: Path, port: int, route: int, routes: Iterable[int], conf
     log_path = folder / "nats.log"
     others = ",".join(f"nats://127.0.0.1:{r}" for r in routes if r != route)
     args = [find_nats_server(), "-a", "127.0.0.1", "-p", str(port), "-l", str(log_path),
-            "--cluster_name", "irisfed", "--cluster", f"nats://127.0.0.1:{route}", "--routes", others]
+            "--cluster_name", "irisfed", "--cluster", f"nats://127.0.0.1:{route}", "--routes", others,
+            # JetStream clustered (the object store's buckets, one replica per node): a
+            # server name each, kept across a restart with the store folder.
+            "-js", "-sd", str(folder / "jetstream"), "--server_name", f"irisfed-{folder.name}"]
     if config_file is not None:
         args += ["-c", str(config_file)]
     process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -334,6 +334,39 @@ def _write(path: str, text: str) -> None:
                 os.unlink(tmp)
 
 
+BUCKETS_WAIT_S = 30.0
+
+
+def cmd_buckets(args: argparse.Namespace) -> int:
+    """``irisfed buckets``: the object store's buckets (docs/operations.md), created when
+    missing, the outputs' retention set from the configuration; safe to run again. It waits
+    up to BUCKETS_WAIT_S for JetStream to answer (a cluster started with it elects a meta
+    leader first)."""
+    from irisfed.services.common.objects import ObjectStoreError, ensure_buckets
+
+    if not 1 <= args.replicas <= 3:
+        raise ConfigError(f"--replicas must be 1, 2 or 3 (a bucket's copies), got {args.replicas}")
+    config = federation_config(args)
+
+    async def create() -> None:
+        nc = await nats_client(args)
+        try:
+            await ensure_buckets(nc, config.subject_prefix, replicas=args.replicas,
+                                 output_ttl_s=config.output_retention_days * 86400, users=config.user_ids,
+                                 wait_s=BUCKETS_WAIT_S)
+        finally:
+            await nc.close()
+    try:
+        asyncio.run(create())
+    except ObjectStoreError as exc:
+        print(f"irisfed buckets: {exc}", file=sys.stderr)
+        return 1
+    users = ", ".join(("default", *config.user_ids))
+    print(f"object store buckets ready for {users} ({args.replicas} "
+          f"{'replica' if args.replicas == 1 else 'replicas'}, outputs kept {config.output_retention_days:g} days)")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     """Write the JSON Schema of every wire message, one file each."""
     from irisfed.shared.messages import json_schemas

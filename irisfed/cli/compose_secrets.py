@@ -179,6 +179,8 @@ def write_secrets(config: FederationConfig, out: Path, database: str = DEFAULT_D
         if role is not None:
             write_private(out / f"{service}.database-url", with_login(db_base, role, stored[role]) + "\n")
         write_private(out / f"{service}.nats-url", with_credentials(nats_base, user, nats_passwords[user]) + "\n")
+    # NATS's admin: only the one-shot `buckets` service, which creates the object store's streams.
+    write_private(out / "admin.nats-url", with_credentials(nats_base, "admin", nats_passwords["admin"]) + "\n")
     _keep_or_write(out / "web-operator-token", lambda: secrets.token_urlsafe(32) + "\n")
     written = sorted(set(out.iterdir()) | before)
     if owner is not None:

@@ -4,17 +4,18 @@ Roles and what they may do (``P`` is the subject prefix):
 
 | role | publish | subscribe |
 |---|---|---|
-| producer (the user ``default``) | P.submit, P.cancel, objects | _INBOX_producer.> (its replies) |
-| user-U (each configured user U) | P.submit.U, P.cancel.U, objects | _INBOX_user-U.> (its replies) |
-| operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping, objects | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, objects, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, _INBOX_router.> |
+| producer (the user ``default``) | P.submit, P.cancel, own objects | _INBOX_producer.> (its replies) |
+| user-U (each configured user U) | P.submit.U, P.cancel.U, own objects | _INBOX_user-U.> (its replies) |
+| operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping, all objects | P.events.*, P.heartbeat.*, _INBOX_operator.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace lookups, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, _INBOX_router.> |
 | tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
-| agent-X | P.heartbeat.X, P.events.*, objects | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
+| agent-X | P.heartbeat.X, P.events.*, workspace reads, output writes | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
 
-"objects" is :func:`object_store_rights`: the two object store buckets' reads and writes
-through JetStream's API, nothing else of JetStream. Every role that has them can read
-and write every object in them: per-user and per-peer limits inside the buckets are not
-enforced by the server yet (docs/decisions.md, "The object store's rights").
+Objects are :func:`object_store_rights`: JetStream API subjects of named buckets, nothing
+else of JetStream. Each user has its own two buckets; "own objects" is writing its
+workspaces and reading them and its outputs, no other user's. Agents read every user's
+workspaces and write every user's outputs (any agent: the server cannot tell which
+jobs are assigned to which peer; docs/decisions.md, "The object store's rights").
 | web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
@@ -43,7 +44,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from irisfed.services.common.private import write_private
 from irisfed.shared.nats_urls import inbox_prefix
-from irisfed.shared.users import USER_ROLE_PREFIX
+from irisfed.shared.users import DEFAULT_USER, USER_ROLE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -58,35 +59,52 @@ def user_role(user_id: str) -> str:
     return f"{USER_ROLE_PREFIX}{user_id}"
 
 
-def object_store_rights(prefix: str) -> tuple[str, ...]:
-    """What a role publishes to use the object store's two buckets (docs/design.md §3.5)
-    through JetStream's API: look up, read (an ordered consumer), write and replace
-    objects — and nothing else of JetStream (no stream created, changed or deleted). The
-    answers come to the role's own inbox, so a role with these rights gets one."""
-    from irisfed.services.common.objects import KINDS, bucket
+def object_store_rights(prefix: str, users: Iterable[str] = (DEFAULT_USER,), *, read: Iterable[str] = (),
+                        write: Iterable[str] = ()) -> tuple[str, ...]:
+    """What a role publishes to use the object store (docs/design.md §3.5) through
+    JetStream's API: for each of ``users``, look up and read (an ordered consumer) the
+    buckets of the kinds in ``read``, and also write and replace objects in those in
+    ``write`` — and nothing else of JetStream (no stream created, changed or deleted).
+    Each user's buckets are streams of their own, so these rights are the server's
+    border between users. The answers come to the role's own inbox."""
+    from irisfed.services.common.objects import bucket
 
+    read, write = tuple(read), tuple(write)
+    if not read and not write:
+        return ()
     rights = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]  # NAMES: a read finds its stream by subject
-    for kind in KINDS:
-        # A wildcard prefix (a test server shared by many federations): any bucket.
-        name = "*" if prefix == "*" else bucket(prefix, kind)
-        stream = "*" if prefix == "*" else f"OBJ_{name}"
+    # A wildcard prefix (a test server shared by many federations): any bucket.
+    targets = ([("*", "*", True)] if prefix == "*" else
+               [(bucket(prefix, kind, user), f"OBJ_{bucket(prefix, kind, user)}", kind in write)
+                for user in dict.fromkeys(users) for kind in dict.fromkeys((*read, *write))])
+    for name, stream, writes in targets:
         rights += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
                    f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
-                   f"$JS.API.STREAM.PURGE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
-                   f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>",
-                   f"$JS.API.CONSUMER.INFO.{stream}.>", f"$JS.FC.{stream}.>", f"$O.{name}.>"]
+                   f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+                   f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.API.CONSUMER.INFO.{stream}.>",
+                   f"$JS.FC.{stream}.>"]
+        if writes:
+            rights += [f"$JS.API.STREAM.PURGE.{stream}", f"$O.{name}.>"]
     return tuple(dict.fromkeys(rights))
 
 
 def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> dict[str, Permissions]:
     """The permission set of every role for a federation's prefix, peers and users."""
     p = prefix
-    objects = object_store_rights(prefix)
+    user_ids = tuple(user_ids)
+    everyone = (DEFAULT_USER, *user_ids)
+    both = ("workspaces", "outputs")
+    # A user puts its own workspaces and reads its own outputs; the router looks up every
+    # user's workspaces; agents read them and write outputs; operators do everything.
+    own = object_store_rights(prefix, (DEFAULT_USER,), read=both, write=("workspaces",))
+    operator = object_store_rights(prefix, everyone, read=both, write=both)
+    router = object_store_rights(prefix, everyone, read=("workspaces",))
+    agent = object_store_rights(prefix, everyone, read=("workspaces",), write=("outputs",))
     roles = {
-        "producer": Permissions((f"{p}.submit", f"{p}.cancel", *objects), (f"{inbox_prefix('producer')}.>",)),
-        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping", *objects),
+        "producer": Permissions((f"{p}.submit", f"{p}.cancel", *own), (f"{inbox_prefix('producer')}.>",)),
+        "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping", *operator),
                                 (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
-        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *objects),
+        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *router),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
                                f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{inbox_prefix('router')}.>"),
                               allow_responses=True),
@@ -98,12 +116,13 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
     }
     for user_id in user_ids:
         role = user_role(user_id)
-        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", *objects),
+        mine = object_store_rights(prefix, (user_id,), read=both, write=("workspaces",))
+        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", *mine),
                                   (f"{inbox_prefix(role)}.>",))
     for peer_id in peer_ids:
         role = f"agent-{peer_id}"
         roles[role] = Permissions(
-            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", *objects),
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", *agent),
             (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}", f"{inbox_prefix(role)}.>"))
     return roles
 

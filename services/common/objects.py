@@ -1,8 +1,11 @@
 """The federation's object store (DESIGN 3.5): workspaces and run outputs as bytes in
 NATS JetStream's object store, on the NATS servers the federation already runs.
 
-Two buckets per subject prefix (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` -> ``_2E``,
-so ``irisfed`` gives ``irisfed-workspaces`` and ``irisfed-outputs``): workspaces under
+Two buckets per subject prefix and user (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` ->
+``_2E``, so ``irisfed`` gives ``irisfed-workspaces`` and ``irisfed-outputs`` for the user
+``default``, ``irisfed-workspaces-alice`` and ``irisfed-outputs-alice`` for ``alice``:
+a bucket is a stream, so NATS permissions can give each user its own and no one
+else's, docs/decisions.md "The object store's rights"): workspaces under
 their digest, as ``sha256-<64 hex>``; outputs, kept ``output_retention_days`` (the
 bucket's max age), as ``<job>/<epoch>/<task>/<name>`` where the job id and the name
 escape every byte of their UTF-8 outside ``[-_.A-Za-z0-9]`` (the name keeps its ``/``)
@@ -21,13 +24,17 @@ import base64
 import contextlib
 import hashlib
 import io
+import os
 import re
+import stat
+from collections.abc import Iterable
 
 import nats.errors
 from nats.aio.client import Client
 from nats.js import api
 from nats.js import errors as js_errors
 
+from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
 from irisfed.shared.workspace import DIGEST_RE
 
 WORKSPACES = "irisfed-workspaces"
@@ -38,6 +45,7 @@ _STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
+_USER = re.compile(USER_ID_PATTERN)
 
 
 class ObjectStoreError(Exception):
@@ -56,18 +64,28 @@ class ObjectMissing(ObjectStoreError):
     """No such workspace or output (never stored, deleted, or past its retention)."""
 
 
+class ObjectTooLarge(ObjectStoreError):
+    """An object bigger than the reader allows (its recorded size, before any byte is read)."""
+
+
 class DigestMismatch(ObjectStoreError):
     """The bytes stored under a digest are not the bytes that digest names."""
 
 
-def bucket(prefix: str = "irisfed", kind: str = "workspaces") -> str:
-    """The bucket of ``kind`` ("workspaces"/"outputs", or WORKSPACES/OUTPUTS) for a subject prefix."""
+def bucket(prefix: str = "irisfed", kind: str = "workspaces", user: str = DEFAULT_USER) -> str:
+    """The bucket of ``kind`` ("workspaces"/"outputs", or WORKSPACES/OUTPUTS) of ``user``
+    for a subject prefix."""
     kind = kind.removeprefix("irisfed-")
     if kind not in KINDS:
         raise ValueError(f"unknown object store kind {kind!r}: expected one of {', '.join(KINDS)}")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
         raise ValueError(f"invalid subject prefix {prefix!r}")
-    return f"{prefix.replace('_', '_5F').replace('.', '_2E')}-{kind}"
+    name = f"{prefix.replace('_', '_5F').replace('.', '_2E')}-{kind}"
+    if user == DEFAULT_USER:
+        return name
+    if not _USER.fullmatch(user):
+        raise ValueError(f"invalid user id {user!r}")
+    return f"{name}-{user}"
 
 
 def workspace_object(digest: str) -> str:
@@ -109,6 +127,24 @@ def parse_output_object(object_name: str) -> tuple[str, int, int, str] | None:
         return None
 
 
+class _Bounded(io.RawIOBase):
+    """A binary file read up to ``limit`` bytes, then at its end."""
+
+    def __init__(self, source, limit: int) -> None:
+        self._source, self._left = source, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[:self._left]
+        n = self._source.readinto(view)
+        self._left -= n or 0
+        return n or 0
+
+
 def _store_digest(raw_sha256: bytes) -> str:
     """How JetStream's object store records an object's SHA-256 (``ObjectInfo.digest``)."""
     return "SHA-256=" + base64.urlsafe_b64encode(raw_sha256).decode()
@@ -144,14 +180,33 @@ def _boundary(what: str, bucket_name: str):
 
 
 async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
-                         output_ttl_s: float = 7 * 86400) -> None:
-    """Create the workspaces and outputs buckets if missing (idempotent, safe concurrently);
-    ``replicas``: the cluster's NATS nodes, capped at three. An existing outputs bucket
-    gets ``output_ttl_s`` as its max age when that changed."""
+                         output_ttl_s: float = 7 * 86400, users: Iterable[str] = (),
+                         wait_s: float = 0.0) -> None:
+    """Create the workspaces and outputs buckets of the user ``default`` and of each of
+    ``users`` if missing (idempotent, safe concurrently); ``replicas``: the cluster's NATS
+    nodes, capped at three. An existing outputs bucket gets ``output_ttl_s`` as its max
+    age when that changed. ``wait_s``: how long to keep trying while JetStream does not
+    answer yet (a cluster just started has no meta leader for a few seconds); then
+    :class:`StoreMissing` as at once."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    users = list(users)
+    while True:
+        try:
+            return await _ensure_buckets(nc, prefix, replicas, output_ttl_s, users)
+        except (StoreMissing, StoreUnavailable):
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+        await asyncio.sleep(0.5)  # a bounded retry of a server that is starting, not a poll of work
+
+
+async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: float,
+                          users: list[str]) -> None:
     js = nc.jetstream()
     replicas = max(1, min(int(replicas), MAX_REPLICAS))
-    for kind, ttl in (("workspaces", None), ("outputs", float(output_ttl_s))):
-        name = bucket(prefix, kind)
+    every = dict.fromkeys([DEFAULT_USER, *users])
+    for user, kind, ttl in ((u, k, t) for u in every
+                            for k, t in (("workspaces", None), ("outputs", float(output_ttl_s)))):
+        name = bucket(prefix, kind, user)
         with _boundary(f"creating bucket {name}", name):
             try:
                 info = await js.stream_info(f"OBJ_{name}")
@@ -170,13 +225,15 @@ async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
 
 
 class ObjectStore:
-    """Workspaces and outputs of the federation under ``prefix``, over client ``nc``.
-    ``timeout_s`` bounds each whole transfer (a get never waits for chunks forever)."""
+    """Workspaces and outputs of ``user`` in the federation under ``prefix``, over client
+    ``nc``. ``timeout_s`` bounds each whole transfer (a get never waits for chunks forever)."""
 
-    def __init__(self, nc: Client, prefix: str = "irisfed", *, timeout_s: float = 120.0) -> None:
+    def __init__(self, nc: Client, prefix: str = "irisfed", *, user: str = DEFAULT_USER,
+                 timeout_s: float = 120.0) -> None:
         self._nc = nc
         self._js = None  # JetStream's context, made on first use
-        self._names = {kind: bucket(prefix, kind) for kind in KINDS}
+        self.user = user
+        self._names = {kind: bucket(prefix, kind, user) for kind in KINDS}
         self._stores: dict[str, object] = {}
         self._timeout_s = timeout_s
 
@@ -200,12 +257,41 @@ class ObjectStore:
         with _boundary(what, self._names[kind]):
             return await asyncio.wait_for(call(store), self._timeout_s)
 
-    async def _get(self, kind: str, what: str, object_name: str) -> bytes:
-        async def fetch(store) -> bytes:
-            sink = io.BytesIO()  # nats-py otherwise grows one bytes object chunk by chunk
-            await store.get(object_name, writeinto=sink)
+    async def _get(self, kind: str, what: str, object_name: str, max_bytes: int | None = None) -> bytes:
+        """An object's bytes, read chunk by chunk from its own stream: never through a link
+        (an object pointing elsewhere is refused: a bucket's writer could aim it at a
+        bucket only the reader may read), never more than its recorded size or
+        ``max_bytes`` (refused before anything is read, or as soon as more arrives), and
+        its subscription always removed, also on a timeout. Each chunk must come within
+        ``timeout_s`` (a large object takes as long as it takes, a stalled one fails)."""
+        store = await self._store(kind)
+        name = self._names[kind]
+        with _boundary(what, name):
+            info = await asyncio.wait_for(store.get_info(object_name), self._timeout_s)
+            if info.is_link():
+                raise ObjectMissing(f"{what} failed: the object is a link to another bucket, which is refused")
+            size = info.size or 0
+            if max_bytes is not None and size > max_bytes:
+                raise ObjectTooLarge(f"{what} failed: it holds {size:,} bytes, over the {max_bytes:,} allowed")
+            if size == 0:
+                return b""
+            sink = io.BytesIO()
+            sha = hashlib.sha256()
+            sub = await self._js.subscribe(f"$O.{name}.C.{info.nuid}", ordered_consumer=True)
+            try:
+                while sink.tell() < size:
+                    msg = await sub.next_msg(timeout=self._timeout_s)
+                    if sink.tell() + len(msg.data) > size:
+                        raise DigestMismatch(f"{what} failed: the stored chunks hold more than the "
+                                             f"{size:,} bytes recorded")
+                    sink.write(msg.data)
+                    sha.update(msg.data)
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            if info.digest and info.digest != _store_digest(sha.digest()):
+                raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
             return sink.getvalue()
-        return await self._call(kind, what, fetch)
 
     async def put_workspace(self, data: bytes) -> tuple[str, int, bool]:
         """Store a packed workspace under its digest: (digest, size, stored_now). An object
@@ -225,19 +311,20 @@ class ObjectStore:
         return digest, len(data), True
 
     async def has_workspace(self, digest: str) -> int | None:
-        """The stored size of workspace ``digest``, or None when it is not stored."""
+        """The stored size of workspace ``digest``, or None when it is not stored (a link
+        to another bucket is not stored here: it is refused like a missing object)."""
         try:
             info = await self._call("workspaces", f"looking up workspace {digest}",
                                     lambda store: store.get_info(workspace_object(digest)))
         except ObjectMissing:
             return None
-        return info.size
+        return None if info.is_link() else info.size
 
-    async def get_workspace(self, digest: str) -> bytes:
-        """The bytes of workspace ``digest``, verified against it."""
+    async def get_workspace(self, digest: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it."""
         what = f"fetching workspace {digest}"
         try:
-            data = await self._get("workspaces", what, workspace_object(digest))
+            data = await self._get("workspaces", what, workspace_object(digest), max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
         except DigestMismatch:
@@ -264,13 +351,18 @@ class ObjectStore:
                          lambda store: store.put(object_name, data))
         return len(data)
 
-    async def put_output_file(self, job_id: str, epoch: int, task: int, name: str, path: str) -> None:
-        """Store one output file from disk, read as it is sent (never whole in memory)."""
+    async def put_output_file(self, job_id: str, epoch: int, task: int, name: str, path: str, size: int) -> None:
+        """Store one output file from disk, at most ``size`` bytes (what was scanned: a
+        file still growing is cut there), read as it is sent. The path must be a regular
+        file, opened without following a link (one swapped in since the scan is refused)."""
         object_name = output_object(job_id, epoch, task, name)
 
         async def put(store) -> None:
-            with open(path, "rb") as source:  # noqa: ASYNC230 - nats-py reads it chunk by chunk
-                await store.put(object_name, source)
+            fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as source:
+                if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                    raise OSError(f"{name!r} is no longer a regular file")
+                await store.put(object_name, _Bounded(source, size))
         await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}", put)
 
     async def get_output(self, job_id: str, epoch: int, task: int, name: str) -> bytes:

@@ -383,14 +383,19 @@ def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(t
         assert connect["nats_url"].count(",") == 2
         client_env = {**env, "IRISFED_DATABASE_URL": connect["database_url"], "IRISFED_NATS_URL": connect["nats_url"],
                       "IRISFED_CONFIG": connect["config"]}
+        code = tmp_path / "code"  # the job's code reaches it through the replicated object store
+        code.mkdir()
+        (code / "train.py").write_text("print('ha')\n")
         for _ in range(100):
-            result = subprocess.run([sys.executable, "-m", "irisfed.cli", "submit", "--wait", "--", "echo", "ha"],
+            result = subprocess.run([sys.executable, "-m", "irisfed.cli", "submit", "--wait", "--workspace", str(code),
+                                     "--", "python3", "train.py"],
                                     env=client_env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                                     check=False)
             if "no router answered" not in result.stderr:
                 break
             time.sleep(0.2)
         assert result.returncode == 0 and "succeeded" in result.stdout, result.stdout + result.stderr
+        assert _bucket_replicas(connect["nats_url"], "irisfed-workspaces") == 3  # one per NATS node
         pids = _read_json(state / "pids.json")
         started = pids["servers"] + list(pids["children"].values())
         assert len(pids["servers"]) == 3  # the NATS cluster (Patroni is stopped after them)
@@ -407,6 +412,18 @@ def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(t
     relocated = state / "patroni" / "DATA_LOCATION"
     if relocated.exists():  # root with a 0700 temp dir: the cluster lived elsewhere
         shutil.rmtree(relocated.read_text().strip(), ignore_errors=True)
+
+
+def _bucket_replicas(nats_url: str, name: str) -> int:
+    from irisfed.services.common.bus import connect_client
+
+    async def replicas() -> int:
+        nc = await connect_client(nats_url)
+        try:
+            return (await nc.jetstream().stream_info(f"OBJ_{name}")).config.num_replicas
+        finally:
+            await nc.close()
+    return asyncio.run(replicas())
 
 
 def _read_json(path: Path) -> dict:

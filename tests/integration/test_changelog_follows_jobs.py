@@ -185,7 +185,7 @@ async def test_a_truncate_of_jobs_takes_history_along(pool):
     await pool.execute("TRUNCATE jobs CASCADE")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
     await running_job(admin, "gpu-west")
-    await pool.execute("TRUNCATE jobs, federation_sync_state")
+    await pool.execute("TRUNCATE jobs, job_outputs, federation_sync_state")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
     await assert_changelog_replays(admin)
 

@@ -227,3 +227,60 @@ async def test_store_missing_when_jetstream_is_off(tmp_path):
             await client.close()
     finally:
         server.stop()
+
+
+def test_each_user_has_its_own_pair_of_buckets():
+    assert bucket("irisfed", "workspaces", "alice") == "irisfed-workspaces-alice"
+    assert bucket("irisfed", "outputs", "default") == OUTPUTS
+    with pytest.raises(ValueError, match="invalid user id"):
+        bucket("irisfed", "outputs", "Alice.x")
+
+
+async def test_irisfed_buckets_creates_every_users_pair_with_the_configured_retention(js_url, nc, prefix, tmp_path,
+                                                                                      capsys):
+    from irisfed.cli import main
+
+    config = tmp_path / "federation.toml"
+    config.write_text(f'subject_prefix = "{prefix}"\noutput_retention_days = 2\n'
+                      '[[peers]]\nid = "home"\n[[users]]\nid = "alice"\n')
+    args = ["buckets", "--nats-url", js_url, "--config", str(config)]
+    assert await asyncio.to_thread(main, args) == 0
+    assert "ready for default, alice (1 replica, outputs kept 2 days)" in capsys.readouterr().out
+    js = nc.jetstream()
+    for user in ("default", "alice"):
+        outputs = await js.stream_info(f"OBJ_{bucket(prefix, 'outputs', user)}")
+        assert outputs.config.max_age == 2 * 86400
+        await js.stream_info(f"OBJ_{bucket(prefix, 'workspaces', user)}")
+    assert await asyncio.to_thread(main, args) == 0  # again: nothing to do, no error
+    assert await asyncio.to_thread(main, [*args, "--replicas", "4"]) == 2
+    assert "--replicas must be 1, 2 or 3" in capsys.readouterr().err
+
+
+async def test_a_link_to_another_bucket_is_neither_stored_nor_followed(nc, prefix):
+    """A user may write raw metadata into its own bucket: an entry linking to another
+    user's workspace must not let the router accept it nor an agent fetch it."""
+    import base64
+    import json
+
+    await ensure_buckets(nc, prefix, users=["alice", "bob"])
+    data = b"alice's code" * 10
+    digest, size, _ = await ObjectStore(nc, prefix, user="alice").put_workspace(data)
+    name = workspace_object(digest)
+    bobs = bucket(prefix, "workspaces", "bob")
+    meta = {"name": name, "bucket": bobs, "nuid": "linknuid", "size": size, "chunks": 1, "mtime": "",
+            "options": {"link": {"bucket": bucket(prefix, "workspaces", "alice"), "name": name}}}
+    await nc.jetstream().publish(f"$O.{bobs}.M.{base64.urlsafe_b64encode(name.encode()).decode()}",
+                                 json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})
+    as_bob = ObjectStore(nc, prefix, user="bob")
+    assert await as_bob.has_workspace(digest) is None
+    with pytest.raises(ObjectMissing, match="is not in the object store"):  # refused like a missing one
+        await as_bob.get_workspace(digest)
+
+
+async def test_a_get_bounded_below_an_objects_size_reads_nothing(store):
+    from irisfed.services.common.objects import ObjectTooLarge
+
+    digest, size, _ = await store.put_workspace(b"x" * 10_000)
+    with pytest.raises(ObjectTooLarge, match="over the 1,000 allowed"):
+        await store.get_workspace(digest, max_bytes=1000)
+    assert await store.get_workspace(digest, max_bytes=size) == b"x" * 10_000

@@ -128,19 +128,24 @@ async def test_wrong_password_is_refused(secured_nats):
 
 def test_permissions_table_per_role():
     roles = role_permissions("acme", ["gpu"], ["alice"])
-    objects = object_store_rights("acme")
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", *objects)
+    agent_objects = object_store_rights("acme", ("default", "alice"), read=("workspaces",), write=("outputs",))
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", *agent_objects)
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
-    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *objects)
+    producer_objects = object_store_rights("acme", ("default",), read=("workspaces", "outputs"),
+                                           write=("workspaces",))
+    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *producer_objects)
     assert roles["router"].allow_responses and not roles["producer"].allow_responses
-    # The object store's rights name its two buckets' streams and nothing else of JetStream.
-    assert all(r in ("$JS.API.INFO", "$JS.API.STREAM.NAMES") or "OBJ_acme-" in r or r.startswith("$O.acme-")
-               for r in objects)
+    # Object store rights name buckets' streams and nothing else of JetStream; a user's
+    # are its own buckets', and it never writes outputs.
     assert not any(r.startswith(("$JS.API.STREAM.CREATE", "$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE"))
-                   for r in objects)
-    assert not any(r.startswith("$JS") or r.startswith("$O") for r in roles["tick"].publish + roles["web"].publish)
+                   for role in roles.values() for r in role.publish)
+    assert not any(r.startswith(("$JS", "$O")) for r in roles["tick"].publish + roles["web"].publish)
+    alice_objects = [r for r in roles["user-alice"].publish if r.startswith(("$JS.API.STREAM.INFO", "$O."))]
+    assert alice_objects == ["$JS.API.STREAM.INFO.OBJ_acme-workspaces-alice", "$O.acme-workspaces-alice.>",
+                             "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice"]
+    assert not any("$O.acme-workspaces" in r for r in roles["router"].publish)
     # A user may ask only for itself, and read only its own replies.
-    assert roles["user-alice"].publish == ("acme.submit.alice", "acme.cancel.alice", *objects)
+    assert roles["user-alice"].publish[:2] == ("acme.submit.alice", "acme.cancel.alice")
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
     assert not roles["user-alice"].allow_responses
     assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)

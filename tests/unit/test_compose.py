@@ -98,7 +98,7 @@ def test_every_service_connects_as_its_own_role_and_user_from_secret_files(tmp_p
     write_secrets(config, tmp_path)
     roles = service_roles(config)
     connecting = {name: svc for name, svc in SERVICES.items()
-                  if svc.get("image") == "irisfed:latest" and name not in ("migrate", "roles")}
+                  if svc.get("image") == "irisfed:latest" and name not in ("migrate", "roles", "buckets")}
     assert set(connecting) == set(roles)  # one service per role: router, tick, web, an agent per peer
     seen_users = set()
     for name, service in connecting.items():
@@ -114,6 +114,10 @@ def test_every_service_connects_as_its_own_role_and_user_from_secret_files(tmp_p
     for name in ("migrate", "roles"):  # only these two hold the owner's URL
         assert _secret_file(SERVICES[name], "IRISFED_DATABASE_URL_FILE") == "admin.database-url"
     assert not any("admin_database_url" in svc.get("secrets", []) for svc in connecting.values())
+    # Only the one-shot `buckets` holds NATS's admin (it creates the object store's streams).
+    assert _secret_file(SERVICES["buckets"], "IRISFED_NATS_URL_FILE") == "admin.nats-url"
+    assert not any("admin_nats_url" in svc.get("secrets", []) for svc in connecting.values())
+    assert all("-js" in SERVICES[f"nats-{n}"]["command"] for n in (1, 2, 3))  # JetStream on every node
     for secret in COMPOSE["secrets"].values():
         assert (tmp_path / secret["file"].removeprefix("./deploy/secrets/")).exists(), secret
 
