@@ -165,6 +165,11 @@ class _Pending:
     answered: bool = False
 
 
+# Submits naming a workspace, waiting on the object store at once, past which the next
+# is answered `unavailable` (a hung store must not hold a router's memory).
+WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
+
+
 class Router(Service):
     """Answers ``<prefix>.submit`` and ``<prefix>.cancel`` (queue group: run many)."""
 
@@ -195,6 +200,7 @@ class Router(Service):
         self.peer_ids = frozenset(config.peer_ids)
         self._own_subjects = f"{self.subjects.prefix}."
         self.workspaces = WorkspaceCheck(nc, self.subjects.prefix, config.max_workspace_bytes)
+        self._workspace_submits: set[asyncio.Task] = set()  # submits waiting on the object store
 
     # ------------------------------------------------------------ lifecycle
 
@@ -217,9 +223,9 @@ class Router(Service):
 
     async def close(self) -> None:
         await self.tasks.close()
-        for task in list(self._cancels) + list(self._dry_runs):
+        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits):
             task.cancel()
-        await asyncio.gather(*self._cancels, *self._dry_runs, return_exceptions=True)
+        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, return_exceptions=True)
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -262,8 +268,30 @@ class Router(Service):
             user = self._user(msg.subject, self.subjects.submit)
             request = decode_request(SubmitRequest, msg.data)
             band_allowed(user, request.band, self.max_bands)  # Forbidden above the user's max_band
+        except IrisfedError as exc:
+            metrics.SUBMIT_ERRORS.labels(exc.code).inc()
+            await self._respond(msg, error_reply(exc.code, exc.message))
+            return
+        if request.workspace is None:
+            await self._submit(msg, request, user, received)
+            return
+        # Its workspace is looked up in the object store first: in a task of its own, so a
+        # slow or hung store holds up only the submits that name a workspace (a bounded few).
+        if len(self._workspace_submits) >= WORKSPACE_SUBMITS_WAITING_AT_MOST:
+            metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
+            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, (
+                f"router busy: {len(self._workspace_submits)} submits waiting on the object store; retry")))
+            return
+        task = asyncio.ensure_future(self._submit(msg, request, user, received))
+        self._workspace_submits.add(task)
+        task.add_done_callback(self._workspace_submits.discard)
+
+    async def _submit(self, msg: Msg, request: SubmitRequest, user: str, received: float) -> None:
+        """The rest of a decoded submit: its workspace checked, then judged and queued for
+        the writers (or answered as a dry run)."""
+        try:
             if request.workspace is not None:
-                await self.workspaces.check(request.workspace)
+                await self.workspaces.check(request.workspace, user)
             routed = None
             if user in self.quota_users:
                 why = over_whole_quota(self.users.get(user), request.resource_request().units, request.replicas)

@@ -1,7 +1,8 @@
 """The router's check of a submit's workspace (docs/design.md §3.5): it must be stored.
 
-A submit naming ``workspace: {digest, size}`` is accepted only when the object store
-holds that digest with that size, and the size is within ``max_workspace_mb``; else
+A submit naming ``workspace: {digest, size}`` is accepted only when the submitting
+user's own workspaces bucket holds that digest with that size (another user's digest
+is not this user's to name), and the size is within ``max_workspace_mb``; else
 ``invalid_request`` naming the digest, before anything is written. Dry runs are
 checked the same way. A digest once seen stored is remembered (bounded), so a
 thousand jobs sharing one workspace cost one lookup; one deleted afterwards is the
@@ -27,27 +28,28 @@ class WorkspaceCheck:
 
     def __init__(self, nc: Client, prefix: str, max_bytes: int, timeout_s: float = 5.0) -> None:
         self.nc, self.prefix, self.timeout_s = nc, prefix, timeout_s
-        self.store: ObjectStore | None = None  # opened on the first submit with a workspace
+        self.stores: dict[str, ObjectStore] = {}  # per user, opened on its first submit with a workspace
         self.max_bytes = max_bytes
-        self.known: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.known: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self.lookups = 0  # object store lookups made (the bench and tests read it)
 
-    async def check(self, workspace: Workspace) -> None:
+    async def check(self, workspace: Workspace, user: str) -> None:
         """Raise InvalidRequest (not stored, another size, over the cap) or Unavailable
         (the store cannot answer now); return when the submit may go on."""
         if workspace.size > self.max_bytes:
             raise InvalidRequest(
                 f"workspace: {workspace.size / 2**20:,.1f} MiB is over this federation's max_workspace_mb "
                 f"({self.max_bytes // 2**20:,} MiB)")
-        key = (workspace.digest, workspace.size)
+        key = (user, workspace.digest, workspace.size)
         if key in self.known:
             self.known.move_to_end(key)
             return
         self.lookups += 1
-        if self.store is None:
-            self.store = ObjectStore(self.nc, self.prefix, timeout_s=self.timeout_s)
+        store = self.stores.get(user)
+        if store is None:
+            store = self.stores[user] = ObjectStore(self.nc, self.prefix, user=user, timeout_s=self.timeout_s)
         try:
-            stored = await self.store.has_workspace(workspace.digest)
+            stored = await store.has_workspace(workspace.digest)
         except StoreMissing as exc:
             raise Unavailable(f"workspace: {exc}") from None
         except ObjectStoreError as exc:

@@ -79,3 +79,21 @@ def test_a_missing_object_store_is_unavailable_in_one_line(ws_router):
     assert reply["error"]["code"] == "unavailable"
     assert "object store" in reply["error"]["message"] and "\n" not in reply["error"]["message"]
     assert ws_router.rows() == before
+
+
+def test_a_user_cannot_name_another_users_workspace(database_url, servers):
+    router = RouterThread(database_url, servers.nats_url, users=[{"id": "alice"}, {"id": "bob"}])
+    try:
+        async def put_bobs() -> None:
+            await ensure_buckets(router.client, router.prefix, users=["alice", "bob"])
+            await ObjectStore(router.client, router.prefix, user="bob").put_workspace(DATA)
+        router.run(put_bobs())
+        body = json.dumps({"command": ["true"], "workspace": {"digest": digest_of(DATA), "size": len(DATA)}})
+        before = router.rows()
+        as_alice = router.request("submit.alice", body.encode())
+        assert as_alice["error"]["code"] == "invalid_request" and "not in" in as_alice["error"]["message"]
+        assert router.rows() == before
+        as_bob = router.request("submit.bob", body.encode())
+        assert "error" not in as_bob, as_bob
+    finally:
+        router.close()

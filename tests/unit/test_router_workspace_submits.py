@@ -1,0 +1,78 @@
+"""The router looks a submit's workspace up in a task of its own: a slow or hung object
+store holds up only the submits that name a workspace, never the others (pure: the
+store's lookup is a function held here, nothing is sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from irisfed.services.router import service as router_service
+from irisfed.services.router.service import Router
+from irisfed.shared.errors import InvalidRequest
+from tests.infra.factories import make_config
+
+DIGEST = "sha256:" + "a" * 64
+
+
+def submit(**fields) -> SimpleNamespace:
+    answers: list[bytes] = []
+
+    async def respond(data: bytes) -> None:
+        answers.append(data)
+    body = {"command": ["true"], "job_id": f"j{len(fields)}", **fields}
+    return SimpleNamespace(subject="irisfed.submit", data=json.dumps(body).encode(), reply="inbox.1",
+                           respond=respond, answers=answers)
+
+
+async def test_a_submit_waiting_on_the_store_does_not_hold_up_one_without_a_workspace():
+    router = Router(make_config(), pool=None, nc=None)
+    store_answers = asyncio.Event()
+    asked = []
+
+    async def check(workspace, user):
+        asked.append((workspace.digest, user))
+        await store_answers.wait()
+    router.workspaces.check = check
+    waiting = submit(workspace={"digest": DIGEST, "size": 10})
+    await router.on_submit(waiting)  # returns at once: its lookup runs in a task
+    plain = submit()
+    await router.on_submit(plain)
+    assert [p.job.job_id for p in list(router.queue._queue)] == ["j0"]  # the plain one, queued first
+    await asyncio.sleep(0)  # the lookup's task runs, and waits on the store
+    assert router.queue.qsize() == 1 and asked == [(DIGEST, "default")] and len(router._workspace_submits) == 1
+    store_answers.set()
+    await asyncio.gather(*router._workspace_submits)
+    assert [p.job.job_id for p in list(router.queue._queue)] == ["j0", "j1"]
+    await router.close()
+
+
+async def test_a_refused_workspace_is_answered_and_queues_nothing():
+    router = Router(make_config(), pool=None, nc=None)
+
+    async def check(workspace, user):
+        raise InvalidRequest(f"workspace: {workspace.digest} is not in the federation's object store")
+    router.workspaces.check = check
+    msg = submit(workspace={"digest": DIGEST, "size": 10})
+    await router.on_submit(msg)
+    await asyncio.gather(*router._workspace_submits)
+    assert router.queue.empty()
+    assert json.loads(msg.answers[0])["error"]["code"] == "invalid_request"
+    await router.close()
+
+
+async def test_past_the_bound_a_workspace_submit_is_told_to_retry(monkeypatch):
+    monkeypatch.setattr(router_service, "WORKSPACE_SUBMITS_WAITING_AT_MOST", 1)
+    router = Router(make_config(), pool=None, nc=None)
+    never = asyncio.Event()
+
+    async def check(workspace, user):
+        await never.wait()
+    router.workspaces.check = check
+    await router.on_submit(submit(workspace={"digest": DIGEST, "size": 10}))
+    second = submit(workspace={"digest": DIGEST, "size": 10}, name="x")
+    await router.on_submit(second)
+    answer = json.loads(second.answers[0])["error"]
+    assert answer["code"] == "unavailable" and "waiting on the object store" in answer["message"]
+    await router.close()
