@@ -21,8 +21,9 @@ Packing, for each entry below the root (walked without following links):
    lexically, and what it resolves to (as far as it resolves) is inside too; a
    dangling link passing both checks is packed as it is (the run sees it dangle);
 5. anything else is a ``WorkspaceError`` before anything is returned: a link
-   leaving, an unreadable entry, a fifo/socket/device, a backslash in a name, a
-   pack over ``max_bytes`` (checked before each file is read).
+   leaving, an unreadable entry, a fifo/socket/device, a backslash in a name, a path
+   deeper than ``MAX_DEPTH``, a pack over ``max_bytes`` (checked before each file is
+   read). Unpacking refuses a path deeper than ``MAX_DEPTH`` too.
 
 Unpacking verifies the digest first, then writes each member itself (no
 ``extractall``) into ``.<dest>.partial-<random>`` beside ``dest``, through
@@ -52,6 +53,9 @@ MIB = 1024 * 1024
 IGNORE_FILE = ".irisfedignore"
 # Linux's NAME_MAX and PATH_MAX: longer names could not be created on a peer anyway.
 NAME_MAX, PATH_MAX = 255, 4095
+# The deepest path a workspace may hold (components): deeper trees break recursive
+# walks and copies (Python's recursion limit) on every peer that takes them.
+MAX_DEPTH = 128
 CHUNK = 1024 * 1024  # unpack writes a member this much at a time
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -231,6 +235,9 @@ def _scan(root_real: str, rules: list[_Rule]) -> list[tarfile.TarInfo]:
             if problem:
                 raise WorkspaceError(f"{path} has a {problem}; workspace names may not hold backslashes "
                                      f"or NUL bytes, nor pass {NAME_MAX} bytes per name.")
+            if path.count("/") >= MAX_DEPTH:
+                raise WorkspaceError(f"{path[:200]} is deeper than {MAX_DEPTH} levels; a workspace may not "
+                                     f"nest deeper (list it in {IGNORE_FILE}).")
             mode = stat.S_IMODE(st.st_mode) & 0o777
             if is_dir:
                 entries.append(_header(path, tarfile.DIRTYPE, mode))
@@ -332,6 +339,8 @@ def _member_path(name: str) -> str:
     problem = _name_problem(path)
     if problem:
         raise WorkspaceRefused(f"{problem}: {name!r}")
+    if len(parts) > MAX_DEPTH:
+        raise WorkspaceRefused(f"path deeper than {MAX_DEPTH} levels: {name[:200]!r}")
     return path
 
 

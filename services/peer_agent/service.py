@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -30,9 +32,15 @@ from irisfed.services.common import metrics
 from irisfed.services.common.bus import publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
-from irisfed.services.common.objects import ObjectStore, ObjectStoreError, StoreUnavailable
+from irisfed.services.common.objects import (
+    ObjectStore,
+    ObjectStoreError,
+    StoreUnavailable,
+    output_object,
+)
 from irisfed.services.common.runtime import Service, forever, when_woken
 from irisfed.services.peer_agent.backends import (
+    WORKSPACE_FOLDER,
     Backend,
     Discovered,
     LaunchError,
@@ -43,7 +51,7 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
     make_backend,
 )
-from irisfed.services.peer_agent.outputs import choose_outputs, scan_outputs
+from irisfed.services.peer_agent.outputs import MAX_LISTED, choose_outputs, scan_outputs
 from irisfed.services.peer_agent.plan import (
     Pending,
     backend_for,
@@ -76,6 +84,7 @@ from irisfed.shared.messages import (
     decode_internal,
 )
 from irisfed.shared.records import AcceptedJob, OwnedJob
+from irisfed.shared.users import split_job_id
 
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 
@@ -90,6 +99,12 @@ def _with_node_totals(spec: BackendSpec, nodes: LocalNodes | None) -> BackendSpe
     if nodes is None or spec.resources or not spec.nodes:
         return spec
     return dataclasses.replace(spec, resources=nodes.totals())
+
+
+def _remove_workspace_copies(output_dirs: list[tuple[int, Path]]) -> None:
+    """A finished run's copies of its workspace (beside each task's output folder)."""
+    for _task, outputs in output_dirs:
+        shutil.rmtree(outputs.parent / WORKSPACE_FOLDER, ignore_errors=True)
 
 
 def node_group(group: dict) -> NodeGroup:
@@ -134,9 +149,10 @@ class PeerAgent(Service):
         self.reports = Reports(self.store, self.peer_id, nc, self.subjects, self.clock, self.runs, self.lock)
         self.reconciled = 0
         # Workspaces come from the object store, outputs go there (docs/design.md §3.5).
-        self.objects = ObjectStore(nc, self.subjects.prefix)
+        self._object_stores: dict[str, ObjectStore] = {}  # per user: each has its own buckets
         self.workspaces = WorkspaceCache(
-            settings.work_root / CACHE_FOLDER / self.peer_id, self.objects.get_workspace,
+            settings.work_root / CACHE_FOLDER / self.peer_id,
+            lambda digest, user: self.objects(user).get_workspace(digest, config.max_workspace_bytes),
             max_bytes=settings.cache_mb * MIB, max_files=config.max_workspace_files,
             max_unpacked_bytes=config.max_workspace_bytes)
 
@@ -457,30 +473,32 @@ class PeerAgent(Service):
     async def _run_in_workspace(self, run: Run, run_spec: RunSpec, digest: str) -> None:
         """Fetch (or find cached) the job's workspace, then start and follow the run in
         fresh copies of it. A workspace unusable for good fails the job (not retried);
-        a store that cannot answer now is a launch error (handed back while retries
-        remain). A run cancelled or fenced meanwhile is never started."""
-        held = False
+        a store that cannot answer now, or a peer disk that cannot take it, is a launch
+        error (handed back while retries remain). A run cancelled or fenced meanwhile is
+        never started; one cancelled or fenced while it was being started is stopped at
+        once. Whatever happens, the run's end is reported (``_finish``)."""
         try:
             try:
-                path = await self.workspaces.acquire(digest)
-                held = True
+                path = await self.workspaces.acquire(digest, split_job_id(run.job_id)[0])
             except WorkspaceUnusable as exc:
                 run.launch_error, run.refused, run.exit_code = str(exc), True, -1
                 log.warning("workspace_unusable", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                             why=str(exc))
-            except ObjectStoreError as exc:
-                run.launch_error, run.exit_code = f"workspace {digest}: {exc}", -1
-                log.warning("workspace_fetch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                            error=str(exc))
-            if held:
-                if run.fenced or run.cancel_requested:
-                    run.launch_error, run.exit_code = "stopped before it started", -1
-                else:
-                    await self._start_run(run, dataclasses.replace(run_spec, workspace=path))
-            await self._finish(run)
-        finally:
-            if held:
-                self.workspaces.release(digest)
+            else:
+                try:
+                    if run.fenced or run.cancel_requested:
+                        run.launch_error, run.exit_code = "stopped before it started", -1
+                    else:
+                        await self._start_run(run, dataclasses.replace(run_spec, workspace=path))
+                        if run.handle is not None and (run.fenced or run.cancel_requested):
+                            self._kill(run, cancel=run.cancel_requested)  # asked while it was starting
+                finally:
+                    self.workspaces.release(digest)  # copied by now: the cache may evict it
+        except Exception as exc:  # noqa: BLE001 - the store away, the peer's disk full: retried elsewhere
+            run.launch_error, run.exit_code = f"workspace {digest}: {exc}", -1
+            log.warning("workspace_fetch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        error=repr(exc))
+        await self._finish(run)
 
     async def _accept_gang(self, run: Run) -> None:
         """A gang's tasks all run: now its job is running (CAS on its assigned row, as any
@@ -561,33 +579,52 @@ class PeerAgent(Service):
     async def _store_outputs(self, run: Run) -> None:
         """Put what the run left in its output directories into the object store and
         list it in Postgres (before its end is reported: the job is still ours then).
-        The store or Postgres away: tried a few times, then logged; the run's end is
-        reported regardless (a result never waits on its outputs forever)."""
+        The store away: what is not stored yet is listed as not stored (no run's end
+        waits on a store that does not answer, file after file); Postgres away: tried a
+        few times, then logged. Then the run's copies of its workspace are removed (its
+        logs and outputs stay in its folder)."""
         output_dirs = getattr(self.backends[run.backend], "output_dirs", None)
         if output_dirs is None:
             return
-        found = await asyncio.to_thread(scan_outputs, output_dirs(run.job_id, run.epoch, run.tasks))
-        if not found:
-            return
-        outputs = choose_outputs(found, self.config.max_output_bytes)
-        rows = []
+        dirs = output_dirs(run.job_id, run.epoch, run.tasks)
+        found = await asyncio.to_thread(scan_outputs, dirs)
+        if len(found) > MAX_LISTED:
+            log.warning("outputs_not_all_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        listed=MAX_LISTED, more=len(found) - MAX_LISTED)
+        outputs = choose_outputs(found, self.config.max_output_bytes,
+                                 lambda task, name: output_object(run.job_id, run.epoch, task, name))
+        store = self.objects(split_job_id(run.job_id)[0])
+        rows, away = [], ""
         for out in outputs:
             stored, note = out.stored, out.note
-            if stored:
+            if stored and away:
+                stored, note = False, f"not stored: {away}"
+            elif stored:
                 try:
-                    await self._retrying(lambda o=out: self.objects.put_output_file(
-                        run.job_id, run.epoch, o.task, o.name, str(o.path)))
+                    await store.put_output_file(run.job_id, run.epoch, out.task, out.name, str(out.path), out.size)
+                except StoreUnavailable as exc:
+                    away = str(exc)
+                    stored, note = False, f"not stored: {exc}"
                 except (ObjectStoreError, OSError) as exc:
                     stored, note = False, f"not stored: {exc}"
             rows.append((run.job_id, run.epoch, out.task, out.name, out.size, stored, note))
-        try:
-            await self._retrying(lambda: self.store.job_outputs_record(self.peer_id, rows))
-        except (Unavailable, PermanentStoreError) as exc:
-            log.warning("outputs_not_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                        error=str(exc))
-            return
-        log.info("outputs_stored", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                 files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
+        if rows:
+            try:
+                await self._retrying(lambda: self.store.job_outputs_record(self.peer_id, rows))
+            except (Unavailable, PermanentStoreError) as exc:
+                log.warning("outputs_not_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=str(exc))
+            else:
+                log.info("outputs_stored", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                         files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
+        await asyncio.to_thread(_remove_workspace_copies, dirs)
+
+    def objects(self, user: str) -> ObjectStore:
+        """The object store of ``user``'s buckets (a job's user: its stored id says)."""
+        store = self._object_stores.get(user)
+        if store is None:
+            store = self._object_stores[user] = ObjectStore(self.nc, self.subjects.prefix, user=user)
+        return store
 
     async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
         """``call()``, again after a pause while what it needs is away for now."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import time
@@ -28,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from irisfed.services.common.log import EventLogger
-from irisfed.services.common.objects import DigestMismatch, ObjectMissing
+from irisfed.services.common.objects import DigestMismatch, ObjectMissing, ObjectTooLarge
+from irisfed.shared.users import DEFAULT_USER
 from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_workspace
 
 log = EventLogger("irisfed.peer_agent.workspaces")
 
 CACHE_FOLDER = ".workspaces"
+_NAME_ERRORS = (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL)
 DEFAULT_CACHE_MB = 4096
 
 
@@ -59,10 +62,12 @@ def _tree_bytes(path: Path) -> int:
 
 
 class WorkspaceCache:
-    """The agent's unpacked workspaces under ``root``; ``fetch(digest)`` returns the
-    archive bytes (verified against the digest by the caller's store)."""
+    """The agent's unpacked workspaces under ``root``; ``fetch(digest, user)`` returns the
+    archive bytes from that user's bucket. One tree per digest whoever asks: the bytes
+    are verified against the digest before unpacking, and the router let a user name
+    only a digest its own bucket holds."""
 
-    def __init__(self, root: Path, fetch: Callable[[str], Awaitable[bytes]], *, max_bytes: int,
+    def __init__(self, root: Path, fetch: Callable[[str, str], Awaitable[bytes]], *, max_bytes: int,
                  max_files: int, max_unpacked_bytes: int) -> None:
         self.root = root
         self.fetch = fetch
@@ -86,13 +91,19 @@ class WorkspaceCache:
                 shutil.rmtree(path, ignore_errors=True)  # a partial unpack: never used
                 continue
             digest = f"sha256:{path.name}"
-            if DIGEST_RE.fullmatch(digest) and path.is_dir() and not path.is_symlink():
-                found[digest] = _Entry(path, _tree_bytes(path), path.stat().st_mtime)
+            try:
+                if DIGEST_RE.fullmatch(digest) and path.is_dir() and not path.is_symlink():
+                    found[digest] = _Entry(path, _tree_bytes(path), path.stat().st_mtime)
+                    continue
+            except (OSError, RecursionError):  # unreadable: dropped, fetched again when needed
+                pass
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
             else:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
         return found
 
-    async def acquire(self, digest: str) -> Path:
+    async def acquire(self, digest: str, user: str = DEFAULT_USER) -> Path:
         """The unpacked tree of ``digest``, held until ``release``: fetched and unpacked
         the first time (once, however many runs ask at once). Raises WorkspaceUnusable
         (the job fails) or the store's StoreUnavailable/StoreMissing (retry later)."""
@@ -100,9 +111,12 @@ class WorkspaceCache:
             raise WorkspaceUnusable(f"workspace refused: {digest!r} is not a workspace digest")
         lock = self._locks.setdefault(digest, asyncio.Lock())
         async with lock:
+            if len(self._locks) > 4 * (len(self.entries) + 64):  # locks of digests long gone
+                self._locks = {d: lk for d, lk in self._locks.items() if lk.locked() or d in self.entries}
+                self._locks[digest] = lock
             entry = self.entries.get(digest)
             if entry is None or not entry.path.is_dir():
-                entry = await self._add(digest)
+                entry = await self._add(digest, user)
             entry.holders += 1
             entry.used_at = time.time()
             gone = self._evict()
@@ -116,12 +130,12 @@ class WorkspaceCache:
             entry.holders -= 1
             entry.used_at = time.time()
 
-    async def _add(self, digest: str) -> _Entry:
+    async def _add(self, digest: str, user: str) -> _Entry:
         try:
-            data = await self.fetch(digest)
+            data = await self.fetch(digest, user)
         except ObjectMissing:
             raise WorkspaceUnusable(f"workspace {digest} is no longer in the object store") from None
-        except DigestMismatch as exc:
+        except (DigestMismatch, ObjectTooLarge) as exc:
             raise WorkspaceUnusable(f"workspace refused: {exc}") from None
         self.fetches += 1
         path = self.root / digest.removeprefix("sha256:")
@@ -141,8 +155,10 @@ class WorkspaceCache:
         try:
             stats = unpack_workspace(data, path, digest=digest, max_files=self.max_files,
                                      max_bytes=self.max_unpacked_bytes)
-        except OSError as exc:  # the archive named something this filesystem will not take
-            raise WorkspaceRefused(f"cannot unpack: {exc.strerror or exc}") from None
+        except OSError as exc:
+            if exc.errno in _NAME_ERRORS:  # the archive named something no filesystem here takes
+                raise WorkspaceRefused(f"cannot unpack: {exc.strerror or exc}") from None
+            raise  # the peer's own trouble (a full disk...): a launch error, tried again elsewhere
         return stats.bytes
 
     def _evict(self) -> list[Path]:

@@ -370,3 +370,22 @@ async def test_ray_an_env_too_large_for_ray_is_refused_and_the_largest_that_fits
         assert "\n4096\n4096\n" in (Path(handle.log_dir) / "stdout").read_text()  # Ray adds its own lines
     finally:
         await backend.close()
+
+
+async def test_a_job_runs_in_its_own_copy_of_its_workspace_and_leaves_its_outputs(backends, tmp_path: Path) -> None:
+    backend = backends()
+    workspace = tmp_path / "cache" / "tree"  # the agent's unpacked cache: never written by the run
+    workspace.mkdir(parents=True)
+    (workspace / "data.txt").write_text("from the workspace")
+    # Exit 5 when an earlier run's scratch file is there: each run starts in a fresh copy.
+    script = ("import os, pathlib, sys; out = pathlib.Path(os.environ['IRISFED_OUTPUT_DIR']); "
+              "pathlib.Path('scratch').exists() and sys.exit(5); pathlib.Path('scratch').write_text('x'); "
+              "out.joinpath('seen.txt').write_text(pathlib.Path('data.txt').read_text())")
+    first, second = (RunSpec(job_id(f"ws{i}"), 1, ["python3", "-c", script], resources={"cpu": 0.5},
+                             workspace=workspace) for i in (1, 2))
+    for spec in (first, second):
+        handle = await backend.launch(spec)
+        assert await handle.wait() == 0, (Path(handle.log_dir) / "stdout").read_text()
+        [(task, outputs)] = backend.output_dirs(spec.job_id, 1, 1)
+        assert task == 0 and (outputs / "seen.txt").read_text() == "from the workspace"
+    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]

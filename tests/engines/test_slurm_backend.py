@@ -554,3 +554,21 @@ async def test_a_run_past_its_time_limit_still_ends_timeout_with_sigterm(
         await backend.close()
     assert _job(slurm_env, run.slurm_id)["JobState"] == "TIMEOUT"
     assert (backend.run_dir(run.job_id, 1) / EXIT_STATUS_FILE).read_text() == "-15\n"
+
+
+WORKSPACE_SCRIPT = ("import os, pathlib; out = pathlib.Path(os.environ['IRISFED_OUTPUT_DIR']); "
+                    "out.joinpath('seen.txt').write_text(pathlib.Path('data.txt').read_text() + ' ' + os.getcwd())")
+
+
+async def test_a_job_runs_in_a_fresh_copy_of_its_workspace_and_leaves_its_outputs(backend: SlurmBackend,
+                                                                                  tmp_path: Path) -> None:
+    workspace = tmp_path / "cache" / "tree"  # the agent's unpacked cache: never written by the run
+    workspace.mkdir(parents=True)
+    (workspace / "data.txt").write_text("from the workspace")
+    spec = _spec(["python3", "-c", WORKSPACE_SCRIPT], workspace=workspace)
+    handle = await backend.launch(spec)
+    assert await _ended(handle) == 0, (Path(handle.log_dir) / "stderr").read_text()
+    [(task, outputs)] = backend.output_dirs(spec.job_id, spec.epoch, 1)
+    text = (outputs / "seen.txt").read_text()
+    assert task == 0 and text == f"from the workspace {Path(handle.log_dir) / 'workspace'}"
+    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]

@@ -411,3 +411,25 @@ async def test_a_federation_places_a_gang_on_the_slurm_peer_s_nodes_and_records_
     [verdict] = [v for v in too_big["verdicts"] if v["peer_id"] == "gpu-west"]
     assert verdict["code"] == "insufficient_nodes", verdict
     assert "needs 3 nodes with cpu 1 sharing one rack, at most 2 (backend slurm)" in verdict["detail"], verdict
+
+
+
+async def test_each_task_of_a_gang_runs_in_its_own_workspace_copy_with_its_own_outputs(
+    backend: SlurmBackend, tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "tree"
+    workspace.mkdir()
+    (workspace / "data.txt").write_text("shared")
+    script = ("import os, pathlib; out = pathlib.Path(os.environ['IRISFED_OUTPUT_DIR']); "
+              "pathlib.Path('mine').write_text(os.environ['IRISFED_TASK_INDEX']); "
+              "out.joinpath('seen.txt').write_text(pathlib.Path('data.txt').read_text() + ' ' + os.getcwd())")
+    spec = _gang(["python3", "-c", script], workspace=workspace)
+    handle = await backend.launch(spec)
+    assert await _ended(handle) == 0
+    dirs = backend.output_dirs(spec.job_id, spec.epoch, 2)
+    assert [task for task, _ in dirs] == [0, 1]
+    for task, outputs in dirs:
+        own = Path(handle.log_dir) / f"task-{task}" / "workspace"
+        assert (outputs / "seen.txt").read_text() == f"shared {own}"
+        assert (own / "mine").read_text() == str(task)  # each task its own copy
+    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]

@@ -23,7 +23,7 @@ from irisfed.shared.workspace import digest_of
 from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.transfer import store_workspace
 from tests.infra.archives import archive, member
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
+from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, user_job
 from tests.infra.probes import in_state
 from tests.infra.waiting import wait_for
 
@@ -88,6 +88,8 @@ async def test_a_job_runs_in_its_workspace_and_its_outputs_outlive_the_peer(pool
         await agent.close()
     row = await store.job_get(job.job_id)
     assert (row.state, row.exit_code) == (JobState.SUCCEEDED, 0), row.reason
+    run_dir = tmp_path / "peer" / "gpu-west" / job.job_id / "epoch-1"
+    assert (run_dir / "stdout").exists() and not (run_dir / "workspace").exists()  # its copy is gone once stored
     shutil.rmtree(tmp_path / "peer")  # the peer's run folders and its cache
     outputs = await store.job_outputs_list(job.job_id)
     assert [(o.task_index, o.name, o.stored) for o in outputs] == [(0, "result.txt", True), (0, "sub/cwd.txt", True)]
@@ -243,3 +245,44 @@ async def test_a_failed_run_keeps_its_outputs(pool, nats_client, subject_prefix,
         await agent.close()
     assert (await store.job_get(job.job_id)).exit_code == 3
     assert await buckets.get_output(job.job_id, 1, 0, "crash.log") == b"boom"
+
+
+async def test_a_users_job_runs_its_own_buckets_workspace_and_stores_outputs_there(pool, nats_client,
+                                                                                   subject_prefix, tmp_path):
+    store = Store(pool)
+    await ensure_buckets(nats_client, subject_prefix, users=["alice"])
+    folder = producer_folder(tmp_path)
+    workspace, _ = await store_workspace(nats_client, subject_prefix, folder, user="alice")
+    assert await ObjectStore(nats_client, subject_prefix).has_workspace(workspace.digest) is None
+    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", users=[{"id": "alice"}])
+    job = user_job("alice", "train-1", command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(workspace))
+    try:
+        await run_job(store, agent, job)
+    finally:
+        await agent.close()
+    assert job.job_id == "alice:train-1" and (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
+    alices = ObjectStore(nats_client, subject_prefix, user="alice")
+    assert await alices.get_output(job.job_id, 1, 0, "result.txt") == b"TOKENS task=-"
+    assert await ObjectStore(nats_client, subject_prefix).list_outputs(job.job_id) == []
+
+
+async def test_an_output_name_too_long_for_the_store_is_left_out_and_the_agent_stays_connected(
+        pool, nats_client, subject_prefix, buckets, tmp_path):
+    store = Store(pool)
+    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
+    script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]; deep = os.path.join(d, *["é" * 120] * 8)\n'
+              'os.makedirs(os.path.dirname(deep)); open(deep, "w").write("x")\n'
+              'open(os.path.join(d, "fine.txt"), "w").write("ok")\n')
+    job = make_job(command=[sys.executable, "-c", script])
+    try:
+        await run_job(store, agent, job)
+        assert agent.nc.is_connected
+        after = make_job(command=["true"])  # the agent goes on taking work
+        await run_job(store, agent, after)
+        assert (await store.job_get(after.job_id)).state is JobState.SUCCEEDED
+    finally:
+        await agent.close()
+    outputs = await store.job_outputs_list(job.job_id)
+    assert [(o.name.startswith("é"), o.stored, o.note) for o in outputs] == [
+        (False, True, ""), (True, False, "its name is too long for the object store")]
+    assert await buckets.get_output(job.job_id, 1, 0, "fine.txt") == b"ok"

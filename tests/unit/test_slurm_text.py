@@ -534,7 +534,8 @@ def test_gang_batch_script_runs_one_srun_step_that_kills_on_a_bad_exit() -> None
 
 
 def test_task_script_sets_the_task_s_variables_before_the_job_s_own() -> None:
-    env = {"A": "1", "IRISFED_JOB_ID": "j", "IRISFED_TASK_INDEX": "forged", "IRISFED_COORDINATOR": "x:1"}
+    env = {"A": "1", "IRISFED_JOB_ID": "j", "IRISFED_TASK_INDEX": "forged", "IRISFED_COORDINATOR": "x:1",
+           "IRISFED_OUTPUT_DIR": "/forged"}
     text = task_script(["prog", "x y"], env, "/w/j/epoch-1")
     lines = text.splitlines()
     assert lines[3] == ('cd /w/j/epoch-1 && command -p mkdir -p "task-${SLURM_PROCID-}" && cd "task-${SLURM_PROCID-}" '
@@ -545,9 +546,12 @@ def test_task_script_sets_the_task_s_variables_before_the_job_s_own() -> None:
     task_vars = lines.index('export IRISFED_COORDINATOR="${SLURM_LAUNCH_NODE_IPADDR-}:'
                             '$((20000 + ${SLURM_JOB_ID:-0} % 10000))"')
     assert lines[task_vars - 1].startswith('export IRISFED_TASK_INDEX="${SLURM_PROCID-}"')
-    assert lines[task_vars + 1:task_vars + 3] == ["export A=1", "export IRISFED_JOB_ID=j"]
+    assert lines[task_vars + 1] == 'command -p mkdir -p outputs && export IRISFED_OUTPUT_DIR="$PWD/outputs"'
+    assert lines[task_vars + 2:task_vars + 4] == ["export A=1", "export IRISFED_JOB_ID=j"]
     assert "forged" not in text and "x:1" not in text
     assert _command_line(text) == "(exec prog 'x y')"
+    in_workspace = task_script(["prog", "x y"], env, "/w/j/epoch-1", workspace=True)
+    assert _command_line(in_workspace) == "(cd -- workspace && exec prog 'x y')"
     assert (f"printf '%s\\n' \"$irisfed_code\" > {EXIT_STATUS_FILE}.tmp && command -p mv -f "
             f"{EXIT_STATUS_FILE}.tmp {EXIT_STATUS_FILE}") in lines
     # Ended by Slurm (a sibling failed): srun hears 0, so its exit code stays the sibling's.
@@ -654,3 +658,11 @@ def test_a_task_s_node_is_what_it_recorded_if_it_is_a_node_name() -> None:
     records = [TaskRecord("gn9\n"), TaskRecord("$(x)\n"), TaskRecord("")]
     tasks = gang_tasks(3, True, None, records, ["gn1", "gn2"], "/d")
     assert [t.node for t in tasks] == ["gn9", "gn2", None]
+
+
+def test_a_batch_script_runs_its_command_in_its_workspace_copy_and_records_beside_it() -> None:
+    text = batch_script(["python3", "train.py"], {"A": "1"}, "/w/j/epoch-1", "/w/j/epoch-1/work space")
+    assert _command_line(text) == "(cd -- '/w/j/epoch-1/work space' && exec python3 train.py)"
+    assert f"/w/j/epoch-1/{EXIT_STATUS_FILE}" in text  # the shell's own files stay in the run folder
+    with pytest.raises(ScriptError, match="NUL"):
+        batch_script(["true"], {}, "/w", "/w/\0x")

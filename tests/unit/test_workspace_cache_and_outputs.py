@@ -32,7 +32,7 @@ def tree(name: str, size: int) -> bytes:
 
 
 def cache_of(root: Path, store: dict[str, bytes], max_bytes: int = 10 * MIB) -> WorkspaceCache:
-    async def fetch(digest: str) -> bytes:
+    async def fetch(digest: str, user: str) -> bytes:
         if digest not in store:
             raise ObjectMissing(f"workspace {digest} is not in the object store")
         return store[digest]
@@ -82,7 +82,7 @@ async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
     with pytest.raises(WorkspaceUnusable, match=f"^workspace {missing} is no longer in the object store$"):
         await cache.acquire(missing)
 
-    async def corrupt(digest):
+    async def corrupt(digest, user):
         raise DigestMismatch("the stored chunks do not match")
     cache.fetch = corrupt
     with pytest.raises(WorkspaceUnusable, match="^workspace refused: the stored chunks"):
@@ -98,13 +98,32 @@ def found(name: str, size: int, regular: bool = True, task: int = 0) -> Found:
 
 def test_outputs_within_the_cap_in_name_order_and_the_rest_listed_with_why():
     chosen = choose_outputs([found("a", 600), found("b", 500), found("c", 300), found("l", 0, regular=False),
-                             found("bad\udcff", 1), found("ctl\n", 1)], max_bytes=1000)
+                             found("bad\udcff", 1), found("ctl\n", 1), found("bad\\xff", 1)], max_bytes=1000)
     assert [(o.name, o.stored) for o in chosen] == [
-        ("a", True), ("b", False), ("c", True), ("l", False), ("bad?", False), ("ctl\n", False)]
+        ("a", True), ("b", False), ("c", True), ("l", False), ("bad\\xff (2)", False), ("ctl\n", False),
+        ("bad\\xff", True)]  # a real file of that name keeps it; the undecodable one is shown apart
     assert chosen[1].note == "over max_output_mb (0 MiB for the run)"
     assert chosen[3].note == "not a regular file"
     assert chosen[4].note == "its name is not UTF-8"
     assert chosen[5].note == "its name is too long or holds control characters"
+
+
+def test_a_name_whose_object_would_not_fit_a_nats_subject_is_left_out():
+    from irisfed.services.common.objects import output_object
+
+    deep = "/".join(["é" * 127] * 8)  # 1,023 characters, each escaped to 6 bytes in the object's name
+    chosen = choose_outputs([found(deep, 1), found("ok", 1)], max_bytes=10,
+                            object_name=lambda task, name: output_object("alice:train-1", 1, task, name))
+    assert [(o.stored, o.note) for o in chosen] == [(False, "its name is too long for the object store"),
+                                                    (True, "")]
+    assert len(chosen[0].name) <= 1024
+
+
+def test_left_out_names_fit_a_row_and_never_collide():
+    long_bad = "x" * 2000 + "\udcff"
+    chosen = choose_outputs([found(long_bad, 1), found(long_bad[:-1] + "\udcfe", 1)], max_bytes=10)
+    names = [o.name for o in chosen]
+    assert all(len(n) <= 1024 for n in names) and len(set(names)) == 2
 
 
 def test_scan_lists_files_and_links_below_each_tasks_folder_without_following(tmp_path):
@@ -118,7 +137,7 @@ def test_scan_lists_files_and_links_below_each_tasks_folder_without_following(tm
                                                                       (0, "up", len(str(tmp_path)), False)]
 
 
-@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "a/..", "", "nul\x00"])
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../x", "a/..", "", "nul\x00", "..\\x"])
 def test_an_output_name_never_leads_outside_the_folder(tmp_path, name):
     with pytest.raises(InvalidRequestError, match="is not a relative path"):
         local_path(tmp_path, Output(1, 0, name, 1, True, "", "p", None), by_task=False)
@@ -158,3 +177,31 @@ def test_an_unusable_workspace_fails_the_job_for_good_or_kills_it_when_cancelled
         JobState.RUNNING, JobState.FAILED, 3, "workspace refused: fifo")
     assert unusable_workspace_move("p", "j", 3, "x", cancelled=True).to_state is JobState.KILLED
     assert unusable_workspace_move("p", "j", 3, "x", cancelled=False, accepted=False).from_state is JobState.ASSIGNED
+
+
+def test_a_workspace_deeper_than_the_limit_is_refused_both_ways(tmp_path):
+    from irisfed.shared.workspace import (
+        MAX_DEPTH,
+        WorkspaceError,
+        WorkspaceRefused,
+        pack_workspace,
+        unpack_workspace,
+    )
+
+    deep = tmp_path / "ws" / Path(*["d"] * (MAX_DEPTH + 1))
+    deep.mkdir(parents=True)
+    with pytest.raises(WorkspaceError, match=f"deeper than {MAX_DEPTH} levels"):
+        pack_workspace(tmp_path / "ws", MIB)
+    data = archive(member("/".join(["d"] * 1500) + "/f", data=b"x"))
+    with pytest.raises(WorkspaceRefused, match="deeper than"):
+        unpack_workspace(data, tmp_path / "out", digest=digest_of(data), max_files=10_000, max_bytes=MIB)
+    assert not (tmp_path / "out").exists()
+
+
+async def test_a_peer_disk_error_is_not_a_refusal_of_the_workspace(tmp_path):
+    data = tree("a", 10)
+    cache = await cache_of(tmp_path / "cache", {digest_of(data): data}).open()
+    (tmp_path / "cache").rmdir()
+    (tmp_path / "cache").write_text("not a folder any more")  # the peer's disk in trouble
+    with pytest.raises(NotADirectoryError):  # a launch error for the agent (retried), not "refused"
+        await cache.acquire(digest_of(data))

@@ -74,6 +74,11 @@ class RunSpec:
     workspace: Path | None = None
 
 
+# In a run's folder (each task's, for a gang): what it leaves for its agent to store
+# (IRISFED_OUTPUT_DIR), and its copy of its workspace, where it starts (docs/design.md §3.5).
+OUTPUT_FOLDER = "outputs"
+WORKSPACE_FOLDER = "workspace"
+
 # A task's state (``job_tasks.state``, migration 0016). Append only.
 TASK_PENDING = "pending"
 TASK_RUNNING = "running"

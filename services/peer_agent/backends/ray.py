@@ -76,6 +76,7 @@ import inspect
 import json
 import os
 import secrets
+import shutil
 import time
 import urllib.request
 from collections import Counter
@@ -86,10 +87,12 @@ from typing import Any
 from irisfed.services.common.log import EventLogger
 from irisfed.services.peer_agent.backends import (
     DEFAULT_POLL_INTERVAL_S,
+    OUTPUT_FOLDER,
     TASK_KILLED,
     TASK_LOST,
     TASK_PENDING,
     TASK_RUNNING,
+    WORKSPACE_FOLDER,
     Discovered,
     LaunchError,
     LiveRun,
@@ -100,6 +103,7 @@ from irisfed.services.peer_agent.backends import (
 )
 from irisfed.services.peer_agent.backends import ray_text as text
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.workspace import copy_tree
 
 log = EventLogger("peer-agent")
 
@@ -164,9 +168,18 @@ def _not_found(error: BaseException) -> bool:
     return "status code 404" in str(error)
 
 
-def _prepare_run_dir(run_dir: Path) -> str:
-    """Make the run folder and its nonce (kept: a second launch of the run reuses it)."""
+def _prepare_run_dir(run_dir: Path, spec: RunSpec | None = None) -> str:
+    """Make the run folder, its outputs folder, its copy of its workspace (with a file
+    naming the run: Ray caches a working_dir by its content, so each run's is its own)
+    and its nonce (kept: a second launch of the run reuses it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / OUTPUT_FOLDER).mkdir(exist_ok=True)
+    if spec is not None and spec.workspace is not None:
+        copy = run_dir / WORKSPACE_FOLDER
+        if os.path.lexists(copy):
+            shutil.rmtree(copy)
+        copy_tree(spec.workspace, copy)
+        (copy / ".irisfed-run").write_text(f"{spec.job_id} {spec.epoch}\n")
     path = run_dir / NONCE_FILE
     try:
         return path.read_text().strip()
@@ -402,6 +415,11 @@ class RayBackend:
     def log_dir(self, job_id: str, epoch: int) -> str:
         return str(self.run_dir(job_id, epoch).resolve())
 
+    def output_dirs(self, job_id: str, epoch: int, tasks: int) -> list[tuple[int, Path]]:
+        """The run's ``IRISFED_OUTPUT_DIR`` (one for all of a gang's tasks), in the agent's
+        work dir: Ray's nodes must reach it (the same machine, or a shared filesystem)."""
+        return [(0, self.run_dir(job_id, epoch) / OUTPUT_FOLDER)]
+
     # ------------------------------------------------------------ calls to the head
 
     async def _connect(self) -> Any:
@@ -464,9 +482,12 @@ class RayBackend:
         if problem is not None:
             raise LaunchError(problem)
         try:
-            nonce = await asyncio.to_thread(_prepare_run_dir, self.run_dir(spec.job_id, spec.epoch))
+            nonce = await asyncio.to_thread(_prepare_run_dir, self.run_dir(spec.job_id, spec.epoch), spec)
         except OSError as exc:
             raise LaunchError(f"cannot make the run folder: {exc.strerror or exc}") from exc
+        if spec.workspace is not None:  # its own copy, uploaded by Ray as the job's working_dir
+            submission["runtime_env"]["working_dir"] = str(self.run_dir(spec.job_id, spec.epoch).resolve()
+                                                           / WORKSPACE_FOLDER)
         submitted_at = time.time()
         try:
             await self.call(
@@ -497,12 +518,13 @@ class RayBackend:
         """``submit_job``'s entrypoint, runtime env and resources for ``spec``: the command
         itself, or for a gang the driver, which holds nothing (its tasks' placement group
         does). Raises ValueError for what cannot be passed."""
+        env = {**spec.env, "IRISFED_OUTPUT_DIR": str(self.run_dir(spec.job_id, spec.epoch).resolve() / OUTPUT_FOLDER)}
         if spec.replicas <= 1:
-            return {"entrypoint": text.entrypoint(spec.command, spec.env),
-                    "runtime_env": {"env_vars": text.job_env(spec.env, spec.job_id, spec.epoch)},
+            return {"entrypoint": text.entrypoint(spec.command, env),
+                    "runtime_env": {"env_vars": text.job_env(env, spec.job_id, spec.epoch)},
                     **text.submit_resources(spec.resources, report.ray_names)}
         bundle = text.gang_bundle(spec.resources, report.ray_names)
-        env_vars = text.gang_env(spec.command, spec.env, spec.job_id, spec.epoch, spec.replicas, bundle,
+        env_vars = text.gang_env(spec.command, env, spec.job_id, spec.epoch, spec.replicas, bundle,
                                  spec.group_by, spec.start_timeout_s, _DRIVER_PAYLOAD)
         return {"entrypoint": text.gang_entrypoint(self.python), "runtime_env": {"env_vars": env_vars},
                 "entrypoint_num_cpus": 0}

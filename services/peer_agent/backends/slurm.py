@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import stat
 import time
 from collections import Counter
@@ -67,6 +68,8 @@ from irisfed.services.common.log import EventLogger
 from irisfed.services.peer_agent.backends import (
     DEFAULT_POLL_INTERVAL_S,
     KILLED_EXIT_CODE,
+    OUTPUT_FOLDER,
+    WORKSPACE_FOLDER,
     Discovered,
     LaunchError,
     LiveRun,
@@ -116,8 +119,11 @@ from irisfed.services.peer_agent.backends.slurm_text import (
     slurm_request,
     task_script,
 )
-from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
+from irisfed.services.peer_agent.backends.subprocess import (
+    PASSED_THROUGH_ENV,
+)
 from irisfed.shared.resources import CPU
+from irisfed.shared.workspace import copy_tree
 
 log = EventLogger("peer-agent")
 
@@ -180,6 +186,15 @@ def _read_marker(path: Path) -> tuple[str | None, int]:
         return os.read(fd, MARKER_MAX_BYTES).decode(errors="replace"), status.st_mtime_ns
     finally:
         os.close(fd)
+
+
+def _fresh_copy(workspace: Path, dest: Path) -> None:
+    """A run's own copy of its workspace at ``dest`` (a copy left half made by an earlier
+    start of the same run is replaced)."""
+    if os.path.lexists(dest):
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    copy_tree(workspace, dest)
 
 
 def read_task_records(run_dir: Path, replicas: int) -> tuple[TaskRecord, ...]:
@@ -450,20 +465,38 @@ class SlurmBackend:
         none asked; ``gang_misfit`` refused a key no node has)."""
         return (group_constraint(group_by, self._nodes) or "") if group_by else ""
 
+    def output_dirs(self, job_id: str, epoch: int, tasks: int) -> list[tuple[int, Path]]:
+        """Each task's ``IRISFED_OUTPUT_DIR`` (on the cluster's shared filesystem, which the
+        agent reads like its work dir)."""
+        base = self.run_dir(job_id, epoch)
+        if tasks <= 1:
+            return [(0, base / OUTPUT_FOLDER)]
+        return [(i, base / f"task-{i}" / OUTPUT_FOLDER) for i in range(tasks)]
+
     def _write_script(self, spec: RunSpec, gang: GangFile | None = None) -> Path:
-        """The run folder's batch script (a gang's: also its task wrapper and ``GANG_FILE``)."""
+        """The run folder's batch script (a gang's: also its task wrapper and ``GANG_FILE``),
+        and the folders the run starts with: its outputs folder and, with a workspace, a
+        fresh copy of it (each task's own, for a gang) on the cluster's shared filesystem."""
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
         env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
         run_dir = self.run_dir(spec.job_id, spec.epoch).resolve()
         if gang is None:
-            text = batch_script(spec.command, env, str(run_dir))
+            env["IRISFED_OUTPUT_DIR"] = str(run_dir / OUTPUT_FOLDER)
+            workdir = str(run_dir / WORKSPACE_FOLDER) if spec.workspace is not None else ""
+            text = batch_script(spec.command, env, str(run_dir), workdir)
             run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / OUTPUT_FOLDER).mkdir(exist_ok=True)
+            if spec.workspace is not None:
+                _fresh_copy(spec.workspace, run_dir / WORKSPACE_FOLDER)
         else:
             cpus = slurm_request(spec.resources, DEFAULT_MEMORY_MB_PER_CPU)[CPU]
             text = gang_batch_script(str(run_dir), gang.replicas, cpus)
-            wrapper = task_script(spec.command, env, str(run_dir))
+            wrapper = task_script(spec.command, env, str(run_dir), workspace=spec.workspace is not None)
             run_dir.mkdir(parents=True, exist_ok=True)
+            if spec.workspace is not None:
+                for index in range(gang.replicas):
+                    _fresh_copy(spec.workspace, run_dir / f"task-{index}" / WORKSPACE_FOLDER)
             (run_dir / TASK_SCRIPT).write_text(wrapper)
             (run_dir / GANG_FILE).write_text(gang_file_text(gang))
         script = run_dir / "job.sh"

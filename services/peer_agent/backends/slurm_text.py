@@ -71,7 +71,8 @@ COORDINATOR_PORT_SPAN = 10000
 # The most tasks a gang may have (docs/design.md §3.4: replicas 1-4096).
 MAX_GANG_TASKS = 4096
 # The environment a gang's task gets from its wrapper: ours, never the job's own.
-TASK_ENV = ("IRISFED_TASK_INDEX", "IRISFED_NUM_TASKS", "IRISFED_COORDINATOR", "IRISFED_NODE")
+TASK_ENV = ("IRISFED_TASK_INDEX", "IRISFED_NUM_TASKS", "IRISFED_COORDINATOR", "IRISFED_NODE",
+            "IRISFED_OUTPUT_DIR")
 
 # JobState values that may still change (`squeue` %T, `scontrol` JobState).
 LIVE_STATES = frozenset({
@@ -595,7 +596,7 @@ def shell_word(value: str) -> str:
     return "\"$(printf '\\r')\"".join(shlex.quote(part) for part in value.split("\r"))
 
 
-def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) -> str:
+def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str, workdir: str = "") -> str:
     """A ``/bin/sh`` batch script that records in ``run_dir`` that the run started,
     sets ``env``, runs ``command`` and records its exit code there.
 
@@ -616,9 +617,11 @@ def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) -
     words use builtins, ``command -p`` and quoted expansions only, so the job's
     ``PATH`` or ``IFS`` cannot change them. No job-controlled text is on a line
     before the first command, so no value can be read as an ``#SBATCH`` directive.
+    ``workdir``: the folder the command runs in (its workspace's copy), entered in the
+    command's subshell so the shell's own files stay in ``run_dir``.
     Raises ScriptError for what cannot be passed.
     """
-    exports, run = _job_lines(command, env)
+    exports, run = _job_lines(command, env, workdir)
     folder = run_dir.rstrip("/") or "/"
     started, status = (shell_word(f"{folder}/{name}") for name in (STARTED_MARKER, EXIT_STATUS_FILE))
     status_tmp = shell_word(f"{folder}/{EXIT_STATUS_FILE}.tmp")
@@ -629,9 +632,9 @@ def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) -
     return "\n".join(lines + exports + _run_and_record(run, status, status_tmp)) + "\n"
 
 
-def _job_lines(command: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], str]:
+def _job_lines(command: Sequence[str], env: Mapping[str, str], workdir: str = "") -> tuple[list[str], str]:
     """The ``export`` lines of ``env`` and the line that runs ``command`` (batch_script's
-    rules); ScriptError for what cannot be passed."""
+    rules), in ``workdir`` when one is given; ScriptError for what cannot be passed."""
     if not command:
         raise ScriptError("the job has no command")
     words = [*command, *env, *env.values()]
@@ -648,10 +651,13 @@ def _job_lines(command: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
                    else "it starts with '-'")
             raise ScriptError(f"the program {command[0]!r} holds '=' and must be started through env "
                               f"({why}), which would read it as a variable")
-        run = " ".join(["(exec /usr/bin/env --", *map(shell_word, others), *map(shell_word, command)]) + ")"
+        run = " ".join(["exec /usr/bin/env --", *map(shell_word, others), *map(shell_word, command)])
     else:  # exec in a subshell: a program, never a builtin of the same name (echo, kill ...)
-        run = " ".join(["(exec", *map(shell_word, command)]) + ")"
-    return exports, run
+        run = " ".join(["exec", *map(shell_word, command)])
+    if "\0" in workdir:
+        raise ScriptError("a NUL character cannot be in a working directory")
+    enter = f"cd -- {shell_word(workdir)} && " if workdir else ""
+    return exports, f"({enter}{run})"
 
 
 def _run_and_record(run: str, status: str, status_tmp: str) -> list[str]:
@@ -692,7 +698,7 @@ def gang_batch_script(run_dir: str, replicas: int, cpus_per_task: int) -> str:
     return "\n".join(lines + _run_and_record(step, status, status_tmp)) + "\n"
 
 
-def task_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) -> str:
+def task_script(command: Sequence[str], env: Mapping[str, str], run_dir: str, workspace: bool = False) -> str:
     """The wrapper srun runs as each task of a gang, on the task's node: it enters
     ``run_dir/task-<i>`` (``i`` = ``SLURM_PROCID``; made when missing: the task's working
     directory), sends its output to ``stdout`` and ``stderr`` there, records its node
@@ -709,9 +715,12 @@ def task_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) ->
     allocation's first node, where task 0 runs) and a port of ``COORDINATOR_PORT_BASE``
     + the job id modulo ``COORDINATOR_PORT_SPAN``. They are set before the job's own
     variables, from Slurm's, so the job cannot change them. Paths after the ``cd`` are
-    relative: a job variable cannot redirect them.
+    relative: a job variable cannot redirect them. ``IRISFED_OUTPUT_DIR`` is the task
+    folder's ``outputs`` (made here); with ``workspace`` the command runs in the task
+    folder's ``workspace`` (the agent copied it there before submitting).
     """
-    exports, run = _job_lines(command, {name: value for name, value in env.items() if name not in TASK_ENV})
+    exports, run = _job_lines(command, {name: value for name, value in env.items() if name not in TASK_ENV},
+                              "workspace" if workspace else "")
     folder = shell_word(run_dir.rstrip("/") or "/")
     task_dir = '"task-${SLURM_PROCID-}"'
     port = f"$(({COORDINATOR_PORT_BASE} + ${{SLURM_JOB_ID:-0}} % {COORDINATOR_PORT_SPAN}))"
@@ -725,7 +734,8 @@ def task_script(command: Sequence[str], env: Mapping[str, str], run_dir: str) ->
              f"the task was not run\\n' {STARTED_MARKER} >&2; exit 1; }}",
              'export IRISFED_TASK_INDEX="${SLURM_PROCID-}" IRISFED_NUM_TASKS="${SLURM_NTASKS-}" '
              'IRISFED_NODE="${SLURMD_NODENAME-}"',
-             f'export IRISFED_COORDINATOR="${{SLURM_LAUNCH_NODE_IPADDR-}}:{port}"']
+             f'export IRISFED_COORDINATOR="${{SLURM_LAUNCH_NODE_IPADDR-}}:{port}"',
+             'command -p mkdir -p outputs && export IRISFED_OUTPUT_DIR="$PWD/outputs"']
     status_tmp = f"{EXIT_STATUS_FILE}.tmp"
     ending = ["irisfed_signal=", "trap 'irisfed_signal=15' TERM", run, "irisfed_status=$?",
               'irisfed_code=$irisfed_status',

@@ -20,12 +20,14 @@ from pathlib import Path
 
 from irisfed.services.peer_agent.backends import (
     KILLED_EXIT_CODE,
+    OUTPUT_FOLDER,
     TASK_FAILED,
     TASK_KILLED,
     TASK_LOST,
     TASK_PENDING,
     TASK_RUNNING,
     TASK_SUCCEEDED,
+    WORKSPACE_FOLDER,
     LaunchError,
     LiveRun,
     RunLost,
@@ -37,9 +39,6 @@ from irisfed.shared.workspace import copy_tree
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.
-# In a run's folder: what it leaves for its agent to store, and where it starts with a workspace.
-OUTPUT_FOLDER = "outputs"
-WORKSPACE_FOLDER = "workspace"
 PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 
 
