@@ -337,7 +337,8 @@ class Client:
                                labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run,
                                replicas=replicas, group_by=group_by)
         if workspace is not None:
-            stored, _ = await store_workspace(self._nc, self.servers.prefix, workspace, max_workspace_mb)
+            stored, _ = await store_workspace(self._nc, self.servers.prefix, workspace, max_workspace_mb,
+                                              self.user)
             request = msgspec.structs.replace(request, workspace=stored)
         return await self.submit_request(request)
 
@@ -463,13 +464,14 @@ class Client:
         store = await self._get_store()
         stored_id = stored_job_id(self.user, job_id)
         try:
-            if await store.job_get(stored_id) is None:
+            row = await store.job_get(stored_id)
+            if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
             found = output_views(await store.job_outputs_list(stored_id, epoch, task))
         except IrisfedError as exc:
             raise translated(exc) from None
         if to is not None:
-            await download_outputs(self._nc, self.servers.prefix, stored_id, found, Path(to))
+            await download_outputs(self._nc, self.servers.prefix, stored_id, found, Path(to), row.replicas > 1)
         return found
 
     async def watch(self, job_id: str, *, history: bool = True) -> AsyncIterator[JobEvent]:

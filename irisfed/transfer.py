@@ -21,6 +21,7 @@ from irisfed.errors import InvalidRequestError, NotFoundError, UnavailableError
 from irisfed.services.common.objects import ObjectMissing, ObjectStore, ObjectStoreError
 from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.messages import Workspace
+from irisfed.shared.users import DEFAULT_USER, split_job_id
 from irisfed.shared.workspace import WorkspaceError, pack_workspace
 
 
@@ -44,14 +45,16 @@ def output_views(rows) -> list[Output]:
 
 
 async def store_workspace(nc, prefix: str, folder: str | os.PathLike[str],
-                          max_mb: int = DEFAULT_MAX_WORKSPACE_MB) -> tuple[Workspace, bool]:
-    """Pack ``folder`` and store it: (the submit's workspace field, sent now?)."""
+                          max_mb: int = DEFAULT_MAX_WORKSPACE_MB,
+                          user: str = DEFAULT_USER) -> tuple[Workspace, bool]:
+    """Pack ``folder`` and store it in ``user``'s bucket: (the submit's workspace field,
+    sent now?)."""
     try:
         packed = await asyncio.to_thread(pack_workspace, Path(folder), max_mb * 1024 * 1024)
     except WorkspaceError as exc:
         raise InvalidRequestError(f"workspace: {exc}") from None
     try:
-        digest, size, sent = await ObjectStore(nc, prefix).put_workspace(packed.data)
+        digest, size, sent = await ObjectStore(nc, prefix, user=user).put_workspace(packed.data)
     except ObjectStoreError as exc:
         raise UnavailableError(f"workspace: {exc}") from None
     return Workspace(digest=digest, size=size), sent
@@ -61,16 +64,18 @@ def local_path(dest: Path, output: Output, by_task: bool) -> Path:
     """Where ``output`` is written under ``dest`` (``task-<i>/`` first for a gang's):
     its name must be relative and stay below (a hostile name raises InvalidRequestError)."""
     parts = PurePosixPath(output.name).parts
-    if not parts or output.name.startswith("/") or any(p in ("..", ".", "") for p in parts) or "\x00" in output.name:
+    if (not parts or output.name.startswith("/") or any(p in ("..", ".", "") for p in parts)
+            or any(ch in output.name for ch in "\x00\\")):
         raise InvalidRequestError(f"output name {output.name!r} is not a relative path below the run's folder")
     base = dest / f"task-{output.task}" if by_task else dest
     return base.joinpath(*parts)
 
 
-async def download_outputs(nc, prefix: str, job_id: str, outputs: list[Output], dest: Path) -> list[Path]:
-    """Fetch each stored output of ``job_id`` into ``dest``; the paths written."""
-    store = ObjectStore(nc, prefix)
-    by_task = len({o.task for o in outputs}) > 1 or any(o.task > 0 for o in outputs)
+async def download_outputs(nc, prefix: str, job_id: str, outputs: list[Output], dest: Path,
+                           by_task: bool = False) -> list[Path]:
+    """Fetch each stored output of ``job_id`` (its stored id: its user's bucket) into
+    ``dest`` (``by_task``, a gang's: under ``task-<i>/``); the paths written."""
+    store = ObjectStore(nc, prefix, user=split_job_id(job_id)[0])
     written = []
     for output in outputs:
         if not output.stored:

@@ -326,3 +326,13 @@ def describe_shortfalls(short: Iterable[Shortfall], limit_word: str) -> str:
         return "; ".join(f"{s.resource}: asked {fmt_amount(s.asked)}, {fmt_amount(s.available)} free" for s in short)
     return "; ".join(f"{s.resource}: asked {fmt_amount(s.asked)}, {limit_word} {fmt_amount(s.available)}"
                      for s in short)
+
+
+def size_text(size: int) -> str:
+    """A byte count as people read it: B under 1 KiB, else KiB, MiB or GiB."""
+    if size < 1024:
+        return f"{size} B"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} B"

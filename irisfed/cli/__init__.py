@@ -68,6 +68,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "explain": reads.cmd_explain,
     "top": reads.cmd_top,
     "schema": admin.cmd_schema,
+    "buckets": admin.cmd_buckets,
     "chaos": admin.cmd_chaos,
     "nats-auth": admin.cmd_nats_auth,
     "db-roles": admin.cmd_db_roles,

@@ -56,7 +56,8 @@ async def _store_workspace(args: argparse.Namespace) -> dict:
     max_mb = config.max_workspace_mb if config else DEFAULT_MAX_WORKSPACE_MB
     nc = await nats_client(args)
     try:
-        workspace, sent = await store_workspace(nc, subjects(args).prefix, args.workspace, max_mb)
+        workspace, sent = await store_workspace(nc, subjects(args).prefix, args.workspace, max_mb,
+                                                cli_user(args))
     finally:
         await nc.close()
     if not args.json:

@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,engines,"
+    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,workspaces,engines,"
                                       "web,ha (default: all; --quick leaves out engines and ha unless named)")
     p.add_argument("--report", metavar="FILE",
                    help="run nothing: print a results file (--out's JSON, e.g. bench/results/*.json) as the "
@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compare: build and bench commit REV2 in place of this tree (a bisect's step)")
     p.add_argument("--rounds", type=int, default=3,
                    help="with --compare: alternating rounds (default 3; each side runs once a round)")
+
+    p = sub.add_parser("buckets", help="create the object store's buckets (workspaces and outputs, each user's) "
+                                       "when missing; needs a NATS user that may create streams (admin)")
+    add_server_flags(p, db=False)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of each bucket: the NATS cluster's nodes, at most 3 (default 1)")
 
     p = sub.add_parser("schema", help="write the JSON Schema of every wire message")
     p.add_argument("--out", default="docs/schema")

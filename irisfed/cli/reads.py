@@ -153,7 +153,8 @@ def cmd_outputs(args: argparse.Namespace) -> int:
         async def download() -> list[Path]:
             nc = await nats_client(args)
             try:
-                return await download_outputs(nc, subjects(args).prefix, job_id, outputs, Path(args.to))
+                return await download_outputs(nc, subjects(args).prefix, job_id, outputs, Path(args.to),
+                                              job.replicas > 1)
             finally:
                 await nc.close()
         written = asyncio.run(download())

@@ -33,7 +33,7 @@ from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import DryRunReply
 from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
-from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units
+from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, size_text
 from irisfed.shared.users import DEFAULT_USER, QUOTA, UserTable, describe_usage, dominant_share
 
 STATE_STYLE = {
@@ -240,16 +240,6 @@ def peers_grid(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None
 
 def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
     return Out()._rich(peers_grid(rows, config), fit=False)
-
-
-def size_text(size: int) -> str:
-    """A byte count as people read it: B under 1 KiB, else KiB, MiB or GiB."""
-    if size < 1024:
-        return f"{size} B"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size} B"
 
 
 def outputs_grid(outputs: Sequence[Any], title: str = "outputs") -> Grid:

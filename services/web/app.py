@@ -60,6 +60,7 @@ from irisfed.shared.bands import band_name
 from irisfed.shared.errors import ErrorCode, Unavailable
 from irisfed.shared.fair_share import federation_totals
 from irisfed.shared.messages import CANCEL_OUTCOMES
+from irisfed.shared.resources import size_text
 from irisfed.shared.users import DEFAULT_USER, STORED_JOB_ID_PATTERN, user_job_id
 
 if TYPE_CHECKING:
@@ -211,7 +212,8 @@ class Pages:
         )
         # A refused live stream: when to try again (app.js polls meanwhile), whole seconds.
         self.refused_retry_after = str(math.ceil(web.settings.refused_retry_s))
-        self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs)
+        self.env.filters.update(cut=present.text, command_line=present.command_line, labels=present.label_pairs,
+                                size=size_text)
 
     # ------------------------------------------------------------ URLs
 

@@ -28,6 +28,7 @@ from irisfed.shared.records import (
     JobListRow,
     JobRow,
     OldestQueued,
+    OutputRow,
     QueueClass,
     TaskRow,
 )
@@ -144,6 +145,7 @@ class JobStory:
     # it): ``job.explanation`` is then None and the page shows this as text.
     odd_explanation: Any = None
     tasks: list[TaskRow] = field(default_factory=list)  # a gang's newest run's tasks
+    outputs: list[OutputRow] = field(default_factory=list)  # the newest run's output files (§3.5)
 
     @property
     def logs_readable(self) -> bool:
@@ -165,7 +167,8 @@ async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | No
     logs = await read_logs(job.log_dir, tail_bytes) if job.log_dir else []
     tasks = await store.job_tasks_list(job_id) if job.replicas > 1 else []
     newest = tasks[0].epoch if tasks else None
-    return JobStory(job, history, logs, odd, [t for t in tasks if t.epoch == newest])
+    outputs = await store.job_outputs_list(job_id)
+    return JobStory(job, history, logs, odd, [t for t in tasks if t.epoch == newest], outputs)
 
 
 async def job_with_odd_explanation(store: Store, job_id: str) -> tuple[JobRow | None, Any] | None:
