@@ -162,8 +162,9 @@ def quotas_reached(peaks: Mapping[str, Mapping[str, int]], quotas: Quotas) -> li
             if peaks.get(user, {}).get(name, 0) >= quota_units(name, amount)]
 
 
-def check_runs(watcher: RunWatcher, result: ScheduleResult) -> None:
-    """Stop watching processes; kill (by pid) any job process a killed agent left; judge overlaps."""
+def check_runs(watcher: RunWatcher, result: ScheduleResult, workspaces: dict[str, str] | None = None) -> None:
+    """Stop watching processes; kill (by pid) any job process a killed agent left; judge
+    overlaps, and (``workspaces``: stored job id → its workspace token) invariant 14."""
     watcher.stop()
     for pid in watcher.live_pids():
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -172,6 +173,9 @@ def check_runs(watcher: RunWatcher, result: ScheduleResult) -> None:
     result.violations.extend(problems)
     result.fenced_overlaps = fenced
     result.runs = len(watcher.runs)
+    if workspaces is not None:
+        problems, result.workspace_runs = watcher.workspace_violations(workspaces)
+        result.violations.extend(problems)
 
 
 def nats_log_size(log_path: Path) -> int:

@@ -27,6 +27,7 @@ class ScheduleResult:
     forbidden_bands: int = 0  # submits of a band above the user's max_band (answered forbidden)
     gang_runs: int = 0  # gang runs (job, epoch) whose tasks were recorded
     gangs_requeued: int = 0  # gangs that ran under more than one epoch (requeued whole)
+    workspace_runs: int = 0  # real runs that started in their job's workspace (invariant 14)
 
     @property
     def preemptions(self) -> int:
@@ -95,6 +96,10 @@ class ChaosSummary:
         return sum(r.gangs_requeued for r in self.results)
 
     @property
+    def workspace_runs(self) -> int:
+        return sum(r.workspace_runs for r in self.results)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
@@ -112,4 +117,5 @@ class ChaosSummary:
                 f"| bands: preemptions={self.preemptions} ({ends or 'none'}) in "
                 f"{self.preempting_schedules}/{len(self.results)} schedules forbidden={self.forbidden_bands} "
                 f"| gangs: runs={self.gang_runs} requeued={self.gangs_requeued} "
+                f"| workspaces: runs={self.workspace_runs} "
                 f"| faults by kind: {kinds or 'none'}")

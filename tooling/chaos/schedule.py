@@ -32,6 +32,7 @@ import nats
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.nats_auth import user_role
+from irisfed.services.common.objects import ensure_buckets
 from irisfed.services.common.store import Store
 from irisfed.shared.bands import BATCH, INTERACTIVE, PRODUCTION, band_rank
 from irisfed.shared.errors import ErrorCode
@@ -49,7 +50,7 @@ from irisfed.tooling.chaos.checks import (
 from irisfed.tooling.chaos.faults import Faults, actions_for, quiet
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
-from irisfed.tooling.chaos.workload import draw_band, job_body
+from irisfed.tooling.chaos.workload import WORKSPACE_P, WORKSPACE_TOKEN, draw_band, job_body
 from irisfed.tooling.chaos.world import (
     MAX_BAND,
     PEERS,
@@ -64,6 +65,7 @@ from irisfed.tooling.chaos.world import (
     config_text,
 )
 from irisfed.tooling.federation import login_role_urls
+from irisfed.transfer import store_workspace
 
 SHARED_ID_P = 0.25  # a new job takes a job_id another user already sent
 BURST_P = 0.35  # a submit step is one quota user's burst of 3-4 jobs
@@ -102,6 +104,10 @@ class Schedule:
         self.say = say
         self.result = ScheduleResult(index, log_dir=str(folder))
         self.acked: dict[str, dict] = {}  # stored job id → first successful reply
+        # Invariant 14: each user's workspace (its submit field and token), and each acked
+        # job's token ("-": none), which its runs' start lines must show.
+        self.workspaces: dict[str, tuple[dict, str]] = {}
+        self.tokens: dict[str, str] = {}
         self.never_started: set[str] = set()  # stored job ids
         self.ledger = Ledger()
         self.users = chaos_config().user_table
@@ -144,6 +150,7 @@ class Schedule:
                 self.clients[user] = await connect_client(self.servers.auth.url(self.servers.nats_url, role),
                                                           max_reconnect_attempts=-1,
                                                           reconnect_time_wait=0.2, error_cb=quiet)
+            await self._store_workspaces(prefix)
             await self._wait_ready(database_url)
             await self.faults.listen_to_heartbeats()
             phase("ready")
@@ -175,7 +182,7 @@ class Schedule:
             self.result.violations.extend(self.fed.reap())
             self.fed.close()
             phase("stop")
-            check_runs(self.watcher, self.result)
+            check_runs(self.watcher, self.result, self.tokens)
             check_logs(self.folder, self.result)
             for log, offset in zip(nats_logs, nats_from, strict=True):
                 check_nats_permissions(log, offset, self.result)
@@ -249,6 +256,24 @@ class Schedule:
             return None
         return json.loads(reply.data)
 
+    async def _store_workspaces(self, prefix: str) -> None:
+        """The object store's buckets (as `irisfed up` makes them: one replica per NATS node)
+        and a small workspace per user, stored with that user's own credentials; its
+        WORKSPACE_TOKEN file names it."""
+        admin = await connect_client(self.servers.auth.url(self.servers.nats_url, "admin"))
+        try:
+            await ensure_buckets(admin, prefix, replicas=3 if self.servers.ha else 1,
+                                 users=[u for u in SUBMITTERS if u != DEFAULT_USER], wait_s=30.0)
+        finally:
+            await admin.close()
+        for user in SUBMITTERS:
+            token = f"{user}-{self.index}-{self.rng.randrange(1 << 30):x}"
+            folder = self.folder / f"workspace-{user}"
+            folder.mkdir(exist_ok=True)
+            (folder / WORKSPACE_TOKEN).write_text(token + "\n")
+            workspace, _ = await store_workspace(self.clients[user], prefix, folder, user=user)
+            self.workspaces[user] = ({"digest": workspace.digest, "size": workspace.size}, token)
+
     async def submit(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0) -> None:
         await self._send(*self._new_job(kind, pin, min_s))
 
@@ -267,7 +292,10 @@ class Schedule:
             if theirs:
                 job_id = rng.choice(theirs)
         self.ledger.sent.add((user, job_id))
-        return user, job_body(rng, job_id, self.run_log, kind, pin, min_s, user, band)
+        body = job_body(rng, job_id, self.run_log, kind, pin, min_s, user, band)
+        if self.workspaces and rng.random() < WORKSPACE_P:
+            body["workspace"] = self.workspaces[user][0]
+        return user, body
 
     async def _squeeze(self) -> None:
         """Fill the peers of one kind of work with batch jobs; once they are placed, send
@@ -321,6 +349,10 @@ class Schedule:
                 self.result.violations.append(f"{stored}: unexpected error {reply['error']}")
                 break
             self.acked.setdefault(stored, reply)
+            if "workspace" in body:
+                self.tokens.setdefault(stored, self.workspaces[user][1])
+            else:
+                self.tokens.setdefault(stored, "-")
             self.ledger.owner_of[stored] = (user, job_id)
             if reply.get("job_id") != job_id:
                 self.result.violations.append(f"{stored}: {user} sent job_id {job_id!r}, the reply names "

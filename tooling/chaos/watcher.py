@@ -23,6 +23,7 @@ class _Run:
     last_seen: float
     gone_at: float | None = None
     ended: bool = False  # it wrote its "end" line: it ran to its end, it was not killed
+    token: str = "-"  # the workspace token its folder held ("-": none)
 
 
 class RunWatcher:
@@ -80,7 +81,8 @@ class RunWatcher:
                     peer = Path(parts[4]).relative_to(self.work_dir).parts[0]
                 except (ValueError, IndexError):
                     peer = "?"
-                self.runs[int(parts[3])] = _Run(parts[1], int(parts[2]), peer, int(parts[3]), now, now)
+                self.runs[int(parts[3])] = _Run(parts[1], int(parts[2]), peer, int(parts[3]), now, now,
+                                                token=parts[5] if len(parts) >= 6 else "-")
             elif len(parts) >= 4 and parts[0] == "end" and int(parts[3]) in self.runs:
                 self.runs[int(parts[3])].ended = True
 
@@ -111,6 +113,21 @@ class RunWatcher:
     def live_pids(self) -> list[int]:
         with self._lock:
             return [r.pid for r in self.runs.values() if r.gone_at is None]
+
+    def workspace_violations(self, expected: dict[str, str]) -> tuple[list[str], int]:
+        """Invariant 14: every run of a job started in exactly the workspace its digest
+        names (``expected``: stored job id → its workspace's token, "-" for none). The
+        problems, and how many runs started in a workspace."""
+        problems, in_workspace = [], 0
+        for run in self.runs.values():
+            want = expected.get(run.job_id)
+            if want is None:
+                continue
+            in_workspace += run.token != "-"
+            if run.token != want:
+                problems.append(f"{run.job_id}: epoch {run.epoch} on {run.peer_id} started in workspace "
+                                f"{run.token!r}, its job names {want!r} (invariant 14)")
+        return problems, in_workspace
 
     def violations(self) -> tuple[list[str], int]:
         """Overlaps that break the rule above, and how many overlaps kept it."""
