@@ -36,6 +36,7 @@ from irisfed.bench.sections import (
     tick_section,
 )
 from irisfed.bench.web import web_section
+from irisfed.bench.workspaces import workspaces_section
 from irisfed.tooling.federation import Supervisor
 from irisfed.tooling.servers import start_nats, start_postgres
 
@@ -50,6 +51,8 @@ SECTIONS = {
     "preemption": ("preemption (dispatch and a tick pass, each preempting batch work)",
                    preemption_section),
     "gangs": ("gangs (a tick pass with gangs on node groups; heartbeats of 1,000 nodes)", gangs_section),
+    "workspaces": ("workspaces (pack and store, fetch and unpack, cache hits, one workspace for many jobs)",
+                   workspaces_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
     "ha": ("ha (Patroni with a synchronous standby: submits, dispatch, failovers)", ha_section),
@@ -104,7 +107,8 @@ def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]
     bench = Bench(Profile(quick), folder, load_at_start=os.getloadavg())
     servers = Supervisor(folder)
     try:
-        nats_server = servers.add_server(start_nats(folder / "nats", jetstream=False))
+        # JetStream only for the section that stores bytes: the others measure plain NATS.
+        nats_server = servers.add_server(start_nats(folder / "nats", jetstream="workspaces" in sections))
         postgres = servers.add_server(start_postgres(folder / "pg", durable=True))  # fsync on: the real cost of a commit
         asyncio.run(_run(bench, postgres.url, nats_server.url, sections))
         judge(bench)

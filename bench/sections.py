@@ -267,12 +267,15 @@ class DispatchProbe:
                           hop_medians(sent, seen), cpu)
 
     async def one_at_a_time(self, jobs: int, label: str, pause_s: float = 0.02,
-                            ready: Callable[[], Awaitable[None]] | None = None) -> tuple[Run, list[str]]:
+                            ready: Callable[[], Awaitable[None]] | None = None,
+                            body: Callable[[int], bytes] | None = None) -> tuple[Run, list[str]]:
         """Submit → running with nothing else in flight: each job submitted once the one
         before runs, after ``pause_s`` (and, with ``ready``, once it returns: not timed).
         What the path's hand-offs cost by themselves, the floor under the figure at a
         rate. Its latencies, and each hop's median (text); ``sent`` keeps when each job
-        was submitted, until the next call."""
+        was submitted, until the next call. ``body(i)``: job i's submit (default: a QUEUE
+        job, ``submit_body``), its id ``<label>-<i>``."""
+        body = body or submit_body(label)
         sent: dict[str, float] = {}
         self.sent = sent
         for stage in self.seen.values():
@@ -283,7 +286,7 @@ class DispatchProbe:
             job_id = f"{label}-{i}"
             self.alone = (job_id, asyncio.Event())
             sent[job_id] = time.perf_counter()
-            reply = await self.nc.request(f"{self.dep.prefix}.submit", submit_body(label)(i), timeout=10)
+            reply = await self.nc.request(f"{self.dep.prefix}.submit", body(i), timeout=10)
             if is_ack(reply.data):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.alone[1].wait(), timeout=10)
