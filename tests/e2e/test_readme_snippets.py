@@ -43,7 +43,7 @@ CI_HAS = {"node", "npm"}
 
 # What each snippet that runs must print (regular expressions, searched line by line).
 EXPECTED: dict[str, list[str]] = {
-    "producer-node-run": [r"^\S+: queue$"],
+    "producer-node-run": [r"^\S+: queue$", r"^\S+: queue in sha256:[0-9a-f]{64}$"],
     "python-client-run": [
         r"^\S+: queue \(rule 3",                   # submitted, queued for a GPU peer
         r"^  running on gpu-west: ",               # watched through its states...
