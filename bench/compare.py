@@ -147,35 +147,63 @@ def run_once(cmd: list[str], sections: str, quick: bool, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def render_series(rev: str, sides: dict[str, list[Compared]]) -> str:
+    """Several commits against REV (a bisect's whole series): each figure's median for
+    REV, then each side's median and its ratio to REV's, in the order given."""
+    first = next(iter(sides.values()), [])
+    lines = [f"{'section':<10} {'figure':<44} {rev[:10]:>10} " + " ".join(f"{s[:10]:>17}" for s in sides)]
+    for row in first:
+        cells = []
+        for rows in sides.values():
+            match = next((r for r in rows if (r.section, r.name) == (row.section, row.name)), None)
+            ratio = f"{match.ratio:.2f}×" if match is not None and match.ratio is not None else "—"
+            cells.append(f"{match.work_median:>9,.2f} {ratio:>7}" if match is not None else f"{'—':>17}")
+        lines.append(f"{row.section:<10} {row.name[:44]:<44} {row.rev_median:>10,.2f} " + " ".join(cells)
+                     + f"  {row.unit}")
+    return "\n".join(lines)
+
+
 def compare(rev: str, sections: str, rounds: int, quick: bool, out: Path | None,
-            against: str | None = None) -> list[Compared]:
-    """REV and the working tree (or commit ``against``, built like REV: a bisect's
-    step then does not depend on what the working tree holds meanwhile), alternating
-    for ``rounds`` rounds (REV first in odd rounds, the other side first in even ones,
-    so a drift of the machine's speed does not favour one side); prints the table and
-    returns it."""
+            against: list[str] | None = None) -> dict[str, list[Compared]]:
+    """REV and the working tree (or the commits ``against``, each built like REV: a
+    bisect's steps then do not depend on what the working tree holds meanwhile, and
+    several of them run as one series), every side once a round, the order rotating
+    from round to round (with two sides: REV first in odd rounds, the other first in
+    even ones), so a drift of the machine's speed favours none; prints the table and
+    returns each side's rows against REV."""
     repo = repository()
     folder = Path(tempfile.mkdtemp(prefix="irisfed-compare-"))
     try:
-        rev_cmd = [str(build(repo, rev, folder / "rev"))]
-        work_cmd = ([str(build(repo, against, folder / "against"))] if against
-                    else [sys.executable, "-m", "irisfed.cli"])
-        rev_runs: list[dict] = []
-        work_runs: list[dict] = []
+        commands = {"rev": [str(build(repo, rev, folder / "rev"))]}
+        for i, other in enumerate(against or []):
+            commands[other] = [str(build(repo, other, folder / f"against-{i}"))]
+        if not against:
+            commands["working"] = [sys.executable, "-m", "irisfed.cli"]
+        runs: dict[str, list[dict]] = {side: [] for side in commands}
+        sides = list(commands)
         for i in range(rounds):
-            order = [("rev", rev_cmd, rev_runs), ("working", work_cmd, work_runs)]
-            for side, cmd, runs in order if i % 2 == 0 else order[::-1]:
+            for side in sides[i % len(sides):] + sides[:i % len(sides)]:
                 print(f"round {i + 1}/{rounds}: {side}", flush=True)
-                runs.append(run_once(cmd, sections, quick, folder / f"{side}-{i}.json"))
-        rows = summarise(rev_runs, work_runs)
-        print(render(rows, rev, against or "working"), flush=True)
+                runs[side].append(run_once(commands[side], sections, quick, folder / f"side{sides.index(side)}-{i}.json"))
+        compared = {side: summarise(runs["rev"], runs[side]) for side in sides[1:]}
+        if len(compared) == 1:
+            (other, rows), = compared.items()
+            print(render(rows, rev, other), flush=True)
+        else:
+            print(render_series(rev, compared), flush=True)
         if out is not None:
+            single = len(compared) == 1
             out.write_text(json.dumps({
-                "rev": rev, "against": against or "working tree", "sections": sections, "rounds": rounds, "quick": quick,
+                "rev": rev, "against": (against[0] if against else "working tree") if single else against,
+                "sections": sections, "rounds": rounds, "quick": quick,
                 "when": datetime.now(UTC).isoformat(), "machine": f"{os.cpu_count()} cores",
-                "figures": [asdict(r) | {"rev_median": r.rev_median, "work_median": r.work_median,
-                                         "ratio": r.ratio} for r in rows],
-                "runs": {"rev": rev_runs, "working": work_runs}}, indent=2))
-        return rows
+                "figures": _figures(next(iter(compared.values()))) if single
+                else {side: _figures(rows) for side, rows in compared.items()},
+                "runs": {"rev": runs["rev"], "working": runs[sides[1]]} if single else runs}, indent=2))
+        return compared
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _figures(rows: list[Compared]) -> list[dict]:
+    return [asdict(r) | {"rev_median": r.rev_median, "work_median": r.work_median, "ratio": r.ratio} for r in rows]

@@ -139,7 +139,8 @@ async def _dispatch_figures(bench: Bench, admin_url: str, nats_url: str) -> None
         objects = [o for o in await (await nc.jetstream().object_store(bucket(dep.prefix, "workspaces"))).list()
                    if not o.deleted]
         cache = bench.folder / "work" / ".workspaces"
-        fetched = {peer: len(list((cache / peer).iterdir())) if (cache / peer).is_dir() else 0
+        fetched = {peer: sum(1 for user in (cache / peer).iterdir() for _ in user.iterdir())
+                   if (cache / peer).is_dir() else 0
                    for peer, attrs, _ in DISPATCH_PEERS if attrs["device_type"] == "gpu"}
         bench.add(Figure("workspaces", f"{jobs:,} jobs naming one workspace: objects stored", len(objects),
                          "objects", target="1", met=len(objects) == 1 and all(n <= 1 for n in fetched.values()),

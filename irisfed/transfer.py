@@ -68,7 +68,11 @@ def local_path(dest: Path, output: Output, by_task: bool) -> Path:
             or any(ch in output.name for ch in "\x00\\")):
         raise InvalidRequestError(f"output name {output.name!r} is not a relative path below the run's folder")
     base = dest / f"task-{output.task}" if by_task else dest
-    return base.joinpath(*parts)
+    target = base.joinpath(*parts)
+    # Where a part is a drive or a root of its own (``D:`` on Windows), the join leaves dest.
+    if target.drive != dest.drive or target.parts[:len(base.parts)] != base.parts:
+        raise InvalidRequestError(f"output name {output.name!r} is not a relative path below the run's folder")
+    return target
 
 
 async def download_outputs(nc, prefix: str, job_id: str, outputs: list[Output], dest: Path,

@@ -20,6 +20,8 @@ Packing, for each entry below the root (walked without following links):
 4. a symlink is packed as its link text when the text is relative, stays inside
    lexically, and what it resolves to (as far as it resolves) is inside too; a
    dangling link passing both checks is packed as it is (the run sees it dangle);
+   a link to a folder that holds it (``a -> .``: a loop) is refused, packing and
+   unpacking;
 5. anything else is a ``WorkspaceError`` before anything is returned: a link
    leaving, an unreadable entry, a fifo/socket/device, a backslash in a name, a path
    deeper than ``MAX_DEPTH``, a pack over ``max_bytes`` (checked before each file is
@@ -129,6 +131,14 @@ def _link_problem(link_path: str, target: str) -> str | None:
 
 def _inside(root_real: str, path: str) -> bool:
     return os.path.commonpath([root_real, path]) == root_real
+
+
+def _loops(root_real: str, path: str) -> bool:
+    """Whether the symlink at ``path`` resolves to a folder holding it (``a -> .``,
+    ``b -> ..``): a walk that follows links (``cp -r``, Ray's packaging) never ends."""
+    resolved = os.path.realpath(os.path.join(root_real, path))
+    holder = os.path.realpath(os.path.dirname(os.path.join(root_real, path)))
+    return os.path.isdir(resolved) and _inside(resolved, holder)
 
 
 # --- .irisfedignore ----------------------------------------------------------------
@@ -249,6 +259,9 @@ def _scan(root_real: str, rules: list[_Rule]) -> list[tarfile.TarInfo]:
                 problem = _link_problem(path, target)
                 if problem is None and not _inside(root_real, os.path.realpath(os.path.join(root_real, path))):
                     problem = "it resolves outside through other links"
+                if problem is None and _loops(root_real, path):
+                    raise WorkspaceError(f"{path} is a symlink to {target!r}, a folder that holds it: a loop that "
+                                         f"tools following links never finish (list it in {IGNORE_FILE}).")
                 if problem:
                     raise WorkspaceError(f"{path} is a symlink to {target!r} that leaves the workspace ({problem}); "
                                          f"only symlinks with a relative target staying inside can be packed.")
@@ -439,6 +452,11 @@ def _extract(data: bytes, root: Path, max_files: int, max_bytes: int) -> Unpacke
                 _check_member(member, path, kinds, members)
                 members.add(path)
                 parts = path.split("/")
+                # Folders a member's path makes without listing them count as entries too.
+                count += sum(1 for i in range(1, len(parts)) if "/".join(parts[:i]) not in kinds)
+                if count > max_files:
+                    raise WorkspaceRefused(f"too many entries: more than {max_files}, folders its paths make "
+                                           f"included, at {member.name!r}")
                 parent = _parent_fd(root_fd, parts, kinds)
                 try:
                     if member.isdir():
@@ -463,6 +481,8 @@ def _extract(data: bytes, root: Path, max_files: int, max_bytes: int) -> Unpacke
         if not _inside(root_real, os.path.realpath(os.path.join(root_real, path))):
             raise WorkspaceRefused(f"symlink leaving the tree: {path!r} -> {target!r} (resolves outside through "
                                    f"other links)")
+        if _loops(root_real, path):
+            raise WorkspaceRefused(f"symlink loop: {path!r} -> {target!r} points at a folder that holds it")
     return UnpackedStats(files=count, bytes=total)
 
 

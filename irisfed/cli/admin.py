@@ -253,7 +253,8 @@ def bench_compare(args: argparse.Namespace) -> int:
 
     with interrupted_by_signals():
         compare(args.compare, args.sections or "dispatch", args.rounds, args.quick,
-                Path(args.out) if args.out else None, args.against)
+                Path(args.out) if args.out else None,
+                [r for r in args.against.split(",") if r] if args.against else None)
     return 0
 
 

@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="REV",
                    help="A/B: build commit REV in a temporary virtualenv and alternate its bench with this "
                         "tree's (--sections, default dispatch), printing medians and ratios")
-    p.add_argument("--against", metavar="REV2",
-                   help="with --compare: build and bench commit REV2 in place of this tree (a bisect's step)")
+    p.add_argument("--against", metavar="REV2[,REV3...]",
+                   help="with --compare: build and bench commit REV2 in place of this tree (a bisect's step); "
+                        "several, comma-separated, run as one series, each against REV")
     p.add_argument("--rounds", type=int, default=3,
                    help="with --compare: alternating rounds (default 3; each side runs once a round)")
 

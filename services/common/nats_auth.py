@@ -72,17 +72,17 @@ def object_store_rights(prefix: str, users: Iterable[str] = (DEFAULT_USER,), *, 
     read, write = tuple(read), tuple(write)
     if not read and not write:
         return ()
-    rights = ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]  # NAMES: a read finds its stream by subject
+    rights = ["$JS.API.INFO"]
     # A wildcard prefix (a test server shared by many federations): any bucket.
     targets = ([("*", "*", True)] if prefix == "*" else
                [(bucket(prefix, kind, user), f"OBJ_{bucket(prefix, kind, user)}", kind in write)
                 for user in dict.fromkeys(users) for kind in dict.fromkeys((*read, *write))])
     for name, stream, writes in targets:
+        # Reads are direct gets only: no consumer, since a consumer delivers to any subject
+        # its creator names (the server does not check the creator may publish there),
+        # which would let a user speak on another's submit subject.
         rights += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
-                   f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
-                   f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
-                   f"$JS.API.CONSUMER.DELETE.{stream}.>", f"$JS.API.CONSUMER.INFO.{stream}.>",
-                   f"$JS.FC.{stream}.>"]
+                   f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
         if writes:
             rights += [f"$JS.API.STREAM.PURGE.{stream}", f"$O.{name}.>"]
     return tuple(dict.fromkeys(rights))
@@ -95,11 +95,13 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
     everyone = (DEFAULT_USER, *user_ids)
     both = ("workspaces", "outputs")
     # A user puts its own workspaces and reads its own outputs; the router looks up every
-    # user's workspaces; agents read them and write outputs; operators do everything.
+    # user's workspaces; agents read them and write outputs; the dashboard reads outputs
+    # (for a logged-in operator); operators do everything.
     own = object_store_rights(prefix, (DEFAULT_USER,), read=both, write=("workspaces",))
     operator = object_store_rights(prefix, everyone, read=both, write=both)
     router = object_store_rights(prefix, everyone, read=("workspaces",))
     agent = object_store_rights(prefix, everyone, read=("workspaces",), write=("outputs",))
+    web = object_store_rights(prefix, everyone, read=("outputs",))  # an operator's download
     roles = {
         "producer": Permissions((f"{p}.submit", f"{p}.cancel", *own), (f"{inbox_prefix('producer')}.>",)),
         "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping", *operator),
@@ -110,7 +112,7 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
                               allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
-        "web": Permissions((f"{p}.operator.cancel",),
+        "web": Permissions((f"{p}.operator.cancel", *web),
                            (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
         "admin": Permissions((">",), (">",)),
     }

@@ -24,6 +24,7 @@ import base64
 import contextlib
 import hashlib
 import io
+import json
 import os
 import re
 import stat
@@ -41,6 +42,7 @@ WORKSPACES = "irisfed-workspaces"
 OUTPUTS = "irisfed-outputs"
 KINDS = ("workspaces", "outputs")
 MAX_REPLICAS = 3
+MIN_RATE = 1024 * 1024  # bytes/s a put is given beyond timeout_s: 1 MiB/s, a slow link's worst
 _STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
@@ -252,18 +254,23 @@ class ObjectStore:
                 self._stores[kind] = await asyncio.wait_for(self._js.object_store(name), self._timeout_s)
         return self._stores[kind]
 
-    async def _call(self, kind: str, what: str, call):
+    async def _call(self, kind: str, what: str, call, size: int = 0):
+        """``call(store)`` within ``timeout_s``, plus a second per MIN_RATE bytes of
+        ``size`` it sends (a large put over a slow link takes as long as it must)."""
         store = await self._store(kind)
         with _boundary(what, self._names[kind]):
-            return await asyncio.wait_for(call(store), self._timeout_s)
+            return await asyncio.wait_for(call(store), self._timeout_s + size / MIN_RATE)
 
     async def _get(self, kind: str, what: str, object_name: str, max_bytes: int | None = None) -> bytes:
         """An object's bytes, read chunk by chunk from its own stream: never through a link
         (an object pointing elsewhere is refused: a bucket's writer could aim it at a
         bucket only the reader may read), never more than its recorded size or
-        ``max_bytes`` (refused before anything is read, or as soon as more arrives), and
-        its subscription always removed, also on a timeout. Each chunk must come within
-        ``timeout_s`` (a large object takes as long as it takes, a stalled one fails)."""
+        ``max_bytes`` (refused before anything is read, or as soon as more arrives). Each
+        chunk is one direct get (the next message on the object's chunk subject), within
+        ``timeout_s``: a large object takes as long as it takes, a stalled one fails, and
+        chunks that end before the recorded size are a DigestMismatch at once. No
+        consumer is made: readers need no right to create one (a consumer delivers to
+        any subject its creator names, docs/decisions.md "The object store's rights")."""
         store = await self._store(kind)
         name = self._names[kind]
         with _boundary(what, name):
@@ -277,18 +284,22 @@ class ObjectStore:
                 return b""
             sink = io.BytesIO()
             sha = hashlib.sha256()
-            sub = await self._js.subscribe(f"$O.{name}.C.{info.nuid}", ordered_consumer=True)
-            try:
-                while sink.tell() < size:
-                    msg = await sub.next_msg(timeout=self._timeout_s)
-                    if sink.tell() + len(msg.data) > size:
-                        raise DigestMismatch(f"{what} failed: the stored chunks hold more than the "
-                                             f"{size:,} bytes recorded")
-                    sink.write(msg.data)
-                    sha.update(msg.data)
-            finally:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+            chunks, seq = f"$O.{name}.C.{info.nuid}", 1
+            while sink.tell() < size:
+                try:
+                    msg = await asyncio.wait_for(
+                        self._js.get_msg(f"OBJ_{name}", seq=seq, subject=chunks, direct=True, next=True),
+                        self._timeout_s)
+                except js_errors.NotFoundError:
+                    raise DigestMismatch(f"{what} failed: the stored chunks end at {sink.tell():,} of the "
+                                         f"{size:,} bytes recorded") from None
+                data = msg.data or b""
+                if sink.tell() + len(data) > size:
+                    raise DigestMismatch(f"{what} failed: the stored chunks hold more than the "
+                                         f"{size:,} bytes recorded")
+                sink.write(data)
+                sha.update(data)
+                seq = msg.seq + 1
             if info.digest and info.digest != _store_digest(sha.digest()):
                 raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
             return sink.getvalue()
@@ -307,7 +318,7 @@ class ObjectStore:
         if info is not None and info.size == len(data) and info.digest == _store_digest(raw):
             return digest, len(data), False
         await self._call("workspaces", f"storing workspace {digest}",
-                         lambda store: store.put(workspace_object(digest), data))
+                         lambda store: store.put(workspace_object(digest), data), len(data))
         return digest, len(data), True
 
     async def has_workspace(self, digest: str) -> int | None:
@@ -348,7 +359,7 @@ class ObjectStore:
         """Store one output file of a run (replacing one of the same name); its size."""
         object_name = output_object(job_id, epoch, task, name)
         await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}",
-                         lambda store: store.put(object_name, data))
+                         lambda store: store.put(object_name, data), len(data))
         return len(data)
 
     async def put_output_file(self, job_id: str, epoch: int, task: int, name: str, path: str, size: int) -> None:
@@ -363,30 +374,44 @@ class ObjectStore:
                 if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
                     raise OSError(f"{name!r} is no longer a regular file")
                 await store.put(object_name, _Bounded(source, size))
-        await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}", put)
+        await self._call("outputs", f"storing output {name!r} of job {job_id} epoch {epoch} task {task}", put,
+                         size)
 
-    async def get_output(self, job_id: str, epoch: int, task: int, name: str) -> bytes:
-        """The bytes of one output file; ObjectMissing if absent or expired."""
+    async def get_output(self, job_id: str, epoch: int, task: int, name: str,
+                         max_bytes: int | None = None) -> bytes:
+        """The bytes of one output file (ObjectTooLarge past ``max_bytes``); ObjectMissing
+        if absent or expired."""
         what = f"fetching output {name!r} of job {job_id} epoch {epoch} task {task}"
         try:
-            return await self._get("outputs", what, output_object(job_id, epoch, task, name))
+            return await self._get("outputs", what, output_object(job_id, epoch, task, name), max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"output {name!r} of job {job_id} epoch {epoch} task {task} "
                                 f"is not in the object store") from None
 
     async def list_outputs(self, job_id: str, epoch: int | None = None,
                            task: int | None = None) -> list[tuple[int, int, str, int]]:
-        """(epoch, task, name, size) of each stored output of ``job_id``, sorted."""
-        try:
-            infos = await self._call("outputs", f"listing outputs of job {job_id}",
-                                     lambda store: store.list(ignore_deletes=True))
-        except ObjectMissing:  # nats-py's "no objects at all"
-            return []
+        """(epoch, task, name, size) of each stored output of ``job_id``, sorted: every
+        object's metadata read by direct gets (no consumer), one at a time."""
+        await self._store("outputs")
+        name = self._names["outputs"]
         found = []
-        for info in infos:
-            parsed = parse_output_object(info.name)
-            if info.deleted or parsed is None or parsed[0] != job_id:
-                continue
-            if (epoch is None or parsed[1] == epoch) and (task is None or parsed[2] == task):
-                found.append((parsed[1], parsed[2], parsed[3], info.size or 0))
+        seq = 1
+        with _boundary(f"listing outputs of job {job_id}", name):
+            while True:
+                try:
+                    msg = await asyncio.wait_for(
+                        self._js.get_msg(f"OBJ_{name}", seq=seq, subject=f"$O.{name}.M.>", direct=True, next=True),
+                        self._timeout_s)
+                except js_errors.NotFoundError:
+                    break
+                seq = msg.seq + 1
+                try:
+                    info = api.ObjectInfo.from_response(json.loads(msg.data or b"{}"))
+                except (ValueError, TypeError, KeyError):
+                    continue  # not metadata this store wrote
+                parsed = parse_output_object(info.name) if isinstance(info.name, str) else None
+                if info.deleted or parsed is None or parsed[0] != job_id:
+                    continue
+                if (epoch is None or parsed[1] == epoch) and (task is None or parsed[2] == task):
+                    found.append((parsed[1], parsed[2], parsed[3], info.size or 0))
         return sorted(found)

@@ -476,10 +476,14 @@ class PeerAgent(Service):
         a store that cannot answer now, or a peer disk that cannot take it, is a launch
         error (handed back while retries remain). A run cancelled or fenced meanwhile is
         never started; one cancelled or fenced while it was being started is stopped at
-        once. Whatever happens, the run's end is reported (``_finish``)."""
+        once. Whatever happens, the run's end is reported (``_finish``). A single run is
+        copied by the time it is launched, so the cache may evict the tree then; a gang's
+        tasks copy it as each starts, so a gang holds it until its end."""
+        user = split_job_id(run.job_id)[0]
+        held = False
         try:
             try:
-                path = await self.workspaces.acquire(digest, split_job_id(run.job_id)[0])
+                path = await self.workspaces.acquire(digest, user)
             except WorkspaceUnusable as exc:
                 run.launch_error, run.refused, run.exit_code = str(exc), True, -1
                 log.warning("workspace_unusable", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
@@ -493,12 +497,18 @@ class PeerAgent(Service):
                         if run.handle is not None and (run.fenced or run.cancel_requested):
                             self._kill(run, cancel=run.cancel_requested)  # asked while it was starting
                 finally:
-                    self.workspaces.release(digest)  # copied by now: the cache may evict it
+                    held = run_spec.replicas > 1 and run.handle is not None
+                    if not held:
+                        self.workspaces.release(digest, user)  # copied by now: the cache may evict it
         except Exception as exc:  # noqa: BLE001 - the store away, the peer's disk full: retried elsewhere
             run.launch_error, run.exit_code = f"workspace {digest}: {exc}", -1
             log.warning("workspace_fetch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                         error=repr(exc))
-        await self._finish(run)
+        try:
+            await self._finish(run)
+        finally:
+            if held:
+                self.workspaces.release(digest, user)
 
     async def _accept_gang(self, run: Run) -> None:
         """A gang's tasks all run: now its job is running (CAS on its assigned row, as any
@@ -573,16 +583,22 @@ class PeerAgent(Service):
                 self.reconcile_wanted.set()
                 return
             if not run.fenced:
-                await self._store_outputs(run)
+                await self._store_outputs(run)  # the workspace copies go after the outputs
+        await self._remove_copies(run)  # fenced, never launched or failing mid-launch too
         self.reports.finished.put_nowait(run)
+
+    async def _remove_copies(self, run: Run) -> None:
+        """An ended run's copies of its workspace: on the peer's disk they are only waste."""
+        output_dirs = getattr(self.backends.get(run.backend), "output_dirs", None)
+        if output_dirs is not None:
+            await asyncio.to_thread(_remove_workspace_copies, output_dirs(run.job_id, run.epoch, run.tasks))
 
     async def _store_outputs(self, run: Run) -> None:
         """Put what the run left in its output directories into the object store and
         list it in Postgres (before its end is reported: the job is still ours then).
         The store away: what is not stored yet is listed as not stored (no run's end
         waits on a store that does not answer, file after file); Postgres away: tried a
-        few times, then logged. Then the run's copies of its workspace are removed (its
-        logs and outputs stay in its folder)."""
+        few times, then logged."""
         output_dirs = getattr(self.backends[run.backend], "output_dirs", None)
         if output_dirs is None:
             return
@@ -617,7 +633,6 @@ class PeerAgent(Service):
             else:
                 log.info("outputs_stored", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                          files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
-        await asyncio.to_thread(_remove_workspace_copies, dirs)
 
     def objects(self, user: str) -> ObjectStore:
         """The object store of ``user``'s buckets (a job's user: its stored id says)."""

@@ -1,7 +1,9 @@
-"""A peer's workspaces (docs/design.md §3.5): fetched once per digest, verified,
-unpacked into a bounded on-disk cache, copied fresh for each run.
+"""A peer's workspaces (docs/design.md §3.5): fetched once per user and digest,
+verified, unpacked into a bounded on-disk cache, copied fresh for each run.
 
-The cache is ``<work root>/.workspaces/<hex>``, one unpacked tree per digest, made by
+The cache is ``<work root>/.workspaces/<user>/<hex>``, one unpacked tree per user and
+digest (a user's metadata in its own bucket is its own to write, so a tree another
+user's bytes made is never handed to it: each user's tree comes from its own bucket), made by
 ``shared.workspace.unpack_workspace`` (verify, then unpack into a partial folder
 renamed when complete): a tree under its final name is always whole, so an agent
 killed mid-fetch or mid-unpack leaves only a partial folder, removed at the next
@@ -22,6 +24,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -30,12 +33,14 @@ from pathlib import Path
 
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import DigestMismatch, ObjectMissing, ObjectTooLarge
-from irisfed.shared.users import DEFAULT_USER
+from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
 from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_workspace
 
 log = EventLogger("irisfed.peer_agent.workspaces")
 
 CACHE_FOLDER = ".workspaces"
+_USER = re.compile(USER_ID_PATTERN)
+Key = tuple[str, str]  # (user, digest)
 _NAME_ERRORS = (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL)
 DEFAULT_CACHE_MB = 4096
 
@@ -61,11 +66,18 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
+def _drop(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 class WorkspaceCache:
     """The agent's unpacked workspaces under ``root``; ``fetch(digest, user)`` returns the
-    archive bytes from that user's bucket. One tree per digest whoever asks: the bytes
-    are verified against the digest before unpacking, and the router let a user name
-    only a digest its own bucket holds."""
+    archive bytes from that user's bucket. One tree per user and digest: the bytes are
+    verified against the digest before unpacking, and each user's come from its own
+    bucket."""
 
     def __init__(self, root: Path, fetch: Callable[[str, str], Awaitable[bytes]], *, max_bytes: int,
                  max_files: int, max_unpacked_bytes: int) -> None:
@@ -74,8 +86,8 @@ class WorkspaceCache:
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.max_unpacked_bytes = max_unpacked_bytes
-        self.entries: dict[str, _Entry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.entries: dict[Key, _Entry] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
         self.fetches = 0  # archives fetched from the store (tests and the bench read it)
 
     async def open(self) -> WorkspaceCache:
@@ -83,25 +95,30 @@ class WorkspaceCache:
         self.entries = await asyncio.to_thread(self._scan)
         return self
 
-    def _scan(self) -> dict[str, _Entry]:
+    def _scan(self) -> dict[Key, _Entry]:
         self.root.mkdir(parents=True, exist_ok=True)
-        found = {}
-        for path in self.root.iterdir():
-            if path.name.startswith("."):
-                shutil.rmtree(path, ignore_errors=True)  # a partial unpack: never used
-                continue
-            digest = f"sha256:{path.name}"
-            try:
-                if DIGEST_RE.fullmatch(digest) and path.is_dir() and not path.is_symlink():
-                    found[digest] = _Entry(path, _tree_bytes(path), path.stat().st_mtime)
-                    continue
-            except (OSError, RecursionError):  # unreadable: dropped, fetched again when needed
-                pass
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
+        found: dict[Key, _Entry] = {}
+        for folder in self.root.iterdir():
+            if _USER.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink():
+                for path in folder.iterdir():
+                    self._keep_or_drop(found, folder.name, path)
             else:
-                path.unlink(missing_ok=True)
+                _drop(folder)  # not a user's folder (or left by an older layout)
         return found
+
+    @staticmethod
+    def _keep_or_drop(found: dict[Key, _Entry], user: str, path: Path) -> None:
+        if path.name.startswith("."):
+            shutil.rmtree(path, ignore_errors=True)  # a partial unpack: never used
+            return
+        digest = f"sha256:{path.name}"
+        try:
+            if DIGEST_RE.fullmatch(digest) and path.is_dir() and not path.is_symlink():
+                found[(user, digest)] = _Entry(path, _tree_bytes(path), path.stat().st_mtime)
+                return
+        except (OSError, RecursionError):  # unreadable: dropped, fetched again when needed
+            pass
+        _drop(path)
 
     async def acquire(self, digest: str, user: str = DEFAULT_USER) -> Path:
         """The unpacked tree of ``digest``, held until ``release``: fetched and unpacked
@@ -109,12 +126,15 @@ class WorkspaceCache:
         (the job fails) or the store's StoreUnavailable/StoreMissing (retry later)."""
         if not DIGEST_RE.fullmatch(digest):
             raise WorkspaceUnusable(f"workspace refused: {digest!r} is not a workspace digest")
-        lock = self._locks.setdefault(digest, asyncio.Lock())
+        if not _USER.fullmatch(user):
+            raise WorkspaceUnusable(f"workspace refused: {user!r} is not a user id")
+        key = (user, digest)
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if len(self._locks) > 4 * (len(self.entries) + 64):  # locks of digests long gone
-                self._locks = {d: lk for d, lk in self._locks.items() if lk.locked() or d in self.entries}
-                self._locks[digest] = lock
-            entry = self.entries.get(digest)
+                self._locks = {k: lk for k, lk in self._locks.items() if lk.locked() or k in self.entries}
+                self._locks[key] = lock
+            entry = self.entries.get(key)
             if entry is None or not entry.path.is_dir():
                 entry = await self._add(digest, user)
             entry.holders += 1
@@ -124,8 +144,8 @@ class WorkspaceCache:
             await asyncio.to_thread(lambda: [shutil.rmtree(path, ignore_errors=True) for path in gone])
         return entry.path
 
-    def release(self, digest: str) -> None:
-        entry = self.entries.get(digest)
+    def release(self, digest: str, user: str = DEFAULT_USER) -> None:
+        entry = self.entries.get((user, digest))
         if entry is not None and entry.holders > 0:
             entry.holders -= 1
             entry.used_at = time.time()
@@ -138,14 +158,15 @@ class WorkspaceCache:
         except (DigestMismatch, ObjectTooLarge) as exc:
             raise WorkspaceUnusable(f"workspace refused: {exc}") from None
         self.fetches += 1
-        path = self.root / digest.removeprefix("sha256:")
+        path = self.root / user / digest.removeprefix("sha256:")
+        path.parent.mkdir(exist_ok=True)
         try:
             stats = await asyncio.to_thread(self._unpack, data, path, digest)
         except WorkspaceRefused as exc:
             log.warning("workspace_refused", digest=digest, why=str(exc))
             raise WorkspaceUnusable(f"workspace refused: {exc}") from None
         entry = _Entry(path, stats, time.time())
-        self.entries[digest] = entry
+        self.entries[(user, digest)] = entry
         log.info("workspace_cached", digest=digest, bytes=stats)
         return entry
 
@@ -167,16 +188,16 @@ class WorkspaceCache:
         a tree half gone; the removal itself is the caller's, in a thread."""
         total = sum(e.size for e in self.entries.values())
         gone = []
-        for digest, entry in sorted(self.entries.items(), key=lambda item: item[1].used_at):
+        for key, entry in sorted(self.entries.items(), key=lambda item: item[1].used_at):
             if total <= self.max_bytes:
                 break
             if entry.holders > 0:
                 continue
-            del self.entries[digest]
+            del self.entries[key]
             total -= entry.size
             moved = entry.path.with_name(f".{entry.path.name}.evicted-{time.monotonic_ns()}")
             with contextlib.suppress(OSError):
                 os.rename(entry.path, moved)
                 gone.append(moved)
-            log.info("workspace_evicted", digest=digest, bytes=entry.size)
+            log.info("workspace_evicted", user=key[0], digest=key[1], bytes=entry.size)
         return gone

@@ -300,7 +300,8 @@ class Pages:
                   else f"Cancel failed: {CANCEL_ERRORS[failure]}." if failure in CANCEL_ERRORS else "")
         job = story.job
         template = "_job.html" if self.fragment(request) else "job.html"
-        return self.render(request, template, page="jobs", story=story, job=job, notice=notice,
+        output_urls = [self.u(present.output_path(job.job_id, o.epoch, o.task_index, o.name)) for o in story.outputs]
+        return self.render(request, template, page="jobs", story=story, job=job, notice=notice, output_urls=output_urls,
                            sent_id=user_job_id(job.job_id), spec=present.spec_view(job.spec),
                            steps=present.timeline(story.history),
                            why=present.explained(story.odd_explanation if story.odd_explanation is not None
@@ -323,6 +324,25 @@ class Pages:
         log.info("cancel_requested", job_id=job_id, result=f"{kind}:{value}", client=_client(request))
         query = urlencode({"cancel" if kind == "outcome" else "cancel_error": value})
         return RedirectResponse(f"{self.job_url(job_id)}?{query}", status_code=303)
+
+    async def output(self, request: Request) -> Response:
+        """One stored output file of a run, as a download (never shown inline), for a
+        logged-in operator: outputs are the users' data, a viewer sees names and sizes."""
+        if self.operator(request) is None:
+            return self.problem(request, 403, "Not allowed", "Only a logged-in operator may download outputs.")
+        job_id, name = request.path_params["job_id"], request.path_params["name"]
+        epoch, task = request.path_params["epoch"], request.path_params["task"]
+        if not _JOB_ID.fullmatch(job_id):
+            return self.problem(request, 404, "No such job", "That is not a job id.")
+        kind, value = await self.web.output(job_id, epoch, task, name)
+        if kind == "error":
+            return (self.problem(request, 404, "No such output", "That job's run stored no such file.")
+                    if value == "not_found" else
+                    self.problem(request, 503, "Store unavailable", "The object store did not answer; try again."))
+        log.info("output_downloaded", job_id=job_id, epoch=epoch, task=task, client=_client(request))
+        return Response(value, media_type="application/octet-stream", headers={
+            "content-disposition": present.attachment(name), "x-content-type-options": "nosniff",
+            "cache-control": "no-store"})
 
     async def _users(self) -> tuple[list[present.UserRow], dict[str, int]]:
         """Every user's row (its live usage against its quota, its weighted dominant share
@@ -441,6 +461,7 @@ def build_app(web: WebService) -> ASGIApp:
         Route("/jobs", pages.jobs),
         Route("/jobs/{job_id}", pages.job),
         Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
+        Route("/jobs/{job_id}/outputs/{epoch:int}/{task:int}/{name:path}", pages.output),
         Route("/users", pages.users),
         Route("/api/users", pages.users_data),
         Route("/charts", pages.charts),

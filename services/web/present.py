@@ -57,6 +57,19 @@ def path_part(value: str) -> str:
     return value if _URL_SAFE.fullmatch(value) else quote(value, safe=":")
 
 
+def output_path(job_id: str, epoch: int, task: int, name: str) -> str:
+    """Where the dashboard serves one stored output file (its name's ``/`` kept)."""
+    return f"/jobs/{path_part(job_id)}/outputs/{epoch}/{task}/{quote(name, safe='/')}"
+
+
+def attachment(name: str) -> str:
+    """A Content-Disposition that downloads ``name``'s last part under its own name
+    (RFC 6266: an ASCII fallback, the UTF-8 name escaped), never shown inline."""
+    base = name.rsplit("/", 1)[-1] or "output"
+    fallback = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in base)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(base, safe='')}"
+
+
 def fmt_age(seconds: float | None) -> str:
     """``4s``, ``12m``, ``3h 5m``, ``2d 4h`` (``-``: unknown)."""
     if seconds is None or seconds != seconds:

@@ -256,6 +256,29 @@ class WebService(Service):
             return "outcome", body["outcome"]
         return "error", "internal"
 
+    async def output(self, job_id: str, epoch: int, task: int, name: str) -> tuple[str, bytes | str]:
+        """One stored output file of the job stored as ``job_id`` (docs/design.md §3.5),
+        read from its user's outputs bucket with the web's own read right: ("file",
+        bytes), or ("error", "not_found" | "unavailable"). Only a file the job's
+        ``job_outputs`` rows list as stored is read, bounded by its recorded size."""
+        from irisfed.services.common.objects import ObjectStore, ObjectStoreError
+
+        job = await self.store.job_get(job_id)
+        rows = await self.store.job_outputs_list(job_id, epoch, task) if job is not None else []
+        row = next((r for r in rows if r.name == name and r.stored), None)
+        if job is None or row is None:
+            return "error", "not_found"
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            return "error", "unavailable"
+        store = ObjectStore(nc, self.config.subject_prefix, user=job.user_id,
+                            timeout_s=self.settings.output_timeout_s)
+        try:
+            return "file", await store.get_output(job_id, epoch, task, name, max_bytes=row.size)
+        except ObjectStoreError as exc:
+            log.warning("output_unavailable", job_id=job_id, epoch=epoch, task=task, error=str(exc))
+            return "error", "unavailable"
+
     # ------------------------------------------------------------ Postgres
 
     async def _poll_loop(self) -> None:

@@ -78,6 +78,7 @@ class WebSettings:
     keepalive_s: float = 15.0
     log_tail_bytes: int = 64 * 1024  # of each of a job's stdout and stderr
     cancel_timeout_s: float = 5.0  # for the router's reply
+    output_timeout_s: float = 60.0  # a download's read of the object store
     session_ttl_s: float = 12 * 3600  # an operator's login
 
     def __post_init__(self) -> None:
@@ -94,7 +95,7 @@ class WebSettings:
         for name in ("page_size", "queue_batches", "max_viewers", "viewers_per_client", "log_tail_bytes"):
             require_count("web", name, getattr(self, name))
         for name in ("poll_s", "live_poll_s", "snapshot_s", "totals_s", "charts_s", "flush_s", "keepalive_s",
-                     "cancel_timeout_s", "session_ttl_s"):
+                     "cancel_timeout_s", "output_timeout_s", "session_ttl_s"):
             require_seconds("web", name, getattr(self, name))
         require_seconds("web", "refused_retry_s", self.refused_retry_s, flag="--refused-retry")
         if not MIN_REFUSED_RETRY_S <= self.refused_retry_s <= MAX_REFUSED_RETRY_S:

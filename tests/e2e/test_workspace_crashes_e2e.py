@@ -38,7 +38,7 @@ async def test_an_agent_killed_mid_fetch_leaves_no_tree_to_run_and_the_job_still
     assert job.state == "succeeded", job.reason
     stdout = federation.work_dir / "gpu-west" / job_id / f"epoch-{job.epoch}" / "stdout"
     assert stdout.read_text() == "whole\n"  # every run that ran saw the whole tree
-    cache = federation.work_dir / ".workspaces" / "gpu-west"
+    cache = federation.work_dir / ".workspaces" / "gpu-west" / "default"
     assert [p.name for p in cache.iterdir()] == [workspace.digest.removeprefix("sha256:")]  # no partial left
 
 

@@ -377,6 +377,8 @@ async def test_a_job_runs_in_its_own_copy_of_its_workspace_and_leaves_its_output
     workspace = tmp_path / "cache" / "tree"  # the agent's unpacked cache: never written by the run
     workspace.mkdir(parents=True)
     (workspace / "data.txt").write_text("from the workspace")
+    # What the workspace's own .gitignore lists travels too (Ray's upload would drop it).
+    (workspace / ".gitignore").write_text("data.txt\n")
     # Exit 5 when an earlier run's scratch file is there: each run starts in a fresh copy.
     script = ("import os, pathlib, sys; out = pathlib.Path(os.environ['IRISFED_OUTPUT_DIR']); "
               "pathlib.Path('scratch').exists() and sys.exit(5); pathlib.Path('scratch').write_text('x'); "
@@ -388,4 +390,4 @@ async def test_a_job_runs_in_its_own_copy_of_its_workspace_and_leaves_its_output
         assert await handle.wait() == 0, (Path(handle.log_dir) / "stdout").read_text()
         [(task, outputs)] = backend.output_dirs(spec.job_id, 1, 1)
         assert task == 0 and (outputs / "seen.txt").read_text() == "from the workspace"
-    assert sorted(p.name for p in workspace.iterdir()) == ["data.txt"]
+    assert sorted(p.name for p in workspace.iterdir()) == [".gitignore", "data.txt"]

@@ -1,7 +1,8 @@
 """Who may touch which bytes (docs/design.md §3.5), enforced by a real nats-server with
 one NATS user per role: a user puts and reads only its own workspaces and reads only
 its own outputs; the router only looks workspaces up; agents read workspaces and write
-outputs; the tick has no object store at all. Each user's buckets are streams of their
+outputs; the dashboard only reads outputs (an operator's download); the tick has no
+object store at all. Each user's buckets are streams of their
 own, so another user's digest or job is out of reach of its credentials."""
 
 from __future__ import annotations
@@ -82,3 +83,39 @@ async def test_services_have_only_what_their_part_needs(as_role):
     await refused(store(tick, "alice").has_workspace(digest))
     operator = await as_role("operator")
     assert await store(operator, "bob").put_workspace(b"an operator's") is not None
+
+
+async def test_the_dashboard_reads_outputs_and_nothing_else(as_role):
+    agent, alice, web = await as_role("agent-gpu"), await as_role("user-alice"), await as_role("web")
+    await store(agent, "alice").put_output("alice:eval-1", 1, 0, "scores.json", b"{}")
+    assert await store(web, "alice").get_output("alice:eval-1", 1, 0, "scores.json") == b"{}"
+    await refused(store(web, "alice").put_output("alice:eval-1", 1, 0, "scores.json", b"forged"))
+    digest, _, _ = await store(alice, "alice").put_workspace(ARCHIVE)
+    await refused(store(web, "alice").get_workspace(digest))
+
+
+async def test_no_role_but_admin_may_make_a_consumer_that_delivers_elsewhere(as_role):
+    """A JetStream consumer delivers to any subject its creator names, and the server does
+    not check the creator may publish there: a user allowed to make one on its own bucket
+    could have a message it stored there delivered on another user's submit subject. So
+    reads are direct gets and no role (admin aside) may make a consumer at all."""
+    import json
+
+    import nats.errors
+
+    admin = await as_role("admin")
+    stream = "OBJ_acme-workspaces-alice"
+    forged = json.dumps({"command": ["sh", "-c", "echo pwned"], "job_id": "x"}).encode()
+    for role in ("user-alice", "producer", "agent-gpu", "router", "web", "operator"):
+        nc = await as_role(role)
+        if role == "user-alice":
+            await nc.publish("$O.acme-workspaces-alice.C.planted", forged)  # its own bucket: allowed
+            await nc.flush()
+        config = {"stream_name": stream, "config": {
+            "deliver_subject": "acme.submit.bob", "filter_subject": "$O.acme-workspaces-alice.C.planted",
+            "ack_policy": "none", "deliver_policy": "all"}}
+        for subject in (f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.evil",
+                        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.evil"):
+            with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+                await nc.request(subject, json.dumps(config).encode(), timeout=0.5)
+    assert await admin.jetstream().consumers_info(stream) == []  # none was made

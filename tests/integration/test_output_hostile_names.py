@@ -1,19 +1,25 @@
 """Output names are chosen by the job (its files in IRISFED_OUTPUT_DIR): ``irisfed job``,
 ``irisfed outputs`` and the dashboard's job page show them literally, never as terminal
-control, markup or HTML (real Postgres; the dashboard in process)."""
+control, markup or HTML; the page's download serves a stored file's bytes to a logged-in
+operator only, always as an attachment (real Postgres, NATS with JetStream; the
+dashboard in process)."""
 
 from __future__ import annotations
 
+import html
 import io
+import re
+from urllib.parse import quote
 
 import pytest
 from rich.console import Console
 
 from irisfed.cli import views
+from irisfed.services.common.objects import ObjectStore, ensure_buckets
 from irisfed.services.common.store import Store
 from irisfed.transfer import output_views
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
-from tests.infra.web import client_for, running_web
+from tests.infra.web import client_for, log_in, running_web
 
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
 NAMES = [f"{ESC}model.pt", "<script>alert(1)</script>", "[bold]x[/] :smile:", "\u202eevil\u202c.txt"]
@@ -62,3 +68,38 @@ async def test_the_dashboard_lists_outputs_with_sizes_as_text(pool, nats_client,
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "<script>alert(1)</script>" not in text
         assert "\x1b" not in text and "\u202e" not in text
         assert "2.0 MiB" in text and "no: left out" in text
+
+
+async def test_the_dashboard_downloads_a_stored_output_for_an_operator_only(pool, nats_client, subject_prefix):
+    store = Store(pool)
+    job_id = await job_with_outputs(store)
+    await ensure_buckets(nats_client, subject_prefix)
+    objects = ObjectStore(nats_client, subject_prefix)
+    stored = {name: f"bytes of {name}".encode() for i, name in enumerate(NAMES) if i % 2 == 0}
+    for name, data in stored.items():
+        await objects.put_output(job_id, 1, 0, name, data)
+    async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
+        viewer = await client.get(f"/jobs/{job_id}")
+        assert 'data-testid="output-download"' not in viewer.text  # names and sizes only
+        link = f"/jobs/{job_id}/outputs/1/0/{quote(NAMES[0])}"  # a name full of terminal control
+        assert (await client.get(link)).status_code == 403
+        await log_in(client)
+        page = await client.get(f"/jobs/{job_id}")
+        hrefs = re.findall(r'<a href="([^"]+)" download data-testid="output-download"', page.text)
+        assert len(hrefs) == len(stored)  # the stored ones; a file left out has no link
+        for href in hrefs:
+            answer = await client.get(html.unescape(href))
+            assert answer.status_code == 200, answer.text[:300]
+            assert answer.content in stored.values()
+            assert answer.headers["content-type"] == "application/octet-stream"
+            assert answer.headers["content-disposition"].startswith("attachment; ")
+            assert answer.headers["x-content-type-options"] == "nosniff"
+        control = await client.get(link)
+        assert control.content == f"bytes of {NAMES[0]}".encode()
+        disposition = control.headers["content-disposition"]
+        assert disposition.isascii() and disposition.isprintable() and "\x1b" not in disposition
+        # Listed but left out, never listed, another epoch or task: no such output.
+        left_out = f"/jobs/{job_id}/outputs/1/0/{quote(NAMES[1])}"
+        for missing in (left_out, f"/jobs/{job_id}/outputs/1/0/other.bin", f"/jobs/{job_id}/outputs/2/0/{quote(NAMES[2])}",
+                        f"/jobs/{job_id}/outputs/1/1/{quote(NAMES[2])}", "/jobs/no-such-job/outputs/1/0/x"):
+            assert (await client.get(missing)).status_code == 404, missing

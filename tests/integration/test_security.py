@@ -139,7 +139,14 @@ def test_permissions_table_per_role():
     # are its own buckets', and it never writes outputs.
     assert not any(r.startswith(("$JS.API.STREAM.CREATE", "$JS.API.STREAM.DELETE", "$JS.API.STREAM.UPDATE"))
                    for role in roles.values() for r in role.publish)
-    assert not any(r.startswith(("$JS", "$O")) for r in roles["tick"].publish + roles["web"].publish)
+    assert not any(r.startswith(("$JS", "$O")) for r in roles["tick"].publish)
+    # The dashboard reads outputs (an operator's download) and nothing else of the store;
+    # no role makes a consumer (one delivers to any subject its creator names).
+    web_objects = object_store_rights("acme", ("default", "alice"), read=("outputs",))
+    assert roles["web"].publish == ("acme.operator.cancel", *web_objects)
+    assert not any(r.startswith("$O.") or "workspaces" in r for r in web_objects)
+    assert not any("CONSUMER" in r or r.startswith("$JS.FC") for role in roles.values() if role is not roles["admin"]
+                   for r in role.publish)
     alice_objects = [r for r in roles["user-alice"].publish if r.startswith(("$JS.API.STREAM.INFO", "$O."))]
     assert alice_objects == ["$JS.API.STREAM.INFO.OBJ_acme-workspaces-alice", "$O.acme-workspaces-alice.>",
                              "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice"]
@@ -149,7 +156,6 @@ def test_permissions_table_per_role():
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
     assert not roles["user-alice"].allow_responses
     assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)
-    assert roles["web"].publish == ("acme.operator.cancel",)
     assert "acme.operator.cancel" in roles["operator"].publish
     assert not any("operator" in p for role in ("producer", "user-alice") for p in roles[role].publish)
 

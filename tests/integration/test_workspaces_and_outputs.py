@@ -24,7 +24,7 @@ from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.transfer import store_workspace
 from tests.infra.archives import archive, member
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, user_job
-from tests.infra.probes import in_state
+from tests.infra.probes import in_state, returns
 from tests.infra.waiting import wait_for
 
 TRAIN = """\
@@ -117,7 +117,7 @@ async def test_one_digest_is_stored_once_and_fetched_once_per_peer(pool, nats_cl
     for job in jobs:
         assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
         # Each run had its own copy: what one run wrote into its folder no other saw.
-    cache = tmp_path / "peer" / ".workspaces" / "gpu-west" / first.digest.removeprefix("sha256:")
+    cache = tmp_path / "peer" / ".workspaces" / "gpu-west" / "default" / first.digest.removeprefix("sha256:")
     assert sorted(p.name for p in cache.iterdir()) == ["data", "train.py"]
 
 
@@ -286,3 +286,46 @@ async def test_an_output_name_too_long_for_the_store_is_left_out_and_the_agent_s
     assert [(o.name.startswith("é"), o.stored, o.note) for o in outputs] == [
         (False, True, ""), (True, False, "its name is too long for the object store")]
     assert await buckets.get_output(job.job_id, 1, 0, "fine.txt") == b"ok"
+
+
+async def test_a_gang_holds_its_cached_workspace_until_it_ends(pool, nats_client, subject_prefix, buckets,
+                                                                tmp_path):
+    """A gang's tasks copy the workspace as each starts, after its launch: the cache must
+    not evict the tree meanwhile, so the gang holds it to its end."""
+    store = Store(pool)
+    folder = producer_folder(tmp_path)
+    flag = tmp_path / "go"
+    (folder / "wait.py").write_text(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n")
+    workspace, _ = await store_workspace(nats_client, subject_prefix, folder)
+    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer",
+                            nodes=(NodeSpec(2, {"cpu": 1}, {}),))
+    job = make_job(command=[sys.executable, "wait.py"], replicas=2, workspace=msgspec.to_builtins(workspace))
+    key = ("default", workspace.digest)
+    try:
+        await insert_jobs(store, [job])
+        await assign_jobs(store, [job], "gpu-west")
+        await agent.reconcile()
+        await wait_for(lambda: in_state(store, job.job_id, JobState.RUNNING), "the gang to run")
+        assert agent.workspaces.entries[key].holders == 1  # all its tasks run, and it still holds it
+        flag.write_text("go")
+        await wait_for(lambda: _ended(store, job.job_id), "the gang to end")
+        await wait_for(lambda: returns(agent.workspaces.entries[key].holders == 0), "the gang to let it go")
+    finally:
+        await agent.close()
+    assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
+
+
+async def test_a_run_that_fails_to_launch_leaves_no_workspace_copy(pool, nats_client, subject_prefix, buckets,
+                                                                     tmp_path):
+    store = Store(pool)
+    workspace, _ = await store_workspace(nats_client, subject_prefix, producer_folder(tmp_path))
+    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
+    job = make_job(command=["irisfed-no-such-program"], max_retries=0, workspace=msgspec.to_builtins(workspace))
+    try:
+        await run_job(store, agent, job)
+    finally:
+        await agent.close()
+    row = await store.job_get(job.job_id)
+    assert row.state is JobState.FAILED, row.reason
+    run_dir = tmp_path / "peer" / "gpu-west" / job.job_id / "epoch-1"
+    assert run_dir.is_dir() and not (run_dir / "workspace").exists()

@@ -1,6 +1,6 @@
 """``irisfed bench --compare``: medians and ratios from alternating runs (pure parts)."""
 
-from irisfed.bench.compare import render, summarise
+from irisfed.bench.compare import render, render_series, summarise
 
 
 def run(**values):
@@ -36,3 +36,15 @@ def test_a_figure_renamed_since_meets_its_older_name():
                         "value": 7.0}]}
     rows = summarise([old], [new])
     assert [(r.name, r.rev, r.work) for r in rows] == [("submit → running p50 at 500/s", [6.0], [7.0])]
+
+
+def test_a_series_shows_each_commit_against_the_base_and_marks_what_one_lacks():
+    base = [run(p50=(6.0, "ms"), alone=(4.0, "ms"))]
+    sides = {"16dc9b6": summarise(base, [run(p50=(6.6, "ms"), alone=(4.0, "ms"))]),
+             "7ac7652": summarise(base, [run(p50=(9.0, "ms"))])}
+    lines = render_series("067ef89", sides).splitlines()
+    assert "16dc9b6" in lines[0] and "7ac7652" in lines[0]
+    p50 = next(line for line in lines if " p50 " in line)
+    assert "6.60   1.10×" in p50 and "9.00   1.50×" in p50
+    alone = next(line for line in lines if " alone " in line)
+    assert "1.00×" in alone and "—" in alone  # the second commit has no such figure

@@ -6,7 +6,7 @@ cache's fetch is a function over bytes held here."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import msgspec
 import pytest
@@ -44,7 +44,7 @@ async def test_a_digest_is_fetched_once_however_many_runs_ask_at_once(tmp_path):
     cache = await cache_of(tmp_path, {digest_of(data): data}).open()
     paths = await asyncio.gather(*(cache.acquire(digest_of(data)) for _ in range(5)))
     assert len(set(paths)) == 1 and (paths[0] / "a.bin").read_bytes() == b"x" * 100
-    assert cache.fetches == 1 and cache.entries[digest_of(data)].holders == 5
+    assert cache.fetches == 1 and cache.entries[("default", digest_of(data))].holders == 5
 
 
 async def test_least_recently_used_trees_go_first_but_never_one_a_run_holds(tmp_path):
@@ -55,22 +55,26 @@ async def test_least_recently_used_trees_go_first_but_never_one_a_run_holds(tmp_
     await cache.acquire(b)
     cache.release(b)
     await cache.acquire(c)  # over the cap: b (free, oldest free) goes, a stays
-    assert set(cache.entries) == {a, c} and held.is_dir()
-    assert not (tmp_path / b.removeprefix("sha256:")).exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.removeprefix("sha256:") for d in (a, c))
+    assert set(cache.entries) == {("default", a), ("default", c)} and held.is_dir()
+    assert not (tmp_path / "default" / b.removeprefix("sha256:")).exists()
+    assert sorted(p.name for p in (tmp_path / "default").iterdir()) == sorted(d.removeprefix("sha256:") for d in (a, c))
 
 
 async def test_partial_trees_left_by_a_killed_agent_are_dropped_and_whole_ones_kept(tmp_path):
     data = tree("a", 10)
     first = await cache_of(tmp_path, {digest_of(data): data}).open()
     await first.acquire(digest_of(data))
-    (tmp_path / ".abc.partial-1234").mkdir()
-    (tmp_path / ".abc.partial-1234" / "half").write_text("x")
-    (tmp_path / "not-a-digest").mkdir()
+    mine = tmp_path / "default"
+    (mine / ".abc.partial-1234").mkdir()
+    (mine / ".abc.partial-1234" / "half").write_text("x")
+    (mine / "not-a-digest").mkdir()
+    (tmp_path / digest_of(data).removeprefix("sha256:")).mkdir()  # not under a user's folder
+    (tmp_path / "Not-A-User").mkdir()
     again = await cache_of(tmp_path, {}).open()  # nothing fetchable: a whole tree is reused
-    assert await again.acquire(digest_of(data)) == tmp_path / digest_of(data).removeprefix("sha256:")
+    assert await again.acquire(digest_of(data)) == mine / digest_of(data).removeprefix("sha256:")
     assert again.fetches == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [digest_of(data).removeprefix("sha256:")]
+    assert [p.name for p in tmp_path.iterdir()] == ["default"]
+    assert sorted(p.name for p in mine.iterdir()) == [digest_of(data).removeprefix("sha256:")]
 
 
 async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
@@ -89,7 +93,7 @@ async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
         await cache.acquire("sha256:" + "1" * 64)
     with pytest.raises(WorkspaceUnusable, match="is not a workspace digest"):
         await cache.acquire("sha256:../../etc")
-    assert [p.name for p in tmp_path.iterdir()] == []  # nothing half unpacked
+    assert [p for p in tmp_path.rglob("*") if p.name != "default"] == []  # nothing half unpacked
 
 
 def found(name: str, size: int, regular: bool = True, task: int = 0) -> Found:
@@ -205,3 +209,73 @@ async def test_a_peer_disk_error_is_not_a_refusal_of_the_workspace(tmp_path):
     (tmp_path / "cache").write_text("not a folder any more")  # the peer's disk in trouble
     with pytest.raises(NotADirectoryError):  # a launch error for the agent (retried), not "refused"
         await cache.acquire(digest_of(data))
+
+
+async def test_each_user_gets_its_tree_from_its_own_bucket(tmp_path):
+    """A user writes its own bucket's metadata: a tree made from another user's bytes is
+    never handed to it, whatever digest it names."""
+    data = tree("a", 10)
+    asked: list[str] = []
+
+    async def fetch(digest: str, user: str) -> bytes:
+        asked.append(user)
+        return data
+    cache = await WorkspaceCache(tmp_path, fetch, max_bytes=MIB, max_files=100, max_unpacked_bytes=MIB).open()
+    bob = await cache.acquire(digest_of(data), "bob")
+    alice = await cache.acquire(digest_of(data), "alice")
+    assert await cache.acquire(digest_of(data), "bob") == bob
+    assert asked == ["bob", "alice"] and bob != alice and bob.parent.name == "bob"
+    with pytest.raises(WorkspaceUnusable, match="is not a user id"):
+        await cache.acquire(digest_of(data), "../x")
+
+
+def test_folders_a_path_makes_count_as_entries(tmp_path):
+    from irisfed.shared.workspace import WorkspaceRefused, unpack_workspace
+
+    data = archive(*(member(f"{i}/a/b/c/f", data=b"") for i in range(5)))  # 5 files, 20 folders unlisted
+    with pytest.raises(WorkspaceRefused, match="too many entries: more than 10"):  # 5 members alone fit
+        unpack_workspace(data, tmp_path / "out", digest=digest_of(data), max_files=10, max_bytes=MIB)
+    assert not (tmp_path / "out").exists()
+    unpack_workspace(data, tmp_path / "ok", digest=digest_of(data), max_files=25, max_bytes=MIB)
+
+
+@pytest.mark.parametrize("target", [".", "..", "../.."])
+def test_a_symlink_to_a_folder_holding_it_is_refused_both_ways(tmp_path, target):
+    """``a -> .`` stays inside, but a walk following links (cp -r, Ray's packaging of a
+    working_dir) never ends."""
+    import tarfile
+
+    from irisfed.shared.workspace import (
+        WorkspaceError,
+        WorkspaceRefused,
+        pack_workspace,
+        unpack_workspace,
+    )
+
+    ws = tmp_path / "ws" / "x" / "y"
+    ws.mkdir(parents=True)
+    (ws / "f").write_text("x")
+    (ws / "loop").symlink_to(target)
+    with pytest.raises(WorkspaceError, match="a folder that holds it"):
+        pack_workspace(tmp_path / "ws", MIB)
+    data = archive(member("x", tarfile.DIRTYPE), member("x/y", tarfile.DIRTYPE),
+                   member("x/y/loop", tarfile.SYMTYPE, link=target))
+    with pytest.raises(WorkspaceRefused, match="symlink loop"):
+        unpack_workspace(data, tmp_path / "out", digest=digest_of(data), max_files=10, max_bytes=MIB)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_to_a_sibling_folder_is_no_loop(tmp_path):
+    import tarfile
+
+    from irisfed.shared.workspace import unpack_workspace
+
+    data = archive(member("a", tarfile.DIRTYPE), member("a/f", data=b"x"), member("b", tarfile.SYMTYPE, link="a"))
+    unpack_workspace(data, tmp_path / "out", digest=digest_of(data), max_files=10, max_bytes=MIB)
+    assert (tmp_path / "out" / "b" / "f").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("name", ["D:/x", "D:x", "//server/share/x"])
+def test_an_output_name_never_leaves_the_folder_for_another_drive(name):
+    with pytest.raises(InvalidRequestError, match="is not a relative path"):
+        local_path(PureWindowsPath("C:/Users/me/dl"), Output(1, 0, name, 1, True, "", "p", None), by_task=False)

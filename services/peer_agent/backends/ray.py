@@ -378,6 +378,9 @@ def _listed(values: Any, length: int, default: list) -> list:
     return list(values) if isinstance(values, list) and len(values) == length else default
 
 
+RAY_IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"  # ray._private.ray_constants
+
+
 class RayBackend:
     """Runs each job as a Ray job of the cluster whose dashboard is at ``address``
     (``http://head:8265``); output under ``work_root/<job_id>/epoch-<n>``."""
@@ -400,6 +403,9 @@ class RayBackend:
         self._client: Any = None
         self._connecting = asyncio.Lock()
         self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix=f"irisfed-ray-{peer_id}")
+        # A workspace travels whole: Ray's upload of a working_dir would otherwise leave out
+        # what a .gitignore in it lists (the producer chose what to leave out when packing).
+        os.environ[RAY_IGNORE_GITIGNORE] = "1"
         self._discovery: asyncio.Future[Discovered] | None = None  # the one in flight
         self._runs: dict[str, _RayRun] = {}  # followed, by submission id
         self._poller: asyncio.Task[None] | None = None
