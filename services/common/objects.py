@@ -262,7 +262,11 @@ class ObjectStore:
             return await asyncio.wait_for(call(store), self._timeout_s + size / MIN_RATE)
 
     async def _get(self, kind: str, what: str, object_name: str, max_bytes: int | None = None) -> bytes:
-        """An object's bytes, read chunk by chunk from its own stream: never through a link
+        return (await self._get_hashed(kind, what, object_name, max_bytes))[0]
+
+    async def _get_hashed(self, kind: str, what: str, object_name: str,
+                          max_bytes: int | None = None) -> tuple[bytes, bytes]:
+        """An object's bytes and their SHA-256 (hashed chunk by chunk as they arrive), read chunk by chunk from its own stream: never through a link
         (an object pointing elsewhere is refused: a bucket's writer could aim it at a
         bucket only the reader may read), never more than its recorded size or
         ``max_bytes`` (refused before anything is read, or as soon as more arrives). Each
@@ -281,7 +285,7 @@ class ObjectStore:
             if max_bytes is not None and size > max_bytes:
                 raise ObjectTooLarge(f"{what} failed: it holds {size:,} bytes, over the {max_bytes:,} allowed")
             if size == 0:
-                return b""
+                return b"", hashlib.sha256(b"").digest()
             sink = io.BytesIO()
             sha = hashlib.sha256()
             chunks, seq = f"$O.{name}.C.{info.nuid}", 1
@@ -302,7 +306,7 @@ class ObjectStore:
                 seq = msg.seq + 1
             if info.digest and info.digest != _store_digest(sha.digest()):
                 raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
-            return sink.getvalue()
+            return sink.getvalue(), sha.digest()
 
     async def put_workspace(self, data: bytes) -> tuple[str, int, bool]:
         """Store a packed workspace under its digest: (digest, size, stored_now). An object
@@ -335,13 +339,13 @@ class ObjectStore:
         """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it."""
         what = f"fetching workspace {digest}"
         try:
-            data = await self._get("workspaces", what, workspace_object(digest), max_bytes)
+            data, raw = await self._get_hashed("workspaces", what, workspace_object(digest), max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
         except DigestMismatch:
             raise DigestMismatch(f"workspace {digest} is corrupt in the object store: its chunks "
                                  f"do not match their recorded digest") from None
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        actual = "sha256:" + raw.hex()  # hashed as the chunks came: not again, on the loop
         if actual != digest:
             raise DigestMismatch(f"the object stored as workspace {digest} holds other bytes ({actual})")
         return data
