@@ -98,3 +98,13 @@ async def close_quietly(nc: Client) -> None:
 async def publish(nc: Client, subject: str, message: msgspec.Struct) -> None:
     """Publish one of our structs (fire and forget; Postgres already holds the truth)."""
     await nc.publish(subject, encoder.encode(message))
+
+
+def from_jetstream(msg) -> bool:
+    """Whether ``msg`` was delivered by a JetStream consumer (its reply an ack subject),
+    not published by a client: nothing of the federation's comes that way, and a
+    consumer delivers to any subject its creator names (the server does not check the
+    creator may publish there), so every handler drops such a message unread."""
+    reply = getattr(msg, "reply", "") or ""
+    return reply.startswith("$JS.")
+

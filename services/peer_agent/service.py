@@ -29,7 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from irisfed.services.common import metrics
-from irisfed.services.common.bus import publish
+from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import (
@@ -272,6 +272,8 @@ class PeerAgent(Service):
     # ------------------------------------------------------------ messages
 
     async def on_assign(self, msg: Msg) -> None:
+        if from_jetstream(msg):  # not the tick's or the router's own publish
+            return
         notice = self._decode(AssignmentNotice, msg, "assign_notice_ignored")
         if notice is None:
             return
@@ -289,6 +291,8 @@ class PeerAgent(Service):
         self.start_wanted.set()
 
     async def on_cancel(self, msg: Msg) -> None:
+        if from_jetstream(msg):  # not the router's or the tick's own publish
+            return
         notice = self._decode(CancelNotice, msg, "cancel_notice_ignored")
         if notice is None:
             return

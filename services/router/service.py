@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from irisfed.services.common import metrics
-from irisfed.services.common.bus import publish
+from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.peer_view import PeerView
@@ -239,7 +239,8 @@ class Router(Service):
     async def on_heartbeat(self, msg: Msg) -> None:
         # The subject names the sender (NATS auth); a body naming another peer, or an
         # unconfigured one, is dropped and counted; the TTL is capped.
-        self.view.receive(msg.subject, msg.data, log)
+        if not from_jetstream(msg):
+            self.view.receive(msg.subject, msg.data, log)
 
     # ------------------------------------------------------------ submit
 
@@ -253,8 +254,9 @@ class Router(Service):
     def _forged_reply(self, msg: Msg) -> bool:
         """A request whose reply subject is one of the federation's own (``P.cancel.<peer>``,
         ``P.assign.<peer>``, another user's ``P.submit.<user>``): the router may publish
-        there, so answering would let a requester speak through it. Dropped unanswered."""
-        if msg.reply and msg.reply.startswith(self._own_subjects):
+        there, so answering would let a requester speak through it; or one a JetStream
+        consumer delivered (``from_jetstream``). Dropped unanswered."""
+        if msg.reply and (msg.reply.startswith(self._own_subjects) or from_jetstream(msg)):
             metrics.SUBMIT_ERRORS.labels(ErrorCode.FORBIDDEN).inc()
             log.warning("request_reply_subject_refused", subject=msg.subject, reply=msg.reply[:200])
             return True

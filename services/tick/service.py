@@ -31,7 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from irisfed.services.common import metrics
-from irisfed.services.common.bus import publish
+from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.peer_view import PeerView
@@ -235,6 +235,8 @@ class Tick(Service):
             self.wake.set()  # a peer back (or roomier) through Postgres, e.g. NATS-partitioned
 
     async def on_heartbeat(self, msg: Msg) -> None:
+        if from_jetstream(msg):  # not a peer's own publish
+            return
         # Checked against its subject and the configuration; its TTL capped.
         heartbeat, change = self.view.receive(msg.subject, msg.data, log)
         if heartbeat is not None:

@@ -1,6 +1,8 @@
 """The router looks a submit's workspace up in a task of its own: a slow or hung object
-store holds up only the submits that name a workspace, never the others (pure: the
-store's lookup is a function held here, nothing is sent)."""
+store holds up only the submits that name a workspace, never the others; a submit a
+JetStream consumer delivered (its reply a ``$JS.ACK`` subject, as a real server sets it
+even with no acks asked) is dropped unread (pure: the store's lookup is a function held
+here, nothing is sent)."""
 
 from __future__ import annotations
 
@@ -75,4 +77,19 @@ async def test_past_the_bound_a_workspace_submit_is_told_to_retry(monkeypatch):
     await router.on_submit(second)
     answer = json.loads(second.answers[0])["error"]
     assert answer["code"] == "unavailable" and "waiting on the object store" in answer["message"]
+    await router.close()
+
+
+async def test_a_message_a_jetstream_consumer_delivered_is_dropped_unread():
+    """A consumer delivers to any subject its creator names: a submit, cancel, assign or
+    heartbeat arriving that way (its reply an ack subject) was no client's publish."""
+    from irisfed.services.common.bus import from_jetstream
+
+    router = Router(make_config(), pool=None, nc=None)
+    forged = submit()
+    forged.reply = "$JS.ACK.OBJ_irisfed-workspaces-alice.evil.1.1.1.1.0"
+    await router.on_submit(forged)
+    assert router.queue.empty() and forged.answers == []
+    assert from_jetstream(forged) and not from_jetstream(submit())
+    assert not from_jetstream(SimpleNamespace(reply=""))  # a plain publish: no reply at all
     await router.close()
