@@ -60,7 +60,13 @@ class Ledger:
             wait = f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.1; done"
             script += f'; if [ "$IRISFED_EPOCH" = 1 ]; then {wait}; fi' if first_epoch_only else f"; {wait}"
         if fail_index is not None:
-            script += f'; if [ "$IRISFED_TASK_INDEX" = {fail_index} ]; then exit {exit_code}; fi; sleep 600'
+            # The failing task exits once every task of its run has written its line: a
+            # sibling killed before its shell wrote would otherwise go unseen.
+            ledger = shlex.quote(str(self.path))
+            all_written = (f'n=0; while [ "$(grep -c "^$IRISFED_JOB_ID $IRISFED_EPOCH " {ledger})" -lt '
+                           f'"$IRISFED_NUM_TASKS" ] && [ $n -lt 1200 ]; do n=$((n+1)); sleep 0.05; done')
+            script += (f'; if [ "$IRISFED_TASK_INDEX" = {fail_index} ]; then {all_written}; exit {exit_code}; fi; '
+                       'sleep 600')
         return ["sh", "-c", script]
 
     def rows(self, job_id: str | None = None) -> list[dict]:

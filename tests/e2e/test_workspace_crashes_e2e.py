@@ -62,7 +62,8 @@ async def test_an_agent_killed_while_storing_outputs_lists_only_a_whole_runs(fed
     assert job.state == "succeeded", job.reason
     listed = await federation.store.job_outputs_list(job_id)
     assert len(listed) == FILES and all(o.stored for o in listed) and {o.epoch for o in listed} == {job.epoch}
-    shutil.rmtree(federation.work_dir / "gpu-west")  # the peer's files gone: the store has them
+    federation.kill("gpu-west")  # the peer gone, and its files with it: the store has them
+    shutil.rmtree(federation.work_dir / "gpu-west")
     store = ObjectStore(federation.nats, federation.prefix)
     for output in listed[:3]:
         assert len(await store.get_output(job_id, output.epoch, 0, output.name)) == 1 << 20
