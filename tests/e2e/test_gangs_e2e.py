@@ -273,8 +273,10 @@ async def test_an_interactive_gang_preempts_a_whole_batch_gang_which_runs_again_
         assert all(alive(r["pid"]) for r in ledger.rows(other))  # the other gang untouched
         history = [(r.from_state, r.to_state, r.detail) for r in await federation.store.changelog_list_for_job("urgent")]
         assert ("queued", "assigned", f"placed; preempted {victim}") in history
-        killed = await tasks_of(federation, victim)
-        assert [t.state for t in killed if t.epoch == 1] == ["killed"] * 4
+        # Its agent writes how the tasks ended with the run's report, after the kills.
+        async def tasks_killed() -> bool:
+            return [t.state for t in await tasks_of(federation, victim) if t.epoch == 1] == ["killed"] * 4
+        await wait_for(tasks_killed, f"{victim}'s four tasks recorded as killed")
 
         gate.touch()
         job = await federation.wait_state(victim, *TERMINAL_STATES)
