@@ -13,7 +13,7 @@ This module never decides policy.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -134,6 +134,25 @@ class Transaction:
         with contextlib.suppress(Exception):
             await self._transaction.rollback()
 
+
+
+LiveUsage = tuple[dict[tuple[str, str | None], int], dict[tuple[str, str | None], dict[str, float]], dict[str, int]]
+
+
+def _live_usage(rows: Iterable[tuple[str, str | None, str | None, float, int | None]]) -> LiveUsage:
+    """Live-usage rows (owner peer, backend, resource or None for the slots row, amount,
+    lowest band of the slots row) as slots in use, resources in use, lowest band per peer."""
+    live: dict[tuple[str, str | None], int] = {}
+    used: dict[tuple[str, str | None], dict[str, float]] = {}
+    lowest: dict[str, int] = {}
+    for peer, backend, resource, amount, band in rows:
+        key = (peer, backend)
+        if resource is None:
+            live[key] = int(amount)
+            lowest[peer] = band if peer not in lowest else min(band, lowest[peer])
+        else:
+            used.setdefault(key, {})[resource] = amount
+    return live, used, lowest
 
 class Store:
     """Domain actions on the tables, over a pool (or one connection).
@@ -414,6 +433,9 @@ class Store:
         cursor (-band, -priority, submitted_at, job_id; None: from its start), in a
         transaction; each user's in its own order."""
         users = list(cursors)
+        if len(users) == 1:
+            return await self._all("job_claim_queued_of_user", ClaimedJob, users[0],
+                                   *(cursors[users[0]] or _BEFORE_EVERY_JOB), limit)
         bands, priorities, times, ids = [], [], [], []
         for user in users:
             neg_band, neg_priority, submitted_at, job_id = cursors[user] or _BEFORE_EVERY_JOB
@@ -439,18 +461,16 @@ class Store:
                                                        dict[tuple[str, str | None], dict[str, float]],
                                                        dict[str, int]]:
         """``job_live_usage``, and the lowest band live on each owner peer."""
-        live: dict[tuple[str, str | None], int] = {}
-        used: dict[tuple[str, str | None], dict[str, float]] = {}
-        lowest: dict[str, int] = {}
-        for r in await self._fetch("job_live_usage"):
-            key = (r["owner_peer_id"], r["backend"])
-            if r["resource"] is None:
-                live[key] = int(r["amount"])
-                band = r["lowest_band"]
-                lowest[key[0]] = band if key[0] not in lowest else min(band, lowest[key[0]])
-            else:
-                used.setdefault(key, {})[r["resource"]] = r["amount"]
-        return live, used, lowest
+        return _live_usage((r["owner_peer_id"], r["backend"], r["resource"], r["amount"], r["lowest_band"])
+                           for r in await self._fetch("job_live_usage"))
+
+    async def job_pass_reads(self) -> tuple[LiveUsage, dict[str, int]]:
+        """A tick pass's first reads in one statement: ``job_live_usage_with_bands``
+        and ``job_list_queued_users``."""
+        rows = await self._fetch("job_pass_reads")
+        usage = _live_usage((r["key"], r["backend"], r["resource"], r["amount"], r["band"])
+                            for r in rows if r["kind"] == "live")
+        return usage, {r["key"]: r["band"] for r in rows if r["kind"] == "queued"}
 
     async def job_assign_batch(self, assignments: Sequence[tuple[str, int, str, str]],
                                details: Mapping[str, str] | None = None) -> list[AssignedJob]:

@@ -419,7 +419,8 @@ class Tick(Service):
 
         With connections to spare, everything a pass reads before placing goes to
         Postgres at once, so a wake-up (every submit burst) waits for one round trip:
-        the claim, the users with queued work, the counts, and — where they apply —
+        the claim, the users with queued work and the counts (one statement,
+        ``job_pass_reads``), and — where they apply —
         what users hold (more than one user, or a quota) and what may be preempted (a
         queue above ``batch``). The claim and those two reads need the users and their
         top band, which the same round trip lists: they go out for the users and band
@@ -428,11 +429,10 @@ class Tick(Service):
         snapshot either way; taken beside the claim they are no staler than before it.
         """
         if not concurrent:  # a pool of one: everything on the held connection, in turn
-            top_band_of = await bound.job_list_queued_users()
+            (live, used, lowest), top_band_of = await bound.job_pass_reads()
             if not top_band_of:
                 return None, None
             shape = QueueShape.of(top_band_of, self.quota_users)
-            live, used, lowest = await bound.job_live_usage_with_bands()
             reachable = [p.peer_id for p in peers if p.is_reachable(now)]
             self.lowest_live_band = min((lowest[p] for p in reachable if p in lowest), default=UNPREEMPTIBLE_RANK)
             held = await bound.job_live_usage_by_user() if shape.shared else {}
@@ -456,20 +456,22 @@ class Tick(Service):
         a live job's band is below the queue's top band (the counts say so)."""
         reachable = sorted(p.peer_id for p in peers if p.is_reachable(now))
         guess = self.queue_shape
-        claimed, listed, usage, held, victims = await _gathered(
+        claimed, ((live, used, lowest), listed), held, victims = await _gathered(
             self._claim(bound, dict.fromkeys(guess.users)) if guess.users else _done(None),
-            self.store.job_list_queued_users(), self.store.job_live_usage_with_bands(),
+            self.store.job_pass_reads(),
             self.store.job_live_usage_by_user() if guess.shared else _done({}),
             self._victims(guess.top_band, reachable) if guess.preempts else _done(None))
-        live, used, lowest = usage
         self.lowest_live_band = min((lowest[p] for p in reachable if p in lowest), default=UNPREEMPTIBLE_RANK)
         shape = QueueShape.of(listed, self.quota_users)
-        shape = self.queue_shape = replace(
-            shape, preempts=self.lowest_live_band < min(shape.top_band, UNPREEMPTIBLE_RANK))
+        shape = replace(shape, preempts=self.lowest_live_band < min(shape.top_band, UNPREEMPTIBLE_RANK))
         if not listed:
+            # Nothing queued: the guess stays what the last queue looked like. The passes
+            # that drain a queue (every freed slot wakes one) must not make the next
+            # submit's pass pay a second round trip for a guess of "nobody".
             if claimed is not None:
                 await claimed[0].rollback()
             return None, (live, used), {}, None, None
+        self.queue_shape = shape
         reclaim = shape.users != guess.users  # users queued (or gone) since: claim them all
         if reclaim and claimed is not None:
             await claimed[0].rollback()

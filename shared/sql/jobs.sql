@@ -204,6 +204,32 @@ SELECT owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8, 
 FROM live, jsonb_each_text(live.resources) AS r
 GROUP BY owner_peer_id, backend, r.key;
 
+-- job_pass_reads --
+-- What a tick pass reads before it places, in one statement (its wake-up waits for
+-- one round trip beside the claim, not two): job_live_usage's rows (kind 'live', key
+-- the owner peer), and job_list_queued_users' (kind 'queued', key the user, band its
+-- highest queued band).
+WITH RECURSIVE users AS (
+    (SELECT user_id, band FROM jobs WHERE state = 'queued' ORDER BY user_id, -band LIMIT 1)
+    UNION ALL
+    SELECT next.user_id, next.band
+    FROM users, LATERAL (SELECT j.user_id, j.band FROM jobs j
+                         WHERE j.state = 'queued' AND j.user_id > users.user_id
+                         ORDER BY j.user_id, -j.band LIMIT 1) AS next
+), live AS (
+    SELECT owner_peer_id, backend, resources, replicas, band FROM jobs WHERE state IN ('assigned', 'running')
+)
+SELECT 'live' AS kind, owner_peer_id AS key, backend, NULL::text AS resource, sum(replicas)::float8 AS amount,
+       min(band) AS band
+FROM live
+GROUP BY owner_peer_id, backend
+UNION ALL
+SELECT 'live', owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8, NULL
+FROM live, jsonb_each_text(live.resources) AS r
+GROUP BY owner_peer_id, backend, r.key
+UNION ALL
+SELECT 'queued', user_id, NULL, NULL, NULL, band FROM users;
+
 -- job_assign_batch --
 -- The tick's commit: queued → assigned for many jobs at once, CAS on epoch. $5: each
 -- one's history detail (NULL: 'placed'; a preempting job names its victims).
@@ -455,6 +481,22 @@ CROSS JOIN LATERAL (
     LIMIT $6
     FOR UPDATE SKIP LOCKED
 ) j;
+
+-- job_claim_queued_of_user --
+-- job_claim_queued_by_user for one user ($1, its cursor $2..$5, at most $6): the
+-- same rows, without the unnest and lateral join, whose planning on every execution
+-- cost a queue of one user (a federation without users) more than the claim itself.
+SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
+       spec->>'constraints' AS constraints_json, resources::text AS resources_json,
+       spec->>'preferences' AS preferences_json,
+       extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band,
+       replicas, coalesce(spec->'coschedule'->>'group_by', '') AS group_by
+FROM jobs
+WHERE state = 'queued' AND user_id = $1 AND stopping_on IS NULL
+  AND (-band, -priority, submitted_at, job_id) > ($2::int, $3::int, $4::timestamptz, $5::text)
+ORDER BY -band, -priority, submitted_at, job_id
+LIMIT $6
+FOR UPDATE SKIP LOCKED;
 
 -- job_live_usage_by_user --
 -- What the assigned and running jobs of users $1 hold (quota checks, under their

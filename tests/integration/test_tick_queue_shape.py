@@ -78,10 +78,25 @@ async def test_an_emptied_queue_leaves_no_claim_open(pool):
     await insert_jobs(store, [user_job("alice", "only")])
     await tick.run_once()
     result = await tick.run_once()  # guesses alice; the listing says nobody
-    assert result.assigned == [] and tick.queue_shape == QueueShape()
+    assert result.assigned == []
     locks = await pool.fetchval("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
                                 "WHERE a.state = 'idle in transaction'")
     assert locks == 0
+
+
+async def test_a_pass_over_an_empty_queue_keeps_the_guess_for_the_next_submit(pool):
+    """Every freed slot wakes a pass that finds nothing queued; the next submit's pass
+    must still claim in its first round trip, not guess "nobody" and claim again."""
+    store, tick = await users_tick(pool, slots=5)
+    await insert_jobs(store, [user_job("alice", "first")])
+    await tick.run_once()
+    assert (await tick.run_once()).assigned == []  # the queue is empty
+    assert tick.queue_shape.users == ("alice",)
+    claims = counting_claims(tick)
+    await insert_jobs(store, [user_job("alice", "next")])
+    result = await tick.run_once()
+    assert [job_id for job_id, _, _ in result.assigned] == ["alice:next"]
+    assert claims == [("alice",)]
 
 
 async def test_victims_are_read_only_where_a_lower_band_is_live(pool):
