@@ -77,14 +77,18 @@ def local_path(dest: Path, output: Output, by_task: bool) -> Path:
 
 async def download_outputs(nc, prefix: str, job_id: str, outputs: list[Output], dest: Path,
                            by_task: bool = False) -> list[Path]:
-    """Fetch each stored output of ``job_id`` (its stored id: its user's bucket) into
-    ``dest`` (``by_task``, a gang's: under ``task-<i>/``); the paths written."""
-    store = ObjectStore(nc, prefix, user=split_job_id(job_id)[0])
+    """Fetch each stored output of ``job_id`` (its stored id: its user's buckets, at the
+    peer each run's row names) into ``dest`` (``by_task``, a gang's: under
+    ``task-<i>/``); the paths written."""
+    user = split_job_id(job_id)[0]
+    stores: dict[str, ObjectStore] = {}
     written = []
     for output in outputs:
         if not output.stored:
             continue
         path = local_path(dest, output, by_task)
+        store = stores.get(output.peer_id) or stores.setdefault(
+            output.peer_id, ObjectStore(nc, prefix, user=user, peer=output.peer_id))
         try:
             data = await store.get_output(job_id, output.epoch, output.task, output.name)
         except ObjectMissing:

@@ -360,6 +360,23 @@ class JobEvent(Struct, frozen=True):
     reason: str = ""
 
 
+class StageRequest(Struct, frozen=True):
+    """``<prefix>.stage.<peer_id>`` (a request; only that peer's agent may publish it):
+    stage the workspace of job_id, assigned to that peer under ``epoch``, into the
+    job's user's bucket at that peer. Answered with a StageReply or an ErrorReply."""
+
+    job_id: str
+    epoch: int
+
+
+class StageReply(Struct, frozen=True):
+    """The workspace is in the user's bucket at the asking peer."""
+
+    job_id: str
+    digest: str
+    size: int
+
+
 class TickWake(Struct, frozen=True):
     """``<prefix>.tick.wake``: queued work was committed; a tick should run now."""
 
@@ -379,7 +396,7 @@ _strict_decoders: dict[type, msgspec.json.Decoder] = {
 }
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
-    for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake,
+    for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake, StageRequest, StageReply,
                  SubmitReply, DryRunReply, CancelReply, ErrorReply)
 }
 
@@ -453,6 +470,8 @@ WIRE_MESSAGES: tuple[type, ...] = (
     CancelNotice,
     JobEvent,
     TickWake,
+    StageRequest,
+    StageReply,
 )
 
 

@@ -7,15 +7,18 @@ Roles and what they may do (``P`` is the subject prefix):
 | producer (the user ``default``) | P.submit, P.cancel, own objects | _INBOX_producer.> (its replies) |
 | user-U (each configured user U) | P.submit.U, P.cancel.U, own objects | _INBOX_user-U.> (its replies) |
 | operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping, all objects | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace lookups, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, _INBOX_router.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace reads and staging, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.stage.*, _INBOX_router.> |
 | tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
-| agent-X | P.heartbeat.X, P.events.*, workspace reads, output writes | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
+| agent-X | P.heartbeat.X, P.events.*, P.stage.X, X's staged workspaces (read), X's outputs (write) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
 
 Objects are :func:`object_store_rights`: JetStream API subjects of named buckets, nothing
-else of JetStream. Each user has its own two buckets; "own objects" is writing its
-workspaces and reading them and its outputs, no other user's. Agents read every user's
-workspaces and write every user's outputs (any agent: the server cannot tell which
-jobs are assigned to which peer; docs/decisions.md, "The object store's rights").
+else of JetStream. Each user has its own workspaces bucket and, at each peer, a bucket
+of its workspaces staged there and one of its outputs from there; "own objects" is
+writing its workspaces and reading them and its outputs, no other user's. An agent
+reads only what the router staged at its peer, which the router does only for a job
+assigned to that peer (asked on ``P.stage.X``, which only agent X may publish), and
+writes outputs only at its peer, where readers look only for runs Postgres says that
+peer owned (docs/decisions.md, "The object store's rights").
 | web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
@@ -60,13 +63,14 @@ def user_role(user_id: str) -> str:
 
 
 def object_store_rights(prefix: str, users: Iterable[str] = (DEFAULT_USER,), *, read: Iterable[str] = (),
-                        write: Iterable[str] = ()) -> tuple[str, ...]:
+                        write: Iterable[str] = (), peers: Iterable[str | None] = (None,)) -> tuple[str, ...]:
     """What a role publishes to use the object store (docs/design.md §3.5) through
-    JetStream's API: for each of ``users``, look up and read (an ordered consumer) the
-    buckets of the kinds in ``read``, and also write and replace objects in those in
-    ``write`` — and nothing else of JetStream (no stream created, changed or deleted).
-    Each user's buckets are streams of their own, so these rights are the server's
-    border between users. The answers come to the role's own inbox."""
+    JetStream's API: for each of ``users`` and each of ``peers`` (None: the user's own
+    bucket, else its bucket at that peer), look up and read the buckets of the kinds in
+    ``read``, and also write and replace objects in those in ``write`` — and nothing
+    else of JetStream (no stream created, changed or deleted). Each user's buckets, and
+    each at each peer, are streams of their own, so these rights are the server's
+    border between users and between peers. The answers come to the role's own inbox."""
     from irisfed.services.common.objects import bucket
 
     read, write = tuple(read), tuple(write)
@@ -75,8 +79,9 @@ def object_store_rights(prefix: str, users: Iterable[str] = (DEFAULT_USER,), *, 
     rights = ["$JS.API.INFO"]
     # A wildcard prefix (a test server shared by many federations): any bucket.
     targets = ([("*", "*", True)] if prefix == "*" else
-               [(bucket(prefix, kind, user), f"OBJ_{bucket(prefix, kind, user)}", kind in write)
-                for user in dict.fromkeys(users) for kind in dict.fromkeys((*read, *write))])
+               [(name, f"OBJ_{name}", kind in write)
+                for user in dict.fromkeys(users) for peer in dict.fromkeys(peers)
+                for kind in dict.fromkeys((*read, *write)) for name in (bucket(prefix, kind, user, peer),)])
     for name, stream, writes in targets:
         # Reads are direct gets only: no consumer, since a consumer delivers to any subject
         # its creator names (the server does not check the creator may publish there),
@@ -91,24 +96,35 @@ def object_store_rights(prefix: str, users: Iterable[str] = (DEFAULT_USER,), *, 
 def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[str] = ()) -> dict[str, Permissions]:
     """The permission set of every role for a federation's prefix, peers and users."""
     p = prefix
-    user_ids = tuple(user_ids)
+    user_ids, peer_ids = tuple(user_ids), tuple(peer_ids)
     everyone = (DEFAULT_USER, *user_ids)
     both = ("workspaces", "outputs")
-    # A user puts its own workspaces and reads its own outputs; the router looks up every
-    # user's workspaces; agents read them and write outputs; the dashboard reads outputs
-    # (for a logged-in operator); operators do everything.
-    own = object_store_rights(prefix, (DEFAULT_USER,), read=both, write=("workspaces",))
-    operator = object_store_rights(prefix, everyone, read=both, write=both)
-    router = object_store_rights(prefix, everyone, read=("workspaces",))
-    agent = object_store_rights(prefix, everyone, read=("workspaces",), write=("outputs",))
-    web = object_store_rights(prefix, everyone, read=("outputs",))  # an operator's download
+
+    def own_objects(user: str) -> tuple[str, ...]:
+        """A user puts and reads its own workspaces and reads its outputs at every peer."""
+        return tuple(dict.fromkeys((
+            *object_store_rights(prefix, (user,), read=("workspaces",), write=("workspaces",)),
+            *object_store_rights(prefix, (user,), read=("outputs",), peers=peer_ids))))
+
+    # The router reads every user's workspaces and stages copies at peers (a job's
+    # assigned peer only, which it checks); an agent reads what was staged at its peer
+    # and writes outputs there; the dashboard reads outputs (for a logged-in operator);
+    # operators do everything.
+    operator = tuple(dict.fromkeys((
+        *object_store_rights(prefix, everyone, read=("workspaces",), write=("workspaces",)),
+        *object_store_rights(prefix, everyone, read=both, write=both, peers=peer_ids))))
+    router = tuple(dict.fromkeys((*object_store_rights(prefix, everyone, read=("workspaces",)),
+                                  *object_store_rights(prefix, everyone, write=("workspaces",), peers=peer_ids))))
+    web = object_store_rights(prefix, everyone, read=("outputs",), peers=peer_ids)  # an operator's download
+    own = own_objects(DEFAULT_USER)
     roles = {
         "producer": Permissions((f"{p}.submit", f"{p}.cancel", *own), (f"{inbox_prefix('producer')}.>",)),
         "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.tick.ping", *operator),
                                 (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
         "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *router),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
-                               f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{inbox_prefix('router')}.>"),
+                               f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{p}.stage.*",
+                               f"{inbox_prefix('router')}.>"),
                               allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
@@ -118,13 +134,13 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
     }
     for user_id in user_ids:
         role = user_role(user_id)
-        mine = object_store_rights(prefix, (user_id,), read=both, write=("workspaces",))
-        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", *mine),
+        roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", *own_objects(user_id)),
                                   (f"{inbox_prefix(role)}.>",))
     for peer_id in peer_ids:
         role = f"agent-{peer_id}"
+        agent = object_store_rights(prefix, everyone, read=("workspaces",), write=("outputs",), peers=(peer_id,))
         roles[role] = Permissions(
-            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", *agent),
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", f"{p}.stage.{peer_id}", *agent),
             (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}", f"{inbox_prefix(role)}.>"))
     return roles
 

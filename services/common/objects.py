@@ -1,15 +1,17 @@
 """The federation's object store (DESIGN 3.5): workspaces and run outputs as bytes in
 NATS JetStream's object store, on the NATS servers the federation already runs.
 
-Two buckets per subject prefix and user (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` ->
-``_2E``, so ``irisfed`` gives ``irisfed-workspaces`` and ``irisfed-outputs`` for the user
-``default``, ``irisfed-workspaces-alice`` and ``irisfed-outputs-alice`` for ``alice``:
-a bucket is a stream, so NATS permissions can give each user its own and no one
-else's, docs/decisions.md "The object store's rights"): workspaces under
-their digest, as ``sha256-<64 hex>``; outputs, kept ``output_retention_days`` (the
-bucket's max age), as ``<job>/<epoch>/<task>/<name>`` where the job id and the name
-escape every byte of their UTF-8 outside ``[-_.A-Za-z0-9]`` (the name keeps its ``/``)
-as ``=XX``, ``=`` included: reversible, and within the names every client accepts.
+Buckets per subject prefix and user (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` ->
+``_2E``, so ``irisfed`` gives ``irisfed-workspaces`` for the user ``default`` and
+``irisfed-workspaces-alice`` for ``alice``), and per user at each peer ``P``: the
+workspaces the router staged there (``...-workspaces__P``, kept ``STAGED_TTL_S``) and
+the outputs of runs there (``...-outputs__P``, kept ``output_retention_days``, the
+bucket's max age). A bucket is a stream, so NATS permissions can give each user its
+own, and each peer's agent its own, and no one else's (docs/decisions.md "The object
+store's rights"). Workspaces are stored under their digest, as ``sha256-<64 hex>``;
+outputs as ``<job>/<epoch>/<task>/<name>`` where the job id and the name escape every
+byte of their UTF-8 outside ``[-_.A-Za-z0-9]`` (the name keeps its ``/``) as ``=XX``,
+``=`` included: reversible, and within the names every client accepts.
 
 Every nats error is translated here into an :class:`ObjectStoreError` whose message is
 one sentence: :class:`StoreMissing` (JetStream off, or a bucket never created),
@@ -35,6 +37,7 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js import errors as js_errors
 
+from irisfed.shared.federation.peer import PEER_ID_PATTERN
 from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
 from irisfed.shared.workspace import DIGEST_RE
 
@@ -48,6 +51,8 @@ _PLAIN = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
 _USER = re.compile(USER_ID_PATTERN)
+_PEER = re.compile(PEER_ID_PATTERN)
+STAGED_TTL_S = 86400.0  # a peer's staged copy of a workspace: staged again on demand once gone
 
 
 class ObjectStoreError(Exception):
@@ -74,20 +79,27 @@ class DigestMismatch(ObjectStoreError):
     """The bytes stored under a digest are not the bytes that digest names."""
 
 
-def bucket(prefix: str = "irisfed", kind: str = "workspaces", user: str = DEFAULT_USER) -> str:
+def bucket(prefix: str = "irisfed", kind: str = "workspaces", user: str = DEFAULT_USER,
+           peer: str | None = None) -> str:
     """The bucket of ``kind`` ("workspaces"/"outputs", or WORKSPACES/OUTPUTS) of ``user``
-    for a subject prefix."""
+    for a subject prefix; with ``peer``, that user's bucket at that peer (its outputs,
+    or the copies of its workspaces the router staged for the peer): ``__<peer>``
+    appended, ``_`` escaped as ``_5F`` in every part so no two names meet."""
     kind = kind.removeprefix("irisfed-")
     if kind not in KINDS:
         raise ValueError(f"unknown object store kind {kind!r}: expected one of {', '.join(KINDS)}")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
         raise ValueError(f"invalid subject prefix {prefix!r}")
     name = f"{prefix.replace('_', '_5F').replace('.', '_2E')}-{kind}"
-    if user == DEFAULT_USER:
-        return name
-    if not _USER.fullmatch(user):
-        raise ValueError(f"invalid user id {user!r}")
-    return f"{name}-{user}"
+    if user != DEFAULT_USER:
+        if not _USER.fullmatch(user):
+            raise ValueError(f"invalid user id {user!r}")
+        name = f"{name}-{user.replace('_', '_5F')}"
+    if peer is not None:
+        if not _PEER.fullmatch(peer):
+            raise ValueError(f"invalid peer id {peer!r}")
+        name = f"{name}__{peer.replace('_', '_5F')}"
+    return name
 
 
 def workspace_object(digest: str) -> str:
@@ -183,18 +195,19 @@ def _boundary(what: str, bucket_name: str):
 
 async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
                          output_ttl_s: float = 7 * 86400, users: Iterable[str] = (),
-                         wait_s: float = 0.0) -> None:
-    """Create the workspaces and outputs buckets of the user ``default`` and of each of
-    ``users`` if missing (idempotent, safe concurrently); ``replicas``: the cluster's NATS
-    nodes, capped at three. An existing outputs bucket gets ``output_ttl_s`` as its max
-    age when that changed. ``wait_s``: how long to keep trying while JetStream does not
-    answer yet (a cluster just started has no meta leader for a few seconds); then
+                         wait_s: float = 0.0, peers: Iterable[str] = ()) -> None:
+    """Create the buckets of the user ``default`` and of each of ``users`` if missing
+    (idempotent, safe concurrently): its workspaces, and at each of ``peers`` its
+    outputs and its staged workspaces. ``replicas``: the cluster's NATS nodes, capped at
+    three. An existing outputs bucket gets ``output_ttl_s`` as its max age when that
+    changed. ``wait_s``: how long to keep trying while JetStream does not answer yet (a
+    cluster just started has no meta leader for a few seconds); then
     :class:`StoreMissing` as at once."""
     deadline = asyncio.get_running_loop().time() + wait_s
-    users = list(users)
+    users, peers = list(users), list(peers)
     while True:
         try:
-            return await _ensure_buckets(nc, prefix, replicas, output_ttl_s, users)
+            return await _ensure_buckets(nc, prefix, replicas, output_ttl_s, users, peers)
         except (StoreMissing, StoreUnavailable):
             if asyncio.get_running_loop().time() >= deadline:
                 raise
@@ -202,13 +215,15 @@ async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
 
 
 async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: float,
-                          users: list[str]) -> None:
+                          users: list[str], peers: list[str]) -> None:
     js = nc.jetstream()
     replicas = max(1, min(int(replicas), MAX_REPLICAS))
     every = dict.fromkeys([DEFAULT_USER, *users])
-    for user, kind, ttl in ((u, k, t) for u in every
-                            for k, t in (("workspaces", None), ("outputs", float(output_ttl_s)))):
-        name = bucket(prefix, kind, user)
+    wanted = [(u, "workspaces", None, None) for u in every] + [
+        (u, kind, peer, ttl) for u in every for peer in dict.fromkeys(peers)
+        for kind, ttl in (("workspaces", STAGED_TTL_S), ("outputs", float(output_ttl_s)))]
+    for user, kind, peer, ttl in wanted:
+        name = bucket(prefix, kind, user, peer)
         with _boundary(f"creating bucket {name}", name):
             try:
                 info = await js.stream_info(f"OBJ_{name}")
@@ -228,24 +243,32 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
 
 class ObjectStore:
     """Workspaces and outputs of ``user`` in the federation under ``prefix``, over client
-    ``nc``. ``timeout_s`` bounds each whole transfer (a get never waits for chunks forever)."""
+    ``nc``. Without ``peer``: the user's own workspaces (outputs need a peer). With
+    ``peer``: the user's buckets at that peer: the workspaces staged there and the
+    outputs of its runs there. ``timeout_s`` bounds each whole transfer (a get never
+    waits for chunks forever)."""
 
     def __init__(self, nc: Client, prefix: str = "irisfed", *, user: str = DEFAULT_USER,
-                 timeout_s: float = 120.0) -> None:
+                 peer: str | None = None, timeout_s: float = 120.0) -> None:
         self._nc = nc
         self._js = None  # JetStream's context, made on first use
         self.user = user
-        self._names = {kind: bucket(prefix, kind, user) for kind in KINDS}
+        self.peer = peer
+        self._names = {"workspaces": bucket(prefix, "workspaces", user, peer)}
+        if peer is not None:
+            self._names["outputs"] = bucket(prefix, "outputs", user, peer)
         self._stores: dict[str, object] = {}
         self._timeout_s = timeout_s
 
     async def open(self) -> ObjectStore:
-        """Open both buckets now (else on first use); StoreMissing if either is missing."""
-        for kind in KINDS:
+        """Open its buckets now (else on first use); StoreMissing if one is missing."""
+        for kind in self._names:
             await self._store(kind)
         return self
 
     async def _store(self, kind: str):
+        if kind not in self._names:
+            raise ValueError("outputs are kept per peer: open the store with peer=<the run's peer>")
         if kind not in self._stores:
             if self._js is None:
                 self._js = self._nc.jetstream()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -33,6 +34,9 @@ from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import (
+    MIN_RATE,
+    DigestMismatch,
+    ObjectMissing,
     ObjectStore,
     ObjectStoreError,
     StoreUnavailable,
@@ -70,7 +74,7 @@ from irisfed.services.peer_agent.workspaces import CACHE_FOLDER, WorkspaceCache,
 from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
-from irisfed.shared.errors import PermanentStoreError, Unavailable
+from irisfed.shared.errors import ErrorCode, PermanentStoreError, Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
@@ -81,7 +85,9 @@ from irisfed.shared.messages import (
     JobEvent,
     NodeGroup,
     ResourceAmount,
+    StageRequest,
     decode_internal,
+    encoder,
 )
 from irisfed.shared.records import AcceptedJob, OwnedJob
 from irisfed.shared.users import split_job_id
@@ -89,6 +95,7 @@ from irisfed.shared.users import split_job_id
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 
 MIB = 1024 * 1024
+STAGE_TIMEOUT_S = 30.0  # a stage request's wait, plus a second per MIN_RATE bytes the workspace may hold
 
 # Backends without an engine: their nodes are configured (LocalNodes).
 LOCAL_KINDS = ("subprocess", "simulated")
@@ -152,7 +159,7 @@ class PeerAgent(Service):
         self._object_stores: dict[str, ObjectStore] = {}  # per user: each has its own buckets
         self.workspaces = WorkspaceCache(
             settings.work_root / CACHE_FOLDER / self.peer_id,
-            lambda digest, user: self.objects(user).get_workspace(digest, config.max_workspace_bytes),
+            self._fetch_workspace,
             max_bytes=settings.cache_mb * MIB, max_files=config.max_workspace_files,
             max_unpacked_bytes=config.max_workspace_bytes)
 
@@ -487,7 +494,7 @@ class PeerAgent(Service):
         held = False
         try:
             try:
-                path = await self.workspaces.acquire(digest, user)
+                path = await self.workspaces.acquire(digest, user, (run.job_id, run.epoch))
             except WorkspaceUnusable as exc:
                 run.launch_error, run.refused, run.exit_code = str(exc), True, -1
                 log.warning("workspace_unusable", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
@@ -639,11 +646,39 @@ class PeerAgent(Service):
                          files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
 
     def objects(self, user: str) -> ObjectStore:
-        """The object store of ``user``'s buckets (a job's user: its stored id says)."""
+        """The object store of ``user``'s buckets at this peer (a job's user: its stored id
+        says): its workspaces staged here, its outputs from here."""
         store = self._object_stores.get(user)
         if store is None:
-            store = self._object_stores[user] = ObjectStore(self.nc, self.subjects.prefix, user=user)
+            store = self._object_stores[user] = ObjectStore(self.nc, self.subjects.prefix, user=user,
+                                                            peer=self.peer_id)
         return store
+
+    async def _fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None) -> bytes:
+        """Workspace ``digest`` of ``user``, for run ``job``: the router stages it at this
+        peer (only for a job assigned here: this agent may read nothing else), then it
+        is read from there. The router's refusals: the workspace gone from the store or
+        corrupt there (the job fails), or the job not this peer's any more (a launch
+        error: its row has moved on, so nothing runs)."""
+        if job is None:
+            raise ObjectMissing(f"workspace {digest}: no run to stage it for")
+        limit = self.config.max_workspace_bytes
+        try:
+            reply = await self.nc.request(self.subjects.stage(self.peer_id),
+                                          encoder.encode(StageRequest(job[0], job[1])),
+                                          timeout=STAGE_TIMEOUT_S + limit / MIN_RATE)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError) as exc:
+            raise StoreUnavailable(f"staging workspace {digest}: no router answered ({type(exc).__name__})") from None
+        answer = msgspec.json.decode(reply.data)
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if isinstance(error, dict):
+            message = str(error.get("message", ""))[:500]
+            if error.get("code") == ErrorCode.NOT_FOUND:
+                raise ObjectMissing(message)
+            if error.get("code") == ErrorCode.INVALID_REQUEST:
+                raise DigestMismatch(message)
+            raise StoreUnavailable(f"workspace {digest}: {message}")
+        return await self.objects(user).get_workspace(digest, limit)
 
     async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
         """``call()``, again after a pause while what it needs is away for now."""

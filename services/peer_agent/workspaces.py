@@ -1,9 +1,10 @@
-"""A peer's workspaces (docs/design.md §3.5): fetched once per user and digest,
+"""A peer's workspaces (docs/design.md §3.5): fetched once per user and digest (from
+the user's bucket at this peer, where the router stages it for a job assigned here),
 verified, unpacked into a bounded on-disk cache, copied fresh for each run.
 
 The cache is ``<work root>/.workspaces/<user>/<hex>``, one unpacked tree per user and
 digest (a user's metadata in its own bucket is its own to write, so a tree another
-user's bytes made is never handed to it: each user's tree comes from its own bucket), made by
+user's bytes made is never handed to it: each user's tree comes from that user's buckets), made by
 ``shared.workspace.unpack_workspace`` (verify, then unpack into a partial folder
 renamed when complete): a tree under its final name is always whole, so an agent
 killed mid-fetch or mid-unpack leaves only a partial folder, removed at the next
@@ -41,6 +42,7 @@ log = EventLogger("irisfed.peer_agent.workspaces")
 CACHE_FOLDER = ".workspaces"
 _USER = re.compile(USER_ID_PATTERN)
 Key = tuple[str, str]  # (user, digest)
+Job = tuple[str, int]  # (job id, epoch): the run a fetch is for
 _NAME_ERRORS = (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL)
 DEFAULT_CACHE_MB = 4096
 
@@ -74,12 +76,13 @@ def _drop(path: Path) -> None:
 
 
 class WorkspaceCache:
-    """The agent's unpacked workspaces under ``root``; ``fetch(digest, user)`` returns the
-    archive bytes from that user's bucket. One tree per user and digest: the bytes are
+    """The agent's unpacked workspaces under ``root``; ``fetch(digest, user, job)`` returns
+    the archive bytes from that user's bucket at this peer (staged there for ``job``, the
+    (job id, epoch) of the run that asked first). One tree per user and digest: the bytes are
     verified against the digest before unpacking, and each user's come from its own
     bucket."""
 
-    def __init__(self, root: Path, fetch: Callable[[str, str], Awaitable[bytes]], *, max_bytes: int,
+    def __init__(self, root: Path, fetch: Callable[[str, str, Job | None], Awaitable[bytes]], *, max_bytes: int,
                  max_files: int, max_unpacked_bytes: int) -> None:
         self.root = root
         self.fetch = fetch
@@ -120,7 +123,7 @@ class WorkspaceCache:
             pass
         _drop(path)
 
-    async def acquire(self, digest: str, user: str = DEFAULT_USER) -> Path:
+    async def acquire(self, digest: str, user: str = DEFAULT_USER, job: Job | None = None) -> Path:
         """The unpacked tree of ``digest``, held until ``release``: fetched and unpacked
         the first time (once, however many runs ask at once). Raises WorkspaceUnusable
         (the job fails) or the store's StoreUnavailable/StoreMissing (retry later)."""
@@ -136,7 +139,7 @@ class WorkspaceCache:
                 self._locks[key] = lock
             entry = self.entries.get(key)
             if entry is None or not entry.path.is_dir():
-                entry = await self._add(digest, user)
+                entry = await self._add(digest, user, job)
             entry.holders += 1
             entry.used_at = time.time()
             gone = self._evict()
@@ -150,9 +153,9 @@ class WorkspaceCache:
             entry.holders -= 1
             entry.used_at = time.time()
 
-    async def _add(self, digest: str, user: str) -> _Entry:
+    async def _add(self, digest: str, user: str, job: Job | None) -> _Entry:
         try:
-            data = await self.fetch(digest, user)
+            data = await self.fetch(digest, user, job)
         except ObjectMissing:
             raise WorkspaceUnusable(f"workspace {digest} is no longer in the object store") from None
         except (DigestMismatch, ObjectTooLarge) as exc:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -52,7 +53,7 @@ from irisfed.services.router.plan import (
     route,
     waiting_for_quota,
 )
-from irisfed.services.router.workspaces import WorkspaceCheck
+from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceStaging
 from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
@@ -78,8 +79,10 @@ from irisfed.shared.messages import (
     DryRunReply,
     JobEvent,
     OperatorCancelRequest,
+    StageRequest,
     SubmitRequest,
     TickWake,
+    decode_internal,
     decode_request,
     encoder,
     error_reply,
@@ -201,6 +204,8 @@ class Router(Service):
         self._own_subjects = f"{self.subjects.prefix}."
         self.workspaces = WorkspaceCheck(nc, self.subjects.prefix, config.max_workspace_bytes)
         self._workspace_submits: set[asyncio.Task] = set()  # submits waiting on the object store
+        self.staging = WorkspaceStaging(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
+        self._stagings: set[asyncio.Task] = set()  # agents' stage requests being answered
 
     # ------------------------------------------------------------ lifecycle
 
@@ -214,6 +219,7 @@ class Router(Service):
         for subject in (self.subjects.cancel, self.subjects.cancel_for("*")):
             await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
         await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_operator_cancel)
+        await self.nc.subscribe(self.subjects.stage(), queue=SUBMIT_QUEUE_GROUP, cb=self.on_stage)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -223,9 +229,11 @@ class Router(Service):
 
     async def close(self) -> None:
         await self.tasks.close()
-        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits):
+        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + list(self._stagings):
             task.cancel()
-        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, return_exceptions=True)
+        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, *self._stagings,
+                             return_exceptions=True)
+        await self.staging.close()
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -253,10 +261,11 @@ class Router(Service):
 
     def _forged_reply(self, msg: Msg) -> bool:
         """A request whose reply subject is one of the federation's own (``P.cancel.<peer>``,
-        ``P.assign.<peer>``, another user's ``P.submit.<user>``): the router may publish
-        there, so answering would let a requester speak through it; or one a JetStream
-        consumer delivered (``from_jetstream``). Dropped unanswered."""
-        if msg.reply and (msg.reply.startswith(self._own_subjects) or from_jetstream(msg)):
+        ``P.assign.<peer>``, another user's ``P.submit.<user>``) or a system one (``$O.``
+        object store chunks, ``$JS.`` API): the router may publish there, so answering
+        would let a requester speak (or write) through it; or one a JetStream consumer
+        delivered (``from_jetstream``). Dropped unanswered."""
+        if msg.reply and (msg.reply.startswith((self._own_subjects, "$")) or from_jetstream(msg)):
             metrics.SUBMIT_ERRORS.labels(ErrorCode.FORBIDDEN).inc()
             log.warning("request_reply_subject_refused", subject=msg.subject, reply=msg.reply[:200])
             return True
@@ -619,6 +628,32 @@ class Router(Service):
     async def _respond(msg: Msg, body: bytes) -> None:
         if msg.reply:
             await msg.respond(body)
+
+    # ------------------------------------------------------------ workspaces staged at peers
+
+    async def on_stage(self, msg: Msg) -> None:
+        """An agent asks for its job's workspace at its peer (``P.stage.<peer>``: only
+        that peer's agent may publish there). Answered from a task of its own: a copy
+        takes as long as its bytes do, and holds up nothing else."""
+        peer_id = self.subjects.stage_peer(msg.subject)
+        if self._forged_reply(msg) or not msg.reply or peer_id not in self.peer_ids:
+            return
+        task = asyncio.ensure_future(self._answer_stage(msg, peer_id))
+        self._stagings.add(task)
+        task.add_done_callback(self._stagings.discard)
+
+    async def _answer_stage(self, msg: Msg, peer_id: str) -> None:
+        try:
+            request = decode_internal(StageRequest, msg.data)
+            reply = encoder.encode(await self.staging.stage(peer_id, request))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            reply = error_reply(ErrorCode.INVALID_REQUEST, f"stage: {exc}")
+        except IrisfedError as exc:
+            reply = error_reply(exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            log.error("stage_failed", peer_id=peer_id, exc_info=True)
+            reply = error_reply(ErrorCode.INTERNAL, f"stage: internal error: {exc!r}")
+        await self._respond(msg, reply)
 
     # ------------------------------------------------------------ cancel
 

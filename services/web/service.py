@@ -271,7 +271,7 @@ class WebService(Service):
         nc = self.nc
         if nc is None or not nc.is_connected:
             return "error", "unavailable"
-        store = ObjectStore(nc, self.config.subject_prefix, user=job.user_id,
+        store = ObjectStore(nc, self.config.subject_prefix, user=job.user_id, peer=row.peer_id,
                             timeout_s=self.settings.output_timeout_s)
         try:
             return "file", await store.get_output(job_id, epoch, task, name, max_bytes=row.size)

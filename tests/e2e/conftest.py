@@ -78,6 +78,12 @@ class Federation(LocalFederation):
         self.nats = nats
         self.store = store
 
+    async def ensure_buckets(self) -> None:
+        """The object store's buckets for this federation's users and peers (what `irisfed up` does)."""
+        from irisfed.services.common.objects import ensure_buckets
+
+        await ensure_buckets(self.nats, self.prefix, peers=list(PEERS))
+
     @property
     def proxies(self) -> list[TcpProxy]:
         return self.supervisor.proxies

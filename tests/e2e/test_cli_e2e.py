@@ -158,9 +158,7 @@ async def test_health_probes_answer_for_running_services(federation):
 async def test_cli_workspace_runs_without_the_producers_folder_and_outputs_come_home(federation):
     """No shared disk: the folder is deleted once submitted, the peer's files before the
     outputs are fetched; every service and the CLI on their own NATS users."""
-    from irisfed.services.common.objects import ensure_buckets
-
-    await ensure_buckets(federation.nats, federation.prefix)  # what `irisfed up` does
+    await federation.ensure_buckets()  # what `irisfed up` does
     await federation.start_federation("home", "gpu-west")
     folder = federation.tmp / "project"
     (folder / "data").mkdir(parents=True)

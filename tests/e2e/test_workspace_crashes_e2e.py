@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from irisfed.services.common.objects import ObjectStore, ensure_buckets
+from irisfed.services.common.objects import ObjectStore
 from irisfed.transfer import store_workspace
 from tests.infra.waiting import wait_for
 
@@ -19,7 +19,7 @@ FILES = 48  # 1 MiB each: a fetch and unpack that take a moment
 
 
 async def test_an_agent_killed_mid_fetch_leaves_no_tree_to_run_and_the_job_still_runs_whole(federation):
-    await ensure_buckets(federation.nats, federation.prefix)
+    await federation.ensure_buckets()
     await federation.start_federation("home", "gpu-west")
     folder = federation.tmp / "big"
     folder.mkdir()
@@ -43,7 +43,7 @@ async def test_an_agent_killed_mid_fetch_leaves_no_tree_to_run_and_the_job_still
 
 
 async def test_an_agent_killed_while_storing_outputs_lists_only_a_whole_runs(federation):
-    await ensure_buckets(federation.nats, federation.prefix)
+    await federation.ensure_buckets()
     await federation.start_federation("home", "gpu-west")
     script = ('d="$IRISFED_OUTPUT_DIR"; for i in $(seq 1 ' + str(FILES) + '); do '
               'head -c 1048576 /dev/urandom > "$d/shard-$i.bin"; done; echo done')
@@ -64,6 +64,6 @@ async def test_an_agent_killed_while_storing_outputs_lists_only_a_whole_runs(fed
     assert len(listed) == FILES and all(o.stored for o in listed) and {o.epoch for o in listed} == {job.epoch}
     federation.kill("gpu-west")  # the peer gone, and its files with it: the store has them
     shutil.rmtree(federation.work_dir / "gpu-west")
-    store = ObjectStore(federation.nats, federation.prefix)
+    store = ObjectStore(federation.nats, federation.prefix, peer="gpu-west")
     for output in listed[:3]:
         assert len(await store.get_output(job_id, output.epoch, 0, output.name)) == 1 << 20

@@ -17,6 +17,7 @@ from nats.js.object_store import VALID_BUCKET_RE, VALID_KEY_RE
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.objects import (
     OUTPUTS,
+    STAGED_TTL_S,
     WORKSPACES,
     DigestMismatch,
     ObjectMissing,
@@ -74,12 +75,22 @@ def prefix():
     return f"t{uuid.uuid4().hex[:12]}"
 
 
+PEER = "gpu-west"
+
+
 @pytest.fixture
 async def store(nc, prefix):
-    await ensure_buckets(nc, prefix)
+    """The user ``default``'s own workspaces; its outputs at PEER are ``at_peer``'s."""
+    await ensure_buckets(nc, prefix, peers=[PEER])
     yield await ObjectStore(nc, prefix).open()
-    for kind in ("workspaces", "outputs"):
-        await nc.jetstream().delete_object_store(bucket(prefix, kind))
+    for name in (bucket(prefix, "workspaces"), bucket(prefix, "workspaces", peer=PEER),
+                 bucket(prefix, "outputs", peer=PEER)):
+        await nc.jetstream().delete_object_store(name)
+
+
+@pytest.fixture
+async def at_peer(store, nc, prefix):
+    return await ObjectStore(nc, prefix, peer=PEER).open()
 
 
 async def _messages(nc, prefix: str, kind: str) -> int:
@@ -91,7 +102,16 @@ def test_bucket_names_are_valid_distinct_and_default_to_the_constants():
     assert bucket("irisfed", "outputs") == OUTPUTS == bucket(kind=OUTPUTS)
     names = {bucket(p, k) for p in ("a.b", "a_b", "a_2Eb", "a-b", "a.b.c") for k in ("workspaces", "outputs")}
     assert len(names) == 10
-    assert all(VALID_BUCKET_RE.match(name) for name in names)
+    # A user and a peer both may hold `_` and `-`: "__" between them, `_` escaped in each.
+    at = {bucket("p", "outputs", user, peer) for user, peer in (
+        ("a_b", "c"), ("a", "b_c"), ("a", "5F_c"), ("a__b", "c"), ("a_", "c"), ("default", "a__b"),
+        ("a", "b"), ("a-b", "c"), ("a", "b-c"))}
+    assert len(at) == 9
+    assert all(VALID_BUCKET_RE.match(name) for name in names | at)
+    assert bucket("irisfed", "outputs", "alice", "gpu-west") == "irisfed-outputs-alice__gpu-west"
+    assert bucket("irisfed", "workspaces", peer="gpu_1") == "irisfed-workspaces__gpu_5F1"
+    with pytest.raises(ValueError, match="invalid peer id"):
+        bucket("irisfed", "outputs", peer="gpu.west")
     with pytest.raises(ValueError):
         bucket("irisfed", "logs")
 
@@ -112,21 +132,21 @@ def test_object_names_are_valid_keys_and_decode_back():
 
 
 async def test_ensure_buckets_is_idempotent_and_concurrent_safe(nc, prefix):
+    names = [bucket(prefix, "workspaces"), bucket(prefix, "workspaces", peer=PEER), bucket(prefix, "outputs", peer=PEER)]
     try:
-        await ensure_buckets(nc, prefix, output_ttl_s=3600)
-        await ensure_buckets(nc, prefix, output_ttl_s=3600)
-        await asyncio.gather(*(ensure_buckets(nc, prefix, output_ttl_s=3600) for _ in range(3)))
+        await ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER])
+        await ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER])
+        await asyncio.gather(*(ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER]) for _ in range(3)))
         js = nc.jetstream()
-        outputs = await (await js.object_store(bucket(prefix, "outputs"))).status()
-        workspaces = await (await js.object_store(bucket(prefix, "workspaces"))).status()
+        workspaces, staged, outputs = [await (await js.object_store(name)).status() for name in names]
         assert outputs.ttl == 3600 and outputs.replicas == 1
-        assert not workspaces.ttl
-        await ensure_buckets(nc, prefix, output_ttl_s=7200)  # a changed retention takes effect
-        assert (await (await js.object_store(bucket(prefix, "outputs"))).status()).ttl == 7200
-        await ObjectStore(nc, prefix).open()
+        assert not workspaces.ttl and staged.ttl == STAGED_TTL_S
+        await ensure_buckets(nc, prefix, output_ttl_s=7200, peers=[PEER])  # a changed retention takes effect
+        assert (await (await js.object_store(names[2])).status()).ttl == 7200
+        await ObjectStore(nc, prefix, peer=PEER).open()
     finally:
-        for kind in ("workspaces", "outputs"):
-            await nc.jetstream().delete_object_store(bucket(prefix, kind))
+        for name in names:
+            await nc.jetstream().delete_object_store(name)
 
 
 async def test_a_5_mib_workspace_round_trips(store):
@@ -173,7 +193,8 @@ async def test_a_missing_digest_raises_object_missing(store):
         await store.get_workspace(stored)
 
 
-async def test_outputs_per_epoch_and_task(store):
+async def test_outputs_per_epoch_and_task(at_peer):
+    store = at_peer
     job = "job:2026.12_06-a"
     files = {
         (0, 0, "result.txt"): b"epoch 0 task 0",
@@ -210,6 +231,8 @@ async def test_store_missing_when_the_buckets_were_never_created(nc):
     with pytest.raises(StoreMissing):  # without open(): on first use
         await ObjectStore(nc, prefix).put_workspace(b"x")
     with pytest.raises(StoreMissing):
+        await ObjectStore(nc, prefix, peer=PEER).list_outputs("job")
+    with pytest.raises(ValueError, match="outputs are kept per peer"):
         await ObjectStore(nc, prefix).list_outputs("job")
 
 
@@ -232,6 +255,7 @@ async def test_store_missing_when_jetstream_is_off(tmp_path):
 def test_each_user_has_its_own_pair_of_buckets():
     assert bucket("irisfed", "workspaces", "alice") == "irisfed-workspaces-alice"
     assert bucket("irisfed", "outputs", "default") == OUTPUTS
+    assert bucket("irisfed", "outputs", "alice", "home") == "irisfed-outputs-alice__home"
     with pytest.raises(ValueError, match="invalid user id"):
         bucket("irisfed", "outputs", "Alice.x")
 
@@ -248,9 +272,10 @@ async def test_irisfed_buckets_creates_every_users_pair_with_the_configured_rete
     assert "ready for default, alice (1 replica, outputs kept 2 days)" in capsys.readouterr().out
     js = nc.jetstream()
     for user in ("default", "alice"):
-        outputs = await js.stream_info(f"OBJ_{bucket(prefix, 'outputs', user)}")
+        outputs = await js.stream_info(f"OBJ_{bucket(prefix, 'outputs', user, 'home')}")
         assert outputs.config.max_age == 2 * 86400
         await js.stream_info(f"OBJ_{bucket(prefix, 'workspaces', user)}")
+        await js.stream_info(f"OBJ_{bucket(prefix, 'workspaces', user, 'home')}")
     assert await asyncio.to_thread(main, args) == 0  # again: nothing to do, no error
     assert await asyncio.to_thread(main, [*args, "--replicas", "4"]) == 2
     assert "--replicas must be 1, 2 or 3" in capsys.readouterr().err

@@ -1,9 +1,10 @@
 """Who may touch which bytes (docs/design.md §3.5), enforced by a real nats-server with
 one NATS user per role: a user puts and reads only its own workspaces and reads only
-its own outputs; the router only looks workspaces up; agents read workspaces and write
-outputs; the dashboard only reads outputs (an operator's download); the tick has no
-object store at all. Each user's buckets are streams of their
-own, so another user's digest or job is out of reach of its credentials."""
+its own outputs; the router reads workspaces and stages copies at peers; an agent
+reads only what was staged at its own peer and writes outputs only there; the
+dashboard only reads outputs (an operator's download); the tick has no object store
+at all. Each user's buckets, and each at each peer, are streams of their own, so
+another user's digest or job, and another peer's copies, are out of reach."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from irisfed.tooling.servers import start_secured_nats
 
 PREFIX = "acme"
 ARCHIVE = b"workspace bytes of alice" * 100
+PEERS = ["gpu", "cpu"]
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    server, auth = start_secured_nats(tmp_path_factory.mktemp("nats-rights"), PREFIX, ["gpu"],
+    server, auth = start_secured_nats(tmp_path_factory.mktemp("nats-rights"), PREFIX, PEERS,
                                       user_ids=["alice", "bob"])
     try:
         yield server, auth
@@ -37,14 +39,14 @@ async def as_role(secured):
         opened.append(nc)
         return nc
     admin = await connect("admin")
-    await ensure_buckets(admin, PREFIX, users=["alice", "bob"])
+    await ensure_buckets(admin, PREFIX, users=["alice", "bob"], peers=PEERS)
     yield connect
     for nc in opened:
         await nc.close()
 
 
-def store(nc, user: str) -> ObjectStore:
-    return ObjectStore(nc, PREFIX, user=user, timeout_s=2.0)
+def store(nc, user: str, peer: str | None = None) -> ObjectStore:
+    return ObjectStore(nc, PREFIX, user=user, peer=peer, timeout_s=2.0)
 
 
 async def refused(call) -> None:
@@ -62,34 +64,54 @@ async def test_a_user_puts_and_reads_only_its_own_workspaces(as_role):
     assert await store(bob, "bob").has_workspace(digest) is None  # not in bob's own bucket
 
 
-async def test_outputs_are_written_by_agents_and_read_only_by_their_user(as_role):
+async def test_outputs_are_written_by_an_agent_at_its_peer_and_read_only_by_their_user(as_role):
     agent, alice, bob = await as_role("agent-gpu"), await as_role("user-alice"), await as_role("user-bob")
-    await store(agent, "alice").put_output("alice:train-1", 1, 0, "model.pt", b"weights")
-    assert await store(alice, "alice").get_output("alice:train-1", 1, 0, "model.pt") == b"weights"
-    await refused(store(bob, "alice").get_output("alice:train-1", 1, 0, "model.pt"))
-    await refused(store(alice, "alice").put_output("alice:train-1", 1, 0, "model.pt", b"forged"))
-    assert await store(alice, "alice").get_output("alice:train-1", 1, 0, "model.pt") == b"weights"
+    await store(agent, "alice", "gpu").put_output("alice:train-1", 1, 0, "model.pt", b"weights")
+    assert await store(alice, "alice", "gpu").get_output("alice:train-1", 1, 0, "model.pt") == b"weights"
+    await refused(store(bob, "alice", "gpu").get_output("alice:train-1", 1, 0, "model.pt"))
+    await refused(store(alice, "alice", "gpu").put_output("alice:train-1", 1, 0, "model.pt", b"forged"))
+    # Another peer's outputs (where readers look for the runs that peer owned) are out of reach.
+    await refused(store(agent, "alice", "cpu").put_output("alice:train-1", 1, 0, "model.pt", b"forged"))
+    cpu = await as_role("agent-cpu")
+    await refused(store(cpu, "alice", "gpu").put_output("alice:train-1", 1, 0, "model.pt", b"forged"))
+    await refused(store(cpu, "alice", "gpu").get_output("alice:train-1", 1, 0, "model.pt"))
+    assert await store(alice, "alice", "gpu").get_output("alice:train-1", 1, 0, "model.pt") == b"weights"
+
+
+async def test_an_agent_reads_only_the_workspaces_staged_at_its_own_peer(as_role):
+    alice, router = await as_role("user-alice"), await as_role("router")
+    gpu, cpu = await as_role("agent-gpu"), await as_role("agent-cpu")
+    digest, size, _ = await store(alice, "alice").put_workspace(ARCHIVE)
+    await refused(store(gpu, "alice").get_workspace(digest))  # the user's own bucket: not an agent's
+    await refused(store(gpu, "alice").has_workspace(digest))
+    # The router stages it at gpu (as it does for a job assigned there, which it checks).
+    assert await store(router, "alice").get_workspace(digest) == ARCHIVE
+    await store(router, "alice", "gpu").put_workspace(ARCHIVE)
+    assert await store(gpu, "alice", "gpu").get_workspace(digest) == ARCHIVE
+    await refused(store(cpu, "alice", "gpu").get_workspace(digest))  # another peer's copies
+    await refused(store(gpu, "alice", "gpu").put_workspace(b"planted by an agent"))
+    await refused(store(gpu, "alice", "cpu").put_workspace(b"planted by an agent"))
 
 
 async def test_services_have_only_what_their_part_needs(as_role):
-    alice, agent = await as_role("user-alice"), await as_role("agent-gpu")
-    router, tick = await as_role("router"), await as_role("tick")
+    alice, router, tick = await as_role("user-alice"), await as_role("router"), await as_role("tick")
     digest, size, _ = await store(alice, "alice").put_workspace(ARCHIVE)
-    assert await store(agent, "alice").get_workspace(digest) == ARCHIVE
-    await refused(store(agent, "alice").put_workspace(b"planted by an agent"))
     assert await store(router, "alice").has_workspace(digest) == size
     await refused(store(router, "alice").put_workspace(b"planted by the router"))
-    await refused(store(router, "alice").put_output("alice:x", 1, 0, "n", b"x"))
+    await refused(store(router, "alice", "gpu").put_output("alice:x", 1, 0, "n", b"x"))
+    await refused(store(router, "alice", "gpu").get_output("alice:x", 1, 0, "n"))
     await refused(store(tick, "alice").has_workspace(digest))
+    await refused(store(alice, "alice", "gpu").put_workspace(b"planted by a user"))  # staging is the router's
     operator = await as_role("operator")
     assert await store(operator, "bob").put_workspace(b"an operator's") is not None
+    assert await store(operator, "bob", "cpu").put_output("bob:x", 1, 0, "n", b"x") == 1
 
 
 async def test_the_dashboard_reads_outputs_and_nothing_else(as_role):
     agent, alice, web = await as_role("agent-gpu"), await as_role("user-alice"), await as_role("web")
-    await store(agent, "alice").put_output("alice:eval-1", 1, 0, "scores.json", b"{}")
-    assert await store(web, "alice").get_output("alice:eval-1", 1, 0, "scores.json") == b"{}"
-    await refused(store(web, "alice").put_output("alice:eval-1", 1, 0, "scores.json", b"forged"))
+    await store(agent, "alice", "gpu").put_output("alice:eval-1", 1, 0, "scores.json", b"{}")
+    assert await store(web, "alice", "gpu").get_output("alice:eval-1", 1, 0, "scores.json") == b"{}"
+    await refused(store(web, "alice", "gpu").put_output("alice:eval-1", 1, 0, "scores.json", b"forged"))
     digest, _, _ = await store(alice, "alice").put_workspace(ARCHIVE)
     await refused(store(web, "alice").get_workspace(digest))
 
@@ -106,7 +128,7 @@ async def test_no_role_but_admin_may_make_a_consumer_that_delivers_elsewhere(as_
     admin = await as_role("admin")
     stream = "OBJ_acme-workspaces-alice"
     forged = json.dumps({"command": ["sh", "-c", "echo pwned"], "job_id": "x"}).encode()
-    for role in ("user-alice", "producer", "agent-gpu", "router", "web", "operator"):
+    for role in ("user-alice", "producer", "agent-gpu", "agent-cpu", "router", "web", "operator"):
         nc = await as_role(role)
         if role == "user-alice":
             await nc.publish("$O.acme-workspaces-alice.C.planted", forged)  # its own bucket: allowed

@@ -73,8 +73,8 @@ async def test_the_dashboard_lists_outputs_with_sizes_as_text(pool, nats_client,
 async def test_the_dashboard_downloads_a_stored_output_for_an_operator_only(pool, nats_client, subject_prefix):
     store = Store(pool)
     job_id = await job_with_outputs(store)
-    await ensure_buckets(nats_client, subject_prefix)
-    objects = ObjectStore(nats_client, subject_prefix)
+    await ensure_buckets(nats_client, subject_prefix, peers=["gpu-west"])
+    objects = ObjectStore(nats_client, subject_prefix, peer="gpu-west")  # where its run's outputs are
     stored = {name: f"bytes of {name}".encode() for i, name in enumerate(NAMES) if i % 2 == 0}
     for name, data in stored.items():
         await objects.put_output(job_id, 1, 0, name, data)

@@ -127,13 +127,16 @@ async def test_wrong_password_is_refused(secured_nats):
 
 
 def test_permissions_table_per_role():
-    roles = role_permissions("acme", ["gpu"], ["alice"])
-    agent_objects = object_store_rights("acme", ("default", "alice"), read=("workspaces",), write=("outputs",))
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", *agent_objects)
+    roles = role_permissions("acme", ["gpu", "cpu"], ["alice"])
+    agent_objects = object_store_rights("acme", ("default", "alice"), read=("workspaces",), write=("outputs",),
+                                        peers=("gpu",))
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.stage.gpu", *agent_objects)
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
-    producer_objects = object_store_rights("acme", ("default",), read=("workspaces", "outputs"),
-                                           write=("workspaces",))
-    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *producer_objects)
+    # An agent's buckets are its own peer's, named by the server (no other peer's, no user's own).
+    assert all("__gpu" in r for r in agent_objects if "acme-" in r)
+    producer_objects = (*object_store_rights("acme", ("default",), read=("workspaces",), write=("workspaces",)),
+                        *object_store_rights("acme", ("default",), read=("outputs",), peers=("gpu", "cpu")))
+    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *tuple(dict.fromkeys(producer_objects)))
     assert roles["router"].allow_responses and not roles["producer"].allow_responses
     # Object store rights name buckets' streams and nothing else of JetStream; a user's
     # are its own buckets', and it never writes outputs.
@@ -142,15 +145,18 @@ def test_permissions_table_per_role():
     assert not any(r.startswith(("$JS", "$O")) for r in roles["tick"].publish)
     # The dashboard reads outputs (an operator's download) and nothing else of the store;
     # no role makes a consumer (one delivers to any subject its creator names).
-    web_objects = object_store_rights("acme", ("default", "alice"), read=("outputs",))
+    web_objects = object_store_rights("acme", ("default", "alice"), read=("outputs",), peers=("gpu", "cpu"))
     assert roles["web"].publish == ("acme.operator.cancel", *web_objects)
     assert not any(r.startswith("$O.") or "workspaces" in r for r in web_objects)
     assert not any("CONSUMER" in r or r.startswith("$JS.FC") for role in roles.values() if role is not roles["admin"]
                    for r in role.publish)
     alice_objects = [r for r in roles["user-alice"].publish if r.startswith(("$JS.API.STREAM.INFO", "$O."))]
     assert alice_objects == ["$JS.API.STREAM.INFO.OBJ_acme-workspaces-alice", "$O.acme-workspaces-alice.>",
-                             "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice"]
-    assert not any("$O.acme-workspaces" in r for r in roles["router"].publish)
+                             "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice__gpu",
+                             "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice__cpu"]
+    # The router writes only staged copies at peers: never a user's own workspaces, never outputs.
+    router_writes = [r for r in roles["router"].publish if r.startswith("$O.")]
+    assert router_writes and all("-workspaces" in r and "__" in r for r in router_writes)
     # A user may ask only for itself, and read only its own replies.
     assert roles["user-alice"].publish[:2] == ("acme.submit.alice", "acme.cancel.alice")
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)

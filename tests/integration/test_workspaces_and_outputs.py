@@ -17,6 +17,7 @@ import pytest
 from irisfed.services.common.objects import ObjectStore, ensure_buckets, workspace_object
 from irisfed.services.common.store import Store
 from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
+from irisfed.services.router.service import Router
 from irisfed.shared.config import NodeSpec
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.workspace import digest_of
@@ -41,8 +42,23 @@ pathlib.Path("written-by-the-run.txt").write_text("mine")
 
 @pytest.fixture
 async def buckets(nats_client, subject_prefix):
-    await ensure_buckets(nats_client, subject_prefix)
+    """The user ``default``'s own workspaces (its outputs from gpu-west: ``at_peer``)."""
+    await ensure_buckets(nats_client, subject_prefix, users=["alice"], peers=["gpu-west"])
     return ObjectStore(nats_client, subject_prefix)
+
+
+@pytest.fixture
+def at_peer(buckets, nats_client, subject_prefix):
+    return ObjectStore(nats_client, subject_prefix, peer="gpu-west")
+
+
+@pytest.fixture(autouse=True)
+async def router(pool, nats_client, subject_prefix):
+    """The router, which stages a job's workspace at its peer when the agent asks."""
+    router = Router(make_config(subject_prefix=subject_prefix), pool, nats_client)
+    await router.start()
+    yield router
+    await router.close()
 
 
 async def agent_for(pool, nc, prefix: str, root: Path, *, nodes=(), **config) -> PeerAgent:
@@ -74,7 +90,7 @@ async def _ended(store: Store, job_id: str) -> bool:
 
 
 async def test_a_job_runs_in_its_workspace_and_its_outputs_outlive_the_peer(pool, nats_client, subject_prefix,
-                                                                             buckets, tmp_path):
+                                                                             buckets, at_peer, tmp_path):
     store = Store(pool)
     folder = producer_folder(tmp_path)
     workspace, sent = await store_workspace(nats_client, subject_prefix, folder)
@@ -93,8 +109,8 @@ async def test_a_job_runs_in_its_workspace_and_its_outputs_outlive_the_peer(pool
     shutil.rmtree(tmp_path / "peer")  # the peer's run folders and its cache
     outputs = await store.job_outputs_list(job.job_id)
     assert [(o.task_index, o.name, o.stored) for o in outputs] == [(0, "result.txt", True), (0, "sub/cwd.txt", True)]
-    assert await buckets.get_output(job.job_id, 1, 0, "result.txt") == b"TOKENS task=-"
-    cwd = (await buckets.get_output(job.job_id, 1, 0, "sub/cwd.txt")).decode()
+    assert await at_peer.get_output(job.job_id, 1, 0, "result.txt") == b"TOKENS task=-"
+    cwd = (await at_peer.get_output(job.job_id, 1, 0, "sub/cwd.txt")).decode()
     assert cwd.endswith("/workspace") and f"/{job.job_id}/epoch-1/" in cwd  # a copy, not the cache
     await assert_changelog_replays(store)
 
@@ -122,7 +138,7 @@ async def test_one_digest_is_stored_once_and_fetched_once_per_peer(pool, nats_cl
 
 
 async def test_each_task_of_a_gang_runs_in_its_own_copy_and_keeps_its_outputs_apart(
-        pool, nats_client, subject_prefix, buckets, tmp_path):
+        pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
     folder = producer_folder(tmp_path)
     workspace, _ = await store_workspace(nats_client, subject_prefix, folder)
@@ -140,7 +156,7 @@ async def test_each_task_of_a_gang_runs_in_its_own_copy_and_keeps_its_outputs_ap
     assert [(o.task_index, o.name) for o in outputs] == [
         (0, "result.txt"), (0, "sub/cwd.txt"), (1, "result.txt"), (1, "sub/cwd.txt")]
     for task in (0, 1):
-        assert await buckets.get_output(job.job_id, 1, task, "result.txt") == f"TOKENS task={task}".encode()
+        assert await at_peer.get_output(job.job_id, 1, task, "result.txt") == f"TOKENS task={task}".encode()
     assert await store.job_outputs_list(job.job_id, task=1) == outputs[2:]
 
 
@@ -214,7 +230,7 @@ async def test_a_workspace_deleted_while_its_job_waits_fails_it_naming_the_diges
     assert row.reason == f"workspace {digest} is no longer in the object store"
 
 
-async def test_outputs_over_the_cap_are_listed_as_left_out(pool, nats_client, subject_prefix, buckets, tmp_path):
+async def test_outputs_over_the_cap_are_listed_as_left_out(pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
     agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", max_output_mb=1)
     script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]\n'
@@ -230,10 +246,10 @@ async def test_outputs_over_the_cap_are_listed_as_left_out(pool, nats_client, su
     assert [(o.name, o.stored) for o in outputs] == [("a.bin", True), ("b.bin", True), ("c.bin", False),
                                                      ("link", False)]
     assert outputs[2].note.startswith("over max_output_mb") and outputs[3].note == "not a regular file"
-    assert len(await buckets.get_output(job.job_id, 1, 0, "b.bin")) == 400_000
+    assert len(await at_peer.get_output(job.job_id, 1, 0, "b.bin")) == 400_000
 
 
-async def test_a_failed_run_keeps_its_outputs(pool, nats_client, subject_prefix, buckets, tmp_path):
+async def test_a_failed_run_keeps_its_outputs(pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
     agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
     script = ('import os, sys; open(os.path.join(os.environ["IRISFED_OUTPUT_DIR"], "crash.log"), "w")'
@@ -244,13 +260,12 @@ async def test_a_failed_run_keeps_its_outputs(pool, nats_client, subject_prefix,
     finally:
         await agent.close()
     assert (await store.job_get(job.job_id)).exit_code == 3
-    assert await buckets.get_output(job.job_id, 1, 0, "crash.log") == b"boom"
+    assert await at_peer.get_output(job.job_id, 1, 0, "crash.log") == b"boom"
 
 
 async def test_a_users_job_runs_its_own_buckets_workspace_and_stores_outputs_there(pool, nats_client,
-                                                                                   subject_prefix, tmp_path):
+                                                                                   subject_prefix, buckets, tmp_path):
     store = Store(pool)
-    await ensure_buckets(nats_client, subject_prefix, users=["alice"])
     folder = producer_folder(tmp_path)
     workspace, _ = await store_workspace(nats_client, subject_prefix, folder, user="alice")
     assert await ObjectStore(nats_client, subject_prefix).has_workspace(workspace.digest) is None
@@ -261,13 +276,13 @@ async def test_a_users_job_runs_its_own_buckets_workspace_and_stores_outputs_the
     finally:
         await agent.close()
     assert job.job_id == "alice:train-1" and (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
-    alices = ObjectStore(nats_client, subject_prefix, user="alice")
+    alices = ObjectStore(nats_client, subject_prefix, user="alice", peer="gpu-west")
     assert await alices.get_output(job.job_id, 1, 0, "result.txt") == b"TOKENS task=-"
-    assert await ObjectStore(nats_client, subject_prefix).list_outputs(job.job_id) == []
+    assert await ObjectStore(nats_client, subject_prefix, peer="gpu-west").list_outputs(job.job_id) == []
 
 
 async def test_an_output_name_too_long_for_the_store_is_left_out_and_the_agent_stays_connected(
-        pool, nats_client, subject_prefix, buckets, tmp_path):
+        pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
     agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
     script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]; deep = os.path.join(d, *["é" * 120] * 8)\n'
@@ -285,7 +300,7 @@ async def test_an_output_name_too_long_for_the_store_is_left_out_and_the_agent_s
     outputs = await store.job_outputs_list(job.job_id)
     assert [(o.name.startswith("é"), o.stored, o.note) for o in outputs] == [
         (False, True, ""), (True, False, "its name is too long for the object store")]
-    assert await buckets.get_output(job.job_id, 1, 0, "fine.txt") == b"ok"
+    assert await at_peer.get_output(job.job_id, 1, 0, "fine.txt") == b"ok"
 
 
 async def test_a_gang_holds_its_cached_workspace_until_it_ends(pool, nats_client, subject_prefix, buckets,

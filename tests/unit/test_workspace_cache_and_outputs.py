@@ -32,7 +32,7 @@ def tree(name: str, size: int) -> bytes:
 
 
 def cache_of(root: Path, store: dict[str, bytes], max_bytes: int = 10 * MIB) -> WorkspaceCache:
-    async def fetch(digest: str, user: str) -> bytes:
+    async def fetch(digest: str, user: str, job=None) -> bytes:
         if digest not in store:
             raise ObjectMissing(f"workspace {digest} is not in the object store")
         return store[digest]
@@ -86,7 +86,7 @@ async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
     with pytest.raises(WorkspaceUnusable, match=f"^workspace {missing} is no longer in the object store$"):
         await cache.acquire(missing)
 
-    async def corrupt(digest, user):
+    async def corrupt(digest, user, job=None):
         raise DigestMismatch("the stored chunks do not match")
     cache.fetch = corrupt
     with pytest.raises(WorkspaceUnusable, match="^workspace refused: the stored chunks"):
@@ -217,7 +217,7 @@ async def test_each_user_gets_its_tree_from_its_own_bucket(tmp_path):
     data = tree("a", 10)
     asked: list[str] = []
 
-    async def fetch(digest: str, user: str) -> bytes:
+    async def fetch(digest: str, user: str, job=None) -> bytes:
         asked.append(user)
         return data
     cache = await WorkspaceCache(tmp_path, fetch, max_bytes=MIB, max_files=100, max_unpacked_bytes=MIB).open()

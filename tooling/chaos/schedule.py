@@ -263,7 +263,7 @@ class Schedule:
         admin = await connect_client(self.servers.auth.url(self.servers.nats_url, "admin"))
         try:
             await ensure_buckets(admin, prefix, replicas=3 if self.servers.ha else 1,
-                                 users=[u for u in SUBMITTERS if u != DEFAULT_USER], wait_s=30.0)
+                                 users=[u for u in SUBMITTERS if u != DEFAULT_USER], peers=list(PEERS), wait_s=30.0)
         finally:
             await admin.close()
         for user in SUBMITTERS:

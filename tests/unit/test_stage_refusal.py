@@ -1,0 +1,44 @@
+"""Which peer may have a job's workspace staged (pure: ``stage_refusal`` on a job row):
+only the peer the job is assigned to or running on, under that very epoch, and only
+for a job that names a workspace."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from irisfed.services.router.workspaces import stage_refusal
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.records import JobRow
+
+NOW = datetime(2026, 12, 6, tzinfo=UTC)
+WORKSPACE = {"digest": "sha256:" + "a" * 64, "size": 10}
+
+
+def row(state: JobState = JobState.ASSIGNED, owner: str | None = "gpu", epoch: int = 3,
+        workspace: object = WORKSPACE) -> JobRow:
+    spec = {"command": ["true"], **({"workspace": workspace} if workspace is not None else {})}
+    return JobRow("alice:j", spec, "h", state, "queue", None, owner, "main", epoch, 0, 0, 0, [], NOW, NOW,
+                  None, None, None, None, None, None, "", None, False, None, user_id="alice")
+
+
+@pytest.mark.parametrize("state", [JobState.ASSIGNED, JobState.RUNNING])
+def test_the_owner_under_its_epoch_may(state):
+    assert stage_refusal(row(state), "gpu", 3) is None
+
+
+@pytest.mark.parametrize(("job", "peer", "epoch"), [
+    (row(), "cpu", 3),  # another peer
+    (row(), "gpu", 2), (row(), "gpu", 4),  # a stale or a future epoch
+    (row(JobState.QUEUED, owner=None), "gpu", 3),
+    (row(JobState.SUCCEEDED), "gpu", 3), (row(JobState.KILLED), "gpu", 3),  # its run is over
+])
+def test_anyone_else_may_not(job, peer, epoch):
+    assert stage_refusal(job, peer, epoch) == f"job alice:j is not assigned to {peer} under epoch {epoch}"
+
+
+@pytest.mark.parametrize("workspace", [None, {"size": 3}, {"digest": 7}, "sha256:x"])
+def test_a_job_without_a_workspace_has_nothing_to_stage(workspace):
+    assert stage_refusal(row(workspace=workspace), "gpu", 3) == "job alice:j has no workspace"
+    assert stage_refusal(None, "gpu", 3) == "no such job"
