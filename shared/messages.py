@@ -360,21 +360,27 @@ class JobEvent(Struct, frozen=True):
     reason: str = ""
 
 
-class StageRequest(Struct, frozen=True):
-    """``<prefix>.stage.<peer_id>`` (a request; only that peer's agent may publish it):
-    stage the workspace of job_id, assigned to that peer under ``epoch``, into the
-    job's user's bucket at that peer. Answered with a StageReply or an ErrorReply."""
+class FetchRequest(Struct, frozen=True):
+    """``<prefix>.fetch.<peer_id>`` (only that peer's agent may publish it; its reply
+    subject an inbox of that agent's): send me the workspace of job_id, which is
+    assigned to that peer under ``epoch``. The router answers on the reply subject with
+    the workspace's bytes, one message per chunk (header ``FETCH_PART: chunk``), then
+    one ``FETCH_PART: end`` message: a FetchEnd, or an ErrorReply. The bytes are the
+    reader's to verify against the digest the end names."""
 
     job_id: str
     epoch: int
 
 
-class StageReply(Struct, frozen=True):
-    """The workspace is in the user's bucket at the asking peer."""
+class FetchEnd(Struct, frozen=True):
+    """The last message of a fetch: every chunk of workspace ``digest`` was sent."""
 
     job_id: str
     digest: str
     size: int
+
+
+FETCH_PART = "Irisfed-Part"  # header of every message answering a FetchRequest: "chunk" or "end"
 
 
 class TickWake(Struct, frozen=True):
@@ -396,7 +402,7 @@ _strict_decoders: dict[type, msgspec.json.Decoder] = {
 }
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
-    for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake, StageRequest, StageReply,
+    for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake, FetchRequest, FetchEnd,
                  SubmitReply, DryRunReply, CancelReply, ErrorReply)
 }
 
@@ -470,8 +476,8 @@ WIRE_MESSAGES: tuple[type, ...] = (
     CancelNotice,
     JobEvent,
     TickWake,
-    StageRequest,
-    StageReply,
+    FetchRequest,
+    FetchEnd,
 )
 
 

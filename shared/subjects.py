@@ -72,14 +72,14 @@ class Subjects:
     def cancel_notice(self, peer_id: str) -> str:
         return f"{self.prefix}.cancel.{peer_id}"
 
-    def stage(self, peer_id: str = "*") -> str:
-        """Where peer_id's agent asks the router to stage a job's workspace for it."""
-        return f"{self.prefix}.stage.{peer_id}"
+    def fetch(self, peer_id: str = "*") -> str:
+        """Where peer_id's agent asks the router for a job's workspace (docs/design.md §3.5)."""
+        return f"{self.prefix}.fetch.{peer_id}"
 
-    def stage_peer(self, subject: str) -> str | None:
-        """The peer a request on ``subject`` (``stage.<peer>``) speaks for; None otherwise."""
+    def fetch_peer(self, subject: str) -> str | None:
+        """The peer a request on ``subject`` (``fetch.<peer>``) speaks for; None otherwise."""
         head, _, peer = subject.rpartition(".")
-        return peer if head == f"{self.prefix}.stage" and peer else None
+        return peer if head == f"{self.prefix}.fetch" and peer else None
 
     def events(self, job_id: str = "*") -> str:
         return f"{self.prefix}.events.{job_id}"

@@ -7,18 +7,18 @@ Roles and what they may do (``P`` is the subject prefix):
 | producer (the user ``default``) | P.submit, P.cancel, own objects | _INBOX_producer.> (its replies) |
 | user-U (each configured user U) | P.submit.U, P.cancel.U, own objects | _INBOX_user-U.> (its replies) |
 | operator | P.submit, P.cancel, P.operator.cancel, P.tick.ping, all objects | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace reads and staging, replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.stage.*, _INBOX_router.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace reads, _INBOX_agent-*.> (workspaces sent), replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.fetch.*, _INBOX_router.> |
 | tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
-| agent-X | P.heartbeat.X, P.events.*, P.stage.X, X's staged workspaces (read), X's outputs (write) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
+| agent-X | P.heartbeat.X, P.events.*, P.fetch.X, outputs at X (write) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
 
 Objects are :func:`object_store_rights`: JetStream API subjects of named buckets, nothing
 else of JetStream. Each user has its own workspaces bucket and, at each peer, a bucket
-of its workspaces staged there and one of its outputs from there; "own objects" is
-writing its workspaces and reading them and its outputs, no other user's. An agent
-reads only what the router staged at its peer, which the router does only for a job
-assigned to that peer (asked on ``P.stage.X``, which only agent X may publish), and
-writes outputs only at its peer, where readers look only for runs Postgres says that
-peer owned (docs/decisions.md, "The object store's rights").
+of its outputs from there; "own objects" is writing its workspaces and reading them
+and its outputs, no other user's. An agent reads no workspace bucket: it asks on
+``P.fetch.X`` (which only agent X may publish) and the router, for a job assigned to
+X only, sends the bytes to agent X's inbox (which only the router and X's own replies
+reach). It writes outputs only at its peer, where readers look only for runs Postgres
+says that peer owned (docs/decisions.md, "The object store's rights").
 | web | P.operator.cancel (an operator's cancel) | P.events.*, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
@@ -106,15 +106,15 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
             *object_store_rights(prefix, (user,), read=("workspaces",), write=("workspaces",)),
             *object_store_rights(prefix, (user,), read=("outputs",), peers=peer_ids))))
 
-    # The router reads every user's workspaces and stages copies at peers (a job's
-    # assigned peer only, which it checks); an agent reads what was staged at its peer
-    # and writes outputs there; the dashboard reads outputs (for a logged-in operator);
-    # operators do everything.
+    # The router reads every user's workspaces and sends a job's to the agent of the
+    # job's peer (only, which it checks), on that agent's inbox; an agent reads no
+    # workspace bucket and writes outputs at its own peer; the dashboard reads outputs
+    # (for a logged-in operator); operators do everything.
     operator = tuple(dict.fromkeys((
         *object_store_rights(prefix, everyone, read=("workspaces",), write=("workspaces",)),
         *object_store_rights(prefix, everyone, read=both, write=both, peers=peer_ids))))
-    router = tuple(dict.fromkeys((*object_store_rights(prefix, everyone, read=("workspaces",)),
-                                  *object_store_rights(prefix, everyone, write=("workspaces",), peers=peer_ids))))
+    router = (*object_store_rights(prefix, everyone, read=("workspaces",)),
+              *(f"{inbox_prefix(f'agent-{peer_id}')}.>" for peer_id in peer_ids))
     web = object_store_rights(prefix, everyone, read=("outputs",), peers=peer_ids)  # an operator's download
     own = own_objects(DEFAULT_USER)
     roles = {
@@ -123,7 +123,7 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
                                 (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
         "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *router),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
-                               f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{p}.stage.*",
+                               f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{p}.fetch.*",
                                f"{inbox_prefix('router')}.>"),
                               allow_responses=True),
         "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
@@ -138,9 +138,9 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
                                   (f"{inbox_prefix(role)}.>",))
     for peer_id in peer_ids:
         role = f"agent-{peer_id}"
-        agent = object_store_rights(prefix, everyone, read=("workspaces",), write=("outputs",), peers=(peer_id,))
+        agent = object_store_rights(prefix, everyone, write=("outputs",), peers=(peer_id,))
         roles[role] = Permissions(
-            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", f"{p}.stage.{peer_id}", *agent),
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", f"{p}.fetch.{peer_id}", *agent),
             (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}", f"{inbox_prefix(role)}.>"))
     return roles
 

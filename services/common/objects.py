@@ -3,12 +3,12 @@ NATS JetStream's object store, on the NATS servers the federation already runs.
 
 Buckets per subject prefix and user (:func:`bucket`; ``_`` -> ``_5F`` and ``.`` ->
 ``_2E``, so ``irisfed`` gives ``irisfed-workspaces`` for the user ``default`` and
-``irisfed-workspaces-alice`` for ``alice``), and per user at each peer ``P``: the
-workspaces the router staged there (``...-workspaces__P``, kept ``STAGED_TTL_S``) and
-the outputs of runs there (``...-outputs__P``, kept ``output_retention_days``, the
-bucket's max age). A bucket is a stream, so NATS permissions can give each user its
-own, and each peer's agent its own, and no one else's (docs/decisions.md "The object
-store's rights"). Workspaces are stored under their digest, as ``sha256-<64 hex>``;
+``irisfed-workspaces-alice`` for ``alice``), and per user at each peer ``P`` the
+outputs of runs there (``...-outputs__P``, ``...-outputs-alice__P``, kept
+``output_retention_days``, the bucket's max age). A bucket is a stream, so NATS
+permissions can give each user its own, and each peer's agent its own outputs, and no
+one else's; agents read no workspace bucket at all: the router relays a job's
+workspace to its peer (docs/decisions.md "The object store's rights"). Workspaces are stored under their digest, as ``sha256-<64 hex>``;
 outputs as ``<job>/<epoch>/<task>/<name>`` where the job id and the name escape every
 byte of their UTF-8 outside ``[-_.A-Za-z0-9]`` (the name keeps its ``/``) as ``=XX``,
 ``=`` included: reversible, and within the names every client accepts.
@@ -30,7 +30,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import nats.errors
 from nats.aio.client import Client
@@ -45,6 +45,7 @@ WORKSPACES = "irisfed-workspaces"
 OUTPUTS = "irisfed-outputs"
 KINDS = ("workspaces", "outputs")
 MAX_REPLICAS = 3
+CHUNKS_PER_GET = 32  # chunks a read asks for at once (nats-py's chunks are 128 KiB: 4 MiB)
 MIN_RATE = 1024 * 1024  # bytes/s a put is given beyond timeout_s: 1 MiB/s, a slow link's worst
 _STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
@@ -52,7 +53,6 @@ _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
 _USER = re.compile(USER_ID_PATTERN)
 _PEER = re.compile(PEER_ID_PATTERN)
-STAGED_TTL_S = 86400.0  # a peer's staged copy of a workspace: staged again on demand once gone
 
 
 class ObjectStoreError(Exception):
@@ -82,9 +82,9 @@ class DigestMismatch(ObjectStoreError):
 def bucket(prefix: str = "irisfed", kind: str = "workspaces", user: str = DEFAULT_USER,
            peer: str | None = None) -> str:
     """The bucket of ``kind`` ("workspaces"/"outputs", or WORKSPACES/OUTPUTS) of ``user``
-    for a subject prefix; with ``peer``, that user's bucket at that peer (its outputs,
-    or the copies of its workspaces the router staged for the peer): ``__<peer>``
-    appended, ``_`` escaped as ``_5F`` in every part so no two names meet."""
+    for a subject prefix; with ``peer``, that user's bucket at that peer (its outputs
+    from there): ``__<peer>`` appended, ``_`` escaped as ``_5F`` in every part so no two
+    names meet."""
     kind = kind.removeprefix("irisfed-")
     if kind not in KINDS:
         raise ValueError(f"unknown object store kind {kind!r}: expected one of {', '.join(KINDS)}")
@@ -198,7 +198,7 @@ async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
                          wait_s: float = 0.0, peers: Iterable[str] = ()) -> None:
     """Create the buckets of the user ``default`` and of each of ``users`` if missing
     (idempotent, safe concurrently): its workspaces, and at each of ``peers`` its
-    outputs and its staged workspaces. ``replicas``: the cluster's NATS nodes, capped at
+    outputs. ``replicas``: the cluster's NATS nodes, capped at
     three. An existing outputs bucket gets ``output_ttl_s`` as its max age when that
     changed. ``wait_s``: how long to keep trying while JetStream does not answer yet (a
     cluster just started has no meta leader for a few seconds); then
@@ -220,8 +220,7 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
     replicas = max(1, min(int(replicas), MAX_REPLICAS))
     every = dict.fromkeys([DEFAULT_USER, *users])
     wanted = [(u, "workspaces", None, None) for u in every] + [
-        (u, kind, peer, ttl) for u in every for peer in dict.fromkeys(peers)
-        for kind, ttl in (("workspaces", STAGED_TTL_S), ("outputs", float(output_ttl_s)))]
+        (u, "outputs", peer, float(output_ttl_s)) for u in every for peer in dict.fromkeys(peers)]
     for user, kind, peer, ttl in wanted:
         name = bucket(prefix, kind, user, peer)
         with _boundary(f"creating bucket {name}", name):
@@ -243,10 +242,9 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
 
 class ObjectStore:
     """Workspaces and outputs of ``user`` in the federation under ``prefix``, over client
-    ``nc``. Without ``peer``: the user's own workspaces (outputs need a peer). With
-    ``peer``: the user's buckets at that peer: the workspaces staged there and the
-    outputs of its runs there. ``timeout_s`` bounds each whole transfer (a get never
-    waits for chunks forever)."""
+    ``nc``: its workspaces, and with ``peer`` its outputs from runs at that peer (outputs
+    need a peer). ``timeout_s`` bounds each whole transfer (a get never waits for chunks
+    forever)."""
 
     def __init__(self, nc: Client, prefix: str = "irisfed", *, user: str = DEFAULT_USER,
                  peer: str | None = None, timeout_s: float = 120.0) -> None:
@@ -254,7 +252,7 @@ class ObjectStore:
         self._js = None  # JetStream's context, made on first use
         self.user = user
         self.peer = peer
-        self._names = {"workspaces": bucket(prefix, "workspaces", user, peer)}
+        self._names = {"workspaces": bucket(prefix, "workspaces", user)}
         if peer is not None:
             self._names["outputs"] = bucket(prefix, "outputs", user, peer)
         self._stores: dict[str, object] = {}
@@ -287,9 +285,11 @@ class ObjectStore:
     async def _get(self, kind: str, what: str, object_name: str, max_bytes: int | None = None) -> bytes:
         return (await self._get_hashed(kind, what, object_name, max_bytes))[0]
 
-    async def _get_hashed(self, kind: str, what: str, object_name: str,
-                          max_bytes: int | None = None) -> tuple[bytes, bytes]:
-        """An object's bytes and their SHA-256 (hashed chunk by chunk as they arrive), read chunk by chunk from its own stream: never through a link
+    async def _get_hashed(self, kind: str, what: str, object_name: str, max_bytes: int | None = None,
+                          each: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[bytes, bytes]:
+        """An object's bytes and their SHA-256 (hashed chunk by chunk as they arrive; with
+        ``each``, every chunk handed to it as it comes and no bytes kept: the bytes
+        returned are then empty), read chunk by chunk from its own stream: never through a link
         (an object pointing elsewhere is refused: a bucket's writer could aim it at a
         bucket only the reader may read), never more than its recorded size or
         ``max_bytes`` (refused before anything is read, or as soon as more arrives). Each
@@ -311,25 +311,57 @@ class ObjectStore:
                 return b"", hashlib.sha256(b"").digest()
             sink = io.BytesIO()
             sha = hashlib.sha256()
-            chunks, seq = f"$O.{name}.C.{info.nuid}", 1
-            while sink.tell() < size:
-                try:
-                    msg = await asyncio.wait_for(
-                        self._js.get_msg(f"OBJ_{name}", seq=seq, subject=chunks, direct=True, next=True),
-                        self._timeout_s)
-                except js_errors.NotFoundError:
-                    raise DigestMismatch(f"{what} failed: the stored chunks end at {sink.tell():,} of the "
-                                         f"{size:,} bytes recorded") from None
-                data = msg.data or b""
-                if sink.tell() + len(data) > size:
+            got = 0
+            async for data in self._chunks(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}"):
+                if got + len(data) > size:
                     raise DigestMismatch(f"{what} failed: the stored chunks hold more than the "
                                          f"{size:,} bytes recorded")
-                sink.write(data)
+                got += len(data)
                 sha.update(data)
-                seq = msg.seq + 1
+                if each is None:
+                    sink.write(data)
+                else:
+                    await each(data)
+                if got == size:
+                    break
+            if got < size:
+                raise DigestMismatch(f"{what} failed: the stored chunks end at {got:,} of the "
+                                     f"{size:,} bytes recorded")
             if info.digest and info.digest != _store_digest(sha.digest()):
                 raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
             return sink.getvalue(), sha.digest()
+
+    async def _chunks(self, stream: str, subject: str) -> AsyncIterator[bytes]:
+        """The messages on ``subject`` of ``stream`` in order, CHUNKS_PER_GET at a time: a
+        batched direct get (one request, the server sends them and then an end-of-batch
+        status), so a large object costs a round trip per batch, not per chunk; each
+        message within ``timeout_s``."""
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        try:
+            seq = 1
+            while True:
+                request = json.dumps({"seq": seq, "next_by_subj": subject, "batch": CHUNKS_PER_GET}).encode()
+                await self._nc.publish(f"$JS.API.DIRECT.GET.{stream}", request, reply=inbox)
+                sent = 0
+                while True:
+                    msg = await sub.next_msg(timeout=self._timeout_s)
+                    status = (msg.headers or {}).get(api.Header.STATUS)
+                    if status == "204":  # end of this batch
+                        break
+                    if status == "404":  # nothing more on the subject
+                        return
+                    if status:
+                        description = (msg.headers or {}).get(api.Header.DESCRIPTION, "")
+                        raise ObjectStoreError(f"reading {subject} failed: {status} {description}".strip())
+                    sent += 1
+                    seq = int(msg.headers["Nats-Sequence"]) + 1
+                    yield msg.data or b""
+                if sent < CHUNKS_PER_GET:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def put_workspace(self, data: bytes) -> tuple[str, int, bool]:
         """Store a packed workspace under its digest: (digest, size, stored_now). An object
@@ -358,11 +390,14 @@ class ObjectStore:
             return None
         return None if info.is_link() else info.size
 
-    async def get_workspace(self, digest: str, max_bytes: int | None = None) -> bytes:
-        """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it."""
+    async def get_workspace(self, digest: str, max_bytes: int | None = None,
+                            each: Callable[[bytes], Awaitable[None]] | None = None) -> bytes:
+        """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it;
+        with ``each``, each chunk handed to it as it comes (``b""`` returned): a relay
+        keeps no copy, and raises once the bytes turn out not to be the digest's."""
         what = f"fetching workspace {digest}"
         try:
-            data, raw = await self._get_hashed("workspaces", what, workspace_object(digest), max_bytes)
+            data, raw = await self._get_hashed("workspaces", what, workspace_object(digest), max_bytes, each)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
         except DigestMismatch:

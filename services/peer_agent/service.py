@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -34,8 +33,6 @@ from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import (
-    MIN_RATE,
-    DigestMismatch,
     ObjectMissing,
     ObjectStore,
     ObjectStoreError,
@@ -70,11 +67,16 @@ from irisfed.services.peer_agent.plan import (
 )
 from irisfed.services.peer_agent.report import ReportKind, Reports, Run
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
-from irisfed.services.peer_agent.workspaces import CACHE_FOLDER, WorkspaceCache, WorkspaceUnusable
+from irisfed.services.peer_agent.workspaces import (
+    CACHE_FOLDER,
+    WorkspaceCache,
+    WorkspaceUnusable,
+    fetch_through_router,
+)
 from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
-from irisfed.shared.errors import ErrorCode, PermanentStoreError, Unavailable
+from irisfed.shared.errors import PermanentStoreError, Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
@@ -85,9 +87,7 @@ from irisfed.shared.messages import (
     JobEvent,
     NodeGroup,
     ResourceAmount,
-    StageRequest,
     decode_internal,
-    encoder,
 )
 from irisfed.shared.records import AcceptedJob, OwnedJob
 from irisfed.shared.users import split_job_id
@@ -95,7 +95,6 @@ from irisfed.shared.users import split_job_id
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 
 MIB = 1024 * 1024
-STAGE_TIMEOUT_S = 30.0  # a stage request's wait, plus a second per MIN_RATE bytes the workspace may hold
 
 # Backends without an engine: their nodes are configured (LocalNodes).
 LOCAL_KINDS = ("subprocess", "simulated")
@@ -646,8 +645,8 @@ class PeerAgent(Service):
                          files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
 
     def objects(self, user: str) -> ObjectStore:
-        """The object store of ``user``'s buckets at this peer (a job's user: its stored id
-        says): its workspaces staged here, its outputs from here."""
+        """The object store of ``user``'s outputs from this peer (a job's user: its stored id
+        says)."""
         store = self._object_stores.get(user)
         if store is None:
             store = self._object_stores[user] = ObjectStore(self.nc, self.subjects.prefix, user=user,
@@ -655,30 +654,12 @@ class PeerAgent(Service):
         return store
 
     async def _fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None) -> bytes:
-        """Workspace ``digest`` of ``user``, for run ``job``: the router stages it at this
-        peer (only for a job assigned here: this agent may read nothing else), then it
-        is read from there. The router's refusals: the workspace gone from the store or
-        corrupt there (the job fails), or the job not this peer's any more (a launch
-        error: its row has moved on, so nothing runs)."""
+        """Workspace ``digest`` for run ``job``: sent by the router (only for a job assigned
+        here: this agent may read no workspace bucket), verified on arrival."""
         if job is None:
-            raise ObjectMissing(f"workspace {digest}: no run to stage it for")
-        limit = self.config.max_workspace_bytes
-        try:
-            reply = await self.nc.request(self.subjects.stage(self.peer_id),
-                                          encoder.encode(StageRequest(job[0], job[1])),
-                                          timeout=STAGE_TIMEOUT_S + limit / MIN_RATE)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError) as exc:
-            raise StoreUnavailable(f"staging workspace {digest}: no router answered ({type(exc).__name__})") from None
-        answer = msgspec.json.decode(reply.data)
-        error = answer.get("error") if isinstance(answer, dict) else None
-        if isinstance(error, dict):
-            message = str(error.get("message", ""))[:500]
-            if error.get("code") == ErrorCode.NOT_FOUND:
-                raise ObjectMissing(message)
-            if error.get("code") == ErrorCode.INVALID_REQUEST:
-                raise DigestMismatch(message)
-            raise StoreUnavailable(f"workspace {digest}: {message}")
-        return await self.objects(user).get_workspace(digest, limit)
+            raise ObjectMissing(f"workspace {digest}: no run to fetch it for")
+        return await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
+                                          self.config.max_workspace_bytes)
 
     async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
         """``call()``, again after a pause while what it needs is away for now."""

@@ -1,10 +1,11 @@
-"""A peer's workspaces (docs/design.md §3.5): fetched once per user and digest (from
-the user's bucket at this peer, where the router stages it for a job assigned here),
-verified, unpacked into a bounded on-disk cache, copied fresh for each run.
+"""A peer's workspaces (docs/design.md §3.5): fetched once per user and digest (sent by
+the router, which reads the user's bucket for a job assigned here: agents read no
+workspace bucket), verified, unpacked into a bounded on-disk cache, copied fresh for
+each run.
 
 The cache is ``<work root>/.workspaces/<user>/<hex>``, one unpacked tree per user and
 digest (a user's metadata in its own bucket is its own to write, so a tree another
-user's bytes made is never handed to it: each user's tree comes from that user's buckets), made by
+user's bytes made is never handed to it: each user's tree comes from that user's bucket), made by
 ``shared.workspace.unpack_workspace`` (verify, then unpack into a partial folder
 renamed when complete): a tree under its final name is always whole, so an agent
 killed mid-fetch or mid-unpack leaves only a partial folder, removed at the next
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -32,8 +34,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+import nats.errors
+
 from irisfed.services.common.log import EventLogger
-from irisfed.services.common.objects import DigestMismatch, ObjectMissing, ObjectTooLarge
+from irisfed.services.common.objects import (
+    DigestMismatch,
+    ObjectMissing,
+    ObjectTooLarge,
+    StoreUnavailable,
+)
+from irisfed.shared.errors import ErrorCode
+from irisfed.shared.messages import FETCH_PART, FetchRequest, encoder
 from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
 from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_workspace
 
@@ -77,8 +89,8 @@ def _drop(path: Path) -> None:
 
 class WorkspaceCache:
     """The agent's unpacked workspaces under ``root``; ``fetch(digest, user, job)`` returns
-    the archive bytes from that user's bucket at this peer (staged there for ``job``, the
-    (job id, epoch) of the run that asked first). One tree per user and digest: the bytes are
+    the archive bytes of that user's workspace, for ``job`` (the (job id, epoch) of the
+    run that asked first: the router sends a workspace only for a job assigned here). One tree per user and digest: the bytes are
     verified against the digest before unpacking, and each user's come from its own
     bucket."""
 
@@ -204,3 +216,62 @@ class WorkspaceCache:
                 gone.append(moved)
             log.info("workspace_evicted", user=key[0], digest=key[1], bytes=entry.size)
         return gone
+
+
+FETCH_IDLE_S = 30.0  # how long a fetch waits for the router's next message before giving up
+
+
+async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_bytes: int,
+                               idle_s: float = FETCH_IDLE_S) -> bytes:
+    """Workspace ``digest`` of ``job`` (its id and epoch), asked of the router on
+    ``subject`` (``P.fetch.<peer>``) and received on an inbox of our own, chunk by chunk
+    (docs/design.md §3.5): verified against the digest (and the size the router names)
+    before it is returned. The router's refusals: ObjectMissing (the workspace is gone
+    from the store), DigestMismatch (corrupt there, over the cap, or bytes that are not
+    the digest's), StoreUnavailable (no router answered within ``idle_s``, a message
+    lost, the job not this peer's now, or the router busy: retried as a launch error)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, pending_bytes_limit=max_bytes + 4 * 2**20)
+    try:
+        await nc.publish(subject, encoder.encode(FetchRequest(job[0], job[1])), reply=inbox)
+        data, sha = bytearray(), hashlib.sha256()
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_s)
+            except nats.errors.TimeoutError:
+                raise StoreUnavailable(f"fetching workspace {digest}: the router sent nothing for "
+                                       f"{idle_s:g} s") from None
+            if (msg.headers or {}).get(FETCH_PART) == "chunk":
+                if len(data) + len(msg.data) > max_bytes:
+                    raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
+                data += msg.data
+                sha.update(msg.data)
+                continue
+            return _fetched(msg.data, digest, bytes(data), sha.hexdigest())
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+def _fetched(end: bytes, digest: str, data: bytes, hexdigest: str) -> bytes:
+    """``data`` once the router's end message ``end`` says it sent all of ``digest``, and
+    the bytes are that digest's; else the error its end, or the bytes, tell of."""
+    try:
+        answer = msgspec.json.decode(end)
+    except msgspec.DecodeError:
+        raise StoreUnavailable(f"fetching workspace {digest}: the router's last message is not JSON") from None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, dict):
+        message = str(error.get("message", ""))[:500]
+        if error.get("code") == ErrorCode.NOT_FOUND:
+            raise ObjectMissing(message)
+        if error.get("code") == ErrorCode.INVALID_REQUEST:
+            raise DigestMismatch(message)
+        raise StoreUnavailable(f"fetching workspace {digest}: {message}")
+    if not isinstance(answer, dict) or answer.get("digest") != digest:
+        raise StoreUnavailable(f"fetching workspace {digest}: the router answered for another workspace")
+    if answer.get("size") != len(data) or f"sha256:{hexdigest}" != digest:
+        # A chunk lost on the way (the router's stored copy was verified as it was read).
+        raise StoreUnavailable(f"fetching workspace {digest}: {len(data):,} bytes came, not the workspace "
+                               f"({answer.get('size')!r} bytes)")
+    return data

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -53,7 +52,7 @@ from irisfed.services.router.plan import (
     route,
     waiting_for_quota,
 )
-from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceStaging
+from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceRelay
 from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
@@ -79,10 +78,8 @@ from irisfed.shared.messages import (
     DryRunReply,
     JobEvent,
     OperatorCancelRequest,
-    StageRequest,
     SubmitRequest,
     TickWake,
-    decode_internal,
     decode_request,
     encoder,
     error_reply,
@@ -171,6 +168,9 @@ class _Pending:
 # Submits naming a workspace, waiting on the object store at once, past which the next
 # is answered `unavailable` (a hung store must not hold a router's memory).
 WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
+# An agent's workspace fetches answered at once (each sends one workspace, at most
+# max_workspace_mb, chunk by chunk); past that it is told `unavailable` and retries.
+FETCHES_PER_PEER = 16
 
 
 class Router(Service):
@@ -204,8 +204,8 @@ class Router(Service):
         self._own_subjects = f"{self.subjects.prefix}."
         self.workspaces = WorkspaceCheck(nc, self.subjects.prefix, config.max_workspace_bytes)
         self._workspace_submits: set[asyncio.Task] = set()  # submits waiting on the object store
-        self.staging = WorkspaceStaging(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
-        self._stagings: set[asyncio.Task] = set()  # agents' stage requests being answered
+        self.relay = WorkspaceRelay(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
+        self._fetches: dict[str, set[asyncio.Task]] = {}  # per peer: its agent's fetches being answered
 
     # ------------------------------------------------------------ lifecycle
 
@@ -219,7 +219,7 @@ class Router(Service):
         for subject in (self.subjects.cancel, self.subjects.cancel_for("*")):
             await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
         await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_operator_cancel)
-        await self.nc.subscribe(self.subjects.stage(), queue=SUBMIT_QUEUE_GROUP, cb=self.on_stage)
+        await self.nc.subscribe(self.subjects.fetch(), queue=SUBMIT_QUEUE_GROUP, cb=self.on_fetch)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -229,11 +229,11 @@ class Router(Service):
 
     async def close(self) -> None:
         await self.tasks.close()
-        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + list(self._stagings):
+        fetches = [task for tasks in self._fetches.values() for task in tasks]
+        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + fetches:
             task.cancel()
-        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, *self._stagings,
+        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, *fetches,
                              return_exceptions=True)
-        await self.staging.close()
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -629,31 +629,27 @@ class Router(Service):
         if msg.reply:
             await msg.respond(body)
 
-    # ------------------------------------------------------------ workspaces staged at peers
+    # ------------------------------------------------------------ workspaces sent to peers
 
-    async def on_stage(self, msg: Msg) -> None:
-        """An agent asks for its job's workspace at its peer (``P.stage.<peer>``: only
-        that peer's agent may publish there). Answered from a task of its own: a copy
-        takes as long as its bytes do, and holds up nothing else."""
-        peer_id = self.subjects.stage_peer(msg.subject)
-        if self._forged_reply(msg) or not msg.reply or peer_id not in self.peer_ids:
+    async def on_fetch(self, msg: Msg) -> None:
+        """An agent asks for its job's workspace (``P.fetch.<peer>``: only that peer's
+        agent may publish there, and the router sends only to that agent's inboxes).
+        Answered from a task of its own: the bytes take as long as they take, and hold up
+        nothing else; at most FETCHES_PER_PEER at once per peer, past that `unavailable`."""
+        peer_id = self.subjects.fetch_peer(msg.subject)
+        if self._forged_reply(msg) or peer_id not in self.peer_ids or not (msg.reply or "").startswith("_INBOX"):
+            return  # the chunks go only to an inbox (with NATS users: the asking agent's own)
+        tasks = self._fetches.setdefault(peer_id, set())
+        if len(tasks) >= FETCHES_PER_PEER:
+            await self.relay.end(msg.reply, error_reply(
+                ErrorCode.UNAVAILABLE, f"fetch: {FETCHES_PER_PEER} fetches of {peer_id} in progress; retry"))
             return
-        task = asyncio.ensure_future(self._answer_stage(msg, peer_id))
-        self._stagings.add(task)
-        task.add_done_callback(self._stagings.discard)
+        task = asyncio.ensure_future(self._answer_fetch(msg, peer_id))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
-    async def _answer_stage(self, msg: Msg, peer_id: str) -> None:
-        try:
-            request = decode_internal(StageRequest, msg.data)
-            reply = encoder.encode(await self.staging.stage(peer_id, request))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            reply = error_reply(ErrorCode.INVALID_REQUEST, f"stage: {exc}")
-        except IrisfedError as exc:
-            reply = error_reply(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            log.error("stage_failed", peer_id=peer_id, exc_info=True)
-            reply = error_reply(ErrorCode.INTERNAL, f"stage: internal error: {exc!r}")
-        await self._respond(msg, reply)
+    async def _answer_fetch(self, msg: Msg, peer_id: str) -> None:
+        await self.relay.answer(peer_id, msg.data, msg.reply)
 
     # ------------------------------------------------------------ cancel
 

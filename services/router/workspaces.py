@@ -9,18 +9,21 @@ thousand jobs sharing one workspace cost one lookup; one deleted afterwards is t
 agent's to find (the job fails naming it, never runs something else). Jobs without a
 workspace never reach this module.
 
-Then, when the job's peer starts it, that peer's agent asks for the workspace to be
-staged at its peer (``WorkspaceStaging``): an agent reads only its own peer's buckets,
-so the router, which checks the job is that peer's now, is the one to copy it there.
+Then, when the job's peer starts it, that peer's agent asks the router for the
+workspace (``WorkspaceRelay``): agents may read no workspace bucket, so the router,
+which checks the job is that peer's now, reads it and sends it on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import OrderedDict
 
+import msgspec
 from nats.aio.client import Client
 
+from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import (
     DigestMismatch,
     ObjectMissing,
@@ -29,12 +32,32 @@ from irisfed.services.common.objects import (
     ObjectTooLarge,
     StoreMissing,
 )
-from irisfed.shared.errors import Forbidden, InvalidRequest, NotFound, Unavailable
+from irisfed.shared.errors import (
+    ErrorCode,
+    Forbidden,
+    InvalidRequest,
+    IrisfedError,
+    NotFound,
+    Unavailable,
+)
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.messages import StageReply, StageRequest, Workspace
+from irisfed.shared.messages import (
+    FETCH_PART,
+    FetchEnd,
+    FetchRequest,
+    Workspace,
+    decode_internal,
+    encoder,
+    error_reply,
+)
 from irisfed.shared.records import JobRow
+from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
 REMEMBERED = 4096  # digests known stored, most recently used kept
+CHUNK, END = {FETCH_PART: "chunk"}, {FETCH_PART: "end"}
+MAX_FETCH_REQUEST_BYTES = 1024  # a job id and an epoch
+STORED_JOB_ID_RE = re.compile(STORED_JOB_ID_PATTERN)
+log = EventLogger("router.workspaces")
 
 
 class WorkspaceCheck:
@@ -79,12 +102,11 @@ class WorkspaceCheck:
             self.known.popitem(last=False)
 
 
-def stage_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
-    """Why ``peer_id`` may not have the workspace of ``row`` staged for its run of
-    ``epoch`` (None: it may). Only the peer the job is assigned to, or running on, under
-    that very epoch: an agent's NATS rights read only what was staged at its own peer,
-    so this check is what keeps one peer from reading the workspaces of jobs it was
-    never given."""
+def fetch_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
+    """Why ``peer_id`` may not have the workspace of ``row`` for its run of ``epoch``
+    (None: it may). Only the peer the job is assigned to, or running on, under that very
+    epoch: an agent's NATS rights read no workspace, so this check is what keeps one
+    peer from reading the workspaces of jobs it was never given."""
     if row is None:
         return "no such job"
     if row.owner_peer_id != peer_id or row.epoch != epoch or row.state not in (JobState.ASSIGNED,
@@ -96,60 +118,69 @@ def stage_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
     return None
 
 
-class WorkspaceStaging:
-    """Copies a job's workspace from its user's bucket into that user's bucket at the
-    job's peer, when that peer's agent asks for a job assigned to it (docs/design.md
-    §3.5). A copy already staged is not made again; concurrent asks for one copy share
-    it; at most ``concurrency`` copies run at once (each holds the workspace in memory,
-    at most ``max_bytes``)."""
+class WorkspaceRelay:
+    """Sends a job's workspace to the agent of the job's peer, chunk by chunk, on the
+    inbox that agent named (docs/design.md §3.5): agents may read no workspace bucket,
+    so the router, which checks the job is that peer's now, reads it for them. Nothing
+    is kept: each chunk goes out as it is read from the user's bucket, so a workspace
+    costs the router one read, never a whole copy in memory; at most ``concurrency``
+    relays run at once, and the others wait their turn."""
 
-    def __init__(self, nc: Client, prefix: str, db, max_bytes: int, timeout_s: float = 120.0,
-                 concurrency: int = 2) -> None:
+    def __init__(self, nc: Client, prefix: str, db, max_bytes: int, timeout_s: float = 30.0,
+                 concurrency: int = 4) -> None:
         self.nc, self.prefix, self.db = nc, prefix, db
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
-        self.copying: dict[tuple[str, str, str], asyncio.Future] = {}
         self.slots = asyncio.Semaphore(concurrency)
-        self.copies = 0  # copies made (tests and the bench read it)
+        self.relays = 0  # workspaces relayed whole (tests and the bench read it)
 
-    async def stage(self, peer_id: str, request: StageRequest) -> StageReply:
-        """Raise Forbidden (not this peer's job now), NotFound (the workspace is gone from
-        the store), InvalidRequest (corrupt there, or over the cap) or Unavailable (retry
-        later)."""
-        row = await self.db.job_get(request.job_id)
-        why = stage_refusal(row, peer_id, request.epoch)
-        if why is not None:
-            raise Forbidden(f"stage: {why}")
-        digest, size, user = row.spec["workspace"]["digest"], int(row.spec["workspace"].get("size", 0)), row.user_id
-        key = (user, digest, peer_id)
-        shared = self.copying.get(key)
-        if shared is None:
-            shared = self.copying[key] = asyncio.ensure_future(self.copy(user, digest, peer_id))
-            shared.add_done_callback(lambda done: (self.copying.pop(key, None),
-                                                   done.cancelled() or done.exception()))
-        await asyncio.shield(shared)
-        return StageReply(request.job_id, digest, size)
-
-    async def close(self) -> None:
-        """Cancel the copies still running (their askers get no answer: they ask again)."""
-        for copying in list(self.copying.values()):
-            copying.cancel()
-        await asyncio.gather(*self.copying.values(), return_exceptions=True)
-
-    async def copy(self, user: str, digest: str, peer_id: str) -> None:
-        """The copy itself (no job checked: ``stage`` checks first): nothing when the
-        peer's bucket holds the digest already."""
-        staged = ObjectStore(self.nc, self.prefix, user=user, peer=peer_id, timeout_s=self.timeout_s)
+    async def answer(self, peer_id: str, data: bytes, reply: str) -> None:
+        """Answer ``peer_id``'s fetch request ``data`` on ``reply``: the chunks, then the
+        end (a FetchEnd, or an ErrorReply saying in one line why not)."""
         try:
-            if await staged.has_workspace(digest) is not None:
-                return
+            if len(data) > MAX_FETCH_REQUEST_BYTES:
+                raise InvalidRequest(f"fetch: the request is over {MAX_FETCH_REQUEST_BYTES} bytes")
+            request = decode_internal(FetchRequest, data)
+            if not STORED_JOB_ID_RE.fullmatch(request.job_id):
+                raise InvalidRequest("fetch: job_id is not a job id")
+            end = encoder.encode(await self.relay(peer_id, request, reply))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            end = error_reply(ErrorCode.INVALID_REQUEST, f"fetch: {exc}")
+        except IrisfedError as exc:
+            end = error_reply(exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            log.error("fetch_failed", peer_id=peer_id, exc_info=True)
+            end = error_reply(ErrorCode.INTERNAL, f"fetch: internal error: {exc!r}")
+        await self.end(reply, end)
+
+    async def end(self, reply: str, body: bytes) -> None:
+        """A fetch's last message (the asker times out and asks again if it is lost)."""
+        try:
+            await self.nc.publish(reply, body, headers=END)
+        except Exception as exc:  # noqa: BLE001 - the asker times out and asks again
+            log.warning("fetch_end_not_sent", error=repr(exc))
+
+    async def relay(self, peer_id: str, request: FetchRequest, reply: str) -> FetchEnd:
+        """Send the chunks to ``reply``; the end message is the caller's. Raise Forbidden
+        (not this peer's job now), NotFound (the workspace is gone from the store),
+        InvalidRequest (corrupt there, or over the cap: the chunks sent are not the
+        digest's, which the reader finds too) or Unavailable (retry later)."""
+        row = await self.db.job_get(request.job_id)
+        why = fetch_refusal(row, peer_id, request.epoch)
+        if why is not None:
+            raise Forbidden(f"fetch: {why}")
+        digest, size = row.spec["workspace"]["digest"], int(row.spec["workspace"].get("size", 0))
+        store = ObjectStore(self.nc, self.prefix, user=row.user_id, timeout_s=self.timeout_s)
+
+        async def send(chunk: bytes) -> None:
+            await self.nc.publish(reply, chunk, headers=CHUNK)
+        try:
             async with self.slots:
-                source = ObjectStore(self.nc, self.prefix, user=user, timeout_s=self.timeout_s)
-                data = await source.get_workspace(digest, self.max_bytes)
-                await staged.put_workspace(data)
-                self.copies += 1
+                await store.get_workspace(digest, self.max_bytes, each=send)
         except ObjectMissing as exc:
-            raise NotFound(f"stage: {exc}") from None
+            raise NotFound(f"fetch: {exc}") from None
         except (DigestMismatch, ObjectTooLarge) as exc:
-            raise InvalidRequest(f"stage: {exc}") from None
+            raise InvalidRequest(f"fetch: {exc}") from None
         except ObjectStoreError as exc:
-            raise Unavailable(f"stage: {exc}") from None
+            raise Unavailable(f"fetch: {exc}") from None
+        self.relays += 1
+        return FetchEnd(request.job_id, digest, size)

@@ -465,11 +465,13 @@ class Tick(Service):
         shape = QueueShape.of(listed, self.quota_users)
         shape = replace(shape, preempts=self.lowest_live_band < min(shape.top_band, UNPREEMPTIBLE_RANK))
         if not listed:
-            # Nothing queued: the guess stays what the last queue looked like. The passes
-            # that drain a queue (every freed slot wakes one) must not make the next
-            # submit's pass pay a second round trip for a guess of "nobody".
+            # Nothing queued: the guess keeps the last queue's users. The passes that drain
+            # a queue (every freed slot wakes one) must not make the next submit's pass pay
+            # a second round trip for a guess of "nobody"; but what users hold and what
+            # may be preempted are not read again on idle passes (they may be many rows).
             if claimed is not None:
                 await claimed[0].rollback()
+            self.queue_shape = replace(guess, shared=False, preempts=False)
             return None, (live, used), {}, None, None
         self.queue_shape = shape
         reclaim = shape.users != guess.users  # users queued (or gone) since: claim them all

@@ -17,7 +17,6 @@ from nats.js.object_store import VALID_BUCKET_RE, VALID_KEY_RE
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.objects import (
     OUTPUTS,
-    STAGED_TTL_S,
     WORKSPACES,
     DigestMismatch,
     ObjectMissing,
@@ -83,8 +82,7 @@ async def store(nc, prefix):
     """The user ``default``'s own workspaces; its outputs at PEER are ``at_peer``'s."""
     await ensure_buckets(nc, prefix, peers=[PEER])
     yield await ObjectStore(nc, prefix).open()
-    for name in (bucket(prefix, "workspaces"), bucket(prefix, "workspaces", peer=PEER),
-                 bucket(prefix, "outputs", peer=PEER)):
+    for name in (bucket(prefix, "workspaces"), bucket(prefix, "outputs", peer=PEER)):
         await nc.jetstream().delete_object_store(name)
 
 
@@ -109,7 +107,7 @@ def test_bucket_names_are_valid_distinct_and_default_to_the_constants():
     assert len(at) == 9
     assert all(VALID_BUCKET_RE.match(name) for name in names | at)
     assert bucket("irisfed", "outputs", "alice", "gpu-west") == "irisfed-outputs-alice__gpu-west"
-    assert bucket("irisfed", "workspaces", peer="gpu_1") == "irisfed-workspaces__gpu_5F1"
+    assert bucket("irisfed", "outputs", peer="gpu_1") == "irisfed-outputs__gpu_5F1"
     with pytest.raises(ValueError, match="invalid peer id"):
         bucket("irisfed", "outputs", peer="gpu.west")
     with pytest.raises(ValueError):
@@ -132,17 +130,17 @@ def test_object_names_are_valid_keys_and_decode_back():
 
 
 async def test_ensure_buckets_is_idempotent_and_concurrent_safe(nc, prefix):
-    names = [bucket(prefix, "workspaces"), bucket(prefix, "workspaces", peer=PEER), bucket(prefix, "outputs", peer=PEER)]
+    names = [bucket(prefix, "workspaces"), bucket(prefix, "outputs", peer=PEER)]
     try:
         await ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER])
         await ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER])
         await asyncio.gather(*(ensure_buckets(nc, prefix, output_ttl_s=3600, peers=[PEER]) for _ in range(3)))
         js = nc.jetstream()
-        workspaces, staged, outputs = [await (await js.object_store(name)).status() for name in names]
+        workspaces, outputs = [await (await js.object_store(name)).status() for name in names]
         assert outputs.ttl == 3600 and outputs.replicas == 1
-        assert not workspaces.ttl and staged.ttl == STAGED_TTL_S
+        assert not workspaces.ttl
         await ensure_buckets(nc, prefix, output_ttl_s=7200, peers=[PEER])  # a changed retention takes effect
-        assert (await (await js.object_store(names[2])).status()).ttl == 7200
+        assert (await (await js.object_store(names[1])).status()).ttl == 7200
         await ObjectStore(nc, prefix, peer=PEER).open()
     finally:
         for name in names:
@@ -275,7 +273,6 @@ async def test_irisfed_buckets_creates_every_users_pair_with_the_configured_rete
         outputs = await js.stream_info(f"OBJ_{bucket(prefix, 'outputs', user, 'home')}")
         assert outputs.config.max_age == 2 * 86400
         await js.stream_info(f"OBJ_{bucket(prefix, 'workspaces', user)}")
-        await js.stream_info(f"OBJ_{bucket(prefix, 'workspaces', user, 'home')}")
     assert await asyncio.to_thread(main, args) == 0  # again: nothing to do, no error
     assert await asyncio.to_thread(main, [*args, "--replicas", "4"]) == 2
     assert "--replicas must be 1, 2 or 3" in capsys.readouterr().err

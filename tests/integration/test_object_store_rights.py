@@ -1,10 +1,10 @@
 """Who may touch which bytes (docs/design.md §3.5), enforced by a real nats-server with
 one NATS user per role: a user puts and reads only its own workspaces and reads only
-its own outputs; the router reads workspaces and stages copies at peers; an agent
-reads only what was staged at its own peer and writes outputs only there; the
-dashboard only reads outputs (an operator's download); the tick has no object store
-at all. Each user's buckets, and each at each peer, are streams of their own, so
-another user's digest or job, and another peer's copies, are out of reach."""
+its own outputs; the router reads workspaces and sends them on to agents' inboxes; an
+agent reads no workspace bucket and writes outputs only at its own peer; the dashboard
+only reads outputs (an operator's download); the tick has no object store at all.
+Each user's buckets, and each at each peer, are streams of their own, so another
+user's digest or job, and another peer's outputs, are out of reach."""
 
 from __future__ import annotations
 
@@ -78,19 +78,31 @@ async def test_outputs_are_written_by_an_agent_at_its_peer_and_read_only_by_thei
     assert await store(alice, "alice", "gpu").get_output("alice:train-1", 1, 0, "model.pt") == b"weights"
 
 
-async def test_an_agent_reads_only_the_workspaces_staged_at_its_own_peer(as_role):
+async def test_an_agent_reads_no_workspace_and_only_the_router_reaches_its_inbox(as_role):
+    """An agent gets a job's workspace from the router, on its own inbox: it may read no
+    workspace bucket, and nobody but the router (and its own requests' answers) may
+    put messages on that inbox, so no one can slip it other bytes."""
+    import asyncio
+
     alice, router = await as_role("user-alice"), await as_role("router")
     gpu, cpu = await as_role("agent-gpu"), await as_role("agent-cpu")
     digest, size, _ = await store(alice, "alice").put_workspace(ARCHIVE)
-    await refused(store(gpu, "alice").get_workspace(digest))  # the user's own bucket: not an agent's
+    await refused(store(gpu, "alice").get_workspace(digest))
     await refused(store(gpu, "alice").has_workspace(digest))
-    # The router stages it at gpu (as it does for a job assigned there, which it checks).
+    await refused(store(gpu, "alice").put_workspace(b"planted by an agent"))
     assert await store(router, "alice").get_workspace(digest) == ARCHIVE
-    await store(router, "alice", "gpu").put_workspace(ARCHIVE)
-    assert await store(gpu, "alice", "gpu").get_workspace(digest) == ARCHIVE
-    await refused(store(cpu, "alice", "gpu").get_workspace(digest))  # another peer's copies
-    await refused(store(gpu, "alice", "gpu").put_workspace(b"planted by an agent"))
-    await refused(store(gpu, "alice", "cpu").put_workspace(b"planted by an agent"))
+    inbox = gpu.new_inbox()
+    heard: asyncio.Queue = asyncio.Queue()
+
+    async def hear(msg) -> None:
+        heard.put_nowait(msg.data)
+    await gpu.subscribe(inbox, cb=hear)
+    await gpu.flush()
+    for nc, data in ((alice, b"forged by alice"), (cpu, b"forged by another agent"), (router, b"the router's")):
+        await nc.publish(inbox, data)
+        await nc.flush()
+    assert await asyncio.wait_for(heard.get(), 5) == b"the router's"  # published last, heard first
+    assert heard.empty()
 
 
 async def test_services_have_only_what_their_part_needs(as_role):
@@ -101,7 +113,6 @@ async def test_services_have_only_what_their_part_needs(as_role):
     await refused(store(router, "alice", "gpu").put_output("alice:x", 1, 0, "n", b"x"))
     await refused(store(router, "alice", "gpu").get_output("alice:x", 1, 0, "n"))
     await refused(store(tick, "alice").has_workspace(digest))
-    await refused(store(alice, "alice", "gpu").put_workspace(b"planted by a user"))  # staging is the router's
     operator = await as_role("operator")
     assert await store(operator, "bob").put_workspace(b"an operator's") is not None
     assert await store(operator, "bob", "cpu").put_output("bob:x", 1, 0, "n", b"x") == 1

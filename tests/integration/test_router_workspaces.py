@@ -11,12 +11,14 @@ import pytest
 
 from irisfed.services.common.objects import ObjectStore, ensure_buckets
 from irisfed.services.common.store import Store
+from irisfed.shared.messages import FETCH_PART
 from irisfed.shared.workspace import digest_of
 from tests.infra.archives import archive, member
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
 from tests.infra.routers import RouterThread
 
 DATA = archive(member("train.py", data=b"print(1)\n"))
+BIG = archive(*(member(f"part-{i}.bin", data=bytes([i]) * 200_000) for i in range(4)))  # several chunks
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def ws_router(database_url, servers):
 def _store(router: RouterThread, data: bytes, buckets: bool = True) -> None:
     async def put():
         if buckets:
-            await ensure_buckets(router.client, router.prefix, peers=["home", "gpu-west", "tpu-east"])
+            await ensure_buckets(router.client, router.prefix)
         await ObjectStore(router.client, router.prefix).put_workspace(data)
     router.run(put())
 
@@ -113,73 +115,97 @@ def _assigned(router: RouterThread, peer: str, **fields) -> str:
     return job.job_id
 
 
-def _stage(router: RouterThread, peer: str, job_id: str, epoch: int = 1) -> dict:
-    return router.request(f"stage.{peer}", json.dumps({"job_id": job_id, "epoch": epoch}).encode())
+async def _fetch_async(router: RouterThread, peer: str, job_id: str, epoch: int = 1,
+                       body: bytes | None = None, reply: str | None = None) -> tuple[bytes, dict]:
+    """What the router sends for a fetch: the chunks joined, and the end's JSON."""
+    inbox = router.client.new_inbox()
+    sub = await router.client.subscribe(inbox)
+    try:
+        await router.client.publish(f"{router.prefix}.fetch.{peer}",
+                                    body or json.dumps({"job_id": job_id, "epoch": epoch}).encode(),
+                                    reply=reply or inbox)
+        data = b""
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            if msg.headers[FETCH_PART] == "chunk":
+                data += msg.data
+            else:
+                assert msg.headers[FETCH_PART] == "end"
+                return data, json.loads(msg.data)
+    finally:
+        await sub.unsubscribe()
 
 
-def test_a_workspace_is_staged_only_for_the_peer_its_job_is_assigned_to(ws_router):
-    """Agents read only their own peer's buckets: the router copies a job's workspace
-    there for that peer, under the job's epoch, and for nobody else."""
-    _store(ws_router, DATA)
-    workspace = {"digest": digest_of(DATA), "size": len(DATA)}
+def _fetch(router: RouterThread, peer: str, job_id: str, epoch: int = 1, **options) -> tuple[bytes, dict]:
+    return router.run(_fetch_async(router, peer, job_id, epoch, **options))
+
+
+def test_a_workspace_is_sent_only_to_the_peer_its_job_is_assigned_to(ws_router):
+    """Agents read no workspace bucket: the router sends a job's workspace to the agent
+    of the job's peer, under the job's epoch, and to nobody else."""
+    _store(ws_router, BIG)
+    workspace = {"digest": digest_of(BIG), "size": len(BIG)}
     job_id = _assigned(ws_router, "gpu-west", workspace=workspace)
-    at = {peer: ObjectStore(ws_router.client, ws_router.prefix, peer=peer) for peer in ("gpu-west", "tpu-east")}
     for peer, epoch in (("tpu-east", 1), ("gpu-west", 2), ("gpu-west", 0)):  # another peer, stale epochs
-        reply = _stage(ws_router, peer, job_id, epoch)
-        assert reply["error"]["code"] == "forbidden", reply
-        assert f"not assigned to {peer} under epoch {epoch}" in reply["error"]["message"]
-    assert _stage(ws_router, "gpu-west", "job-none")["error"]["message"] == "stage: no such job"
+        data, end = _fetch(ws_router, peer, job_id, epoch)
+        assert data == b"" and end["error"]["code"] == "forbidden", end
+        assert f"not assigned to {peer} under epoch {epoch}" in end["error"]["message"]
+    assert _fetch(ws_router, "gpu-west", "job-none")[1]["error"]["message"] == "fetch: no such job"
     plain = _assigned(ws_router, "gpu-west")
-    assert _stage(ws_router, "gpu-west", plain)["error"]["message"] == f"stage: job {plain} has no workspace"
-    assert ws_router.run(at["gpu-west"].has_workspace(workspace["digest"])) is None  # nothing copied yet
-    assert _stage(ws_router, "gpu-west", job_id) == {"job_id": job_id, **workspace}
-    assert ws_router.run(at["gpu-west"].get_workspace(workspace["digest"])) == DATA
-    assert ws_router.run(at["tpu-east"].has_workspace(workspace["digest"])) is None
-    assert _stage(ws_router, "gpu-west", job_id) == {"job_id": job_id, **workspace}
-    assert ws_router.router.staging.copies == 1  # staged once per peer and digest
+    assert _fetch(ws_router, "gpu-west", plain)[1]["error"]["message"] == f"fetch: job {plain} has no workspace"
+    data, end = _fetch(ws_router, "gpu-west", job_id)
+    assert end == {"job_id": job_id, **workspace}
+    assert data == BIG  # in several chunks, in order
+    assert ws_router.router.relay.relays == 1
 
 
-def test_concurrent_stage_requests_share_one_copy(ws_router):
+def test_bad_fetch_requests_are_refused_in_one_line(ws_router):
+    _store(ws_router, DATA)
+    for body, why in ((b"x" * 2000, "the request is over 1024 bytes"), (b"{", "fetch: "),
+                      (json.dumps({"job_id": "../../etc", "epoch": 1}).encode(), "job_id is not a job id"),
+                      (json.dumps({"job_id": "a\u0000b", "epoch": 1}).encode(), "NUL")):
+        data, end = _fetch(ws_router, "gpu-west", "-", body=body)
+        assert data == b"" and end["error"]["code"] == "invalid_request" and why in end["error"]["message"], end
+
+
+def test_concurrent_fetches_each_get_the_whole_workspace(ws_router):
     import asyncio
 
-    _store(ws_router, DATA)
-    workspace = {"digest": digest_of(DATA), "size": len(DATA)}
-    jobs = [_assigned(ws_router, "tpu-east", workspace=workspace) for _ in range(4)]
+    _store(ws_router, BIG)
+    workspace = {"digest": digest_of(BIG), "size": len(BIG)}
+    jobs = [_assigned(ws_router, "tpu-east", workspace=workspace) for _ in range(6)]
 
     async def all_at_once():
-        return await asyncio.gather(*(ws_router._request("stage.tpu-east", json.dumps(
-            {"job_id": job_id, "epoch": 1}).encode()) for job_id in jobs))
-    replies = ws_router.run(all_at_once())
-    assert [r.get("digest") for r in replies] == [workspace["digest"]] * 4, replies
-    assert ws_router.router.staging.copies == 1
+        return await asyncio.gather(*(_fetch_async(ws_router, "tpu-east", job_id) for job_id in jobs))
+    answers = ws_router.run(all_at_once())
+    assert [(data == BIG, end.get("digest")) for data, end in answers] == [(True, workspace["digest"])] * 6
 
 
-def test_a_workspace_gone_from_the_store_is_invalid_and_a_forged_reply_subject_unanswered(ws_router):
+def test_a_workspace_gone_from_the_store_is_not_found_and_a_forged_reply_subject_unanswered(ws_router):
     _store(ws_router, DATA)
     workspace = {"digest": digest_of(DATA), "size": len(DATA)}
     job_id = _assigned(ws_router, "gpu-west", workspace=workspace)
-    ws_router.run(ObjectStore(ws_router.client, ws_router.prefix).delete_workspace(workspace["digest"]))
-    reply = _stage(ws_router, "gpu-west", job_id)
-    assert reply["error"]["code"] == "not_found"
-    assert "is not in the object store" in reply["error"]["message"]
 
     async def forged() -> list:
-        """A request whose reply subject is an object store chunk subject: answering it
-        would write into a bucket the router may write to."""
+        """Requests whose reply subject is not an inbox (an object store chunk subject,
+        a peer's assignments): answering would write there through the router."""
         heard = []
 
         async def hear(msg) -> None:
             heard.append(msg)
-        sub = await ws_router.client.subscribe("$O.>", cb=hear)
-        await ws_router.client.publish(f"{ws_router.prefix}.stage.gpu-west",
-                                       json.dumps({"job_id": job_id, "epoch": 1}).encode(),
-                                       reply=f"$O.{ws_router.prefix}-workspaces__gpu-west.C.planted")
+        subs = [await ws_router.client.subscribe(subject, cb=hear)
+                for subject in ("$O.>", f"{ws_router.prefix}.assign.>", "elsewhere.>")]
+        for reply in (f"$O.{ws_router.prefix}-workspaces.C.planted", f"{ws_router.prefix}.assign.gpu-west",
+                      "elsewhere.x"):
+            await ws_router.client.publish(f"{ws_router.prefix}.fetch.gpu-west",
+                                           json.dumps({"job_id": job_id, "epoch": 1}).encode(), reply=reply)
         await ws_router.client.flush()
-        await _stage_async(ws_router, "gpu-west", job_id)  # answered after it: the forged one was dropped
-        await sub.unsubscribe()
+        assert (await _fetch_async(ws_router, "gpu-west", job_id))[0] == DATA  # answered after them
+        for sub in subs:
+            await sub.unsubscribe()
         return heard
     assert ws_router.run(forged()) == []
-
-
-async def _stage_async(router: RouterThread, peer: str, job_id: str) -> dict:
-    return await router._request(f"stage.{peer}", json.dumps({"job_id": job_id, "epoch": 1}).encode())
+    ws_router.run(ObjectStore(ws_router.client, ws_router.prefix).delete_workspace(workspace["digest"]))
+    data, end = _fetch(ws_router, "gpu-west", job_id)
+    assert data == b"" and end["error"]["code"] == "not_found"
+    assert "is not in the object store" in end["error"]["message"]

@@ -128,12 +128,11 @@ async def test_wrong_password_is_refused(secured_nats):
 
 def test_permissions_table_per_role():
     roles = role_permissions("acme", ["gpu", "cpu"], ["alice"])
-    agent_objects = object_store_rights("acme", ("default", "alice"), read=("workspaces",), write=("outputs",),
-                                        peers=("gpu",))
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.stage.gpu", *agent_objects)
+    agent_objects = object_store_rights("acme", ("default", "alice"), write=("outputs",), peers=("gpu",))
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.fetch.gpu", *agent_objects)
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
-    # An agent's buckets are its own peer's, named by the server (no other peer's, no user's own).
-    assert all("__gpu" in r for r in agent_objects if "acme-" in r)
+    # An agent's buckets are its own peer's outputs: no workspace, no other peer's.
+    assert all("-outputs" in r and r.endswith(("__gpu", "__gpu.>")) for r in agent_objects if "acme-" in r)
     producer_objects = (*object_store_rights("acme", ("default",), read=("workspaces",), write=("workspaces",)),
                         *object_store_rights("acme", ("default",), read=("outputs",), peers=("gpu", "cpu")))
     assert roles["producer"].publish == ("acme.submit", "acme.cancel", *tuple(dict.fromkeys(producer_objects)))
@@ -154,9 +153,10 @@ def test_permissions_table_per_role():
     assert alice_objects == ["$JS.API.STREAM.INFO.OBJ_acme-workspaces-alice", "$O.acme-workspaces-alice.>",
                              "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice__gpu",
                              "$JS.API.STREAM.INFO.OBJ_acme-outputs-alice__cpu"]
-    # The router writes only staged copies at peers: never a user's own workspaces, never outputs.
-    router_writes = [r for r in roles["router"].publish if r.startswith("$O.")]
-    assert router_writes and all("-workspaces" in r and "__" in r for r in router_writes)
+    # The router writes no object at all; it sends workspaces on only to agents' inboxes.
+    assert not any(r.startswith(("$O.", "$JS.API.STREAM.PURGE")) for r in roles["router"].publish)
+    assert {"_INBOX_agent-gpu.>", "_INBOX_agent-cpu.>"} <= set(roles["router"].publish)
+    assert "acme.fetch.*" in roles["router"].subscribe
     # A user may ask only for itself, and read only its own replies.
     assert roles["user-alice"].publish[:2] == ("acme.submit.alice", "acme.cancel.alice")
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)

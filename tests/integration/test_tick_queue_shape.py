@@ -99,6 +99,30 @@ async def test_a_pass_over_an_empty_queue_keeps_the_guess_for_the_next_submit(po
     assert claims == [("alice",)]
 
 
+async def test_idle_passes_read_no_victims_and_no_usage(pool):
+    """A busy federation with nothing queued: past the first, its passes read neither
+    what may be preempted nor what each user holds (both may be many rows), however the
+    last queue looked."""
+    store, tick = await users_tick(pool, slots=1)
+    await insert_jobs(store, [user_job("alice", "low", band="batch")])
+    await tick.run_once()
+    await insert_jobs(store, [user_job("bob", "high", band="production")])
+    assert [v.job_id for v in (await tick.run_once()).preempted] == ["alice:low"]
+    await pool.execute("UPDATE jobs SET state = 'failed', epoch = epoch + 1 WHERE state = 'queued'")
+    await tick.run_once()  # the first pass with nothing queued still goes by the last queue's shape
+    reads = []
+    for name in ("job_list_preemptible", "job_live_usage_by_user"):
+        read = getattr(tick.store, name)
+
+        async def counted(*args, read=read, name=name):
+            reads.append(name)
+            return await read(*args)
+        setattr(tick.store, name, counted)
+    for _ in range(3):
+        assert (await tick.run_once()).assigned == []  # the queue is empty: idle passes
+    assert reads == []
+
+
 async def test_victims_are_read_only_where_a_lower_band_is_live(pool):
     store, tick = await users_tick(pool, slots=1)
     reads = []

@@ -93,3 +93,35 @@ async def test_a_message_a_jetstream_consumer_delivered_is_dropped_unread():
     assert from_jetstream(forged) and not from_jetstream(submit())
     assert not from_jetstream(SimpleNamespace(reply=""))  # a plain publish: no reply at all
     await router.close()
+
+
+def fetch(peer: str, reply: str = "_INBOX_agent-gpu-west.x") -> SimpleNamespace:
+    return SimpleNamespace(subject=f"irisfed.fetch.{peer}", data=b'{"job_id": "j", "epoch": 1}', reply=reply,
+                           headers=None)
+
+
+async def test_an_agents_fetches_past_the_bound_are_told_to_retry_and_others_go_on():
+    """At most FETCHES_PER_PEER of one peer's fetches at once: a peer asking for more
+    (or a hostile agent flooding) is told `unavailable`, another peer is not held up."""
+    router = Router(make_config(), pool=None, nc=None)
+    never = asyncio.Event()
+    relayed, ended = [], []
+
+    async def answer(peer, data, reply):
+        relayed.append(peer)
+        await never.wait()
+
+    async def end(reply, body):
+        ended.append(json.loads(body)["error"])
+    router.relay.answer, router.relay.end = answer, end
+    for _ in range(router_service.FETCHES_PER_PEER + 2):
+        await router.on_fetch(fetch("gpu-west"))
+    await router.on_fetch(fetch("tpu-east", reply="_INBOX_agent-tpu-east.y"))
+    await asyncio.sleep(0)
+    assert relayed.count("gpu-west") == router_service.FETCHES_PER_PEER and relayed.count("tpu-east") == 1
+    assert [e["code"] for e in ended] == ["unavailable"] * 2 and "in progress; retry" in ended[0]["message"]
+    for ignored in (fetch("nobody"), fetch("gpu-west", reply="irisfed.assign.gpu-west"),
+                    fetch("gpu-west", reply="$O.irisfed-workspaces.C.x"), fetch("gpu-west", reply="")):
+        await router.on_fetch(ignored)  # not a peer, or a reply subject that is not an inbox: dropped
+    assert len(ended) == 2 and relayed.count("gpu-west") == router_service.FETCHES_PER_PEER
+    await router.close()

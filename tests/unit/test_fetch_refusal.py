@@ -1,4 +1,4 @@
-"""Which peer may have a job's workspace staged (pure: ``stage_refusal`` on a job row):
+"""Which peer may be sent a job's workspace (pure: ``fetch_refusal`` on a job row):
 only the peer the job is assigned to or running on, under that very epoch, and only
 for a job that names a workspace."""
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from irisfed.services.router.workspaces import stage_refusal
+from irisfed.services.router.workspaces import fetch_refusal
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow
 
@@ -25,7 +25,7 @@ def row(state: JobState = JobState.ASSIGNED, owner: str | None = "gpu", epoch: i
 
 @pytest.mark.parametrize("state", [JobState.ASSIGNED, JobState.RUNNING])
 def test_the_owner_under_its_epoch_may(state):
-    assert stage_refusal(row(state), "gpu", 3) is None
+    assert fetch_refusal(row(state), "gpu", 3) is None
 
 
 @pytest.mark.parametrize(("job", "peer", "epoch"), [
@@ -35,10 +35,10 @@ def test_the_owner_under_its_epoch_may(state):
     (row(JobState.SUCCEEDED), "gpu", 3), (row(JobState.KILLED), "gpu", 3),  # its run is over
 ])
 def test_anyone_else_may_not(job, peer, epoch):
-    assert stage_refusal(job, peer, epoch) == f"job alice:j is not assigned to {peer} under epoch {epoch}"
+    assert fetch_refusal(job, peer, epoch) == f"job alice:j is not assigned to {peer} under epoch {epoch}"
 
 
 @pytest.mark.parametrize("workspace", [None, {"size": 3}, {"digest": 7}, "sha256:x"])
 def test_a_job_without_a_workspace_has_nothing_to_stage(workspace):
-    assert stage_refusal(row(workspace=workspace), "gpu", 3) == "job alice:j has no workspace"
-    assert stage_refusal(None, "gpu", 3) == "no such job"
+    assert fetch_refusal(row(workspace=workspace), "gpu", 3) == "job alice:j has no workspace"
+    assert fetch_refusal(None, "gpu", 3) == "no such job"
