@@ -420,7 +420,7 @@ class Store:
 
     async def job_list_queued_users(self) -> dict[str, int]:
         """Users with queued jobs → the band (rank) of each one's highest queued job."""
-        return {r["user_id"]: r["band"] for r in await self._fetch("job_list_queued_users")}
+        return (await self.job_pass_reads())[1]
 
     async def job_claim_queued(self, limit: int, after: tuple[int, int, datetime, str] | None = None,
                                user_id: str = "default") -> list[ClaimedJob]:
@@ -461,8 +461,7 @@ class Store:
                                                        dict[tuple[str, str | None], dict[str, float]],
                                                        dict[str, int]]:
         """``job_live_usage``, and the lowest band live on each owner peer."""
-        return _live_usage((r["owner_peer_id"], r["backend"], r["resource"], r["amount"], r["lowest_band"])
-                           for r in await self._fetch("job_live_usage"))
+        return (await self.job_pass_reads())[0]
 
     async def job_pass_reads(self) -> tuple[LiveUsage, dict[str, int]]:
         """A tick pass's first reads in one statement: ``job_live_usage_with_bands``

@@ -186,29 +186,15 @@ FROM jobs
 WHERE state IN ('assigned', 'running')
 GROUP BY owner_peer_id, backend;
 
--- job_live_usage --
--- What assigned and running jobs hold per peer and backend, in one statement (one
--- round trip per tick wake-up): a row with resource NULL counts the slots in use (one
--- per task), the others sum what the jobs asked for per resource (each task's, times
--- its tasks). The slots row also names the lowest band live there: the tick reads what
--- it may preempt only where a live job's band is below the queue's.
-WITH live AS (
-    SELECT owner_peer_id, backend, resources, replicas, band FROM jobs WHERE state IN ('assigned', 'running')
-)
-SELECT owner_peer_id, backend, NULL::text AS resource, sum(replicas)::float8 AS amount,
-       min(band) AS lowest_band
-FROM live
-GROUP BY owner_peer_id, backend
-UNION ALL
-SELECT owner_peer_id, backend, r.key, sum(r.value::numeric * replicas)::float8, NULL
-FROM live, jsonb_each_text(live.resources) AS r
-GROUP BY owner_peer_id, backend, r.key;
-
 -- job_pass_reads --
 -- What a tick pass reads before it places, in one statement (its wake-up waits for
--- one round trip beside the claim, not two): job_live_usage's rows (kind 'live', key
--- the owner peer), and job_list_queued_users' (kind 'queued', key the user, band its
--- highest queued band).
+-- one round trip beside the claim, not two). Kind 'live', key the owner peer: what
+-- assigned and running jobs hold per peer and backend (a row with resource NULL counts
+-- the slots in use, one per task, and names the lowest band live there: the tick reads
+-- what it may preempt only where a live job's band is below the queue's; the others
+-- sum what the jobs asked for per resource, each task's times its tasks). Kind
+-- 'queued', key the user: each user with queued jobs and the band of its first one (a
+-- skip scan of jobs_queued_by_user: one index probe per user, however deep its queue).
 WITH RECURSIVE users AS (
     (SELECT user_id, band FROM jobs WHERE state = 'queued' ORDER BY user_id, -band LIMIT 1)
     UNION ALL
@@ -439,20 +425,6 @@ LIMIT 1;
 SELECT date_trunc('minute', submitted_at) AS minute, count(*) AS jobs
 FROM job_listing WHERE submitted_at >= $1
 GROUP BY 1;
-
--- job_list_queued_users --
--- Users with queued jobs, each with the band of its first one (its highest): a skip
--- scan of jobs_queued_by_user (one index probe per user, however deep each user's
--- queue is).
-WITH RECURSIVE users AS (
-    (SELECT user_id, band FROM jobs WHERE state = 'queued' ORDER BY user_id, -band LIMIT 1)
-    UNION ALL
-    SELECT next.user_id, next.band
-    FROM users, LATERAL (SELECT j.user_id, j.band FROM jobs j
-                         WHERE j.state = 'queued' AND j.user_id > users.user_id
-                         ORDER BY j.user_id, -j.band LIMIT 1) AS next
-)
-SELECT user_id, band FROM users;
 
 -- job_claim_queued_by_user --
 -- Lock the next queued jobs of each user $1[i] in that user's own order (band, then
