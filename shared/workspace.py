@@ -2,7 +2,7 @@
 
 It owns which entries of a directory travel (``pack_workspace``), their layout,
 how a peer turns verified bytes back into a tree without writing outside it
-(``unpack_workspace``), and each run's fresh copy (``copy_tree``). Pure filesystem
+(``unpack_workspace``, ``unpack_stream``), and each run's fresh copy (``copy_tree``). Pure filesystem
 and bytes, no network, no asyncio: storing, fetching and caching are the callers'.
 
 The format: an uncompressed PAX tar of directories, regular files and symlinks
@@ -27,10 +27,13 @@ Packing, for each entry below the root (walked without following links):
    deeper than ``MAX_DEPTH``, a pack over ``max_bytes`` (checked before each file is
    read). Unpacking refuses a path deeper than ``MAX_DEPTH`` too.
 
-Unpacking verifies the digest first, then writes each member itself (no
-``extractall``) into ``.<dest>.partial-<random>`` beside ``dest``, through
-directory descriptors opened with ``O_NOFOLLOW``, and renames it to ``dest`` only
-when complete; any refusal (``WorkspaceRefused``) or error removes the partial
+Unpacking writes each member itself (no ``extractall``) into
+``.<dest>.partial-<random>`` beside ``dest``, through directory descriptors opened
+with ``O_NOFOLLOW``, and renames it to ``dest`` only when complete and verified:
+``unpack_workspace`` checks bytes in hand against the digest first;
+``unpack_stream`` unpacks bytes as they arrive and renames only once its ``check``
+(the digest of all that was read) passes, so a tree under its final name is always
+the digest's. Any refusal (``WorkspaceRefused``) or error removes the partial
 tree. Setuid/setgid/sticky bits are dropped; files keep at least u+r and
 directories u+rwx so the agent can always copy and remove what it unpacked.
 """
@@ -46,9 +49,10 @@ import secrets
 import shutil
 import stat
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 MIB = 1024 * 1024
@@ -436,14 +440,14 @@ def _write_file(tar: tarfile.TarFile, member: tarfile.TarInfo, parent: int, path
     return written
 
 
-def _extract(data: bytes, root: Path, max_files: int, max_bytes: int) -> UnpackedStats:
+def _extract(source: BinaryIO, root: Path, max_files: int, max_bytes: int) -> UnpackedStats:
     kinds: dict[str, str] = {}  # path -> "dir" | "file" | "link", implicit parents included
     members: set[str] = set()
     links: list[tuple[str, str]] = []
     count = total = 0
     root_fd = os.open(root, _DIR_FLAGS)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+        with tarfile.open(fileobj=source, mode="r|") as tar:
             for member in tar:
                 count += 1
                 if count > max_files:
@@ -503,10 +507,49 @@ def unpack_workspace(data: bytes | Path, dest: Path, *, digest: str, max_files: 
     actual = digest_of(data)
     if actual != digest:
         raise WorkspaceRefused(f"digest mismatch: expected {digest}, the archive is {actual}")
+    return _into(dest, lambda partial: _extract(io.BytesIO(data), partial, max_files, max_bytes))
+
+
+def unpack_stream(source: BinaryIO, dest: Path, *, check: Callable[[], None], max_files: int,
+                  max_bytes: int) -> UnpackedStats:
+    """Unpack an archive read from ``source`` while it arrives (``source.read`` blocks
+    for the next bytes and raises when their transfer failed) into ``dest``, which must
+    not exist; limits as ``unpack_workspace``. ``source`` is read to its end, then
+    ``check()`` raises unless every byte read is the digest's (the caller hashes them as
+    they are read); only then is the tree renamed to ``dest``.
+
+    A member refused is raised (``WorkspaceRefused``) only after the source ended and
+    passed ``check``: bytes garbled on the way are the transfer's error, not the archive's.
+    """
+    dest = Path(dest)
+    if os.path.lexists(dest):
+        raise FileExistsError(f"{dest} already exists; a workspace unpacks into a new directory")
+
+    def unpack(partial: Path) -> UnpackedStats:
+        try:
+            stats = _extract(source, partial, max_files, max_bytes)
+        except WorkspaceRefused:
+            _read_to_end(source)
+            check()
+            raise
+        _read_to_end(source)  # what follows the archive's end (tar padding) is checked too
+        check()
+        return stats
+    return _into(dest, unpack)
+
+
+def _read_to_end(source: BinaryIO) -> None:
+    while source.read(CHUNK):
+        pass
+
+
+def _into(dest: Path, unpack: Callable[[Path], UnpackedStats]) -> UnpackedStats:
+    """``unpack(partial)`` into a new partial folder beside ``dest``, renamed to ``dest``
+    when it returns; removed when it raises."""
     partial = dest.parent / f".{dest.name}.partial-{secrets.token_hex(8)}"
     os.mkdir(partial, 0o700)
     try:
-        stats = _extract(data, partial, max_files, max_bytes)
+        stats = unpack(partial)
         os.rename(partial, dest)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

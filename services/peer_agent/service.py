@@ -653,13 +653,14 @@ class PeerAgent(Service):
                                                             peer=self.peer_id)
         return store
 
-    async def _fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None) -> bytes:
-        """Workspace ``digest`` for run ``job``: sent by the router (only for a job assigned
-        here: this agent may read no workspace bucket), verified on arrival."""
+    async def _fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None,
+                               sink: Callable[[bytes], None]) -> None:
+        """Workspace ``digest`` for run ``job``, chunk by chunk into ``sink``: sent by the
+        router (only for a job assigned here: this agent may read no workspace bucket)."""
         if job is None:
             raise ObjectMissing(f"workspace {digest}: no run to fetch it for")
-        return await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
-                                          self.config.max_workspace_bytes)
+        await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
+                                   self.config.max_workspace_bytes, sink)
 
     async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
         """``call()``, again after a pause while what it needs is away for now."""

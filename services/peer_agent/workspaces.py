@@ -6,18 +6,21 @@ each run.
 The cache is ``<work root>/.workspaces/<user>/<hex>``, one unpacked tree per user and
 digest (a user's metadata in its own bucket is its own to write, so a tree another
 user's bytes made is never handed to it: each user's tree comes from that user's bucket), made by
-``shared.workspace.unpack_workspace`` (verify, then unpack into a partial folder
-renamed when complete): a tree under its final name is always whole, so an agent
-killed mid-fetch or mid-unpack leaves only a partial folder, removed at the next
-start, and never runs it. Trees are evicted least recently used first when their
+``shared.workspace.unpack_stream``: a thread unpacks the bytes into a partial folder
+while they arrive, hashing them as it reads (once), and renames the folder only
+after the last byte matched the digest. A tree under its final name is always whole
+and verified, so an agent killed mid-fetch or mid-unpack leaves only a partial
+folder, removed at the next start, and never runs it. Trees are evicted least recently used first when their
 bytes pass ``max_bytes``, never while a run holds one (``acquire``/``release``).
 
 What fails, and how the job ends (``WorkspaceUnusable`` carries the reason):
-- the archive refused (``WorkspaceRefused``), bytes that are not their digest, or a
-  workspace no longer in the store: the job fails, not retried — retrying would not
-  make the bytes good;
-- the store unreachable for now (``StoreUnavailable``/``StoreMissing``): a launch
-  error like any other, so the job is handed back while retries remain.
+- the archive refused (``WorkspaceRefused``), a stored copy the router found corrupt,
+  or a workspace no longer in the store: the job fails, not retried — retrying would
+  not make the bytes good;
+- the store unreachable for now (``StoreUnavailable``/``StoreMissing``), or bytes that
+  arrived but are not the digest's (garbled or lost on the way: the router verified
+  its copy as it read it): a launch error like any other, so the job is handed back
+  while retries remain.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import queue
 import re
 import shutil
 import time
@@ -47,7 +51,7 @@ from irisfed.services.common.objects import (
 from irisfed.shared.errors import ErrorCode
 from irisfed.shared.messages import FETCH_PART, FetchRequest, encoder
 from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
-from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_workspace
+from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_stream
 
 log = EventLogger("irisfed.peer_agent.workspaces")
 
@@ -59,8 +63,55 @@ _NAME_ERRORS = (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL)
 DEFAULT_CACHE_MB = 4096
 
 
+Sink = Callable[[bytes], None]  # takes a fetch's chunks in order
+Fetch = Callable[[str, str, Job | None, Sink], Awaitable[None]]
+
+
 class WorkspaceUnusable(Exception):
     """A job's workspace cannot be run, for good; the message is the job's reason."""
+
+
+class _TransferFailed(Exception):
+    """The fetch feeding an unpack failed: its own error is the one raised."""
+
+
+_END, _FAILED = object(), object()
+
+
+class _Feed:
+    """A fetch's chunks, put on the event loop and read in order by the unpacking
+    thread (``read`` blocks for the next one), hashed once as they are read."""
+
+    def __init__(self) -> None:
+        self._chunks: queue.SimpleQueue = queue.SimpleQueue()
+        self._rest = memoryview(b"")
+        self._ended = False
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def put(self, chunk: bytes) -> None:
+        self._chunks.put(chunk)
+
+    def end(self, ok: bool) -> None:
+        self._chunks.put(_END if ok else _FAILED)
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._rest:
+            if self._ended:
+                return b""
+            item = self._chunks.get()
+            if item is _END:
+                self._ended = True
+                return b""
+            if item is _FAILED:
+                self._ended = True
+                raise _TransferFailed
+            self.sha.update(item)
+            self.size += len(item)
+            self._rest = memoryview(item)
+        take = len(self._rest) if size < 0 else min(size, len(self._rest))
+        out, self._rest = self._rest[:take].tobytes(), self._rest[take:]
+        return out
 
 
 @dataclass
@@ -88,13 +139,14 @@ def _drop(path: Path) -> None:
 
 
 class WorkspaceCache:
-    """The agent's unpacked workspaces under ``root``; ``fetch(digest, user, job)`` returns
-    the archive bytes of that user's workspace, for ``job`` (the (job id, epoch) of the
-    run that asked first: the router sends a workspace only for a job assigned here). One tree per user and digest: the bytes are
-    verified against the digest before unpacking, and each user's come from its own
-    bucket."""
+    """The agent's unpacked workspaces under ``root``; ``fetch(digest, user, job, sink)``
+    hands the archive bytes of that user's workspace to ``sink`` as they come, for
+    ``job`` (the (job id, epoch) of the run that asked first: the router sends a
+    workspace only for a job assigned here). One tree per user and digest: unpacked
+    while the bytes arrive, named only once they proved to be the digest's; each
+    user's come from its own bucket."""
 
-    def __init__(self, root: Path, fetch: Callable[[str, str, Job | None], Awaitable[bytes]], *, max_bytes: int,
+    def __init__(self, root: Path, fetch: Fetch, *, max_bytes: int,
                  max_files: int, max_unpacked_bytes: int) -> None:
         self.root = root
         self.fetch = fetch
@@ -166,17 +218,24 @@ class WorkspaceCache:
             entry.used_at = time.time()
 
     async def _add(self, digest: str, user: str, job: Job | None) -> _Entry:
-        try:
-            data = await self.fetch(digest, user, job)
-        except ObjectMissing:
-            raise WorkspaceUnusable(f"workspace {digest} is no longer in the object store") from None
-        except (DigestMismatch, ObjectTooLarge) as exc:
-            raise WorkspaceUnusable(f"workspace refused: {exc}") from None
-        self.fetches += 1
         path = self.root / user / digest.removeprefix("sha256:")
         path.parent.mkdir(exist_ok=True)
+        feed = _Feed()
+        unpacking = asyncio.ensure_future(asyncio.to_thread(self._unpack, feed, path, digest))
         try:
-            stats = await asyncio.to_thread(self._unpack, data, path, digest)
+            await self.fetch(digest, user, job, feed.put)
+        except BaseException as exc:
+            feed.end(ok=False)  # the thread stops and drops its partial folder
+            unpacking.add_done_callback(_ignore_result)
+            if isinstance(exc, ObjectMissing):
+                raise WorkspaceUnusable(f"workspace {digest} is no longer in the object store") from None
+            if isinstance(exc, (DigestMismatch, ObjectTooLarge)):
+                raise WorkspaceUnusable(f"workspace refused: {exc}") from None
+            raise
+        feed.end(ok=True)
+        self.fetches += 1
+        try:
+            stats = await unpacking
         except WorkspaceRefused as exc:
             log.warning("workspace_refused", digest=digest, why=str(exc))
             raise WorkspaceUnusable(f"workspace refused: {exc}") from None
@@ -185,14 +244,22 @@ class WorkspaceCache:
         log.info("workspace_cached", digest=digest, bytes=stats)
         return entry
 
-    def _unpack(self, data: bytes, path: Path, digest: str) -> int:
+    def _unpack(self, feed: _Feed, path: Path, digest: str) -> int:
         if os.path.lexists(path):  # a tree someone removed from under us, or a stray file
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+        def check() -> None:
+            if f"sha256:{feed.sha.hexdigest()}" != digest:
+                raise StoreUnavailable(f"fetching workspace {digest}: the {feed.size:,} bytes that came are "
+                                       f"not the workspace")
         try:
-            stats = unpack_workspace(data, path, digest=digest, max_files=self.max_files,
-                                     max_bytes=self.max_unpacked_bytes)
+            stats = unpack_stream(feed, path, check=check, max_files=self.max_files,
+                                  max_bytes=self.max_unpacked_bytes)
         except OSError as exc:
             if exc.errno in _NAME_ERRORS:  # the archive named something no filesystem here takes
+                while feed.read(1 << 20):  # unless its bytes were garbled on the way
+                    pass
+                check()
                 raise WorkspaceRefused(f"cannot unpack: {exc.strerror or exc}") from None
             raise  # the peer's own trouble (a full disk...): a launch error, tried again elsewhere
         return stats.bytes
@@ -218,23 +285,30 @@ class WorkspaceCache:
         return gone
 
 
+def _ignore_result(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # the failed fetch's error is the one raised
+
+
 FETCH_IDLE_S = 30.0  # how long a fetch waits for the router's next message before giving up
 
 
-async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_bytes: int,
-                               idle_s: float = FETCH_IDLE_S) -> bytes:
+async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_bytes: int, sink: Sink,
+                               idle_s: float = FETCH_IDLE_S) -> int:
     """Workspace ``digest`` of ``job`` (its id and epoch), asked of the router on
     ``subject`` (``P.fetch.<peer>``) and received on an inbox of our own, chunk by chunk
-    (docs/design.md §3.5): verified against the digest (and the size the router names)
-    before it is returned. The router's refusals: ObjectMissing (the workspace is gone
-    from the store), DigestMismatch (corrupt there, over the cap, or bytes that are not
-    the digest's), StoreUnavailable (no router answered within ``idle_s``, a message
-    lost, the job not this peer's now, or the router busy: retried as a launch error)."""
+    (docs/design.md §3.5), each handed to ``sink`` as it comes; the bytes received, once
+    the router's end names ``digest`` and that many bytes (the caller checks they are
+    the digest's, as it reads them). The router's refusals: ObjectMissing (the workspace
+    is gone from the store), DigestMismatch (corrupt there, over the cap, or bytes that
+    are not the digest's), StoreUnavailable (no router answered within ``idle_s``, a
+    message lost, the job not this peer's now, or the router busy: retried as a launch
+    error)."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, pending_bytes_limit=max_bytes + 4 * 2**20)
     try:
         await nc.publish(subject, encoder.encode(FetchRequest(job[0], job[1])), reply=inbox)
-        data, sha = bytearray(), hashlib.sha256()
+        size = 0
         while True:
             try:
                 msg = await sub.next_msg(timeout=idle_s)
@@ -242,20 +316,20 @@ async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_byte
                 raise StoreUnavailable(f"fetching workspace {digest}: the router sent nothing for "
                                        f"{idle_s:g} s") from None
             if (msg.headers or {}).get(FETCH_PART) == "chunk":
-                if len(data) + len(msg.data) > max_bytes:
+                size += len(msg.data)
+                if size > max_bytes:
                     raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
-                data += msg.data
-                sha.update(msg.data)
+                sink(msg.data)
                 continue
-            return _fetched(msg.data, digest, bytes(data), sha.hexdigest())
+            return _fetched(msg.data, digest, size)
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
-def _fetched(end: bytes, digest: str, data: bytes, hexdigest: str) -> bytes:
-    """``data`` once the router's end message ``end`` says it sent all of ``digest``, and
-    the bytes are that digest's; else the error its end, or the bytes, tell of."""
+def _fetched(end: bytes, digest: str, size: int) -> int:
+    """``size`` once the router's end message ``end`` says it sent all ``size`` bytes of
+    ``digest``; else the error its end tells of."""
     try:
         answer = msgspec.json.decode(end)
     except msgspec.DecodeError:
@@ -270,8 +344,8 @@ def _fetched(end: bytes, digest: str, data: bytes, hexdigest: str) -> bytes:
         raise StoreUnavailable(f"fetching workspace {digest}: {message}")
     if not isinstance(answer, dict) or answer.get("digest") != digest:
         raise StoreUnavailable(f"fetching workspace {digest}: the router answered for another workspace")
-    if answer.get("size") != len(data) or f"sha256:{hexdigest}" != digest:
+    if answer.get("size") != size:
         # A chunk lost on the way (the router's stored copy was verified as it was read).
-        raise StoreUnavailable(f"fetching workspace {digest}: {len(data):,} bytes came, not the workspace "
+        raise StoreUnavailable(f"fetching workspace {digest}: {size:,} bytes came, not the workspace "
                                f"({answer.get('size')!r} bytes)")
-    return data
+    return size

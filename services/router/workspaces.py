@@ -54,6 +54,8 @@ from irisfed.shared.records import JobRow
 from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
 REMEMBERED = 4096  # digests known stored, most recently used kept
+REMEMBERED_STORES = 256  # users whose bucket handle the relay keeps open
+MIN_MESSAGE_BYTES = 128 * 1024  # a relay message's size even under a server's tiny max_payload
 CHUNK, END = {FETCH_PART: "chunk"}, {FETCH_PART: "end"}
 MAX_FETCH_REQUEST_BYTES = 1024  # a job id and an epoch
 STORED_JOB_ID_RE = re.compile(STORED_JOB_ID_PATTERN)
@@ -118,13 +120,39 @@ def fetch_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
     return None
 
 
+class Gathered:
+    """Chunks gathered in order into messages of at most ``limit`` bytes (a chunk over
+    the limit alone goes as it is: the store's chunks are far smaller than a message)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pending = bytearray()
+
+    def add(self, chunk: bytes) -> bytes | None:
+        """Take ``chunk``; the message to send first when it does not fit beside the others."""
+        full = None
+        if self.pending and len(self.pending) + len(chunk) > self.limit:
+            full = self.rest()
+        self.pending.extend(chunk)
+        return full
+
+    def rest(self) -> bytes | None:
+        """What is gathered and not sent yet (None: nothing)."""
+        if not self.pending:
+            return None
+        message = bytes(self.pending)
+        self.pending.clear()
+        return message
+
+
 class WorkspaceRelay:
     """Sends a job's workspace to the agent of the job's peer, chunk by chunk, on the
     inbox that agent named (docs/design.md §3.5): agents may read no workspace bucket,
     so the router, which checks the job is that peer's now, reads it for them. Nothing
-    is kept: each chunk goes out as it is read from the user's bucket, so a workspace
-    costs the router one read, never a whole copy in memory; at most ``concurrency``
-    relays run at once, and the others wait their turn."""
+    is kept: the chunks go out as they are read from the user's bucket (gathered into
+    messages of up to the server's ``max_payload``), so a workspace costs the router one
+    read, never a whole copy in memory; at most ``concurrency`` relays run at once, and
+    the others wait their turn."""
 
     def __init__(self, nc: Client, prefix: str, db, max_bytes: int, timeout_s: float = 30.0,
                  concurrency: int = 4) -> None:
@@ -132,6 +160,14 @@ class WorkspaceRelay:
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
         self.slots = asyncio.Semaphore(concurrency)
         self.relays = 0  # workspaces relayed whole (tests and the bench read it)
+        self.stores: OrderedDict[str, ObjectStore] = OrderedDict()  # per user, most recently used kept
+
+    def _store(self, user: str) -> ObjectStore:
+        store = self.stores.pop(user, None) or ObjectStore(self.nc, self.prefix, user=user, timeout_s=self.timeout_s)
+        self.stores[user] = store
+        if len(self.stores) > REMEMBERED_STORES:
+            self.stores.popitem(last=False)
+        return store
 
     async def answer(self, peer_id: str, data: bytes, reply: str) -> None:
         """Answer ``peer_id``'s fetch request ``data`` on ``reply``: the chunks, then the
@@ -169,13 +205,19 @@ class WorkspaceRelay:
         if why is not None:
             raise Forbidden(f"fetch: {why}")
         digest, size = row.spec["workspace"]["digest"], int(row.spec["workspace"].get("size", 0))
-        store = ObjectStore(self.nc, self.prefix, user=row.user_id, timeout_s=self.timeout_s)
+        store = self._store(row.user_id)
+        # The store's chunks (128 KiB) go out gathered up to the server's largest message:
+        # a fraction of the messages to route, parse and wake the agent for.
+        gathered = Gathered(max(MIN_MESSAGE_BYTES, self.nc.max_payload - 4096))
 
         async def send(chunk: bytes) -> None:
-            await self.nc.publish(reply, chunk, headers=CHUNK)
+            if (message := gathered.add(chunk)) is not None:
+                await self.nc.publish(reply, message, headers=CHUNK)
         try:
             async with self.slots:
                 await store.get_workspace(digest, self.max_bytes, each=send)
+                if (message := gathered.rest()) is not None:
+                    await self.nc.publish(reply, message, headers=CHUNK)
         except ObjectMissing as exc:
             raise NotFound(f"fetch: {exc}") from None
         except (DigestMismatch, ObjectTooLarge) as exc:

@@ -256,6 +256,9 @@ async def test_an_interactive_gang_preempts_a_whole_batch_gang_which_runs_again_
         for name in ("b1", "b2"):
             await gang(federation, name, ledger.task(gate=gate), band="batch", max_retries=0)
         await wait_for(lambda: _is(len(ledger.rows()) == 8), "two batch gangs to run")
+        # Accepted too: a gang preempted while still assigned never had task rows to end.
+        for name in ("b1", "b2"):
+            await federation.wait_state(name, "running")
         await gang(federation, "urgent", ledger.task())
 
         async def preempted():

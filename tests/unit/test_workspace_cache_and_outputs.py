@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from irisfed.errors import InvalidRequestError
-from irisfed.services.common.objects import DigestMismatch, ObjectMissing
+from irisfed.services.common.objects import DigestMismatch, ObjectMissing, StoreUnavailable
 from irisfed.services.peer_agent.outputs import Found, choose_outputs, scan_outputs
 from irisfed.services.peer_agent.plan import unusable_workspace_move
 from irisfed.services.peer_agent.workspaces import WorkspaceCache, WorkspaceUnusable
@@ -23,6 +23,7 @@ from irisfed.shared.messages import SubmitRequest, decode_request
 from irisfed.shared.workspace import digest_of
 from irisfed.transfer import Output, local_path
 from tests.infra.archives import archive, member
+from tests.infra.waiting import holds, wait_for
 
 MIB = 1024 * 1024
 
@@ -32,10 +33,13 @@ def tree(name: str, size: int) -> bytes:
 
 
 def cache_of(root: Path, store: dict[str, bytes], max_bytes: int = 10 * MIB) -> WorkspaceCache:
-    async def fetch(digest: str, user: str, job=None) -> bytes:
+    async def fetch(digest: str, user: str, job, sink) -> None:
         if digest not in store:
             raise ObjectMissing(f"workspace {digest} is not in the object store")
-        return store[digest]
+        data = store[digest]
+        for at in range(0, len(data), 1000):  # in chunks, as the router sends them
+            sink(data[at:at + 1000])
+            await asyncio.sleep(0)
     return WorkspaceCache(root, fetch, max_bytes=max_bytes, max_files=100, max_unpacked_bytes=10 * MIB)
 
 
@@ -86,7 +90,7 @@ async def test_unusable_workspaces_say_why_for_the_job(tmp_path):
     with pytest.raises(WorkspaceUnusable, match=f"^workspace {missing} is no longer in the object store$"):
         await cache.acquire(missing)
 
-    async def corrupt(digest, user, job=None):
+    async def corrupt(digest, user, job, sink):
         raise DigestMismatch("the stored chunks do not match")
     cache.fetch = corrupt
     with pytest.raises(WorkspaceUnusable, match="^workspace refused: the stored chunks"):
@@ -211,15 +215,74 @@ async def test_a_peer_disk_error_is_not_a_refusal_of_the_workspace(tmp_path):
         await cache.acquire(digest_of(data))
 
 
+def _leftovers(root: Path) -> list[str]:
+    """What lies under ``root`` but the user's folder (a folder removed while walked: read again)."""
+    while True:
+        try:
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != "default")
+        except FileNotFoundError:
+            continue
+
+
+async def test_a_tree_is_unpacked_while_its_bytes_arrive_and_named_only_once_verified(tmp_path):
+    """The first member is on disk (in the partial folder) before the last bytes are
+    sent; the tree gets its final name only after the fetch ended."""
+    data = archive(member("first.bin", data=b"a" * 300_000), member("last.bin", data=b"b" * 300_000))
+    digest = digest_of(data)
+    final = tmp_path / "default" / digest.removeprefix("sha256:")
+
+    async def fetch(digest: str, user: str, job, sink) -> None:
+        sink(data[:len(data) // 2])
+        half = await wait_for(lambda: holds(_partial_with(tmp_path, "first.bin")), "the first member to be unpacked")
+        assert not final.exists()  # not named before the rest came and was checked
+        assert (half / "first.bin").stat().st_size > 0
+        sink(data[len(data) // 2:])
+    cache = await WorkspaceCache(tmp_path, fetch, max_bytes=MIB, max_files=10, max_unpacked_bytes=MIB).open()
+    path = await cache.acquire(digest)
+    assert path == final and (path / "last.bin").read_bytes() == b"b" * 300_000
+    assert _leftovers(tmp_path) == [f"default/{final.name}", f"default/{final.name}/first.bin",
+                                    f"default/{final.name}/last.bin"]
+
+
+def _partial_with(root: Path, name: str) -> Path | None:
+    return next((p.parent for p in root.glob(f"default/.*.partial-*/{name}")), None)
+
+
+async def test_bytes_garbled_on_the_way_are_a_transfer_error_even_when_the_archive_looks_hostile(tmp_path):
+    """What came is not the digest's: retried (StoreUnavailable), never "refused", and no
+    tree is left, named or partial."""
+    good = tree("a", 200_000)
+    hostile = archive(member("../escape", data=b"x"))
+    for sent in (good[:-1] + b"!", hostile, good[: len(good) // 2]):
+        cache = await cache_of(tmp_path, {digest_of(good): sent}).open()
+        with pytest.raises(StoreUnavailable, match="are not the workspace"):
+            await cache.acquire(digest_of(good))
+        assert _leftovers(tmp_path) == [] and cache.entries == {}
+
+
+async def test_a_fetch_failing_midway_leaves_nothing_and_raises_its_own_error(tmp_path):
+    data = tree("a", 500_000)
+
+    async def broken(digest: str, user: str, job, sink) -> None:
+        sink(data[:100_000])
+        await asyncio.sleep(0.01)
+        raise StoreUnavailable("the router went away")
+    cache = await WorkspaceCache(tmp_path, broken, max_bytes=MIB, max_files=10, max_unpacked_bytes=MIB).open()
+    with pytest.raises(StoreUnavailable, match="the router went away"):
+        await cache.acquire(digest_of(data))
+    await wait_for(lambda: holds(_leftovers(tmp_path) == []), "the unpacking thread to drop its partial folder")
+    assert cache.fetches == 0 and cache.entries == {}
+
+
 async def test_each_user_gets_its_tree_from_its_own_bucket(tmp_path):
     """A user writes its own bucket's metadata: a tree made from another user's bytes is
     never handed to it, whatever digest it names."""
     data = tree("a", 10)
     asked: list[str] = []
 
-    async def fetch(digest: str, user: str, job=None) -> bytes:
+    async def fetch(digest: str, user: str, job, sink) -> None:
         asked.append(user)
-        return data
+        sink(data)
     cache = await WorkspaceCache(tmp_path, fetch, max_bytes=MIB, max_files=100, max_unpacked_bytes=MIB).open()
     bob = await cache.acquire(digest_of(data), "bob")
     alice = await cache.acquire(digest_of(data), "alice")
