@@ -105,6 +105,7 @@ from collections.abc import (
 )
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
@@ -134,6 +135,7 @@ from irisfed.jobs import (
     new_job_id,
     task_views,
 )
+from irisfed.logs import lines, read_logs
 from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
 from irisfed.shared.config import DATABASE_URL_ENV, DEFAULT_MAX_WORKSPACE_MB
@@ -145,6 +147,8 @@ from irisfed.shared.messages import (
     DryRunReply,
     ErrorReply,
     JobEvent,
+    LogsReply,
+    LogsRequest,
     OperatorCancelRequest,
     SubmitReply,
     SubmitRequest,
@@ -384,6 +388,37 @@ class Client:
             raise InternalError(f"the router answered a cancel with {type(reply).__name__}")
         return reply
 
+    async def log_replies(self, job_id: str, *, stderr: bool = False, task: int = 0, epoch: int | None = None,
+                          follow: bool = False, since_s: float | None = None) -> AsyncIterator[LogsReply]:
+        """The router's answers for ``job_id``'s output (:func:`irisfed.logs.read_logs`):
+        each a :class:`~shared.messages.LogsReply` whose ``data`` are the next bytes.
+        A user's job is named by the id it submitted; with the operator's credentials
+        (or none: an unsecured server), by its stored id (``alice:train-1``)."""
+        operator = reads_as_operator(self.servers.nats_url)
+        try:
+            request = LogsRequest(job_id=checked_stored_job_id(job_id) if operator else _checked_job_id(job_id),
+                                  stream="stderr" if stderr else "stdout", task=task, epoch=epoch,
+                                  since_s=since_s)
+        except (IrisfedError, msgspec.ValidationError) as exc:
+            raise InvalidRequestError(getattr(exc, "message", str(exc))) from None
+        subject = self.subjects.operator_read("logs") if operator else self.subjects.read_for("logs", self.user)
+
+        async def ask(next_request: LogsRequest) -> LogsReply:
+            reply = await self._request(subject, encoder.encode(next_request))
+            if not isinstance(reply, LogsReply):
+                raise InternalError(f"the router answered a log read with {type(reply).__name__}")
+            return reply
+        async for reply in read_logs(ask, request, follow):
+            yield reply
+
+    async def logs(self, job_id: str, **options: Any) -> AsyncIterator[str]:
+        """``job_id``'s output line by line (stdout; ``stderr=True``, ``task=``,
+        ``epoch=``, ``since_s=``), read from where it was shipped, wherever the job ran:
+        what was shipped so far, or with ``follow=True`` every line as the job writes
+        it until the job ends. Needs no database URL."""
+        async for line in lines(self.log_replies(job_id, **options)):
+            yield line
+
     async def _request(self, subject: str, body: bytes) -> SubmitReply | DryRunReply | CancelReply:
         attempt = 1
         while True:
@@ -581,6 +616,17 @@ def _checked_job_id(job_id: str) -> str:
         raise InvalidRequestError(exc.message) from None
 
 
+def reads_as_operator(nats_url: str) -> bool:
+    """Whether reads name jobs by stored id on the operators' subject: the operator's (or
+    admin's) credentials, or none at all (an unsecured server tells no one apart)."""
+    first = nats_url.split(",", 1)[0].strip()
+    try:
+        name = urlsplit(first if "://" in first else f"nats://{first}").username
+    except ValueError:
+        return False
+    return name in (None, "", "operator", "admin")
+
+
 def _answer_or_error(data: bytes) -> SubmitReply | DryRunReply | CancelReply | IrisfedClientError:
     """A router reply: the answer, or the error it carries (as an exception, not raised)."""
     try:
@@ -714,16 +760,22 @@ class SyncClient:
 
     def watch(self, job_id: str, *, history: bool = True) -> Iterator[JobEvent]:
         """:meth:`Client.watch`, as a plain iterator."""
-        events = self._client.watch(job_id, history=history)
+        return self._iterate(self._client.watch(job_id, history=history))
+
+    def logs(self, job_id: str, **options: Any) -> Iterator[str]:
+        """:meth:`Client.logs`, as a plain iterator of lines."""
+        return self._iterate(self._client.logs(job_id, **options))
+
+    def _iterate(self, items: AsyncIterator[_T]) -> Iterator[_T]:
         try:
             while True:
                 try:
-                    yield self._runner.run(events.__anext__())
+                    yield self._runner.run(items.__anext__())
                 except StopAsyncIteration:
                     return
         finally:
             with contextlib.suppress(Exception):
-                self._runner.run(events.aclose())
+                self._runner.run(items.aclose())
 
     def close(self) -> None:
         """Close the client and stop its thread (idempotent)."""

@@ -56,7 +56,8 @@ NATS_URL_ENV = "IRISFED_NATS_URL"
 
 _TOP_KEYS = {"local_cluster", "subject_prefix", "heartbeat_interval_s", "heartbeat_ttl_s",
              "peers", "tick_interval_s", "assign_grace_s", "users", "max_workspace_mb",
-             "max_workspace_files", "max_output_mb", "output_retention_days"}
+             "max_workspace_files", "max_output_mb", "output_retention_days", "max_log_mb",
+             "log_retention_days"}
 _PEER_KEYS = {"id", "attributes", "slots", "backend", "resources", "slurm_partition", "ray_address", "nodes",
               "gang_start_timeout_s"}
 _NODE_KEYS = {"count", "resources", "attributes"}
@@ -71,6 +72,9 @@ DEFAULT_MAX_WORKSPACE_MB = 256
 DEFAULT_MAX_WORKSPACE_FILES = 100_000
 DEFAULT_MAX_OUTPUT_MB = 1024
 DEFAULT_OUTPUT_RETENTION_DAYS = 7
+# Logs (docs/design.md §3.6): each run's stdout and stderr, shipped while it runs.
+DEFAULT_MAX_LOG_MB = 64
+DEFAULT_LOG_RETENTION_DAYS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,8 @@ class FederationConfig:
     max_workspace_files: int = DEFAULT_MAX_WORKSPACE_FILES  # its most entries (unpacking refuses more)
     max_output_mb: int = DEFAULT_MAX_OUTPUT_MB  # what one run's outputs may store
     output_retention_days: float = DEFAULT_OUTPUT_RETENTION_DAYS  # how long the store keeps outputs
+    max_log_mb: int = DEFAULT_MAX_LOG_MB  # what one run's stdout (and its stderr, each task's) keeps
+    log_retention_days: float = DEFAULT_LOG_RETENTION_DAYS  # how long shipped logs are kept
 
     @property
     def max_workspace_bytes(self) -> int:
@@ -160,6 +166,10 @@ class FederationConfig:
     @property
     def max_output_bytes(self) -> int:
         return self.max_output_mb * 1024 * 1024
+
+    @property
+    def max_log_bytes(self) -> int:
+        return self.max_log_mb * 1024 * 1024
 
     @property
     def user_table(self) -> UserTable:
@@ -279,6 +289,8 @@ def parse_config(raw: Mapping[str, Any]) -> FederationConfig:
         max_workspace_files=_whole(raw, "max_workspace_files", DEFAULT_MAX_WORKSPACE_FILES, 10_000_000),
         max_output_mb=_whole(raw, "max_output_mb", DEFAULT_MAX_OUTPUT_MB, 1024 * 1024),
         output_retention_days=_positive(raw, "output_retention_days", DEFAULT_OUTPUT_RETENTION_DAYS),
+        max_log_mb=_whole(raw, "max_log_mb", DEFAULT_MAX_LOG_MB, 64 * 1024),
+        log_retention_days=_positive(raw, "log_retention_days", DEFAULT_LOG_RETENTION_DAYS),
     )
 
 

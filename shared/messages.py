@@ -179,6 +179,43 @@ class OperatorCancelRequest(Struct, forbid_unknown_fields=True, frozen=True):
     by: Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_-]{0,31}(?!\n)$")] | None = None
 
 
+class LogsRequest(Struct, forbid_unknown_fields=True, frozen=True):
+    """Read a job's shipped output (docs/design.md §3.6; ``<prefix>.read.logs`` for the
+    user ``default``, ``<prefix>.read.logs.<user>``, request/reply): the next bytes of
+    ``stream`` of task ``task`` of run ``epoch`` (default: its newest), from stream
+    sequence ``seq`` (0: the start, or ``since_s`` seconds ago) with the reader at file
+    offset ``offset`` (what the last answer said). Operators ask on
+    ``<prefix>.operator.read.logs`` with the stored id."""
+
+    job_id: StoredJobId
+    stream: Literal["stdout", "stderr"] = "stdout"
+    task: Annotated[int, Meta(ge=0, le=MAX_REPLICAS)] = 0
+    epoch: Annotated[int, Meta(ge=1)] | None = None
+    seq: Annotated[int, Meta(ge=0)] = 0
+    offset: Annotated[int, Meta(ge=0)] = 0
+    since_s: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
+
+
+class LogsReply(Struct, frozen=True):
+    """The answer to a LogsRequest: ``data`` (the output's next bytes, any gap marked
+    with a line saying how much was dropped; base64 in JSON), then where to ask next
+    (``seq``, ``offset``). ``done``: nothing more will come for this run (its output
+    was shipped to its end, or it ended long enough ago); ``state`` and ``exit_code``
+    are the job's now."""
+
+    job_id: str
+    epoch: int
+    task: int
+    stream: str
+    data: bytes
+    seq: int
+    offset: int
+    done: bool
+    state: str
+    exit_code: int | None = None
+    peer_id: str | None = None
+
+
 # ---------------------------------------------------------------- router → producer
 
 
@@ -399,11 +436,12 @@ _strict_decoders: dict[type, msgspec.json.Decoder] = {
     SubmitRequest: msgspec.json.Decoder(SubmitRequest),
     CancelRequest: msgspec.json.Decoder(CancelRequest),
     OperatorCancelRequest: msgspec.json.Decoder(OperatorCancelRequest),
+    LogsRequest: msgspec.json.Decoder(LogsRequest),
 }
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
     for kind in (Heartbeat, AssignmentNotice, CancelNotice, JobEvent, TickWake, FetchRequest, FetchEnd,
-                 SubmitReply, DryRunReply, CancelReply, ErrorReply)
+                 SubmitReply, DryRunReply, CancelReply, ErrorReply, LogsReply)
 }
 
 
@@ -446,12 +484,14 @@ def decode_internal(kind: type[_T], data: bytes) -> _T:
     return message
 
 
-def decode_reply(data: bytes) -> SubmitReply | DryRunReply | CancelReply | ErrorReply:
-    """Decode a router reply, for clients: an error, a submit reply (or dry-run answer)
-    or a cancel reply."""
+def decode_reply(data: bytes) -> SubmitReply | DryRunReply | CancelReply | LogsReply | ErrorReply:
+    """Decode a router reply, for clients: an error, a submit reply (or dry-run answer),
+    a cancel reply or a read's answer."""
     raw = msgspec.json.decode(data)
     if isinstance(raw, dict) and "error" in raw:
         return msgspec.convert(raw, ErrorReply)
+    if isinstance(raw, dict) and "offset" in raw and "done" in raw:
+        return msgspec.json.decode(data, type=LogsReply)
     if isinstance(raw, dict) and "outcome" in raw:
         return msgspec.convert(raw, CancelReply)
     if isinstance(raw, dict) and raw.get("dry_run") is True:
@@ -478,6 +518,8 @@ WIRE_MESSAGES: tuple[type, ...] = (
     TickWake,
     FetchRequest,
     FetchEnd,
+    LogsRequest,
+    LogsReply,
 )
 
 

@@ -50,3 +50,17 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
             raise ConfigError(f"{what} {item!r} must look like KEY=VALUE")
         result[key.strip()] = value
     return result
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNIT_S = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h``, ``1d`` → seconds (more than 0); ConfigError naming
+    ``flag`` otherwise."""
+    match = _DURATION.match(text or "")
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)] if match else 0.0
+    if seconds <= 0:
+        raise ConfigError(f"{flag} must be a duration like 90s, 30m, 2h or 1d, got {text!r}")
+    return seconds

@@ -54,6 +54,16 @@ class Subjects:
         head, _, user = subject.rpartition(".")
         return user if head == base and user else None
 
+    def read_for(self, kind: str, user: str) -> str:
+        """Where ``user`` reads its own jobs' ``kind`` (``logs``, docs/design.md §3.6):
+        ``P.read.<kind>`` for ``default``, ``P.read.<kind>.<user>`` for any other user."""
+        base = f"{self.prefix}.read.{kind}"
+        return base if user == DEFAULT_USER else f"{base}.{user}"
+
+    def operator_read(self, kind: str) -> str:
+        """Operators read any job's ``kind`` here (operator and web NATS users only)."""
+        return f"{self.prefix}.operator.read.{kind}"
+
     @property
     def tick_wake(self) -> str:
         return f"{self.prefix}.tick.wake"

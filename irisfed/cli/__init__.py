@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from irisfed.cli import admin, client, reads
+from irisfed.cli import admin, client, logs, reads
 from irisfed.cli.parser import build_parser
 from irisfed.services.common import startup
 from irisfed.shared.redact import redact
@@ -61,7 +61,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "job": reads.cmd_job,
     "peers": reads.cmd_peers,
     "users": reads.cmd_users,
-    "logs": reads.cmd_logs,
+    "logs": logs.cmd_logs,
     "outputs": reads.cmd_outputs,
     "watch": client.cmd_watch,
     "health": admin.cmd_health,

@@ -354,7 +354,8 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         try:
             await ensure_buckets(nc, config.subject_prefix, replicas=args.replicas,
                                  output_ttl_s=config.output_retention_days * 86400, users=config.user_ids,
-                                 peers=config.peer_ids, wait_s=BUCKETS_WAIT_S)
+                                 peers=config.peer_ids, wait_s=BUCKETS_WAIT_S,
+                                 log_ttl_s=config.log_retention_days * 86400)
         finally:
             await nc.close()
     try:

@@ -24,7 +24,6 @@ from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.resources import ResourceError, normalize_request, parse_amount_flags
 from irisfed.shared.shorthands import parse_constraint, parse_pairs
-from irisfed.shared.users import stored_job_id
 
 
 class ReplyError(IrisfedError):
@@ -135,7 +134,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(printable(f"  {reply['reason']}"))
         return 3
     if args.wait:
-        return _watch(args, stored_job_id(user, reply["job_id"]))
+        from irisfed.cli.logs import follow_submitted
+
+        return follow_submitted(args, user, reply["job_id"])
     return 0
 
 

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a job: irisfed submit [flags] -- COMMAND...")
     _client_flags(p)
     _user_flag(p)
-    p.add_argument("--database-url", help="for --wait")
+    p.add_argument("--database-url", help=argparse.SUPPRESS)  # once for --wait, which reads over NATS now
     p.add_argument("--id", help="job_id (idempotency key)")
     p.add_argument("--workspace", metavar="DIR",
                    help="pack DIR (minus .git/ and .irisfedignore's patterns) into the object store; every "
@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, metavar="SECONDS", help="max time queued")
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--label", action="append", metavar="KEY=VALUE")
-    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    p.add_argument("--wait", action="store_true",
+                   help="follow the job until it ends: its stdout as it runs, its states on stderr; exit with "
+                        "its status")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -232,9 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", metavar="DIR", help="write the stored files under DIR (a gang's under task-<i>/)")
     _output_flags(p)
 
-    p = sub.add_parser("logs", help="a job's stdout (or --stderr)")
-    add_server_flags(p, nats=False)
+    p = sub.add_parser("logs", help="a job's stdout (or --stderr), wherever it ran; --follow while it runs")
+    add_server_flags(p, db=False)
+    p.add_argument("--prefix", help="subject prefix (default: from the config, else irisfed)")
+    _user_flag(p)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds one read waits for the router")
     p.add_argument("job_id")
     p.add_argument("--stderr", action="store_true")
-    p.add_argument("--task", type=int, metavar="I", help="a gang's task I (0..replicas-1): its own output")
+    p.add_argument("--task", type=int, default=0, metavar="I", help="a gang's task I (0..replicas-1): its own output")
+    p.add_argument("--epoch", type=int, metavar="N", help="run N's output (default: the newest run)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="print each line as the job writes it; exit with the job's status when it ends")
+    p.add_argument("--since", metavar="DURATION", help="only output shipped in the last 90s, 30m, 2h, 1d")
     return parser

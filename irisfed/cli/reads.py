@@ -170,40 +170,6 @@ def cmd_outputs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    job_id = checked_stored_job_id(args.job_id)
-
-    async def fetch(store):
-        return await store.job_get(job_id), await store.job_tasks_list(job_id) if args.task is not None else []
-
-    job, task_rows = asyncio.run(with_store(args, fetch))
-    if job is None:
-        print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
-        return 1
-    folder = job.log_dir
-    if args.task is not None:
-        if args.task < 0 or args.task >= job.replicas:
-            print(f"irisfed: job {args.job_id} has {job.replicas} task{'s' if job.replicas != 1 else ''} "
-                  f"(0..{job.replicas - 1}); no task {args.task}", file=sys.stderr)
-            return 2
-        task = next((t for t in task_views(task_rows) if t.index == args.task), None)
-        folder = task.log_path if task is not None else None
-    if not folder:
-        what = f"task {args.task} of job {args.job_id}" if args.task is not None else f"job {args.job_id}"
-        print(f"irisfed: {what} has no logs yet (state {job.state})", file=sys.stderr)
-        return 1
-    path = Path(folder) / ("stderr" if args.stderr else "stdout")
-    try:
-        sys.stdout.write(path.read_text(errors="replace"))
-    except OSError:
-        from irisfed.cli.views import printable
-
-        # The peer wrote log_dir: no terminal control from it.
-        print(printable(f"irisfed: logs are on peer {job.owner_peer_id} at {path}"), file=sys.stderr)
-        return 1
-    return 0
-
-
 def cmd_top(args: argparse.Namespace) -> int:
     """Live view of peers and jobs: redraws on NATS events, polls Postgres as the fallback."""
     from irisfed.cli import views

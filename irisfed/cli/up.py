@@ -124,7 +124,8 @@ def _up(args: argparse.Namespace) -> int:
         db.migrate(db_url)
         replicas = 3 if args.ha and not (args.nats_url or os.environ.get(NATS_URL_ENV)) else 1
         _object_store(auth.url(nats_url, "admin") if auth else nats_url, config.subject_prefix, replicas,
-                      config.output_retention_days * 86400, config.user_ids, config.peer_ids)
+                      config.output_retention_days * 86400, config.user_ids, config.peer_ids,
+                      config.log_retention_days * 86400)
         env = dict(os.environ)
         env.pop(CONFIG_ENV, None)
         federation = LocalFederation(supervisor, config_path, db_url, nats_url, auth=auth, env=env,
@@ -182,9 +183,10 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _object_store(nats_url: str, prefix: str, replicas: int, output_ttl_s: float, users: tuple[str, ...],
-                  peers: tuple[str, ...]) -> None:
+                  peers: tuple[str, ...], log_ttl_s: float) -> None:
     """The federation's object store (JetStream buckets for workspaces and outputs,
-    docs/design.md §3.5), created when missing; one line when the servers cannot hold it."""
+    docs/design.md §3.5, and each peer's log stream, §3.6), created when missing; one
+    line when the servers cannot hold it."""
     from irisfed.services.common.bus import connect_client
     from irisfed.services.common.objects import ObjectStoreError, ensure_buckets
 
@@ -193,11 +195,11 @@ def _object_store(nats_url: str, prefix: str, replicas: int, output_ttl_s: float
         try:
             # A cluster just started elects its JetStream meta leader first: wait for it.
             await ensure_buckets(nc, prefix, replicas=replicas, output_ttl_s=output_ttl_s, users=users,
-                                 peers=peers, wait_s=30.0 if replicas > 1 else 0.0)
+                                 peers=peers, wait_s=30.0 if replicas > 1 else 0.0, log_ttl_s=log_ttl_s)
         finally:
             await nc.close()
 
-    print(f"object store: JetStream buckets for workspaces and outputs ({replicas} "
+    print(f"object store: JetStream buckets for workspaces and outputs, streams for logs ({replicas} "
           f"{'replica' if replicas == 1 else 'replicas'}) ...", flush=True)
     try:
         asyncio.run(ensure())

@@ -43,7 +43,7 @@ from irisfed.shared.workspace import DIGEST_RE
 
 WORKSPACES = "irisfed-workspaces"
 OUTPUTS = "irisfed-outputs"
-KINDS = ("workspaces", "outputs")
+KINDS = ("workspaces", "outputs", "logs")  # logs: a peer's log stream (logstore.py), named alike
 MAX_REPLICAS = 3
 CHUNKS_PER_GET = 32  # chunks a read asks for at once (nats-py's chunks are 128 KiB: 4 MiB)
 MIN_RATE = 1024 * 1024  # bytes/s a put is given beyond timeout_s: 1 MiB/s, a slow link's worst
@@ -195,10 +195,11 @@ def _boundary(what: str, bucket_name: str):
 
 async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
                          output_ttl_s: float = 7 * 86400, users: Iterable[str] = (),
-                         wait_s: float = 0.0, peers: Iterable[str] = ()) -> None:
+                         wait_s: float = 0.0, peers: Iterable[str] = (), log_ttl_s: float = 7 * 86400) -> None:
     """Create the buckets of the user ``default`` and of each of ``users`` if missing
     (idempotent, safe concurrently): its workspaces, and at each of ``peers`` its
-    outputs. ``replicas``: the cluster's NATS nodes, capped at
+    outputs; and each peer's log stream (``logstore.py``, kept ``log_ttl_s``).
+    ``replicas``: the cluster's NATS nodes, capped at
     three. An existing outputs bucket gets ``output_ttl_s`` as its max age when that
     changed. ``wait_s``: how long to keep trying while JetStream does not answer yet (a
     cluster just started has no meta leader for a few seconds); then
@@ -207,7 +208,10 @@ async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
     users, peers = list(users), list(peers)
     while True:
         try:
-            return await _ensure_buckets(nc, prefix, replicas, output_ttl_s, users, peers)
+            await _ensure_buckets(nc, prefix, replicas, output_ttl_s, users, peers)
+            from irisfed.services.common.logstore import ensure_log_streams
+
+            return await ensure_log_streams(nc, prefix, peers, replicas, log_ttl_s)
         except (StoreMissing, StoreUnavailable):
             if asyncio.get_running_loop().time() >= deadline:
                 raise

@@ -32,6 +32,7 @@ from irisfed.services.common import metrics
 from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
+from irisfed.services.common.logstore import LogStore
 from irisfed.services.common.objects import (
     ObjectMissing,
     ObjectStore,
@@ -52,6 +53,7 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
     make_backend,
 )
+from irisfed.services.peer_agent.logs import LogShipper
 from irisfed.services.peer_agent.outputs import MAX_LISTED, choose_outputs, scan_outputs
 from irisfed.services.peer_agent.plan import (
     Pending,
@@ -95,6 +97,7 @@ from irisfed.shared.users import split_job_id
 __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 
 MIB = 1024 * 1024
+LOG_PASS_S = 0.25  # how often live runs' output is shipped: a reader following sees it within a second
 
 # Backends without an engine: their nodes are configured (LocalNodes).
 LOCAL_KINDS = ("subprocess", "simulated")
@@ -161,6 +164,9 @@ class PeerAgent(Service):
             self._fetch_workspace,
             max_bytes=settings.cache_mb * MIB, max_files=config.max_workspace_files,
             max_unpacked_bytes=config.max_workspace_bytes)
+        # Each run's output goes into the peer's log stream while it runs (docs/design.md §3.6).
+        self.log_shipper = LogShipper(LogStore(nc, self.subjects.prefix, self.peer_id), self.subjects.prefix,
+                                      self.peer_id, config.max_log_bytes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -183,6 +189,7 @@ class PeerAgent(Service):
                                            self.start_wanted.set), name="agent-report")
         self.tasks.spawn(when_woken("start", self._start_noticed, self.start_wanted,
                                     self.settings.reconcile_interval_s), name="agent-start")
+        self.tasks.spawn(forever("ship_logs", self._ship_logs, LOG_PASS_S), name="agent-logs")
         log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
 
@@ -460,6 +467,7 @@ class PeerAgent(Service):
         run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
                   resources=job_resources(spec), tasks=replicas, accepted=accepted_already)
         self.runs[job_id] = run
+        self.log_shipper.follow(job_id, epoch, replicas, self._log_dir(run), fresh=True)  # nothing shipped yet
         run_spec = RunSpec(job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
                            dict(spec.get("labels", {})), dict(run.resources), replicas, group_by,
                            self.settings.gang_start_timeout_s)
@@ -594,8 +602,22 @@ class PeerAgent(Service):
                 return
             if not run.fenced:
                 await self._store_outputs(run)  # the workspace copies go after the outputs
+        # Its output to its end and the end message, before its end is reported (NATS away:
+        # shipped later by the pass loop); a run never started ends with nothing shipped.
+        await self.log_shipper.finish(run.job_id, run.epoch, run.tasks, self._log_dir(run))
         await self._remove_copies(run)  # fenced, never launched or failing mid-launch too
         self.reports.finished.put_nowait(run)
+
+    async def _ship_logs(self) -> None:
+        """One pass of log shipping over every run started here (adopted ones too)."""
+        for run in list(self.runs.values()):
+            if run.handle is not None:
+                self.log_shipper.follow(run.job_id, run.epoch, run.tasks, self._log_dir(run))
+        await self.log_shipper.ship_pass()
+
+    def _log_dir(self, run: Run) -> str | None:
+        backend = self.backends.get(run.backend)
+        return backend.log_dir(run.job_id, run.epoch) if backend is not None else None
 
     async def _remove_copies(self, run: Run) -> None:
         """An ended run's copies of its workspace: on the peer's disk they are only waste."""

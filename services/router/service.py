@@ -52,6 +52,7 @@ from irisfed.services.router.plan import (
     route,
     waiting_for_quota,
 )
+from irisfed.services.router.reads import Reads
 from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceRelay
 from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
@@ -77,6 +78,8 @@ from irisfed.shared.messages import (
     CancelRequest,
     DryRunReply,
     JobEvent,
+    LogsReply,
+    LogsRequest,
     OperatorCancelRequest,
     SubmitRequest,
     TickWake,
@@ -91,6 +94,7 @@ from irisfed.shared.resources import resources_from_json
 from irisfed.shared.settings import require_count, require_seconds
 from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP
 from irisfed.shared.users import (
+    DEFAULT_USER,
     QUOTA,
     add_units,
     over_whole_quota,
@@ -206,6 +210,7 @@ class Router(Service):
         self._workspace_submits: set[asyncio.Task] = set()  # submits waiting on the object store
         self.relay = WorkspaceRelay(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
         self._fetches: dict[str, set[asyncio.Task]] = {}  # per peer: its agent's fetches being answered
+        self.reads = Reads(nc, self.subjects.prefix, self.store)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -220,6 +225,9 @@ class Router(Service):
             await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
         await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_operator_cancel)
         await self.nc.subscribe(self.subjects.fetch(), queue=SUBMIT_QUEUE_GROUP, cb=self.on_fetch)
+        for subject in (self.subjects.read_for("logs", DEFAULT_USER), self.subjects.read_for("logs", "*"),
+                        self.subjects.operator_read("logs")):
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_read_logs)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -651,6 +659,20 @@ class Router(Service):
     async def _answer_fetch(self, msg: Msg, peer_id: str) -> None:
         await self.relay.answer(peer_id, msg.data, msg.reply)
 
+    # ------------------------------------------------------------ reads (docs/design.md §3.6)
+
+    async def on_read_logs(self, msg: Msg) -> None:
+        """A user reads its own job's output (``P.read.logs[.<user>]``, by the id it sent);
+        an operator any job's (``P.operator.read.logs``, by its stored id)."""
+        async def work() -> LogsReply:
+            operator = msg.subject == self.subjects.operator_read("logs")
+            user = None if operator else self._user(msg.subject, self.subjects.read_for("logs", DEFAULT_USER))
+            request = decode_request(LogsRequest, msg.data)
+            if operator:
+                return await self._bounded(self.reads.logs(request.job_id, request.job_id, request))
+            return await self._bounded(self.reads.user_logs(user, request))
+        await self._answer_request(msg, work)
+
     # ------------------------------------------------------------ cancel
 
     async def on_cancel(self, msg: Msg) -> None:
@@ -663,7 +685,7 @@ class Router(Service):
             request = decode_request(CancelRequest, msg.data)
             return await self._bounded(self.cancel(stored_job_id(user, request.job_id), f"user {user}",
                                                    shown_as=request.job_id))
-        await self._answer_cancel(msg, work)
+        await self._answer_request(msg, work)
 
     async def on_operator_cancel(self, msg: Msg) -> None:
         """An operator's cancel: any job, named by its stored id (``alice:train-1``)."""
@@ -671,10 +693,10 @@ class Router(Service):
             request = decode_request(OperatorCancelRequest, msg.data)
             by = f"operator ({request.by})" if request.by else "operator"
             return await self._bounded(self.cancel(request.job_id, by))
-        await self._answer_cancel(msg, work)
+        await self._answer_request(msg, work)
 
-    async def _answer_cancel(self, msg: Msg, work: Callable[[], Any]) -> None:
-        """Run a cancel request's ``work`` and answer it, whatever happens."""
+    async def _answer_request(self, msg: Msg, work: Callable[[], Any]) -> None:
+        """Run a request's ``work`` (a cancel, a read) and answer it, whatever happens."""
         if self._forged_reply(msg):
             return
         try:
@@ -688,15 +710,15 @@ class Router(Service):
             if not isinstance(exc, PermanentStoreError):
                 await self._respond(msg, error_reply(exc.code, exc.message))
                 return
-            await self._cancel_failed(msg, exc)
+            await self._request_failed(msg, exc)
             return
         except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            await self._cancel_failed(msg, exc)
+            await self._request_failed(msg, exc)
             return
         await self._respond(msg, encoder.encode(reply))
 
-    async def _cancel_failed(self, msg: Msg, exc: Exception) -> None:
-        log.error("cancel_failed", exc_info=True)
+    async def _request_failed(self, msg: Msg, exc: Exception) -> None:
+        log.error("request_failed", subject=msg.subject, exc_info=True)
         await self._respond(msg, error_reply(ErrorCode.INTERNAL, f"internal error: {exc}"))
 
     async def _bounded(self, work):

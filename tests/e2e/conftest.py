@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from irisfed.services.common import db as dbmod
+from irisfed.services.common.logstore import ensure_log_streams
 from irisfed.services.common.store import Store
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.tooling.federation import (
@@ -205,6 +206,7 @@ async def federation(tmp_path, database_url, servers, subject_prefix, nats_clien
     fed = Federation(tmp_path, database_url, servers.nats_plain_url or servers.nats_url, subject_prefix,
                      nats_client, Store(pool), auth=servers.nats_auth)
     fed.config_path.write_text(config_text(subject_prefix))
+    await ensure_log_streams(nats_client, subject_prefix, list(PEERS))  # as `irisfed up` does
     try:
         yield fed
     finally:

@@ -21,8 +21,8 @@ async def test_cli_submit_with_constraints_and_read_commands(federation):
                                "--constraint", "device_variant=in:h100,b200", "--priority", "2",
                                "--wait", "--", "sh", "-c", "echo from-cli")
     assert submitted.returncode == 0, submitted.stderr
-    assert "cli-1: queue → queued" in submitted.stdout
-    assert "succeeded on gpu-west" in submitted.stdout
+    assert submitted.stdout.splitlines() == ["cli-1: queue → queued", "from-cli"]  # then the job's own output
+    assert "cli-1: succeeded on gpu-west" in submitted.stderr
 
     jobs = json.loads(federation.cli("jobs", "--output", "json").stdout)
     assert [(j["job_id"], j["state"], j["owner_peer_id"]) for j in jobs] == [("cli-1", "succeeded", "gpu-west")]
@@ -112,7 +112,7 @@ def test_irisfed_up_from_nothing_runs_the_demo_and_stops_cleanly(tmp_path):
                 break
             time.sleep(0.2)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "succeeded on gpu-west" in result.stdout
+        assert "succeeded on gpu-west" in result.stderr and result.stdout.splitlines()[-1] == "demo"
         # The dashboard: its URL printed, its token private, and it answers.
         url = next(line.split("dashboard: ", 1)[1].split()[0] for line in lines if "dashboard: " in line)
         token_file = state / "web-operator-token"

@@ -33,7 +33,7 @@ def dead_urls():
 
 
 @pytest.mark.parametrize("command", [
-    ["submit", "--", "true"], ["cancel", "j1"], ["health", "router"], ["watch", "j1"],
+    ["submit", "--", "true"], ["cancel", "j1"], ["health", "router"], ["watch", "j1"], ["logs", "j1"],
 ])
 def test_unreachable_nats_never_prints_the_password(tmp_path, dead_urls, command):
     nats_url, _ = dead_urls
@@ -49,7 +49,7 @@ def test_unreachable_nats_with_a_cluster_url(tmp_path):
     assert SECRET not in out and "cannot reach NATS" in out and "operator:***@" in out
 
 
-@pytest.mark.parametrize("command", [["jobs"], ["job", "j1"], ["explain", "j1"], ["peers"], ["logs", "j1"],
+@pytest.mark.parametrize("command", [["jobs"], ["job", "j1"], ["explain", "j1"], ["peers"],
                                      ["top", "--once"], ["migrate"]])
 def test_unreachable_postgres_never_prints_the_password(tmp_path, dead_urls, command):
     out = cli(tmp_path, *command, "--database-url", dead_urls[1])

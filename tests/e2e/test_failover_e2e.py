@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from irisfed.services.common import db as dbmod
+from irisfed.services.common.logstore import ensure_log_streams
 from irisfed.services.common.store import Store
 from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES
@@ -92,6 +93,7 @@ async def fresh_federation(patroni: PatroniCluster, tmp_path, servers, subject_p
     fed.config_path.write_text(render_config(
         peers, local_cluster="home", subject_prefix=subject_prefix, heartbeat_interval_s=0.5,
         heartbeat_ttl_s=20.0, tick_interval_s=0.25, assign_grace_s=5.0))
+    await ensure_log_streams(nats_client, subject_prefix, [peer.id for peer in peers])  # as `irisfed up` does
     try:
         yield fed
     finally:
@@ -394,7 +396,8 @@ def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(t
             if "no router answered" not in result.stderr:
                 break
             time.sleep(0.2)
-        assert result.returncode == 0 and "succeeded" in result.stdout, result.stdout + result.stderr
+        assert result.returncode == 0 and "succeeded" in result.stderr, result.stdout + result.stderr
+        assert result.stdout.splitlines()[-1] == "ha"  # its output, streamed through the log stream
         assert _bucket_replicas(connect["nats_url"], "irisfed-workspaces") == 3  # one per NATS node
         pids = _read_json(state / "pids.json")
         started = pids["servers"] + list(pids["children"].values())

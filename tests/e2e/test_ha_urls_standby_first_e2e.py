@@ -22,6 +22,7 @@ import pytest
 
 from irisfed.migrations import head_revision
 from irisfed.services.common import db as dbmod
+from irisfed.services.common.logstore import ensure_log_streams
 from irisfed.services.common.store import Store
 from irisfed.tooling.federation import Peer, harness_env, render_config
 from irisfed.tooling.ha import PatroniCluster, PatroniNode
@@ -91,10 +92,11 @@ async def _run_everything_on(url: str, cluster, leader, name, tmp_path, servers,
     pool = await dbmod.connect(cluster.url(name), max_size=2)
     fed = Federation(tmp_path, url, servers.nats_plain_url or servers.nats_url, subject_prefix, nats_client,
                      Store(pool), auth=servers.nats_auth)
+    await ensure_log_streams(nats_client, subject_prefix, ["home"])  # as `irisfed up` does
     try:
         await fed.start_federation("home")
         submitted = fed.cli("submit", "--wait", "--id", "cli-1", "--", "true")
-        assert submitted.returncode == 0 and "succeeded" in submitted.stdout, submitted.stdout + submitted.stderr
+        assert submitted.returncode == 0 and "succeeded" in submitted.stderr, submitted.stdout + submitted.stderr
         for args in (("jobs",), ("job", "cli-1"), ("users",)):
             shown = fed.cli(*args)
             assert shown.returncode == 0, (args, shown.stdout + shown.stderr)

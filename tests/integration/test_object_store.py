@@ -110,8 +110,9 @@ def test_bucket_names_are_valid_distinct_and_default_to_the_constants():
     assert bucket("irisfed", "outputs", peer="gpu_1") == "irisfed-outputs__gpu_5F1"
     with pytest.raises(ValueError, match="invalid peer id"):
         bucket("irisfed", "outputs", peer="gpu.west")
+    assert bucket("irisfed", "logs", peer="gpu-west") == "irisfed-logs__gpu-west"  # a peer's log stream
     with pytest.raises(ValueError):
-        bucket("irisfed", "logs")
+        bucket("irisfed", "secrets")
 
 
 def test_object_names_are_valid_keys_and_decode_back():

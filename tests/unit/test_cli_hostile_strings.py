@@ -116,19 +116,13 @@ def test_top_dashboard_shows_strings_literally():
     assert "queued=1" in text
 
 
-def test_logs_elsewhere_names_the_peers_folder_without_terminal_control(monkeypatch, capsys):
-    # The agent writes log_dir, so it is the peer's text: `irisfed logs` must not print it raw.
-    import argparse
+def test_job_output_on_a_terminal_shows_control_characters_escaped(capsys):
+    # A job's output is the job's text: on a terminal `irisfed logs` must not let it drive the terminal.
+    from irisfed.cli.logs import exit_status, write_output
 
-    from irisfed.cli import reads
-
-    job = job_row(log_dir=f"/nowhere/{ESC}\u202e/x", owner_peer_id="gpu-west", state=JobState.RUNNING)
-
-    async def fake_with_store(args, read):
-        return job, []
-
-    monkeypatch.setattr(reads, "with_store", fake_with_store)
-    assert reads.cmd_logs(argparse.Namespace(job_id="j1", stderr=False, task=None)) == 1
-    err = capsys.readouterr().err
-    assert "logs are on peer gpu-west" in err
-    assert "\x1b" not in err and "\u202e" not in err and "\\x1b[31mred" in err
+    write_output(f"ok {ESC} \u202e done\n".encode() + b"\xff\n", tty=True)
+    out = capsys.readouterr().out
+    assert out.startswith("ok ") and "\x1b" not in out and "\u202e" not in out and "\\x1b[31mred" in out
+    assert out.endswith("\ufffd\n")  # invalid UTF-8 shown as such, not raw
+    assert [exit_status(*case) for case in (("succeeded", 0), ("failed", 7), ("failed", None), ("killed", None),
+                                            ("failed", 300))] == [0, 7, 1, 1, 1]

@@ -1,0 +1,64 @@
+"""Reading a job's output as the router serves it (docs/design.md §3.6): the
+client's ``logs`` and the CLI's ``irisfed logs`` and ``submit --wait`` share this.
+
+``read_logs`` asks again from where the last answer ended. Without ``follow`` it
+stops once an answer brings nothing new (what was shipped so far); with ``follow``
+it asks every ``FOLLOW_POLL_S`` until the run's output is done, and when the job is
+run again (a retry, a preemption) goes on with the new run, until the job has
+ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.messages import LogsReply, LogsRequest
+
+FOLLOW_POLL_S = 0.25  # a followed line shows within a second of its shipping pass
+
+
+async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
+                    follow: bool = False) -> AsyncIterator[LogsReply]:
+    """The answers to ``first`` and the requests that continue it (module docstring)."""
+    request = first
+    while True:
+        reply = await ask(request)
+        yield reply
+        if reply.done:
+            if not follow or JobState(reply.state).is_terminal or first.epoch is not None:
+                return
+            request = await _next_run(ask, first, reply.epoch)
+            continue
+        if not reply.data:
+            if not follow:
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+        request = msgspec.structs.replace(request, seq=reply.seq, offset=reply.offset, epoch=reply.epoch or None,
+                                          since_s=None if reply.epoch else request.since_s)
+
+
+async def _next_run(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
+                    ended: int) -> LogsRequest:
+    """The request for the job's run after run ``ended`` (waiting until it has one)."""
+    while True:
+        newest = await ask(msgspec.structs.replace(first, seq=0, offset=0, since_s=None))
+        if newest.epoch > ended or JobState(newest.state).is_terminal:
+            return msgspec.structs.replace(first, seq=0, offset=0, since_s=None, epoch=newest.epoch or None)
+        await asyncio.sleep(FOLLOW_POLL_S)
+
+
+async def lines(replies: AsyncIterator[LogsReply]) -> AsyncIterator[str]:
+    """The text of ``replies`` line by line (undecodable bytes replaced), each with its
+    newline; a last line without one at the end."""
+    rest = b""
+    async for reply in replies:
+        rest += reply.data
+        *whole, rest = rest.split(b"\n")
+        for line in whole:
+            yield line.decode("utf-8", "replace") + "\n"
+    if rest:
+        yield rest.decode("utf-8", "replace")

@@ -1,0 +1,105 @@
+"""Reads a user makes with only its own credentials (docs/design.md §3.6): a job's
+shipped output, read from the log stream of the peer its run was on.
+
+A user asks on ``P.read.logs`` (``default``) or ``P.read.logs.<user>``; only that
+user's NATS credentials may publish there, so the router takes the user from the
+subject, as for submit and cancel, and reads only that user's jobs by the ids it
+submitted: another user's job is answered ``not_found`` word for word like a job
+that does not exist. Operators ask on ``P.operator.read.logs`` with a stored id.
+Users hold no right on the log streams themselves: what they read comes through
+this check.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from nats.aio.client import Client
+
+from irisfed.services.common.logstore import LogStore
+from irisfed.services.common.objects import ObjectStoreError, StoreMissing
+from irisfed.shared.errors import InvalidRequest, NotFound, Unavailable
+from irisfed.shared.lifecycle import JobState
+from irisfed.shared.logs import Piece, assemble, log_subject
+from irisfed.shared.messages import JOB_ID_PATTERN, LogsReply, LogsRequest
+from irisfed.shared.records import JobRow
+from irisfed.shared.users import stored_job_id
+
+READ_BYTES = 384 * 1024  # an answer's most log bytes (base64 in JSON stays under a 1 MiB message)
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+SETTLED_S = 10.0  # a run ended this long ago without its end message (its agent died): nothing more comes
+
+
+def _shown_epoch(row: JobRow, asked: int | None, shown: str) -> int:
+    if asked is None:
+        return row.epoch
+    if asked > row.epoch:
+        raise NotFound(f"job {shown!r} has no run {asked} (its newest is {row.epoch})")
+    return asked
+
+
+class Reads:
+    """Answers read requests over the router's store and NATS client."""
+
+    def __init__(self, nc: Client, prefix: str, store, timeout_s: float = 10.0) -> None:
+        self.nc, self.prefix, self.store, self.timeout_s = nc, prefix, store, timeout_s
+        self._logs: dict[str, LogStore] = {}  # per peer
+
+    def _log_store(self, peer: str) -> LogStore:
+        store = self._logs.get(peer)
+        if store is None:
+            store = self._logs[peer] = LogStore(self.nc, self.prefix, peer, timeout_s=self.timeout_s)
+        return store
+
+    async def user_logs(self, user: str, request: LogsRequest) -> LogsReply:
+        """``user``'s read of its own job, named by the id it submitted under."""
+        if not _JOB_ID.fullmatch(request.job_id):  # a stored id (``bob:train``) names another user's job
+            raise NotFound(f"no job {request.job_id!r}")
+        return await self.logs(stored_job_id(user, request.job_id), request.job_id, request)
+
+    async def logs(self, stored_id: str, shown: str, request: LogsRequest, now: datetime | None = None) -> LogsReply:
+        """The next bytes of ``request``'s log of job ``stored_id`` (named ``shown`` to its asker)."""
+        row = await self.store.job_get(stored_id)
+        if row is None:
+            raise NotFound(f"no job {shown!r}")
+        if request.task >= row.replicas:
+            raise InvalidRequest(f"task: job {shown} has {row.replicas} task{'s' if row.replicas != 1 else ''} "
+                                 f"(0..{row.replicas - 1}); no task {request.task}")
+        epoch = _shown_epoch(row, request.epoch, shown)
+        peer = row.owner_peer_id if epoch == row.epoch else await self._peer_of(stored_id, epoch)
+        reply = dict(job_id=shown, epoch=epoch, task=request.task, stream=request.stream, state=row.state.value,
+                     exit_code=row.exit_code if epoch == row.epoch else None, peer_id=peer)
+        ended_at = row.finished_at or row.updated_at
+        settled = epoch < row.epoch or (row.state.is_terminal and ended_at is not None and
+                                        ((now or datetime.now(UTC)) - ended_at).total_seconds() > SETTLED_S)
+        if epoch < 1 or peer is None or (epoch == row.epoch and row.state.is_terminal and row.log_dir is None):
+            # Never ran, or ran where nothing is written (a simulated backend): nothing was shipped.
+            return LogsReply(**reply, data=b"", seq=request.seq, offset=request.offset,
+                             done=row.state.is_terminal or epoch < row.epoch)
+        pieces = await self._read(peer, log_subject(self.prefix, peer, stored_id, epoch, request.task,
+                                                    request.stream), request)
+        offset = request.offset
+        if request.since_s is not None and request.seq == 0 and pieces and pieces[0].end is None:
+            offset = pieces[0].offset  # from a time: what came before is not "dropped"
+        data, offset, ended = assemble(pieces, offset)
+        seq = pieces[-1].seq + 1 if pieces else request.seq
+        return LogsReply(**reply, data=data, seq=seq, offset=offset, done=ended or (settled and not pieces))
+
+    async def _read(self, peer: str, subject: str, request: LogsRequest) -> list[Piece]:
+        since = None
+        if request.seq == 0 and request.since_s is not None:
+            since = datetime.now(UTC).timestamp() - request.since_s
+        try:
+            return await self._log_store(peer).read(subject, request.seq or 1, since=since, max_bytes=READ_BYTES)
+        except StoreMissing as exc:
+            raise Unavailable(f"logs: {exc}") from None
+        except ObjectStoreError as exc:
+            raise Unavailable(f"logs: cannot read them now ({exc}); retry") from None
+
+    async def _peer_of(self, stored_id: str, epoch: int) -> str | None:
+        """The peer run ``epoch`` of the job was given to (its history says)."""
+        for row in await self.store.changelog_list_for_job(stored_id):
+            if row.epoch == epoch and row.to_state in (JobState.ASSIGNED, JobState.RUNNING) and row.peer_id:
+                return row.peer_id
+        return None
