@@ -38,14 +38,15 @@ one ``connect.json`` names), else ``irisfed``. ``eval "$(irisfed env)"`` exports
 database's.
 
 **What needs what.** ``submit`` and ``cancel`` are NATS requests: any NATS user that
-may publish ``<prefix>.submit`` / ``<prefix>.cancel`` (the ``producer`` role). The wire
-contract has no "get" request: ``get``, ``wait`` and ``watch`` read Postgres, the
-durable truth, and so need a database URL; without one they raise
-:class:`ConfigurationError` saying how to give it. ``watch`` also listens to the job's
-events on ``<prefix>.events.<job_id>`` when its NATS user may (``operator`` may,
-``producer`` may not) and uses them only as a cue to re-read Postgres; it re-reads
-anyway every ``poll_interval`` seconds and after every NATS reconnect, so a lost event
-delays it and never misleads it.
+may publish ``<prefix>.submit`` / ``<prefix>.cancel`` (the ``producer`` role). ``get``,
+``wait``, ``watch``, ``tasks`` and ``outputs`` read the durable truth in Postgres:
+directly with a database URL (an operator's), else through the router over NATS
+(``<prefix>.read.store[.<user>]``, :mod:`irisfed.remote_reads`), which answers for the
+user's own jobs only, by the ids it submitted. ``logs`` always reads through the
+router (``<prefix>.read.logs[.<user>]``). ``watch`` also listens to the job's events on
+``<prefix>.events.<job_id>`` when its NATS user may (``operator`` may, users may not)
+and uses them only as a cue to read again; it reads anyway every ``poll_interval``
+seconds and after every NATS reconnect, so a lost event delays it and never misleads it.
 
 **Bands and dry runs.** ``submit(..., band="batch")`` (``batch``, ``interactive`` — the
 default — or ``production``; at most the user's ``max_band``, else
@@ -137,8 +138,9 @@ from irisfed.jobs import (
 )
 from irisfed.logs import lines, read_logs
 from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
+from irisfed.remote_reads import RemoteReads
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
-from irisfed.shared.config import DATABASE_URL_ENV, DEFAULT_MAX_WORKSPACE_MB
+from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import IrisfedError
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.shared.messages import (
@@ -454,10 +456,9 @@ class Client:
         if self._store is not None:
             return self._store
         if not self.servers.database_url:
-            raise ConfigurationError(
-                "get, wait and watch read Postgres (the wire contract has no NATS request for a job's "
-                f"state): pass database_url= or set {DATABASE_URL_ENV} "
-                "(eval \"$(irisfed env --role operator)\" sets it while `irisfed up` runs)")
+            # No database URL: the user's own jobs, read through the router (irisfed.remote_reads).
+            self._store = RemoteReads(self._nc, self.servers.prefix, self.user, timeout=self.timeout)
+            return self._store
         async with self._store_lock:
             if self._store is None:
                 try:

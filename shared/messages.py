@@ -196,6 +196,22 @@ class LogsRequest(Struct, forbid_unknown_fields=True, frozen=True):
     since_s: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
 
 
+STORE_READS = ("job_get", "changelog_list_for_job", "job_tasks_list", "job_outputs_list", "job_list",
+               "job_live_usage_by_user", "job_count_by_user", "peer_heartbeat_list")
+
+
+class StoreReadRequest(Struct, forbid_unknown_fields=True, frozen=True):
+    """A user's read of its own jobs without a database URL (docs/design.md §3.6;
+    ``<prefix>.read.store`` for ``default``, ``<prefix>.read.store.<user>``,
+    request/reply): the store read ``method`` with ``args`` (a job id first, where it
+    takes one: the user's own id), answered as the store answers it for that user only
+    (its jobs, with the ids it submitted under; its own line of usage). The answer is
+    the read's rows as JSON arrays (``irisfed.shared.records``), or an ErrorReply."""
+
+    method: Literal[STORE_READS]  # type: ignore[valid-type]
+    args: Annotated[list[str | int | None], Meta(max_length=3)] = []
+
+
 class LogsReply(Struct, frozen=True):
     """The answer to a LogsRequest: ``data`` (the output's next bytes, any gap marked
     with a line saying how much was dropped; base64 in JSON), then where to ask next
@@ -437,6 +453,7 @@ _strict_decoders: dict[type, msgspec.json.Decoder] = {
     CancelRequest: msgspec.json.Decoder(CancelRequest),
     OperatorCancelRequest: msgspec.json.Decoder(OperatorCancelRequest),
     LogsRequest: msgspec.json.Decoder(LogsRequest),
+    StoreReadRequest: msgspec.json.Decoder(StoreReadRequest),
 }
 _internal_decoders: dict[type, msgspec.json.Decoder] = {
     kind: msgspec.json.Decoder(kind)
@@ -520,6 +537,7 @@ WIRE_MESSAGES: tuple[type, ...] = (
     FetchEnd,
     LogsRequest,
     LogsReply,
+    StoreReadRequest,
 )
 
 

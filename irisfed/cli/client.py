@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -15,9 +16,10 @@ from irisfed.cli.connect import (
     cli_user,
     federation_config,
     nats_client,
-    open_store,
     print_json,
+    scoped_job_id,
     subjects,
+    with_store,
 )
 from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
@@ -188,31 +190,35 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return _watch(args, args.job_id)
 
 
-def _watch(args: argparse.Namespace, job_id: str) -> int:
-    """Follow one job to a terminal state: NATS events, with Postgres as the fallback."""
+def _watch(args: argparse.Namespace, shown: str) -> int:
+    """Follow one job to a terminal state: reads (Postgres, or the user's own through the
+    router), again on each NATS event for it (when the NATS user may hear them) and at
+    least every second."""
     from irisfed.cli.views import printable
 
-    async def follow() -> str:
-        pool, store = await open_store(args)
+    job_id = scoped_job_id(args, shown)
+
+    async def follow(store) -> str:
         nc = await nats_client(args, max_reconnect_attempts=60)  # nats-py's default, as before
         changed = asyncio.Event()
 
         async def on_event(msg) -> None:
             changed.set()
 
-        await nc.subscribe(subjects(args).events(job_id), cb=on_event)
+        with contextlib.suppress(Exception):  # a user may not hear events: it reads every second
+            await nc.subscribe(subjects(args).events(job_id), cb=on_event)
         last = None
         try:
             deadline = time.monotonic() + args.timeout if args.timeout else None
             while True:
                 job = await store.job_get(job_id)
                 if job is None:
-                    raise IrisfedError(f"no job {job_id!r}")
+                    raise IrisfedError(f"no job {shown!r}")
                 line = (job.state, job.owner_peer_id, job.epoch)
                 if line != last:
                     owner = f" on {job.owner_peer_id}" if job.owner_peer_id else ""
                     code = f" exit={job.exit_code}" if job.exit_code is not None else ""
-                    print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {job.state}{owner} "
+                    print(printable(f"{time.strftime('%H:%M:%S')} {shown}: {job.state}{owner} "
                                     f"epoch={job.epoch}{code} {job.reason}"), flush=True)
                     last = line
                 if job.state in TERMINAL_STATES:
@@ -226,7 +232,6 @@ def _watch(args: argparse.Namespace, job_id: str) -> int:
                     pass
         finally:
             await nc.close()
-            await pool.close()
 
-    state = asyncio.run(follow())
+    state = asyncio.run(with_store(args, follow))
     return 0 if state == JobState.SUCCEEDED else 1

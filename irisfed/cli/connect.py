@@ -90,12 +90,47 @@ async def open_store(args: argparse.Namespace):
 
 
 async def with_store(args: argparse.Namespace, action):
-    """``await action(store)`` on a store of its own, closed afterwards."""
+    """``await action(store)`` on a store of its own, closed afterwards: Postgres when a
+    database URL is given (an operator's view of every job), else the user's own reads
+    over NATS (``irisfed.remote_reads``: its jobs only, by the ids it submitted)."""
+    try:
+        database_url(args)
+    except ConfigError:
+        if not _nats_given(args):
+            raise
+        from irisfed.remote_reads import RemoteReads
+
+        reads = RemoteReads(await nats_client(args), subjects(args).prefix, cli_user(args),
+                            timeout=getattr(args, "timeout", None) or 10.0, own_connection=True)
+        try:
+            return await action(reads)
+        finally:
+            await reads.close()
     pool, store = await open_store(args)
     try:
         return await action(store)
     finally:
         await pool.close()
+
+
+def _nats_given(args: argparse.Namespace) -> bool:
+    try:
+        client_nats_url(args)
+    except ConfigError:
+        return False
+    return True
+
+
+def scoped_job_id(args: argparse.Namespace, job_id: str) -> str:
+    """The stored id a command's ``job_id`` names: a configured user's own id (``train-3``
+    read as ``nlp:train-3`` when the command speaks for ``nlp``), a stored id as it is."""
+    if ":" in job_id:
+        return job_id
+    try:
+        user = cli_user(args)
+    except ConfigError:
+        return job_id
+    return job_id if user == DEFAULT_USER else f"{user}:{job_id}"
 
 
 def _plain(value: Any) -> Any:

@@ -38,9 +38,16 @@ def _user_flag(p: argparse.ArgumentParser) -> None:
                         "else `default`")
 
 
+def _read_flags(p: argparse.ArgumentParser) -> None:
+    """A read's servers: Postgres (an operator's view of everything), else the user's
+    own jobs through the router over NATS."""
+    add_server_flags(p)
+    p.add_argument("--prefix", help="subject prefix, for reads over NATS (default: from the config, else irisfed)")
+
+
 def _about_one_job(sub, name: str, help: str) -> None:
     p = sub.add_parser(name, help=help)
-    add_server_flags(p, nats=False)
+    _read_flags(p)
     p.add_argument("job_id")
     _output_flags(p)
 
@@ -135,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(timeout=3.0)
 
     p = sub.add_parser("jobs", help="list jobs (the unified view)")
-    add_server_flags(p, nats=False)
+    _read_flags(p)
     p.add_argument("--state")
     p.add_argument("--user", metavar="ID", help="only this user's jobs")
     p.add_argument("--limit", type=int, default=50)
@@ -217,12 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     _about_one_job(sub, "explain", "why a job was rejected, is queued, or went where it went")
 
     p = sub.add_parser("peers", help="peers and their newest advertisement")
-    add_server_flags(p, nats=False)
+    _read_flags(p)
     _output_flags(p)
 
     p = sub.add_parser("users", help="users: live usage against quota, weight, fair share, queued and "
                                      "running jobs")
-    add_server_flags(p, nats=False)
+    _read_flags(p)
     _output_flags(p)
 
     p = sub.add_parser("outputs", help="list a job's outputs (its newest run's), or fetch them with --to DIR")

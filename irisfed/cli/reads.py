@@ -12,7 +12,14 @@ import re
 import sys
 from pathlib import Path
 
-from irisfed.cli.connect import nats_client, open_store, print_json, subjects, with_store
+from irisfed.cli.connect import (
+    nats_client,
+    open_store,
+    print_json,
+    scoped_job_id,
+    subjects,
+    with_store,
+)
 from irisfed.jobs import task_views
 from irisfed.reads import checked_stored_job_id, shown_job_id
 from irisfed.services.common.startup import federation_config
@@ -49,7 +56,7 @@ def _job_and_history(args: argparse.Namespace, tasks: bool = False):
     """The job row, its changelog and (``tasks``) its gang's tasks, or (None, [], [])
     after saying it does not exist."""
 
-    job_id = checked_stored_job_id(args.job_id)
+    job_id = scoped_job_id(args, checked_stored_job_id(args.job_id))
 
     async def fetch(store):
         return (await store.job_get(job_id), await store.changelog_list_for_job(job_id),
@@ -135,7 +142,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
     from irisfed.cli import views
     from irisfed.transfer import download_outputs
 
-    job_id = checked_stored_job_id(args.job_id)
+    job_id = scoped_job_id(args, checked_stored_job_id(args.job_id))
 
     async def fetch(store):
         return await store.job_get(job_id), await store.job_outputs_list(job_id, args.epoch, args.task)

@@ -1,7 +1,9 @@
 """Reads a user makes with only its own credentials (docs/design.md §3.6): a job's
-shipped output, read from the log stream of the peer its run was on.
+shipped output, read from the log stream of the peer its run was on; and its jobs as
+the store has them (``store_read``: what ``irisfed jobs``, ``job``, ``explain``,
+``users``, ``outputs`` and ``watch`` read, so a user needs no database URL).
 
-A user asks on ``P.read.logs`` (``default``) or ``P.read.logs.<user>``; only that
+A user asks on ``P.read.<kind>`` (``default``) or ``P.read.<kind>.<user>``; only that
 user's NATS credentials may publish there, so the router takes the user from the
 subject, as for submit and cancel, and reads only that user's jobs by the ids it
 submitted: another user's job is answered ``not_found`` word for word like a job
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 
 from irisfed.services.common.logstore import LogStore
@@ -22,9 +26,15 @@ from irisfed.services.common.objects import ObjectStoreError, StoreMissing
 from irisfed.shared.errors import InvalidRequest, NotFound, Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.logs import Piece, assemble, log_subject
-from irisfed.shared.messages import JOB_ID_PATTERN, LogsReply, LogsRequest
+from irisfed.shared.messages import (
+    JOB_ID_PATTERN,
+    MAX_REPLICAS,
+    LogsReply,
+    LogsRequest,
+    StoreReadRequest,
+)
 from irisfed.shared.records import JobRow
-from irisfed.shared.users import stored_job_id
+from irisfed.shared.users import split_job_id, stored_job_id, user_job_id
 
 READ_BYTES = 384 * 1024  # an answer's most log bytes (base64 in JSON stays under a 1 MiB message)
 _JOB_ID = re.compile(JOB_ID_PATTERN)
@@ -37,6 +47,35 @@ def _shown_epoch(row: JobRow, asked: int | None, shown: str) -> int:
     if asked > row.epoch:
         raise NotFound(f"job {shown!r} has no run {asked} (its newest is {row.epoch})")
     return asked
+
+
+def scoped_job_id(user: str, job_id: object) -> str | None:
+    """The stored id of ``user``'s job named ``job_id`` (the id it submitted under, or its
+    own stored ``user:id``); None for anything else: another user's stored id, or a
+    string no job id can be (answered as a job that does not exist)."""
+    if not isinstance(job_id, str):
+        return None
+    owner, bare = split_job_id(job_id)
+    if (bare != job_id and owner != user) or not _JOB_ID.fullmatch(bare):
+        return None
+    return stored_job_id(user, bare)
+
+
+def _as_users(value: Any) -> Any:
+    """Rows as their user sees them: every ``job_id`` the id it submitted under."""
+    if isinstance(value, list):
+        return [_as_users(item) for item in value]
+    if isinstance(value, msgspec.Struct) and hasattr(value, "job_id"):
+        return msgspec.structs.replace(value, job_id=user_job_id(value.job_id))
+    return value
+
+
+def _whole(value: Any, name: str, least: int, most: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise InvalidRequest(f"{name} must be a whole number from {least} to {most:,}")
+    return value
 
 
 class Reads:
@@ -54,9 +93,37 @@ class Reads:
 
     async def user_logs(self, user: str, request: LogsRequest) -> LogsReply:
         """``user``'s read of its own job, named by the id it submitted under."""
-        if not _JOB_ID.fullmatch(request.job_id):  # a stored id (``bob:train``) names another user's job
+        stored = scoped_job_id(user, request.job_id)
+        if stored is None:  # a stored id (``bob:train``) names another user's job
             raise NotFound(f"no job {request.job_id!r}")
-        return await self.logs(stored_job_id(user, request.job_id), request.job_id, request)
+        return await self.logs(stored, request.job_id, request)
+
+    async def store_read(self, user: str, request: StoreReadRequest) -> Any:
+        """``request``'s store read for ``user``: its own jobs only, ids as it named them;
+        a job of anyone else reads as none (None, or no rows)."""
+        args, method = list(request.args), request.method
+        if method in ("job_get", "changelog_list_for_job", "job_tasks_list", "job_outputs_list"):
+            if not args:
+                raise InvalidRequest(f"{method}: a job id is needed")
+            stored = scoped_job_id(user, args[0])
+            if stored is None or (method != "job_get" and (await self.store.job_get(stored)) is None):
+                return None if method == "job_get" else []
+            if method == "job_outputs_list":
+                extra = (_whole(args[1] if len(args) > 1 else None, "epoch", 1, 2**31 - 1),
+                         _whole(args[2] if len(args) > 2 else None, "task", 0, MAX_REPLICAS))
+                return _as_users(await self.store.job_outputs_list(stored, *extra))
+            return _as_users(await getattr(self.store, method)(stored))
+        if method == "job_list":
+            state = args[0] if args else None
+            if state is not None and state not in {s.value for s in JobState}:
+                raise InvalidRequest(f"job_list: state must be one of {', '.join(s.value for s in JobState)}")
+            limit = _whole(args[1] if len(args) > 1 else 100, "limit", 1, 10_000)
+            return _as_users(await self.store.job_list(state, limit, user_id=user))
+        if method == "job_live_usage_by_user":
+            return {u: held for u, held in (await self.store.job_live_usage_by_user([user])).items() if u == user}
+        if method == "job_count_by_user":
+            return {u: counts for u, counts in (await self.store.job_count_by_user()).items() if u == user}
+        return await self.store.peer_heartbeat_list()  # what peers advertise is no user's
 
     async def logs(self, stored_id: str, shown: str, request: LogsRequest, now: datetime | None = None) -> LogsReply:
         """The next bytes of ``request``'s log of job ``stored_id`` (named ``shown`` to its asker)."""

@@ -81,6 +81,7 @@ from irisfed.shared.messages import (
     LogsReply,
     LogsRequest,
     OperatorCancelRequest,
+    StoreReadRequest,
     SubmitRequest,
     TickWake,
     decode_request,
@@ -228,6 +229,8 @@ class Router(Service):
         for subject in (self.subjects.read_for("logs", DEFAULT_USER), self.subjects.read_for("logs", "*"),
                         self.subjects.operator_read("logs")):
             await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_read_logs)
+        for subject in (self.subjects.read_for("store", DEFAULT_USER), self.subjects.read_for("store", "*")):
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_read_store)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -671,6 +674,13 @@ class Router(Service):
             if operator:
                 return await self._bounded(self.reads.logs(request.job_id, request.job_id, request))
             return await self._bounded(self.reads.user_logs(user, request))
+        await self._answer_request(msg, work)
+
+    async def on_read_store(self, msg: Msg) -> None:
+        """A user reads its own jobs as the store has them (``P.read.store[.<user>]``)."""
+        async def work() -> Any:
+            user = self._user(msg.subject, self.subjects.read_for("store", DEFAULT_USER))
+            return await self._bounded(self.reads.store_read(user, decode_request(StoreReadRequest, msg.data)))
         await self._answer_request(msg, work)
 
     # ------------------------------------------------------------ cancel

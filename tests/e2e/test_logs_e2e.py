@@ -15,6 +15,7 @@ from irisfed.client import Client
 from irisfed.errors import NotFoundError
 from irisfed.services.common.bus import connect_client
 from irisfed.tooling.federation import Peer, render_config
+from tests.infra.waiting import holds, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +105,76 @@ async def test_follow_exits_with_the_jobs_status_and_terminal_escapes_are_shown_
               "write_output(sys.stdin.buffer.read(), tty=True)")
     shown = subprocess.run([sys.executable, "-c", script], input=followed.stdout, capture_output=True, check=True)
     assert b"\x1b" not in shown.stdout and b"\x07" not in shown.stdout and b"\\x1b[31mred" in shown.stdout
+
+
+async def test_a_user_reads_its_own_jobs_with_only_its_nats_credentials(federation, servers, tmp_path):
+    """`jobs`, `job`, `explain`, `users`, `outputs` and `watch` from an empty folder with
+    alice's NATS URL only: her jobs by her ids; bob sees none of them; each reads as if
+    the other's did not exist."""
+    configure(federation)
+    await federation.start_federation("home")
+    async with user_client(federation, servers, "alice") as alice:
+        await alice.submit(["sh", "-c", "echo hi"], job_id="train-3", env={"TOKEN": "alice-secret"})
+        done = await alice.wait("train-3", timeout=60)  # through the router: no database URL
+        assert done.state == "succeeded"
+        assert (await alice.get("train-3")).state == "succeeded"
+    async with user_client(federation, servers, "bob") as bob:
+        await bob.submit(["true"], job_id="bobs")
+        with pytest.raises(NotFoundError):
+            await bob.get("train-3")
+
+    def as_alice(*args: str) -> subprocess.CompletedProcess:
+        return cli_as(federation, servers, "alice", *args, cwd=tmp_path)
+
+    jobs = json.loads(as_alice("jobs", "--json").stdout)
+    assert [(j["job_id"], j["user_id"], j["state"]) for j in jobs] == [("train-3", "alice", "succeeded")]
+    detail = json.loads(as_alice("job", "train-3", "--json").stdout)
+    assert detail["job"]["job_id"] == "train-3" and detail["job"]["spec"]["env"] == {"TOKEN": "alice-secret"}
+    assert [c["to_state"] for c in detail["changelog"]] == ["assigned", "running", "succeeded"]  # a local job
+    explained = json.loads(as_alice("explain", "train-3", "--json").stdout)
+    assert (explained["job_id"], explained["state"]) == ("train-3", "succeeded")
+    users = json.loads(as_alice("users", "--json").stdout)
+    assert [u["user_id"] for u in users if u["queued"] or u["running"] or u["usage"]] in ([], ["alice"])
+    assert "bob" not in {u["user_id"] for u in users if u["queued"] or u["running"]}
+    watched = as_alice("watch", "train-3")
+    assert watched.returncode == 0 and b"train-3: succeeded" in watched.stdout, watched.stderr
+    nothing = as_alice("outputs", "train-3")
+    assert nothing.returncode == 1 and b"has no outputs" in nothing.stderr
+
+    for args in (("job", "bobs"), ("job", "bob:bobs"), ("explain", "bobs"), ("watch", "bobs")):
+        refused = as_alice(*args)
+        assert refused.returncode != 0 and f"no job {args[1]!r}".encode() in refused.stderr, (args, refused.stderr)
+    assert json.loads(cli_as(federation, servers, "bob", "jobs", "--json", cwd=tmp_path).stdout)[0]["job_id"] == "bobs"
+
+    # Inside the state folder (the database URL at hand) alice's own id still names her job.
+    scoped = subprocess.run([sys.executable, "-m", "irisfed.cli", "job", "train-3", "--json"],
+                            env={**federation.env, "IRISFED_NATS_URL": servers.nats_url_for("user-alice")},
+                            cwd=federation.tmp, capture_output=True, text=True, timeout=60, check=False)
+    assert json.loads(scoped.stdout)["job"]["job_id"] == "alice:train-3", scoped.stderr
+
+
+async def test_a_users_credentials_reach_no_log_stream_and_no_one_elses_events(federation, servers):
+    """Server-enforced: what a user reads of logs comes through the router's check."""
+    if servers.nats_auth is None:
+        pytest.skip("needs the NATS users the tests generate")
+    refusals: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        refusals.append(str(exc))
+    nc = await connect_client(servers.nats_url_for("user-alice"), error_cb=on_error)
+    try:
+        subjects = [">", f"{federation.prefix}.>", "$JS.>", "$O.>", f"{federation.prefix}.logs.>",
+                    f"{federation.prefix}.events.*"]
+        for subject in subjects:
+            await nc.subscribe(subject)
+        # (Its JetStream rights name no log stream: test_security's table; this test server's
+        # "*" prefix lets users read any bucket, so it cannot show that part.)
+        await nc.publish(f"{federation.prefix}.read.logs.bob", b'{"job_id": "x"}')  # speaking for bob
+        await nc.flush()
+        await wait_for(lambda: holds(len(refusals) >= len(subjects) + 1), "the server to refuse each")
+    finally:
+        await nc.close()
+    assert all("permissions violation" in r.lower() for r in refusals), refusals
+    for subject in subjects:
+        assert any(f'subscription to "{subject}"'.lower() in r.lower() for r in refusals), (subject, refusals)
+    assert any(f'publish to "{federation.prefix}.read.logs.bob"' in r for r in refusals), refusals

@@ -129,13 +129,17 @@ async def test_wrong_password_is_refused(secured_nats):
 def test_permissions_table_per_role():
     roles = role_permissions("acme", ["gpu", "cpu"], ["alice"])
     agent_objects = object_store_rights("acme", ("default", "alice"), write=("outputs",), peers=("gpu",))
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.fetch.gpu", *agent_objects)
+    agent_logs = ("$JS.API.DIRECT.GET.acme-logs__gpu", "$JS.API.DIRECT.GET.acme-logs__gpu.>",
+                  "$JS.API.STREAM.PURGE.acme-logs__gpu", "acme.logs.gpu.>")  # its own peer's log stream only
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.fetch.gpu", *agent_objects,
+                                          *agent_logs)
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
     # An agent's buckets are its own peer's outputs: no workspace, no other peer's.
     assert all("-outputs" in r and r.endswith(("__gpu", "__gpu.>")) for r in agent_objects if "acme-" in r)
     producer_objects = (*object_store_rights("acme", ("default",), read=("workspaces",), write=("workspaces",)),
                         *object_store_rights("acme", ("default",), read=("outputs",), peers=("gpu", "cpu")))
-    assert roles["producer"].publish == ("acme.submit", "acme.cancel", *tuple(dict.fromkeys(producer_objects)))
+    assert roles["producer"].publish == ("acme.submit", "acme.cancel", "acme.read.*",
+                                         *tuple(dict.fromkeys(producer_objects)))
     assert roles["router"].allow_responses and not roles["producer"].allow_responses
     # Object store rights name buckets' streams and nothing else of JetStream; a user's
     # are its own buckets', and it never writes outputs.
@@ -145,7 +149,9 @@ def test_permissions_table_per_role():
     # The dashboard reads outputs (an operator's download) and nothing else of the store;
     # no role makes a consumer (one delivers to any subject its creator names).
     web_objects = object_store_rights("acme", ("default", "alice"), read=("outputs",), peers=("gpu", "cpu"))
-    assert roles["web"].publish == ("acme.operator.cancel", *web_objects)
+    web_logs = ("$JS.API.DIRECT.GET.acme-logs__gpu", "$JS.API.DIRECT.GET.acme-logs__gpu.>",
+                "$JS.API.DIRECT.GET.acme-logs__cpu", "$JS.API.DIRECT.GET.acme-logs__cpu.>")
+    assert roles["web"].publish == ("acme.operator.cancel", "acme.operator.read.*", *web_objects, *web_logs)
     assert not any(r.startswith("$O.") or "workspaces" in r for r in web_objects)
     assert not any("CONSUMER" in r or r.startswith("$JS.FC") for role in roles.values() if role is not roles["admin"]
                    for r in role.publish)
@@ -157,8 +163,11 @@ def test_permissions_table_per_role():
     assert not any(r.startswith(("$O.", "$JS.API.STREAM.PURGE")) for r in roles["router"].publish)
     assert {"_INBOX_agent-gpu.>", "_INBOX_agent-cpu.>"} <= set(roles["router"].publish)
     assert "acme.fetch.*" in roles["router"].subscribe
-    # A user may ask only for itself, and read only its own replies.
-    assert roles["user-alice"].publish[:2] == ("acme.submit.alice", "acme.cancel.alice")
+    # A user may ask only for itself, and read only its own replies: no log stream, no
+    # event, its jobs only through the router's reads.
+    assert roles["user-alice"].publish[:3] == ("acme.submit.alice", "acme.cancel.alice", "acme.read.*.alice")
+    assert not any("logs" in r or "events" in r for r in roles["user-alice"].publish + roles["user-alice"].subscribe)
+    assert {"acme.read.>", "acme.operator.read.*"} <= set(roles["router"].subscribe)
     assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
     assert not roles["user-alice"].allow_responses
     assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)

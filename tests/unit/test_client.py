@@ -205,11 +205,12 @@ def test_servers_never_show_a_password():
     assert "s3cret" not in shown and "pw@" not in shown and "producer" in shown
 
 
-async def test_reads_without_a_database_url_say_how_to_give_one():
-    client = Client(None, Servers("nats://h:4222", None, "irisfed"))
-    for read in (client.get("j1"), client.wait("j1")):
-        with pytest.raises(ConfigurationError, match="IRISFED_DATABASE_URL"):
-            await read
+async def test_reads_without_a_database_url_go_through_the_router():
+    from irisfed.remote_reads import RemoteReads
+
+    client = Client(None, Servers("nats://user-alice:pw@h:4222", None, "acme", user="alice"))
+    reads = await client._get_store()
+    assert isinstance(reads, RemoteReads) and reads._subject == "acme.read.store.alice"
 
 
 def test_errors_raised_inside_irisfed_keep_their_code():
