@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --compare: alternating rounds (default 3; each side runs once a round)")
 
     p = sub.add_parser("buckets", help="create the object store's buckets (workspaces and outputs, each user's) "
-                                       "when missing; needs a NATS user that may create streams (admin)")
+                                       "and each peer's log stream when missing; needs a NATS user that may "
+                                       "create streams (admin)")
     add_server_flags(p, db=False)
     p.add_argument("--replicas", type=int, default=1,
                    help="copies of each bucket: the NATS cluster's nodes, at most 3 (default 1)")
