@@ -24,6 +24,7 @@ from irisfed.bench.baselines import nats_baseline, postgres_baselines
 from irisfed.bench.engines import engines_section
 from irisfed.bench.gangs import gangs_section
 from irisfed.bench.ha import ha_section
+from irisfed.bench.logs import logs_section
 from irisfed.bench.pgqueuer import missing as pgqueuer_missing
 from irisfed.bench.pgqueuer import pgqueuer_section
 from irisfed.bench.preemption import preemption_section
@@ -53,6 +54,7 @@ SECTIONS = {
     "gangs": ("gangs (a tick pass with gangs on node groups; heartbeats of 1,000 nodes)", gangs_section),
     "workspaces": ("workspaces (pack and store, fetch and unpack, cache hits, one workspace for many jobs)",
                    workspaces_section),
+    "logs": ("logs (follow lag and shipping CPU, shipping throughput, a user's reads over NATS)", logs_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
     "ha": ("ha (Patroni with a synchronous standby: submits, dispatch, failovers)", ha_section),
@@ -107,8 +109,8 @@ def run_bench(quick: bool, out: Path | None, sections: set[str]) -> list[Figure]
     bench = Bench(Profile(quick), folder, load_at_start=os.getloadavg())
     servers = Supervisor(folder)
     try:
-        # JetStream only for the section that stores bytes: the others measure plain NATS.
-        nats_server = servers.add_server(start_nats(folder / "nats", jetstream="workspaces" in sections))
+        # JetStream only for the sections that store bytes: the others measure plain NATS.
+        nats_server = servers.add_server(start_nats(folder / "nats", jetstream=bool({"workspaces", "logs"} & sections)))
         postgres = servers.add_server(start_postgres(folder / "pg", durable=True))  # fsync on: the real cost of a commit
         asyncio.run(_run(bench, postgres.url, nats_server.url, sections))
         judge(bench)

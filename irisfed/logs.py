@@ -11,6 +11,7 @@ ended.
 from __future__ import annotations
 
 import asyncio
+import codecs
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -37,8 +38,9 @@ async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
             if not follow:
                 return
             await asyncio.sleep(FOLLOW_POLL_S)
+        # From a time until something was read; then on from where it ended.
         request = msgspec.structs.replace(request, seq=reply.seq, offset=reply.offset, epoch=reply.epoch or None,
-                                          since_s=None if reply.epoch else request.since_s)
+                                          since_s=None if reply.seq else request.since_s)
 
 
 async def _next_run(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
@@ -51,14 +53,23 @@ async def _next_run(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
         await asyncio.sleep(FOLLOW_POLL_S)
 
 
+LONGEST_LINE = 64 * 1024  # a line without its newline yet is given out in parts this long
+
+
 async def lines(replies: AsyncIterator[LogsReply]) -> AsyncIterator[str]:
     """The text of ``replies`` line by line (undecodable bytes replaced), each with its
-    newline; a last line without one at the end."""
-    rest = b""
+    newline; a line longer than LONGEST_LINE (progress bars redrawn with CR) in parts
+    without one; a last line without one at the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split between answers stays whole
+    rest = ""
     async for reply in replies:
-        rest += reply.data
-        *whole, rest = rest.split(b"\n")
+        rest += decoder.decode(reply.data)
+        *whole, rest = rest.split("\n")
         for line in whole:
-            yield line.decode("utf-8", "replace") + "\n"
+            yield line + "\n"
+        while len(rest) > LONGEST_LINE:
+            yield rest[:LONGEST_LINE]
+            rest = rest[LONGEST_LINE:]
+    rest += decoder.decode(b"", final=True)
     if rest:
-        yield rest.decode("utf-8", "replace")
+        yield rest

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import sys
 import time
 
@@ -32,15 +33,28 @@ def exit_status(state: str, exit_code: int | None) -> int:
     return 1
 
 
+class Output:
+    """Where a job's output goes: on a terminal shown inert (a character split between two
+    answers decoded whole), else the bytes as they are."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes, final: bool = False) -> None:
+        if self.tty:
+            text = self.decoder.decode(data, final=final)
+            if text:
+                sys.stdout.write(printable(text))
+                sys.stdout.flush()
+        elif data:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+
+
 def write_output(data: bytes, tty: bool) -> None:
-    if not data:
-        return
-    if tty:
-        sys.stdout.write(printable(data.decode("utf-8", "replace")))
-        sys.stdout.flush()
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    """``data`` written as Output does, whole."""
+    Output(tty).write(data, final=True)
 
 
 async def _client(args: argparse.Namespace):
@@ -52,7 +66,7 @@ async def _client(args: argparse.Namespace):
 
 def cmd_logs(args: argparse.Namespace) -> int:
     since = parse_duration(args.since, "--since") if args.since else None
-    tty = sys.stdout.isatty()
+    out = Output(sys.stdout.isatty())
 
     async def run() -> LogsReply | None:
         client = await _client(args)
@@ -60,9 +74,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         try:
             async for reply in client.log_replies(args.job_id, stderr=args.stderr, task=args.task, epoch=args.epoch,
                                                   follow=args.follow, since_s=since):
-                write_output(reply.data, tty)
+                out.write(reply.data)
                 wrote = wrote or bool(reply.data)
                 last = reply
+            out.write(b"", final=True)
         finally:
             await client.close()
         if last is not None and not wrote and not args.follow:
@@ -81,7 +96,7 @@ def follow_submitted(args: argparse.Namespace, user: str, job_id: str) -> int:
     job's status as the command's."""
     from irisfed.client import reads_as_operator
 
-    tty = sys.stdout.isatty()
+    out = Output(sys.stdout.isatty())
 
     async def run() -> LogsReply | None:
         client = await _client(args)
@@ -89,7 +104,7 @@ def follow_submitted(args: argparse.Namespace, user: str, job_id: str) -> int:
         last, seen = None, None
         try:
             async for reply in client.log_replies(name, follow=True):
-                write_output(reply.data, tty)
+                out.write(reply.data)
                 now = (reply.state, reply.peer_id, reply.epoch)
                 if now != seen:
                     seen = now
@@ -98,6 +113,7 @@ def follow_submitted(args: argparse.Namespace, user: str, job_id: str) -> int:
                     print(printable(f"{time.strftime('%H:%M:%S')} {job_id}: {reply.state}{where} "
                                     f"epoch={reply.epoch}{code}"), file=sys.stderr, flush=True)
                 last = reply
+            out.write(b"", final=True)
         finally:
             await client.close()
         return last

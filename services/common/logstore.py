@@ -95,9 +95,9 @@ class LogStore:
     """One peer's log stream, over client ``nc``: ``timeout_s`` bounds each call."""
 
     def __init__(self, nc: Client, prefix: str, peer: str, timeout_s: float = 10.0) -> None:
-        self.nc, self.peer, self.timeout_s = nc, peer, timeout_s
+        self.nc, self.prefix, self.peer, self.timeout_s = nc, prefix, peer, timeout_s
         self.stream = log_stream(prefix, peer)
-        self._js = nc.jetstream(timeout=timeout_s)
+        self._js = None  # JetStream's context, made on first publish
 
     async def publish(self, subject: str, offset: int, data: bytes, end: int | None = None) -> int | None:
         """Store one piece (or, with ``end``, the end message); its stream sequence, or
@@ -106,6 +106,8 @@ class LogStore:
         headers = {OFFSET_HEADER: str(offset), "Nats-Msg-Id": f"{subject}@{offset}{'/end' if end is not None else ''}"}
         if end is not None:
             headers[END_HEADER] = str(end)
+        if self._js is None:
+            self._js = self.nc.jetstream(timeout=self.timeout_s)
         try:
             ack = await self._js.publish(subject, data, stream=self.stream, headers=headers)
         except (js_errors.NoStreamResponseError, nats.errors.NoRespondersError) as exc:
@@ -132,6 +134,38 @@ class LogStore:
         else:
             request["seq"] = max(1, seq)
         return await self._direct(request, batch=True)
+
+    async def tail(self, subject: str, nbytes: int) -> tuple[list[Piece], int]:
+        """The pieces holding the last ``nbytes`` of ``subject``'s file, oldest first, and
+        the file's size as shipped: the piece covering that offset is found by a binary
+        search over stream sequences (each probe one direct get), then read forward."""
+        last = await self.last(subject)
+        if last is None:
+            return [], 0
+        end = last.end if last.end is not None else last.offset + len(last.data)
+        target = max(0, end - nbytes)
+        if last.end is None and last.offset <= target:
+            return [last], end
+        low, high = 1, last.seq  # the piece found at ``low`` starts at or before ``target``
+        first = await self.read(subject, low, limit=1)
+        if not first or first[0].offset >= target:
+            low = first[0].seq if first else last.seq
+        else:
+            while high - low > 1:
+                mid = (low + high) // 2
+                probe = await self.read(subject, mid, limit=1)
+                if probe and probe[0].end is None and probe[0].offset <= target:
+                    low = probe[0].seq
+                else:
+                    high = mid
+        pieces: list[Piece] = []
+        seq = low
+        while batch := await self.read(subject, seq, max_bytes=max(nbytes, 1 << 16)):
+            pieces += batch
+            seq = batch[-1].seq + 1
+            if batch[-1].seq >= last.seq:
+                break
+        return pieces, end
 
     async def purge_below(self, subject: str, seq: int) -> None:
         """Drop ``subject``'s messages older than stream sequence ``seq``."""

@@ -98,6 +98,7 @@ __all__ = ["AgentSettings", "BackendSpec", "PeerAgent"]
 
 MIB = 1024 * 1024
 LOG_PASS_S = 0.25  # how often live runs' output is shipped: a reader following sees it within a second
+LOG_MARKS_FOLDER = ".logs-unshipped"  # under the work root: per peer, the runs whose output is not shipped whole
 
 # Backends without an engine: their nodes are configured (LocalNodes).
 LOCAL_KINDS = ("subprocess", "simulated")
@@ -166,18 +167,22 @@ class PeerAgent(Service):
             max_unpacked_bytes=config.max_workspace_bytes)
         # Each run's output goes into the peer's log stream while it runs (docs/design.md §3.6).
         self.log_shipper = LogShipper(LogStore(nc, self.subjects.prefix, self.peer_id), self.subjects.prefix,
-                                      self.peer_id, config.max_log_bytes)
+                                      self.peer_id, config.max_log_bytes,
+                                      marks=settings.work_root / LOG_MARKS_FOLDER / self.peer_id)
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         await self.workspaces.open()
+        await self.log_shipper.resume_unshipped()  # runs an earlier agent did not ship whole
         await self.nc.subscribe(self.subjects.assign(self.peer_id), cb=self.on_assign)
         await self.nc.subscribe(self.subjects.cancel_notice(self.peer_id), cb=self.on_cancel)
         await self.nc.flush()
         await self.discover()
         await self.heartbeat()
         await self.reconcile()
+        # Of those, the runs not adopted ended while no agent watched: shipped to their end.
+        self.log_shipper.end_unless({(run.job_id, run.epoch) for run in self.runs.values()})
         # Discovery asks the engines in a loop of its own: a slow engine never delays a heartbeat.
         self.tasks.spawn(forever("discover", self.discover, self.settings.heartbeat_interval_s),
                          name="agent-discover")
@@ -611,7 +616,7 @@ class PeerAgent(Service):
     async def _ship_logs(self) -> None:
         """One pass of log shipping over every run started here (adopted ones too)."""
         for run in list(self.runs.values()):
-            if run.handle is not None:
+            if run.handle is not None and not self.log_shipper.follows(run.job_id, run.epoch):
                 self.log_shipper.follow(run.job_id, run.epoch, run.tasks, self._log_dir(run))
         await self.log_shipper.ship_pass()
 

@@ -61,12 +61,44 @@ def scoped_job_id(user: str, job_id: object) -> str | None:
     return stored_job_id(user, bare)
 
 
-def _as_users(value: Any) -> Any:
-    """Rows as their user sees them: every ``job_id`` the id it submitted under."""
+OTHERS_JOB = "another user's job"
+# Texts that name other jobs (the tick's preemption and hold details, docs/scheduling.md).
+_NAMED = re.compile(r"(preempted by |held for )((?:[a-z][a-z0-9_-]{0,31}:)?[A-Za-z0-9][A-Za-z0-9._-]{0,127})")
+_PLACED_PREEMPTING = "placed; preempted "
+_TEXT_FIELDS = ("reason", "detail", "explanation")
+
+
+def as_seen_by(user: str, job_id: str) -> str:
+    """A job named in ``user``'s rows: its own by the id it sent; any other user's as
+    OTHERS_JOB (its id would tell that it exists)."""
+    owner, bare = split_job_id(job_id)
+    return bare if owner == user else OTHERS_JOB
+
+
+def scrub(value: Any, user: str) -> Any:
+    """Text (or a document of texts) with every job it names shown as ``user`` may see it."""
+    if isinstance(value, str):
+        if value.startswith(_PLACED_PREEMPTING):
+            named = value[len(_PLACED_PREEMPTING):].split(", ")
+            value = _PLACED_PREEMPTING + ", ".join(as_seen_by(user, job_id) for job_id in named)
+        return _NAMED.sub(lambda m: m.group(1) + as_seen_by(user, m.group(2)), value)
     if isinstance(value, list):
-        return [_as_users(item) for item in value]
-    if isinstance(value, msgspec.Struct) and hasattr(value, "job_id"):
-        return msgspec.structs.replace(value, job_id=user_job_id(value.job_id))
+        return [scrub(item, user) for item in value]
+    if isinstance(value, dict):
+        return {key: scrub(item, user) for key, item in value.items()}
+    return value
+
+
+def as_users(value: Any, user: str) -> Any:
+    """Rows as ``user`` sees them: every ``job_id`` the id it submitted under, and no
+    other user's job named in their texts."""
+    if isinstance(value, list):
+        return [as_users(item, user) for item in value]
+    if isinstance(value, msgspec.Struct):
+        changes = {name: scrub(getattr(value, name), user) for name in _TEXT_FIELDS if hasattr(value, name)}
+        if hasattr(value, "job_id"):
+            changes["job_id"] = user_job_id(value.job_id)
+        return msgspec.structs.replace(value, **changes) if changes else value
     return value
 
 
@@ -111,14 +143,14 @@ class Reads:
             if method == "job_outputs_list":
                 extra = (_whole(args[1] if len(args) > 1 else None, "epoch", 1, 2**31 - 1),
                          _whole(args[2] if len(args) > 2 else None, "task", 0, MAX_REPLICAS))
-                return _as_users(await self.store.job_outputs_list(stored, *extra))
-            return _as_users(await getattr(self.store, method)(stored))
+                return as_users(await self.store.job_outputs_list(stored, *extra), user)
+            return as_users(await getattr(self.store, method)(stored), user)
         if method == "job_list":
             state = args[0] if args else None
             if state is not None and state not in {s.value for s in JobState}:
                 raise InvalidRequest(f"job_list: state must be one of {', '.join(s.value for s in JobState)}")
             limit = _whole(args[1] if len(args) > 1 else 100, "limit", 1, 10_000)
-            return _as_users(await self.store.job_list(state, limit, user_id=user))
+            return as_users(await self.store.job_list(state, limit, user_id=user), user)
         if method == "job_live_usage_by_user":
             return {u: held for u, held in (await self.store.job_live_usage_by_user([user])).items() if u == user}
         if method == "job_count_by_user":

@@ -19,7 +19,7 @@ then leaves that path: a task of its own reads what placing it needs from Postgr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +176,8 @@ WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
 # An agent's workspace fetches answered at once (each sends one workspace, at most
 # max_workspace_mb, chunk by chunk); past that it is told `unavailable` and retries.
 FETCHES_PER_PEER = 16
+# Users' reads (logs, their jobs) answered at once, each from a task of its own.
+READS_AT_ONCE = 64
 
 
 class Router(Service):
@@ -212,6 +214,7 @@ class Router(Service):
         self.relay = WorkspaceRelay(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
         self._fetches: dict[str, set[asyncio.Task]] = {}  # per peer: its agent's fetches being answered
         self.reads = Reads(nc, self.subjects.prefix, self.store)
+        self._reads: set[asyncio.Task] = set()  # reads being answered
 
     # ------------------------------------------------------------ lifecycle
 
@@ -241,10 +244,10 @@ class Router(Service):
     async def close(self) -> None:
         await self.tasks.close()
         fetches = [task for tasks in self._fetches.values() for task in tasks]
-        for task in list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + fetches:
+        others = list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + fetches + list(self._reads)
+        for task in others:
             task.cancel()
-        await asyncio.gather(*self._cancels, *self._dry_runs, *self._workspace_submits, *fetches,
-                             return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
@@ -664,7 +667,27 @@ class Router(Service):
 
     # ------------------------------------------------------------ reads (docs/design.md §3.6)
 
+    async def _start_read(self, msg: Msg, answer: Callable[[Msg], Awaitable[None]]) -> None:
+        """Answer a read from a task of its own (one stream or Postgres slow to answer
+        holds up no other read); at most READS_AT_ONCE at once, past that `unavailable`.
+        A read no one waits for (no reply subject) is not made."""
+        if not msg.reply:
+            return
+        if len(self._reads) >= READS_AT_ONCE:
+            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE,
+                                                 f"{READS_AT_ONCE} reads in progress on this router; retry"))
+            return
+        task = asyncio.ensure_future(answer(msg))
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
+
     async def on_read_logs(self, msg: Msg) -> None:
+        await self._start_read(msg, self._read_logs)
+
+    async def on_read_store(self, msg: Msg) -> None:
+        await self._start_read(msg, self._read_store)
+
+    async def _read_logs(self, msg: Msg) -> None:
         """A user reads its own job's output (``P.read.logs[.<user>]``, by the id it sent);
         an operator any job's (``P.operator.read.logs``, by its stored id)."""
         async def work() -> LogsReply:
@@ -676,7 +699,7 @@ class Router(Service):
             return await self._bounded(self.reads.user_logs(user, request))
         await self._answer_request(msg, work)
 
-    async def on_read_store(self, msg: Msg) -> None:
+    async def _read_store(self, msg: Msg) -> None:
         """A user reads its own jobs as the store has them (``P.read.store[.<user>]``)."""
         async def work() -> Any:
             user = self._user(msg.subject, self.subjects.read_for("store", DEFAULT_USER))

@@ -291,7 +291,7 @@ class Pages:
         job_id = request.path_params["job_id"]
         if not _JOB_ID.fullmatch(job_id):
             return self.problem(request, 404, "No such job", "That is not a job id.")
-        story = await job_story(self.web.store, job_id, self.web.settings.log_tail_bytes)
+        story = await job_story(self.web.store, job_id, self.web.settings.log_tail_bytes, self.web.log_stores)
         if story is None:
             return self.problem(request, 404, "No such job", f"There is no job {job_id}.")
         outcome = request.query_params.get("cancel", "")

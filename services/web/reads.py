@@ -3,26 +3,27 @@
 Pages re-fetch their fragments whenever something changes, so many viewers ask at
 once: what the federation, users and charts pages read is loaded by one caller at a
 time and shared for a short while (``Shared``); a job list page and a job are read
-per request (each an index range: cheap). A job's log tail is read from the file
-system in a thread (a hung network file system must not stall the server).
+per request (each an index range: cheap). A job's log tail is read from the log
+stream of the peer its run is on (docs/design.md §3.6), never from a peer's disk,
+within LOG_READ_TIMEOUT_S (NATS away: the page says the logs cannot be read now).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from irisfed.services.common.logstore import LogStore
+from irisfed.services.common.objects import ObjectStoreError
 from irisfed.services.common.store import Store
 from irisfed.services.web import charts
 from irisfed.services.web.filters import JobFilter
+from irisfed.shared.logs import assemble, log_subject
 from irisfed.shared.records import (
     ChangelogEntry,
     JobListRow,
@@ -152,7 +153,8 @@ class JobStory:
         return any(tail.text is not None for tail in self.logs)
 
 
-async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | None:
+async def job_story(store: Store, job_id: str, tail_bytes: int,
+                    log_stores: Callable[[str], LogStore] | None = None) -> JobStory | None:
     odd = None
     try:
         job = await store.job_get(job_id)
@@ -164,7 +166,7 @@ async def job_story(store: Store, job_id: str, tail_bytes: int) -> JobStory | No
     if job is None:
         return None
     history = await store.changelog_list_for_job(job_id)
-    logs = await read_logs(job.log_dir, tail_bytes) if job.log_dir else []
+    logs = await read_logs(log_stores, job, tail_bytes) if job.log_dir and job.owner_peer_id else []
     tasks = await store.job_tasks_list(job_id) if job.replicas > 1 else []
     newest = tasks[0].epoch if tasks else None
     outputs = await store.job_outputs_list(job_id)
@@ -186,53 +188,26 @@ async def job_with_odd_explanation(store: Store, job_id: str) -> tuple[JobRow | 
     return JobRow.from_record([values[name] for name in JobRow.__struct_fields__]), odd
 
 
-async def read_logs(log_dir: str, tail_bytes: int) -> list[LogTail]:
-    try:
-        return await asyncio.wait_for(asyncio.to_thread(_read_logs, log_dir, tail_bytes), LOG_READ_TIMEOUT_S)
-    except TimeoutError:
+async def read_logs(log_stores: Callable[[str], LogStore] | None, job: JobRow, tail_bytes: int) -> list[LogTail]:
+    """The tails of the job's newest run's stdout and stderr (task 0's for a gang), from
+    its peer's log stream; not readable (None) when there is no NATS or it does not
+    answer in time."""
+    if log_stores is None:
         return [LogTail(name, None, 0, False) for name in LOG_FILES]
+    store = log_stores(job.owner_peer_id)
 
-
-def _read_logs(log_dir: str, tail_bytes: int) -> list[LogTail]:
-    folder = Path(log_dir) if usable_log_dir(log_dir) else None
-    return [read_tail(folder / name, tail_bytes) if folder else LogTail(name, None, 0, False) for name in LOG_FILES]
-
-
-def usable_log_dir(log_dir: str) -> bool:
-    """An absolute path with nothing odd in it (a peer wrote it: read it carefully)."""
-    return (0 < len(log_dir) <= 4096 and log_dir.startswith("/") and "\x00" not in log_dir
-            and log_dir.isprintable())
-
-
-def read_tail(path: Path, limit: int) -> LogTail:
-    """The last ``limit`` bytes of ``path`` as text (None when it is not a regular file
-    readable from here; a symbolic link is not followed)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    async def one(name: str) -> LogTail:
+        subject = log_subject(store.prefix, job.owner_peer_id, job.job_id, job.epoch, 0, name)
+        pieces, size = await store.tail(subject, tail_bytes)
+        start = max(0, size - tail_bytes)
+        data, _, _ = assemble(pieces, start)
+        if start > 0 and b"\n" in data:
+            data = data[data.index(b"\n") + 1:]  # from the first whole line
+        return LogTail(name, data.decode("utf-8", "replace"), size, start > 0)
     try:
-        fd = os.open(path, flags)
-    except OSError:
-        return LogTail(path.name, None, 0, False)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return LogTail(path.name, None, 0, False)
-        start = max(0, info.st_size - limit)
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], limit
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError:
-        return LogTail(path.name, None, 0, False)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if start > 0 and b"\n" in data:
-        data = data[data.index(b"\n") + 1:]  # from the first whole line
-    return LogTail(path.name, data.decode("utf-8", "replace"), info.st_size, start > 0)
+        return list(await asyncio.wait_for(asyncio.gather(*(one(name) for name in LOG_FILES)), LOG_READ_TIMEOUT_S))
+    except (TimeoutError, ObjectStoreError):
+        return [LogTail(name, None, 0, False) for name in LOG_FILES]
 
 
 # ---------------------------------------------------------------- the charts

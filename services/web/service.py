@@ -39,6 +39,7 @@ import nats
 import uvicorn
 
 from irisfed.services.common.log import EventLogger
+from irisfed.services.common.logstore import LogStore
 from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import WAIT_OUT, Service
 from irisfed.services.web.app import build_app
@@ -120,6 +121,7 @@ class WebService(Service):
         self._server: _Server | None = None
         self._server_task: asyncio.Task | None = None
         self._events_spent = False  # the events subscription took its messages: renew before the next flush
+        self._log_stores: dict[str, LogStore] = {}  # per peer
 
     # ------------------------------------------------------------ lifecycle
 
@@ -127,6 +129,18 @@ class WebService(Service):
     def live(self) -> bool:
         """Whether NATS is connected (else pages are fed by polling Postgres)."""
         return self.nc is not None and self.nc.is_connected
+
+    def log_store(self, peer_id: str) -> LogStore:
+        """The log stream of ``peer_id`` (docs/design.md §3.6), read over this service's NATS."""
+        store = self._log_stores.get(peer_id)
+        if store is None or store.nc is not self.nc:
+            store = self._log_stores[peer_id] = LogStore(self.nc, self.subjects.prefix, peer_id, timeout_s=2.0)
+        return store
+
+    @property
+    def log_stores(self) -> Callable[[str], LogStore] | None:
+        """``log_store``, or None while there is no NATS to read logs over."""
+        return self.log_store if self.live else None
 
     async def start(self, listen: bool = True) -> None:
         """Start live updates and (with ``listen``) the HTTP server; tests drive ``self.app``

@@ -399,6 +399,7 @@ def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(t
         assert result.returncode == 0 and "succeeded" in result.stderr, result.stdout + result.stderr
         assert result.stdout.splitlines()[-1] == "ha"  # its output, streamed through the log stream
         assert _bucket_replicas(connect["nats_url"], "irisfed-workspaces") == 3  # one per NATS node
+        _a_nats_node_dies_while_a_job_prints(client_env, tmp_path, _read_json(state / "pids.json")["servers"][0])
         pids = _read_json(state / "pids.json")
         started = pids["servers"] + list(pids["children"].values())
         assert len(pids["servers"]) == 3  # the NATS cluster (Patroni is stopped after them)
@@ -415,6 +416,28 @@ def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(t
     relocated = state / "patroni" / "DATA_LOCATION"
     if relocated.exists():  # root with a 0700 temp dir: the cluster lived elsewhere
         shutil.rmtree(relocated.read_text().strip(), ignore_errors=True)
+
+
+def _a_nats_node_dies_while_a_job_prints(client_env: dict, cwd: Path, nats_pid: int) -> None:
+    """A job prints a line every 0.2 s; once its first line came home, a NATS node is
+    SIGKILLed. Its log, read after it ended, holds every line once, in order (the log
+    stream has a replica on each node: what was acknowledged survives the node)."""
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "irisfed.cli", *args], env=client_env, cwd=cwd,
+                              capture_output=True, text=True, timeout=120, check=False)
+    printed = [f"tick {i}" for i in range(20)]
+    submitted = cli("submit", "--id", "printer", "--", "sh", "-c", "for i in $(seq 0 19); do echo tick $i; sleep 0.2; done")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    for _ in range(300):
+        if cli("logs", "printer").stdout.startswith("tick 0"):
+            break
+        time.sleep(0.1)
+    os.kill(nats_pid, 9)
+    followed = cli("logs", "printer", "--follow")
+    assert followed.returncode == 0 and followed.stdout.splitlines() == printed, followed.stdout + followed.stderr
+    assert cli("logs", "printer").stdout.splitlines() == printed
 
 
 def _bucket_replicas(nats_url: str, name: str) -> int:

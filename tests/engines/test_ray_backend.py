@@ -115,7 +115,7 @@ async def test_runs_in_flight_share_one_list_jobs_per_poll(backends) -> None:
     polls = backend.polls - before_polls
     assert polls >= 1
     # Each poll is one list_jobs for all three runs; nothing asks about a run on its own
-    # but for its logs once it ended.
+    # but its log's tail (one websocket while it runs) and its logs once it ended.
     assert calls["list_jobs"] == polls
     assert calls.get("get_job_info", 0) == calls.get("get_job_status", 0) == 0
     assert calls["get_job_logs"] == 3

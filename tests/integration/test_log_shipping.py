@@ -6,11 +6,14 @@ could not be written."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from irisfed.services.common.logstore import LogStore, ensure_log_streams, log_stream
 from irisfed.services.peer_agent.logs import LogShipper, run_files
 from irisfed.shared.logs import assemble, dropped_text, log_subject
+from tests.infra.waiting import wait_for
 
 PEER = "gpu-west"
 
@@ -136,3 +139,101 @@ async def test_output_written_while_the_stream_is_missing_is_caught_up(tmp_path,
     subject = log_subject(subject_prefix, PEER, "late", 1, 0, "stdout")
     assert await read_all(store, subject) == (b"before\nafter\n", True)
     assert log_stream(subject_prefix, PEER).endswith("-logs__gpu-west")
+
+
+async def test_a_run_printing_200_mib_keeps_its_last_16_and_the_shipper_memory_stays_bounded(
+        tmp_path, logs, subject_prefix):
+    import tracemalloc
+
+    mib = 1 << 20
+    run_dir = tmp_path / "loud"
+    run_dir.mkdir()
+    ship = shipper(logs, subject_prefix, max_bytes=16 * mib)
+    ship.follow("loud", 1, 1, str(run_dir), fresh=True)
+    block = bytes(range(256)) * (mib // 256)
+    tracemalloc.start()
+    try:
+        with open(run_dir / "stdout", "ab") as out:
+            for i in range(200):  # 200 MiB printed while it is shipped, a pass every 2 MiB
+                out.write(block[:-8] + f"{i:07d}\n".encode())
+                out.flush()
+                if i % 2:
+                    await ship.ship_pass()
+        assert await ship.finish("loud", 1, 1, str(run_dir))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 * mib  # a few passes' reads, never the file
+    subject = log_subject(subject_prefix, PEER, "loud", 1, 0, "stdout")
+    shown, ended = await read_all(logs, subject)
+    written = 200 * mib
+    assert ended and shown.startswith(dropped_text(written - 16 * mib))
+    assert shown[len(dropped_text(written - 16 * mib)):] == (run_dir / "stdout").read_bytes()[-16 * mib:]
+    held = sum(len(p.data) for p in await logs.read(subject, 1, limit=10_000, max_bytes=64 * mib))
+    assert held <= 16 * mib
+
+
+async def test_an_agent_started_later_ships_what_an_ended_run_could_not(tmp_path, nats_client, subject_prefix):
+    """The run ended while the stream took nothing; its agent died before it could catch
+    up: the next agent finds the run's mark (in its own folder) and ships the rest, once."""
+    store = LogStore(nats_client, subject_prefix, PEER, timeout_s=2.0)
+    marks = tmp_path / "marks"
+    run_dir = tmp_path / "work" / "ended" / "epoch-2"
+    run_dir.mkdir(parents=True)
+    first = LogShipper(store, subject_prefix, PEER, 1 << 20, marks=marks)
+    first.follow("ended", 2, 1, str(run_dir), fresh=True)  # launched: marked at once
+    (run_dir / "stdout").write_bytes(b"all of it\n")
+    assert not await first.finish("ended", 2, 1, str(run_dir))
+    assert [p.name for p in marks.iterdir()] == ["ended.2.json"] and list(run_dir.iterdir()) == [run_dir / "stdout"]
+    (marks / "planted.1.json").write_text('{"job_id": "bob:x", "epoch": 1, "tasks": 99999999, "log_dir": "/etc"}')
+    (marks / "junk.json").write_text("not json")
+    await ensure_log_streams(nats_client, subject_prefix, [PEER])
+    later = LogShipper(store, subject_prefix, PEER, 1 << 20, marks=marks)  # the first agent is gone
+    assert await later.resume_unshipped() == 1  # the marks that do not read as ours are dropped
+    assert sorted(p.name for p in marks.iterdir()) == ["ended.2.json"]
+    later.end_unless(set())  # not running any more: ship to its end
+    await wait_for(lambda: _shipped(later), "the resumed run to be shipped whole")
+    subject = log_subject(subject_prefix, PEER, "ended", 2, 0, "stdout")
+    assert await read_all(store, subject) == (b"all of it\n", True)
+    assert list(marks.iterdir()) == []
+    assert await LogShipper(store, subject_prefix, PEER, 1 << 20, marks=marks).resume_unshipped() == 0
+
+
+async def _shipped(ship: LogShipper) -> bool:
+    await ship.ship_pass()
+    return not ship.files
+
+
+async def test_a_job_that_swaps_its_output_for_a_link_or_a_fifo_ships_nothing_of_them(tmp_path, logs,
+                                                                                      subject_prefix):
+    elsewhere = tmp_path / "agent-only"
+    elsewhere.mkdir()
+    secret = elsewhere / "stdout"
+    secret.write_text("TOKEN=do-not-ship\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "task-1").mkdir(parents=True)
+    ship = shipper(logs, subject_prefix)
+    ship.follow("swap", 1, 2, str(run_dir), fresh=True)
+    (run_dir / "task-0").symlink_to(elsewhere)  # a task folder that is a link to a folder with a stdout
+    (run_dir / "task-1" / "stdout").write_bytes(b"mine\n")
+    await ship.ship_pass()
+    (run_dir / "task-1" / "stdout").unlink()
+    (run_dir / "task-1" / "stdout").symlink_to(secret)  # the file itself a link
+    os.mkfifo(run_dir / "task-1" / "stderr")  # a FIFO no one writes: opening it must not block
+    await ship.ship_pass()
+    assert await ship.finish("swap", 1, 2, str(run_dir))
+    shown = {task: await read_all(logs, log_subject(subject_prefix, PEER, "swap", 1, task, "stdout"))
+             for task in (0, 1)}
+    assert shown == {0: (b"", True), 1: (b"mine\n", True)}
+    assert await read_all(logs, log_subject(subject_prefix, PEER, "swap", 1, 1, "stderr")) == (b"", True)
+
+
+async def test_one_runs_flood_never_starves_anothers_output(tmp_path, logs, subject_prefix):
+    ship = shipper(logs, subject_prefix, max_bytes=64 << 20)
+    for name, size in (("flood", 40 << 20), ("quiet", 10)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "stdout").write_bytes(b"x" * size)
+        ship.follow(name, 1, 1, str(tmp_path / name), fresh=True)
+    await ship.ship_pass()
+    quiet = await read_all(logs, log_subject(subject_prefix, PEER, "quiet", 1, 0, "stdout"))
+    assert quiet == (b"x" * 10, False)  # shipped in the first pass beside the flood

@@ -11,8 +11,10 @@ from html.parser import HTMLParser
 
 import pytest
 
+from irisfed.services.common.logstore import LogStore, ensure_log_streams
 from irisfed.services.common.store import Store
 from irisfed.services.web.security import CONTENT_SECURITY_POLICY
+from irisfed.shared.logs import log_subject, split
 from tests.infra.factories import (
     advertise,
     assign_jobs,
@@ -145,7 +147,8 @@ async def test_pages_show_what_the_federation_holds(client, pool):
 async def test_the_front_page_shows_live_peers_and_their_resources(web, client, pool):
     store = Store(pool)
     backends = [{"name": "main", "attributes": {"device_type": ["gpu"]}, "capacity": {"total": 8, "free": 2},
-                 "resources": {"cpu": {"total": 16, "free": 4}, "gpu": {"total": 4, "free": 1}}}]
+                 "resources": {"cpu": {"total": 16, "free": 4}, "gpu": {"total": 4, "free": 1},
+                               "memory_mb": {"total": 65536, "free": 16384}}}]
     await store.peer_heartbeat_upsert("gpu-west", "run-1", 1, backends, 60.0, datetime.now(UTC))
     await web.poll_once()
     page = await client.get("/")
@@ -154,6 +157,7 @@ async def test_the_front_page_shows_live_peers_and_their_resources(web, client, 
     assert 'data-resource="slots"' in row and "6 used, 2 free of 8" in row
     assert 'class="fill w75"' in row  # slots: 6 of 8
     assert "12 used, 4 free of 16" in row and "3 used, 1 free of 4" in row
+    assert "48.0 GiB used, 16.0 GiB free of 64.0 GiB" in row and '<span class="meter-name">memory</span>' in row
     assert "device_type=gpu" in row
 
 
@@ -274,38 +278,37 @@ async def test_bad_filters_get_a_clear_400_never_a_500(client, query):
     assert fragment.status_code == 400 and "<html" not in fragment.text
 
 
-async def test_a_job_page_tells_its_story(web, client, pool, tmp_path):
+async def test_a_job_page_tells_its_story(web, client, pool, nats_client, subject_prefix):
+    """Its logs come from the log stream of its run's peer, never from a path on a disk."""
     store = Store(pool)
     job = make_job(name="story", env={"API_KEY": "s3cret-value"}, command=["sh", "-c", "psql postgresql://u:pw@db/x"])
     await insert_jobs(store, [job])
     await assign_jobs(store, [job], "gpu-west")
-    (tmp_path / "stdout").write_text("".join(f"line {i}\n" for i in range(20_000)))
-    (tmp_path / "stderr").write_text("<script>alert(1)</script> \x1b[31m\n")
-    await store.job_start_batch("gpu-west", [(job.job_id, 1, str(tmp_path), "started")])
+    await ensure_log_streams(nats_client, subject_prefix, ["gpu-west"])
+    logs = LogStore(nats_client, subject_prefix, "gpu-west")
+    out = "".join(f"line {i}\n" for i in range(20_000)).encode()
+    for offset, piece in split(out, 0, 4096):  # shipped piece by piece, as an agent does
+        await logs.publish(log_subject(subject_prefix, "gpu-west", job.job_id, 1, 0, "stdout"), offset, piece)
+    await logs.publish(log_subject(subject_prefix, "gpu-west", job.job_id, 1, 0, "stderr"), 0,
+                       b"<script>alert(1)</script> \x1b[31m\n")
+    await store.job_start_batch("gpu-west", [(job.job_id, 1, "/on/the/peer/not/here", "started")])
 
     page = (await client.get(f"/jobs/{job.job_id}")).text
     assert "line 19999" in page and "line 0\n" not in page  # the tail only
-    assert "last part of" in page
+    assert "last part of" in page and f"{len(out)} bytes" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt; \\x1b[31m" in page
     assert "API_KEY" in page and "s3cret-value" not in page
     assert "u:pw@" not in page and "u:***@" in page  # a URL's password in a command is redacted
     steps = page.count('data-testid="timeline-entry"')
     assert steps == 3 and 'data-to-state="running"' in page
+    assert 'hx-trigger="irisfed-job, irisfed-resync from:body, every 1s"' in page  # followed while it runs
 
-    elsewhere = make_job()
+    elsewhere = make_job()  # its peer's log stream cannot be read (here: never made)
     await insert_jobs(store, [elsewhere])
     await assign_jobs(store, [elsewhere], "tpu-east")
-    await store.job_start_batch("tpu-east", [(elsewhere.job_id, 1, str(tmp_path / "nowhere"), "started")])
+    await store.job_start_batch("tpu-east", [(elsewhere.job_id, 1, "/on/tpu-east", "started")])
     page = (await client.get(f"/jobs/{elsewhere.job_id}")).text
-    assert 'data-testid="logs-elsewhere"' in page and "Logs are on peer tpu-east" in page
-
-    (tmp_path / "linked").mkdir()
-    (tmp_path / "linked" / "stdout").symlink_to(tmp_path / "stdout")  # a symlink is not followed
-    linked = make_job()
-    await insert_jobs(store, [linked])
-    await assign_jobs(store, [linked], "home")
-    await store.job_start_batch("home", [(linked.job_id, 1, str(tmp_path / "linked"), "started")])
-    assert 'data-testid="logs-elsewhere"' in (await client.get(f"/jobs/{linked.job_id}")).text
+    assert 'data-testid="logs-unreadable"' in page and "its run on tpu-east cannot be read" in page
 
     assert (await client.get("/jobs/no-such-job")).status_code == 404
     assert (await client.get("/jobs/%3Cscript%3E")).status_code == 404
@@ -321,12 +324,20 @@ async def test_the_explanation_of_a_queued_job_is_shown(client, pool):
         {"peer_id": "gpu-west", "code": "value_mismatch", "detail": "device_type is gpu, not tpu"},
         {"peer_id": "tpu-east", "code": "unreachable", "detail": "no heartbeat for 12s"}],
         "more": {"unreachable": 3}}
-    await store.job_explain_batch([(job.job_id, explanation, "waiting")])
+    await store.job_explain_batch([(job.job_id, {**explanation, "wait": "capacity"}, "waiting")])
     page = (await client.get(f"/jobs/{job.job_id}")).text
     assert page.count('data-testid="verdict"') == 2
     assert 'data-peer-id="gpu-west" data-code="value_mismatch"' in page
     assert "attribute value does not match" in page and "device_type is gpu, not tpu" in page
-    assert "3 more unreachable" in page
+    assert "3 more unreachable" in page and 'data-testid="waiting"' in page
+
+    # Placed and run since: why it waited is no longer why it is where it is.
+    await assign_jobs(store, [job], "tpu-east")
+    await store.job_start_batch("tpu-east", [(job.job_id, 1, None, "started")])
+    page = (await client.get(f"/jobs/{job.job_id}")).text
+    assert 'data-testid="waiting"' not in page and "no reachable peer can take it now" not in page
+    assert 'data-testid="verdict"' not in page and "3 more unreachable" not in page
+    assert 'data-testid="placed"' in page and "on tpu-east at epoch 1" in page
 
 
 async def test_served_under_a_root_path_with_or_without_the_prefix(pool, nats_client, subject_prefix):

@@ -28,6 +28,7 @@ class ScheduleResult:
     gang_runs: int = 0  # gang runs (job, epoch) whose tasks were recorded
     gangs_requeued: int = 0  # gangs that ran under more than one epoch (requeued whole)
     workspace_runs: int = 0  # real runs that started in their job's workspace (invariant 14)
+    logs_read: int = 0  # succeeded runs' output read back whole through the router (invariant 15)
 
     @property
     def preemptions(self) -> int:
@@ -100,6 +101,10 @@ class ChaosSummary:
         return sum(r.workspace_runs for r in self.results)
 
     @property
+    def logs_read(self) -> int:
+        return sum(r.logs_read for r in self.results)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
@@ -117,5 +122,5 @@ class ChaosSummary:
                 f"| bands: preemptions={self.preemptions} ({ends or 'none'}) in "
                 f"{self.preempting_schedules}/{len(self.results)} schedules forbidden={self.forbidden_bands} "
                 f"| gangs: runs={self.gang_runs} requeued={self.gangs_requeued} "
-                f"| workspaces: runs={self.workspace_runs} "
+                f"| workspaces: runs={self.workspace_runs} | logs: read={self.logs_read} "
                 f"| faults by kind: {kinds or 'none'}")

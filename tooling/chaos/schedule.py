@@ -48,6 +48,7 @@ from irisfed.tooling.chaos.checks import (
     nats_log_size,
 )
 from irisfed.tooling.chaos.faults import Faults, actions_for, quiet
+from irisfed.tooling.chaos.logs_check import check_shipped_logs
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
 from irisfed.tooling.chaos.workload import WORKSPACE_P, WORKSPACE_TOKEN, draw_band, job_body
@@ -174,6 +175,7 @@ class Schedule:
             await self.faults.mend_all()
             await converge_and_check(database_url, self.result, self.acked, self.never_started, self.fed.down,
                                      self._restart_exited, self.ledger, QUOTAS)
+            await check_shipped_logs(database_url, self._request, self.ledger.sent, self.rng, self.result)
             phase("converge+checks")
         finally:
             await self.faults.close()

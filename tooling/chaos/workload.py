@@ -31,9 +31,11 @@ from irisfed.tooling.chaos.world import MAX_BAND, MAX_JOB_S, NODES, PEERS
 # The start line ends with the token of the workspace the run started in (its cwd's
 # WORKSPACE_TOKEN file; "-" without one): invariant 14 compares it with the job's.
 WORKSPACE_TOKEN = "ws-token"
+# Its stdout (two lines, shipped into the federation) is read back by invariant 15's check.
 JOB_SCRIPT = ('echo "start $IRISFED_JOB_ID $IRISFED_EPOCH $$ $PWD $(cat ' + WORKSPACE_TOKEN +
-              ' 2>/dev/null || echo -)" >> "$3"; sleep "$1"; '
-              'echo "end $IRISFED_JOB_ID $IRISFED_EPOCH $$" >> "$3"; exit "$2"')
+              ' 2>/dev/null || echo -)" >> "$3"; echo "out $IRISFED_JOB_ID $IRISFED_EPOCH"; sleep "$1"; '
+              'echo "end $IRISFED_JOB_ID $IRISFED_EPOCH $$" >> "$3"; echo "done $IRISFED_JOB_ID $IRISFED_EPOCH"; '
+              'exit "$2"')
 WORKSPACE_P = 0.25  # of jobs run in their user's workspace (docs/design.md §3.5)
 
 # Constraints only that peer satisfies (home has none: its work is LOCAL, placed by the router).

@@ -20,9 +20,12 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
 - One poller task, started on the first launch or adoption and ended when nothing
   is left to follow (or by ``close``), asks ``list_jobs`` once per interval for all
   runs together, never once per run. ``engine_calls`` counts every call by name.
-- A run ended: ``wait`` writes its logs (``get_job_logs``: stdout and stderr
-  interleaved, among a few lines of Ray's own) to ``<run dir>/stdout`` and returns
-  its exit code, or raises ``RunLost`` when Ray failed it before its command ended
+- While a run runs, its log follows the Jobs API's tail (``tail_job_logs``, a
+  websocket) into ``<run dir>/stdout``, which the agent ships (docs/design.md §3.6).
+  A run ended: ``wait`` adds what the tail had not brought of its logs
+  (``get_job_logs``: stdout and stderr interleaved, among a few lines of Ray's own;
+  the log only grows, so the file's characters are its start) and returns its exit
+  code, or raises ``RunLost`` when Ray failed it before its command ended
   or the head no longer lists it (a restarted head forgets every job).
 - Kill is ``stop_job``; Ray ignores it while the job is PENDING (the command
   would start once resources free up), so the poller asks again at every poll
@@ -201,11 +204,30 @@ def _recorded_nonce(run_dir: Path) -> str | None:
         return "" if run_dir.is_dir() else None
 
 
+def _text_length(path: Path) -> int:
+    """How many characters of a job's log ``path`` holds (0: none)."""
+    try:
+        return len(path.read_bytes().decode("utf-8", "replace"))
+    except OSError:
+        return 0
+
+
+def _append(path: Path, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(text)
+
+
 def _write_outputs(run_dir: Path, stdout: str, stderr: str,
-                   tasks: dict[int, tuple[str, str]] | None = None) -> None:
-    """The run's ``stdout``/``stderr``, and each gang task's in ``task-<i>/``."""
+                   tasks: dict[int, tuple[str, str]] | None = None, tailed: bool = False) -> None:
+    """The run's ``stdout``/``stderr``, and each gang task's in ``task-<i>/``. ``tailed``:
+    ``stdout`` already holds the start of the log (followed while it ran): only the rest
+    is added (the log only grows), so what was shipped stays as it is."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "stdout").write_text(stdout)
+    have = _text_length(run_dir / "stdout") if tailed else 0
+    if tailed and len(stdout) >= have:
+        _append(run_dir / "stdout", stdout[have:])
+    else:
+        (run_dir / "stdout").write_text(stdout)
     (run_dir / "stderr").write_text(stderr)
     for index, (task_out, task_err) in (tasks or {}).items():
         task_dir = run_dir / f"task-{index}"
@@ -231,6 +253,7 @@ class _RayRun:
         self.forgotten = False  # the head no longer has the job (nor its logs)
         self._result: tuple[str, int] | None = None  # (why lost, exit code), settled once
         self._settling = asyncio.Lock()
+        self._tail: asyncio.Task | None = None  # follows the log into stdout while it runs
 
     def end(self, state: text.JobState | None = None, forgotten: str = "") -> None:
         """It ended as ``state`` says, or the head ``forgotten`` it (why)."""
@@ -239,9 +262,15 @@ class _RayRun:
 
     async def wait(self) -> int:
         self.backend.follow(self)
+        if self.tails and self._tail is None and not self.ended.is_set():
+            self._tail = asyncio.ensure_future(self._follow_log())
         await self.ended.wait()
         async with self._settling:
             if self._result is None:
+                if self._tail is not None:
+                    self._tail.cancel()
+                    with contextlib.suppress(BaseException):
+                        await self._tail
                 self._result = await self._settle()
         lost, code = self._result
         if lost:
@@ -258,6 +287,28 @@ class _RayRun:
         await self.backend.stop(self.submission_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ended.wait(), timeout=grace_s)
+
+    tails = True  # its log is followed into stdout while it runs (a gang's comes at its end)
+
+    async def _follow_log(self) -> None:
+        """The Jobs API's log tail into ``stdout`` as the job writes (the agent ships it
+        from there); what the file holds already (an agent before this one followed it)
+        is not written again. Ends when the job does, or is cancelled."""
+        path = Path(self.log_dir) / "stdout"
+        try:
+            client = await self.backend._connect()
+            skip = await asyncio.to_thread(_text_length, path)
+            self.backend.engine_calls["tail_job_logs"] += 1
+            async for chunk in client.tail_job_logs(self.submission_id):
+                if skip >= len(chunk):
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+                await asyncio.to_thread(_append, path, chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the log comes whole at the end all the same
+            log.info("ray_log_tail_ended", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
 
     def outcome(self, logs: str | None) -> int:
         """The exit code of the ended job (``logs``: its log, None when unreadable);
@@ -289,7 +340,7 @@ class _RayRun:
         stderr = (f"irisfed: run lost: {lost}\n" if lost else "") + problem
         try:
             await asyncio.to_thread(_write_outputs, Path(self.log_dir), logs or "", stderr,
-                                    self.task_outputs(logs or ""))
+                                    self.task_outputs(logs or ""), self.tails)
         except OSError as exc:
             log.warning("ray_logs_not_written", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
         return lost, code
@@ -300,6 +351,8 @@ class _RayGang(_RayRun):
     ``started`` is set once the driver's log says every task runs (the poller reads
     the log of a RUNNING gang until it does); the outcome, each task's state, node and
     exit code, and each task's output come from the log once the job ended."""
+
+    tails = False  # its tasks' output is split out of the driver's log at the end
 
     def __init__(self, backend: RayBackend, submission_id: str, job_id: str, epoch: int, replicas: int,
                  start_timeout_s: float, submitted_at: float) -> None:
