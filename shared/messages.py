@@ -23,6 +23,7 @@ from irisfed.shared.bands import BANDS, DEFAULT_BAND, DEFAULT_MAX_PREEMPTIONS, M
 from irisfed.shared.constraints import Constraint, ConstraintError, ConstraintOp
 from irisfed.shared.errors import InvalidRequest
 from irisfed.shared.lifecycle import CancelOutcome
+from irisfed.shared.plain import plain
 from irisfed.shared.resources import MAX_RESOURCES, Resources, as_resources
 from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
@@ -471,7 +472,7 @@ def decode_request(kind: type[_T], data: bytes) -> _T:
     try:
         request = _strict_decoders[kind].decode(data)
     except (msgspec.DecodeError, ConstraintError) as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise InvalidRequest(plain(str(exc))) from None
     # Postgres text cannot hold NUL; refused here, it can never fail a whole batch.
     # (JSON can only carry it escaped, so the byte scan is exact unless it hits.)
     if b"\\u0000" in data and _holds_nul(msgspec.to_builtins(request)):

@@ -191,6 +191,10 @@ class JobSummary(Row, frozen=True, array_like=True):
     user_id: str = "default"
     band: int = 1  # its band's rank (shared.bands)
     preemptions: int = 0  # times preempted
+    resources: dict[str, Any] | None = None  # what each task asked (normalised)
+    replicas: int = 1
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class SubmittedJob(Row, frozen=True, array_like=True):

@@ -321,11 +321,23 @@ def shortfalls(units: Iterable[tuple[str, int]], available: Mapping[str, int], b
 
 
 def describe_shortfalls(short: Iterable[Shortfall], limit_word: str) -> str:
-    """``gpu: asked 8, at most 4; memory_mb: asked …`` (``limit_word``: "at most" or "free")."""
+    """``gpu: asked 8, at most 4; memory: asked 8.0 GiB, …`` (``limit_word``: "at most" or "free")."""
+    def said(s: Shortfall) -> tuple[str, str, str]:
+        return resource_label(s.resource), amount_text(s.resource, s.asked), amount_text(s.resource, s.available)
     if limit_word == "free":
-        return "; ".join(f"{s.resource}: asked {fmt_amount(s.asked)}, {fmt_amount(s.available)} free" for s in short)
-    return "; ".join(f"{s.resource}: asked {fmt_amount(s.asked)}, {limit_word} {fmt_amount(s.available)}"
-                     for s in short)
+        return "; ".join(f"{name}: asked {asked}, {left} free" for name, asked, left in map(said, short))
+    return "; ".join(f"{name}: asked {asked}, {limit_word} {left}" for name, asked, left in map(said, short))
+
+
+def amount_text(name: str, amount: int | float) -> str:
+    """An amount of resource ``name`` as people read it: memory in MiB/GiB, the rest
+    as numbers (``fmt_amount``); raw numbers stay in JSON and the API."""
+    return size_text(round(amount * 2**20)) if name == MEMORY_MB and amount else fmt_amount(amount)
+
+
+def resource_label(name: str) -> str:
+    """What a resource is called where people read it (``memory_mb`` → ``memory``)."""
+    return "memory" if name == MEMORY_MB else name
 
 
 def size_text(size: int) -> str:

@@ -210,6 +210,11 @@ def over_whole_quota(user: UserConfig, units: Iterable[tuple[str, int]], tasks: 
 # ---------------------------------------------------------------- fair share
 
 
+def share_text(share: float) -> str:
+    """A weighted dominant share as people read it, everywhere: ``25.0%``."""
+    return f"{share * 100:.1f}%"
+
+
 def dominant_share(held: Mapping[str, int], totals: Mapping[str, int], weight: float) -> float:
     """The largest fraction of any federation total that ``held`` takes, divided by ``weight``."""
     share = 0.0

@@ -207,21 +207,22 @@ def _watch(args: argparse.Namespace, shown: str) -> int:
 
         with contextlib.suppress(Exception):  # a user may not hear events: it reads every second
             await nc.subscribe(subjects(args).events(job_id), cb=on_event)
-        last = None
+        seen = 0  # the changelog's seq printed last: each change once, at its own time
         try:
             deadline = time.monotonic() + args.timeout if args.timeout else None
             while True:
-                job = await store.job_get(job_id)
+                history = await store.changelog_list_for_job(job_id)
+                job = await store.job_get(job_id)  # after the history: at least as new
                 if job is None:
                     raise IrisfedError(f"no job {shown!r}")
-                line = (job.state, job.owner_peer_id, job.epoch)
-                if line != last:
-                    owner = f" on {job.owner_peer_id}" if job.owner_peer_id else ""
-                    code = f" exit={job.exit_code}" if job.exit_code is not None else ""
-                    print(printable(f"{time.strftime('%H:%M:%S')} {shown}: {job.state}{owner} "
-                                    f"epoch={job.epoch}{code} {job.reason}"), flush=True)
-                    last = line
-                if job.state in TERMINAL_STATES:
+                for entry in (e for e in history if e.seq > seen):
+                    seen = entry.seq
+                    owner = f" on {entry.peer_id}" if entry.peer_id else ""
+                    code = (f" exit={job.exit_code}" if job.exit_code is not None and entry.to_state == job.state
+                            and entry.to_state in TERMINAL_STATES else "")
+                    print(printable(f"{entry.at.astimezone().strftime('%H:%M:%S')} {shown}: {entry.to_state}{owner} "
+                                    f"epoch={entry.epoch}{code} {entry.detail}"), flush=True)
+                if job.state in TERMINAL_STATES and (not history or history[-1].to_state in TERMINAL_STATES):
                     return job.state
                 if deadline and time.monotonic() > deadline:
                     raise IrisfedError(f"timed out waiting for {job_id}")

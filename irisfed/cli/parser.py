@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 from irisfed.services.common.startup import SERVICES, add_server_flags, add_service_parser
 from irisfed.shared.bands import BANDS, DEFAULT_BAND, DEFAULT_MAX_PREEMPTIONS
@@ -52,8 +53,16 @@ def _about_one_job(sub, name: str, help: str) -> None:
     _output_flags(p)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser: a flag given wrongly is one line naming it and what is
+    allowed (argparse's own would print the whole usage first), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="irisfed", description="Federate batch jobs across clusters.")
+    parser = _Parser(prog="irisfed", description="Federate batch jobs across clusters.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="start a whole federation on this machine (the embedded default)")
@@ -96,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the job needs, e.g. cpu=4, memory_mb=16384, gpu=2 (repeatable; default cpu=1)")
     p.add_argument("--pin", help="run only on this peer")
     p.add_argument("--priority", type=int)
-    p.add_argument("--max-retries", type=int)
+    p.add_argument("--max-retries", type=int, metavar="N",
+                   help="how many times an infrastructure failure (a lost peer, a launch error) may start the "
+                        "job again (0-100, default 2); a non-zero exit is the job's own end")
     p.add_argument("--band", choices=BANDS,
                    help=f"priority band (default {DEFAULT_BAND}): the queue is ordered by band first, and a "
                         "waiting job may preempt running jobs of lower bands (never production); at most "
@@ -193,8 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks with same-run baselines (a table, and JSON with --out)")
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,workspaces,engines,"
-                                      "web,ha (default: all; --quick leaves out engines and ha unless named)")
+    p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,workspaces,logs,"
+                                      "engines,web,ha (default: all; --quick leaves out engines and ha unless named)")
     p.add_argument("--report", metavar="FILE",
                    help="run nothing: print a results file (--out's JSON, e.g. bench/results/*.json) as the "
                         "README's Markdown table")

@@ -30,11 +30,26 @@ from rich.text import Text
 from irisfed.shared.bands import DEFAULT_MAX_PREEMPTIONS, band_name
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.federation.peer import FederationPeer
-from irisfed.shared.lifecycle import JobState
+from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.messages import DryRunReply
 from irisfed.shared.records import ChangelogEntry, JobRow, JobSummary, PeerHeartbeatRow
-from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units, size_text
-from irisfed.shared.users import DEFAULT_USER, QUOTA, UserTable, describe_usage, dominant_share
+from irisfed.shared.resources import (
+    SLOTS,
+    amount_text,
+    fmt_amount,
+    from_units,
+    offer_units,
+    resource_label,
+    size_text,
+)
+from irisfed.shared.users import (
+    DEFAULT_USER,
+    QUOTA,
+    UserTable,
+    describe_usage,
+    dominant_share,
+    share_text,
+)
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow", JobState.ASSIGNED: "cyan", JobState.RUNNING: "blue", JobState.SUCCEEDED: "green",
@@ -181,13 +196,45 @@ def _ago(when: datetime | None) -> str:
     return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
 
 
+def resources_text(resources: Mapping[str, Any] | None, replicas: int = 1) -> str:
+    """``cpu 4, gpu 2, memory 64.0 GiB`` (a gang's: ``4 × …``, each task's)."""
+    if not isinstance(resources, Mapping) or not resources:
+        return "-"
+    each = ", ".join(f"{resource_label(name)} {amount_text(name, amount)}" for name, amount in sorted(resources.items())
+                     if isinstance(amount, (int, float)) and not isinstance(amount, bool))
+    return f"{replicas} × {each}" if replicas > 1 else each or "-"
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``3m04s``, ``2h01m``, ``3d04h``."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def ran_text(started: datetime | None, finished: datetime | None, now: datetime | None = None) -> str:
+    """How long its newest run ran (so far, while it runs); ``-`` when it did not run."""
+    if started is None:
+        return "-"
+    return duration_text(((finished or now or datetime.now(UTC)) - started).total_seconds())
+
+
 def jobs_grid(rows: Sequence[JobSummary], title: str = "jobs") -> Grid:
-    grid = Grid(title, ("job", "user", "state", "band", "peer", "epoch", "exit", "submitted", "command", "reason"))
+    grid = Grid(title, ("job", "user", "state", "band", "peer", "epoch", "exit", "resources", "ran", "submitted",
+                        "command", "reason"))
     for row in rows:
+        ended = row.finished_at if row.state in TERMINAL_STATES else None
         grid.add(lit(row.job_id), lit(row.user_id), _state(row.state), lit(band_name(row.band)),
                  lit(row.owner_peer_id or row.pinned_peer_id or "-"),
                  str(row.epoch), "-" if row.exit_code is None else str(row.exit_code),
-                 _ago(row.submitted_at), lit(" ".join(row.command or [])), lit(row.reason or "-"))
+                 lit(resources_text(row.resources, row.replicas)),
+                 ran_text(row.started_at, ended) if row.started_at and (ended or row.state == JobState.RUNNING)
+                 else "-", _ago(row.submitted_at), lit(" ".join(row.command or [])), lit(row.reason or "-"))
     return grid
 
 
@@ -198,8 +245,10 @@ def job_json(row: JobRow | JobSummary) -> dict[str, Any]:
     return doc
 
 
-def jobs_table(rows: Sequence[JobSummary], title: str = "jobs") -> Table:
-    return Out()._rich(jobs_grid(rows, title), fit=False)
+def jobs_table(rows: Sequence[JobSummary], title: str = "jobs", width: int | None = None) -> Table:
+    """``rows`` fitted to ``width`` columns (the terminal's): short columns and ids whole,
+    long text (command, reason) cut with … (``top``)."""
+    return Out(console_=Console(width=width) if width else None)._rich(jobs_grid(rows, title), fit=True)
 
 
 def backend_resources(backends: Sequence[dict]) -> str:
@@ -213,7 +262,8 @@ def backend_resources(backends: Sequence[dict]) -> str:
         raw = b.get("resources") or {}
         offered = offer_units({name: (v.get("total"), v.get("free")) for name, v in raw.items() if isinstance(v, dict)}
                               if isinstance(raw, dict) else {})
-        amounts = ", ".join(f"{name} {fmt_amount(from_units(name, free))}/{fmt_amount(from_units(name, total))}"
+        amounts = ", ".join(f"{resource_label(name)} {amount_text(name, from_units(name, free))}/"
+                            f"{amount_text(name, from_units(name, total))}"
                             for name, (total, free) in sorted(offered.items()))
         parts.append(f"{b['name']}: {amounts or '-'}" if len(backends) > 1 else amounts or "-")
     return "; ".join(parts) or "-"
@@ -238,8 +288,9 @@ def peers_grid(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None
     return grid
 
 
-def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None) -> Table:
-    return Out()._rich(peers_grid(rows, config), fit=False)
+def peers_table(rows: Sequence[PeerHeartbeatRow], config: FederationConfig | None = None,
+                width: int | None = None) -> Table:
+    return Out(console_=Console(width=width) if width else None)._rich(peers_grid(rows, config), fit=True)
 
 
 def outputs_grid(outputs: Sequence[Any], title: str = "outputs") -> Grid:
@@ -269,6 +320,12 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
              f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}")
     out.line("  band        ", lit(band_name(job.band)),
              f"   preemptions {job.preemptions} (at most ", lit(max_preemptions(spec)), ")")
+    asked = spec.get("resources") or {"cpu": 1}
+    ended = job.state in TERMINAL_STATES
+    ran = (ran_text(job.started_at, job.finished_at if ended else None)
+           if job.started_at and (ended or job.state == JobState.RUNNING) else "-")
+    out.line("  resources   ", lit(resources_text(asked if isinstance(asked, dict) else None, job.replicas)),
+             "   ran ", ran)
     out.line("  exit code   ", "-" if job.exit_code is None else str(job.exit_code))
     out.line("  reason      ", lit(job.reason or "-"))
     stopping_line(job, out)
@@ -359,8 +416,9 @@ def preempted_for(row: ChangelogEntry) -> list[str]:
     return [victim.strip() for victim in detail[len(PLACED_PREEMPTING):].split(",") if victim.strip()]
 
 
-async def dashboard(store, config: FederationConfig | None, header: str | Text):
-    """One frame of the live view: peers, jobs by state, recent jobs.
+async def dashboard(store, config: FederationConfig | None, header: str | Text, width: int | None = None):
+    """One frame of the live view: peers, jobs by state, recent jobs, fitted to ``width``
+    (default: the terminal's).
 
     ``header`` is ours (a str is read as markup); everything else is shown literally.
     """
@@ -369,7 +427,8 @@ async def dashboard(store, config: FederationConfig | None, header: str | Text):
     peers = await store.peer_heartbeat_list()
     counts = await store.job_count_by_state()
     recent = await store.job_list(None, 10)
-    return Group(header, peers_table(peers, config), lit(counts_line(counts)), jobs_table(recent, title="recent jobs"))
+    return Group(header, peers_table(peers, config, width), lit(counts_line(counts)),
+                 jobs_table(recent, title="recent jobs", width=width))
 
 
 def counts_line(counts: dict[str, int]) -> str:
@@ -439,7 +498,8 @@ def print_dry_run(reply: DryRunReply, out: Out | None = None) -> None:
 
     out = out or Out()
     out.line(Text(DRY_RUN_NOTICE, "bold"))
-    out.line(lit(reply.job_id, "bold"), ": ", lit(reply.disposition), " → ", _state(reply.state),
+    named = lit(reply.job_id, "bold") if reply.job_id else Text("the job (no --id: submitted, it gets one)", "bold")
+    out.line(named, ": ", lit(reply.disposition), " → ", _state(reply.state),
              "  (band ", lit(reply.band), ")",
              "  (duplicate: that id already names this job; its original answer)" if reply.duplicate else "")
     out.line("  reason          ", lit(reply.reason or "-"))
@@ -530,7 +590,7 @@ def user_lines(config: FederationConfig | None, held: Mapping[str, Mapping[str, 
 
 
 def _units(name: str, units: int) -> str:
-    return fmt_amount(units if name == SLOTS else from_units(name, units))
+    return fmt_amount(units) if name == SLOTS else amount_text(name, from_units(name, units))
 
 
 def usage_cell(line: UserLine) -> str:
@@ -540,16 +600,16 @@ def usage_cell(line: UserLine) -> str:
     held = {name: units for name, units in line.held.items() if units and (name != SLOTS or name in quota)}
     names = sorted(quota) + sorted(set(held) - set(quota))
     if line.quota is None:
-        return ", ".join(f"{name} {_units(name, held[name])}" for name in names) or "-"
-    parts = [f"{name} {_units(name, held.get(name, 0))}/{_units(name, quota[name]) if name in quota else '-'}"
-             for name in names]
+        return ", ".join(f"{resource_label(name)} {_units(name, held[name])}" for name in names) or "-"
+    parts = [f"{resource_label(name)} {_units(name, held.get(name, 0))}/"
+             f"{_units(name, quota[name]) if name in quota else '-'}" for name in names]
     return ", ".join(parts) or "-"
 
 
 def totals_text(totals: Mapping[str, int]) -> str:
     """``slots 16, cpu 64, gpu 8``: what shares are shares of."""
     names = ([SLOTS] if SLOTS in totals else []) + sorted(set(totals) - {SLOTS})
-    return ", ".join(f"{name} {_units(name, totals[name])}" for name in names) or "nothing advertised"
+    return ", ".join(f"{resource_label(name)} {_units(name, totals[name])}" for name in names) or "nothing advertised"
 
 
 def users_grid(lines: Sequence[UserLine], totals: Mapping[str, int] | None = None) -> Grid:
@@ -557,7 +617,7 @@ def users_grid(lines: Sequence[UserLine], totals: Mapping[str, int] | None = Non
     grid = Grid(title, ("user", "usage/quota", "weight", "share", "queued", "running", "max_band"))
     for line in lines:
         grid.add(lit(line.user_id, "" if line.configured else "dim"), lit(usage_cell(line)),
-                 "-" if line.weight is None else f"{line.weight:g}", f"{line.share:.3f}",
+                 "-" if line.weight is None else f"{line.weight:g}", share_text(line.share),
                  str(line.queued), str(line.running), lit(line.max_band or "-"))
     return grid
 

@@ -26,8 +26,15 @@ from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.records import ChangelogEntry
 from irisfed.shared.redact import redact
-from irisfed.shared.resources import SLOTS, fmt_amount, from_units, offer_units
-from irisfed.shared.users import UserConfig, dominant_share
+from irisfed.shared.resources import (
+    SLOTS,
+    amount_text,
+    fmt_amount,
+    from_units,
+    offer_units,
+    resource_label,
+)
+from irisfed.shared.users import UserConfig, dominant_share, share_text
 
 # What a job's URL keeps as it is: every character of a stored job id (``alice:train-1``;
 # its ':' is safe in a path that starts with "/").
@@ -112,6 +119,10 @@ class Bar:
     total: str
     step: int
 
+    @property
+    def label(self) -> str:
+        return resource_label(self.name)
+
 
 @dataclass(frozen=True)
 class BackendCard:
@@ -143,8 +154,8 @@ def resource_bars(resources: Mapping[str, Any]) -> list[Bar]:
     bars = []
     for name, (total, free) in sorted(offer_units(resources).items()):
         used = total - free
-        bars.append(Bar(name, fmt_amount(from_units(name, used)), fmt_amount(from_units(name, free)),
-                        fmt_amount(from_units(name, total)), bar_step(used, total)))
+        bars.append(Bar(name, amount_text(name, from_units(name, used)), amount_text(name, from_units(name, free)),
+                        amount_text(name, from_units(name, total)), bar_step(used, total)))
     return bars
 
 
@@ -177,7 +188,7 @@ def _units_amount(name: str, units: int) -> int | float:
 
 def amounts(units: Mapping[str, int]) -> list[tuple[str, str]]:
     """Units by resource → (name, amount in its own unit), slots first, then by name."""
-    return [(name, fmt_amount(_units_amount(name, units[name])))
+    return [(resource_label(name), fmt_amount(units[name]) if name == SLOTS else amount_text(name, _units_amount(name, units[name])))
             for name in sorted(units, key=lambda name: (name != SLOTS, name))]
 
 
@@ -195,9 +206,15 @@ class Use:
         return self.quota is not None and self.held >= self.quota
 
     @property
+    def label(self) -> str:
+        return resource_label(self.name)
+
+    @property
     def shown(self) -> str:
-        """``2 / 2``, ``3 / —`` (no cap)."""
-        return f"{fmt_amount(self.held)} / {'—' if self.quota is None else fmt_amount(self.quota)}"
+        """``2 / 2``, ``3 / —`` (no cap); memory in MiB/GiB."""
+        def text(amount: int | float) -> str:
+            return fmt_amount(amount) if self.name == SLOTS else amount_text(self.name, amount)
+        return f"{text(self.held)} / {'—' if self.quota is None else text(self.quota)}"
 
 
 @dataclass(frozen=True)
@@ -224,7 +241,7 @@ class UserRow:
 
     @property
     def share_text(self) -> str:
-        return f"{self.share * 100:.1f}%"
+        return share_text(self.share)
 
 
 def _count(counts: Mapping[str, Any], state: str) -> int:

@@ -81,7 +81,7 @@ SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs
 -- One listing row per job (its key): a second one, forged, is refused.
 SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
        j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command,
-       j.user_id, j.band, j.preemptions
+       j.user_id, j.band, j.preemptions, j.resources, j.replicas, j.started_at, j.finished_at
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $1;
@@ -89,7 +89,8 @@ LIMIT $1;
 -- job_list_by_state --
 -- job_list for one state ($1): a range of jobs_by_state_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
-       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions,
+       resources, replicas, started_at, finished_at
 FROM jobs
 WHERE state = $1
 ORDER BY submitted_at DESC, job_id DESC
@@ -98,7 +99,8 @@ LIMIT $2;
 -- job_list_by_user --
 -- job_list for one user ($1), optionally one state ($2): a range of jobs_by_user_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
-       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions
+       submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions,
+       resources, replicas, started_at, finished_at
 FROM jobs
 WHERE user_id = $1 AND ($2::text IS NULL OR state = $2)
 ORDER BY submitted_at DESC, job_id DESC

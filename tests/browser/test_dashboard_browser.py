@@ -124,7 +124,7 @@ async def test_peers_and_capacity_show_and_a_job_moves_live_on_the_jobs_and_job_
     await expect(west.locator('[data-resource="gpu"]')).to_contain_text("0 used, 2 free of 2")
     await expect(west.locator('[data-resource="cpu"]')).to_contain_text("free of 16")
     await expect(west.locator('[data-resource="slots"]')).to_contain_text("free of 2")
-    await expect(home.locator('[data-resource="memory_mb"]')).to_contain_text("free of 8192")
+    await expect(home.locator('[data-resource="memory_mb"]')).to_contain_text("free of 8.0 GiB")
     await expect(home.locator('[data-resource="gpu"]')).to_have_count(0)
     await expect(east).to_contain_text("no heartbeat yet")
 
@@ -202,6 +202,11 @@ async def test_filters_and_pages_return_the_right_rows_newest_first(dashboard: D
         "succeeded"}
     await expect(page.get_by_test_id("filter-state")).to_have_value("succeeded")
     await expect(page.get_by_test_id("next-page")).to_have_count(0)
+    await page.set_viewport_size({"width": 1400, "height": 900})  # a laptop: short words never break
+    lines = await page.locator('[data-testid="job-state"] .state, [data-testid="job-band"]').evaluate_all(
+        "cells => cells.map(c => { const r = document.createRange(); r.selectNodeContents(c);"
+        " return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size; })")
+    assert lines and set(lines) == {1}, lines
 
     await show(page, state="queued")
     ids, times, pages = await all_pages(page)

@@ -108,7 +108,7 @@ async def test_the_users_view_shows_usage_against_quotas_follows_live_and_shows_
     await expect(rows).to_have_count(5)
     assert await rows.evaluate_all("rs => rs.map(r => r.dataset.userId)") == sorted(
         [ATTRIBUTE, SCRIPT, "alice", "bob", "carol"])
-    await expect(users.get_by_test_id("federation-totals")).to_contain_text("slots 4, cpu 20, gpu 2, memory_mb 73728")
+    await expect(users.get_by_test_id("federation-totals")).to_contain_text("slots 4, cpu 20, gpu 2, memory 72.0 GiB")
 
     alice = row(users, "alice")
     await expect(alice.locator("[data-resource=gpu] [data-testid=user-usage-amount]")).to_have_text("1 / 1")

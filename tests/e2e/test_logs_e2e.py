@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 
@@ -138,6 +139,9 @@ async def test_a_user_reads_its_own_jobs_with_only_its_nats_credentials(federati
     assert "bob" not in {u["user_id"] for u in users if u["queued"] or u["running"]}
     watched = as_alice("watch", "train-3")
     assert watched.returncode == 0 and b"train-3: succeeded" in watched.stdout, watched.stderr
+    # Each change once, at the time it happened (not when watch read it).
+    assert [line.split()[0] for line in watched.stdout.decode().splitlines()] == [
+        datetime.fromisoformat(c["at"]).astimezone().strftime("%H:%M:%S") for c in detail["changelog"]]
     nothing = as_alice("outputs", "train-3")
     assert nothing.returncode == 1 and b"has no outputs" in nothing.stderr
 

@@ -34,8 +34,10 @@ def job_row(command: list[str] | None = None, **overrides: Any) -> JobRow:
 def job_summary(command: list[str] | None = None, **overrides: Any) -> JobSummary:
     """A ``job_list`` row: the same job as :func:`job_row` with the same overrides."""
     job = job_row(command, **{k: v for k, v in overrides.items() if k in JobRow.__struct_fields__})
-    return JobSummary(**{name: job.spec["command"] if name == "command" else getattr(job, name)
-                         for name in JobSummary.__struct_fields__})
+    fields = {name: job.spec["command"] if name == "command" else getattr(job, name)
+              for name in JobSummary.__struct_fields__ if name == "command" or name in JobRow.__struct_fields__}
+    fields.update({k: v for k, v in overrides.items() if k in JobSummary.__struct_fields__})
+    return JobSummary(**fields)
 
 
 def changelog_entry(**overrides: Any) -> ChangelogEntry:

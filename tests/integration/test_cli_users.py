@@ -120,8 +120,8 @@ def test_users_shows_usage_against_quota_weight_share_and_counts(cli):
     code, out, _ = cli("users", "-o", "tsv")
     lines = out.splitlines()
     assert lines[0] == "user\tusage/quota\tweight\tshare\tqueued\trunning\tmax_band"
-    assert lines[1] == "alice\tgpu 2/2, cpu 3/-\t2\t0.250\t1\t2\tinteractive"
-    assert lines[2] == "bob\tcpu 0/8, slots 0/3\t1\t0.000\t0\t0\tbatch"
+    assert lines[1] == "alice\tgpu 2/2, cpu 3/-\t2\t25.0%\t1\t2\tinteractive"
+    assert lines[2] == "bob\tcpu 0/8, slots 0/3\t1\t0.0%\t0\t0\tbatch"
 
 
 def test_users_without_a_configuration_lists_users_with_jobs(cli):
@@ -134,7 +134,7 @@ def test_users_without_a_configuration_lists_users_with_jobs(cli):
     # cpu 3 of 16, slots 2 of 110.
     assert users["alice"]["share"] == pytest.approx(3 / 16)
     code, out, _ = cli("users", config=False)
-    assert out.splitlines()[1].split() == ["alice", "cpu", "3,", "gpu", "2", "-", "0.188", "1", "2", "-"]
+    assert out.splitlines()[1].split() == ["alice", "cpu", "3,", "gpu", "2", "-", "18.8%", "1", "2", "-"]
 
 
 def test_jobs_filters_by_user_and_shows_each_jobs_user(cli):

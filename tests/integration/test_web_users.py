@@ -151,7 +151,7 @@ async def test_a_job_page_names_who_asked_for_its_cancel_and_a_quota_wait(pool, 
 
 async def test_the_users_page_shows_usage_against_quotas_weights_and_shares(pool, nats_client, subject_prefix):
     store = Store(pool)
-    # What the federation advertises: slots 12, cpu 20, gpu 4, memory_mb 65536.
+    # What the federation advertises: slots 12, cpu 20, gpu 4, memory 64.0 GiB.
     await advertise_backends(store, "gpu-west", 8, {"cpu": 16, "gpu": 4, "memory_mb": 65536})
     await advertise_backends(store, "home", 4, {"cpu": 4})
     alice_live = [user_job("alice", f"gpu-{i}", resources={"gpu": 1, "cpu": 1.5}) for i in range(2)]
@@ -200,7 +200,7 @@ async def test_the_users_page_shows_usage_against_quotas_weights_and_shares(pool
         assert 'data-testid="user-unconfigured"' in dave and 'data-share="0.250000"' in dave and "1 / —" in dave
         default = user_row(html, "default")  # slots 1 of 12 is its dominant share
         assert 'data-share="0.083333"' in default and 'data-testid="user-unconfigured"' in default
-        assert "slots 12, cpu 20, gpu 4, memory_mb 65536" in html
+        assert "slots 12, cpu 20, gpu 4, memory 64.0 GiB" in html
 
         fragment = await client.get("/users", headers={"HX-Request": "true"})
         assert fragment.status_code == 200 and "<html" not in fragment.text

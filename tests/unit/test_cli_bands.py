@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -466,3 +467,11 @@ def test_a_gangs_tasks_show_in_irisfed_job_with_hostile_node_names_inert(mode):
     assert_safe(shown, mode)
     waiting = capture(mode, lambda out: views.print_job(msgspec.structs.replace(gang, state=JobState.QUEUED), [], out))
     assert "(none started yet)" in waiting
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_dry_run_without_an_id_names_the_job_in_words(mode):
+    reply = DryRunReply(job_id="", disposition="queue", state="queued", peer_id="", reason="")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", capture(mode, lambda out: views.print_dry_run(reply, out)))
+    line = next(line for line in text.splitlines() if "queue → queued" in line)
+    assert not line.lstrip().startswith(":") and "the job (no --id" in line

@@ -142,11 +142,11 @@ def test_users_in_plain_and_tsv(capsys):
     plain = capsys.readouterr().out.splitlines()
     assert plain[0].split() == ["USER", "USAGE/QUOTA", "WEIGHT", "SHARE", "QUEUED", "RUNNING", "MAX_BAND"]
     assert plain[1].split("  ")[0] == "alice" and "gpu 2/2, slots 2/4, cpu 3/-" in plain[1]
-    assert plain[1].split()[-5:] == ["2", "0.250", "3", "2", "interactive"]
+    assert plain[1].split()[-5:] == ["2", "25.0%", "3", "2", "interactive"]
     views.Out("tsv").grid(views.users_grid(lines, TOTALS))
     tsv = capsys.readouterr().out.splitlines()
     assert tsv[0] == "user\tusage/quota\tweight\tshare\tqueued\trunning\tmax_band"
-    assert tsv[2] == "bob\tcpu 0/8\t1\t0.000\t0\t0\tbatch"
+    assert tsv[2] == "bob\tcpu 0/8\t1\t0.0%\t0\t0\tbatch"
 
 
 def test_a_terminal_table_says_what_shares_are_of_and_keeps_numbers_whole():
@@ -155,7 +155,7 @@ def test_a_terminal_table_says_what_shares_are_of_and_keeps_numbers_whole():
     views.Out("table", console_=console).grid(views.users_grid(lines, TOTALS))
     text = console.export_text()
     assert "users (shares of slots 10, cpu 16, gpu 4)" in text
-    assert "0.250" in text and "interactive" in text and "running" in text
+    assert "25.0%" in text and "interactive" in text and "running" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
@@ -326,4 +326,4 @@ def test_the_users_command_reads_usage_counts_and_heartbeats(monkeypatch, capsys
     assert [(u["user_id"], u["share"]) for u in doc] == [("alice", 0.25), ("bob", 0.0), ("carol", 0.1),
                                                          ("dave", 0.0), ("default", 0.0)]
     assert reads.cmd_users(argparse.Namespace(output="tsv", json=False, wide=False)) == 0
-    assert capsys.readouterr().out.splitlines()[1] == "alice\tgpu 2/2, slots 2/4, cpu 3/-\t2\t0.250\t3\t2\tinteractive"
+    assert capsys.readouterr().out.splitlines()[1] == "alice\tgpu 2/2, slots 2/4, cpu 3/-\t2\t25.0%\t3\t2\tinteractive"

@@ -268,7 +268,7 @@ def test_a_discovering_backends_hostile_name_is_shown_literally_by_irisfed_peers
     backends = [{"name": HOSTILE_NAME, "attributes": {}, "capacity": {"total": 8, "free": 8}, "discovering": True},
                 {"name": "main", "attributes": {}, "capacity": {"total": 1, "free": 1}}]
     out = Console(file=io.StringIO(), width=500, force_terminal=True, color_system="truecolor")
-    out.print(views.peers_table([rows.peer_heartbeat_row(peer_id="gpu-west", backends=backends)]))
+    out.print(views.peers_table([rows.peer_heartbeat_row(peer_id="gpu-west", backends=backends)], width=500))
     shown = out.file.getvalue()
     assert "[bold]x[/]:smile:" in shown and "😄" not in shown
     assert "\x1b[31mred" not in shown and "\\x1b[31mred" in shown

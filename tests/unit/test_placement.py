@@ -158,7 +158,7 @@ def test_places_only_where_every_resource_fits_and_accounts_within_the_run():
     assert [p.job_id for p in placed] == ["j0", "j1"]
     verdict = waiting[0].verdicts[0]
     assert verdict.code == "no_free_capacity"
-    assert verdict.detail == "matches but is short now: memory_mb: asked 4096, 0 free (backend main)"
+    assert verdict.detail == "matches but is short now: memory: asked 4.0 GiB, 0 free (backend main)"
     assert [tuple(s) for s in verdict.shortfalls] == [("memory_mb", 4096, 0, "main")]
     assert waiting[0].rule == "matching peers are full; waiting for free memory_mb"
 

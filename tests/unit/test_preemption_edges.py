@@ -158,7 +158,7 @@ def test_forged_band_and_preemption_fields_are_invalid_requests(extra):
     with pytest.raises(InvalidRequest) as refused:
         decode_request(SubmitRequest, body)
     field = next(iter(set(extra) - {"dry_run"}), "dry_run")
-    assert f"$.{field}" in str(refused.value), str(refused.value)
+    assert str(refused.value).startswith(f"{field} "), str(refused.value)  # a sentence naming the field
 
 
 def test_the_limits_themselves_are_accepted_and_are_part_of_the_job():

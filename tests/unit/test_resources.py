@@ -58,21 +58,21 @@ def test_other_resources_keep_the_default_cpu_unless_it_is_zeroed():
         ({"": 1}, "'' is not a valid resource name"),
         ({"gp u": 1}, "not a valid resource name"),
         ({"a" * 64: 1}, "not a valid resource name"),
-        ({"a" * 65: 1}, "length <= 64"),
+        ({"a" * 65: 1}, "each key of resources must have at most 64 characters"),
         ({"slots": 1}, "'slots' is reserved"),
         ({"cpu": -1}, "resources.cpu must not be negative"),
         ({"gpu": -0.5}, "resources.gpu must not be negative"),
         ({"cpu": MAX_AMOUNT + 1}, "the most a job may ask is 1000000000"),
         ({"memory_mb": 10**30}, "the most a job may ask"),
-        ({"cpu": "1"}, "Expected `int | float`, got `str`"),
-        ({"cpu": True}, "Expected `int | float`, got `bool`"),
-        ({"cpu": None}, "Expected `int | float`, got `null`"),
-        ({"cpu": [1]}, "Expected `int | float`, got `array`"),
+        ({"cpu": "1"}, "each entry of resources must be a number, not text"),
+        ({"cpu": True}, "each entry of resources must be a number, not true or false"),
+        ({"cpu": None}, "each entry of resources must be a number, not null"),
+        ({"cpu": [1]}, "each entry of resources must be a number, not a list"),
         ({"gpu": 1.5}, "resources.gpu must be a whole number"),
         ({"tpu": 0.5}, "resources.tpu must be a whole number"),
         ({"memory_mb": 1024.5}, "resources.memory_mb must be a whole number"),
         ({"cpu": 0.0001}, "counted to 0.001 of a core"),
-        ({f"r{i}": 1 for i in range(MAX_RESOURCES + 1)}, f"length <= {MAX_RESOURCES}"),
+        ({f"r{i}": 1 for i in range(MAX_RESOURCES + 1)}, f"resources must have at most {MAX_RESOURCES} entries"),
     ],
 )
 def test_bad_resources_are_invalid_requests_naming_the_problem(resources, fragment):
@@ -85,12 +85,12 @@ def test_bad_resources_are_invalid_requests_naming_the_problem(resources, fragme
 @pytest.mark.parametrize("raw", ['"cpu"', "[1]", "1", "null"])
 def test_resources_must_be_an_object(raw):
     body = b'{"command": ["true"], "resources": ' + raw.encode() + b"}"
-    with pytest.raises(InvalidRequest, match="Expected `object`"):
+    with pytest.raises(InvalidRequest, match=r"resources must be an object \(\{\.\.\.\}\), not "):
         decode_request(SubmitRequest, body)
 
 
 @pytest.mark.parametrize(("raw", "fragment"), [("NaN", "malformed"), ("Infinity", "malformed"),
-                                               ("1e400", "Number out of range")])
+                                               ("1e400", "a number out of range")])
 def test_nan_and_infinity_never_decode(raw, fragment):
     body = b'{"command": ["true"], "resources": {"cpu": ' + raw.encode() + b"}}"
     with pytest.raises(InvalidRequest, match=fragment):
@@ -159,3 +159,13 @@ def test_shortfalls_name_resource_asked_and_available():
     assert describe_shortfalls(short, "at most") == "gpu: asked 8, at most 4"
     assert describe_shortfalls(shortfalls((("cpu", 1500),), {"cpu": 500}), "free") == "cpu: asked 1.5, 0.5 free"
     assert fmt_amount(1_000_000_000) == "1000000000" and fmt_amount(0.25) == "0.25"
+
+
+def test_memory_reads_in_mib_and_gib_where_people_read_it():
+    from irisfed.shared.resources import Shortfall, amount_text, describe_shortfalls, resource_label
+
+    assert [amount_text("memory_mb", m) for m in (0, 512, 65536, 2097152, 1536.5)] == [
+        "0", "512.0 MiB", "64.0 GiB", "2,048.0 GiB", "1.5 GiB"]
+    assert amount_text("cpu", 0.5) == "0.5" and amount_text("gpu", 8) == "8"
+    assert resource_label("memory_mb") == "memory" and resource_label("gpu") == "gpu"
+    assert describe_shortfalls([Shortfall("memory_mb", 8192, 4096)], "at most") == "memory: asked 8.0 GiB, at most 4.0 GiB"

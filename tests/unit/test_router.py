@@ -205,7 +205,7 @@ def test_every_short_resource_and_backend_is_named():
     plan = PeerRouter(peers, clock=clock).classify(RoutingRequest(GPU, resources={"cpu": 8, "memory_mb": 8192}))
     assert plan.disposition is SubmitDisposition.REJECT
     # Only backends matching the constraints are measured against the request.
-    assert plan.verdicts[0].detail == "cpu: asked 8, at most 4; memory_mb: asked 8192, at most 4096 (backend gpu)"
+    assert plan.verdicts[0].detail == "cpu: asked 8, at most 4; memory: asked 8.0 GiB, at most 4.0 GiB (backend gpu)"
 
 
 def test_a_backend_lists_everything_it_has():
