@@ -19,7 +19,7 @@ import msgspec
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import LogsReply, LogsRequest
 
-FOLLOW_POLL_S = 0.25  # a followed line shows within a second of its shipping pass
+FOLLOW_POLL_S = 0.15  # a follower asks again this often: a line shows ~0.2 s after it was written
 
 
 async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
@@ -32,7 +32,11 @@ async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
         if reply.done:
             if not follow or JobState(reply.state).is_terminal or first.epoch is not None:
                 return
-            request = await _next_run(ask, first, reply.epoch)
+            # Its output ended before its end was recorded, or the job runs again.
+            following = await _next_run(ask, first, reply.epoch)
+            if following is None:
+                return
+            request = following
             continue
         if not reply.data:
             if not follow:
@@ -44,12 +48,15 @@ async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
 
 
 async def _next_run(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
-                    ended: int) -> LogsRequest:
-    """The request for the job's run after run ``ended`` (waiting until it has one)."""
+                    ended: int) -> LogsRequest | None:
+    """The request for the job's run after run ``ended``, once it has one; None when the
+    job ended with run ``ended`` its last."""
     while True:
         newest = await ask(msgspec.structs.replace(first, seq=0, offset=0, since_s=None))
-        if newest.epoch > ended or JobState(newest.state).is_terminal:
-            return msgspec.structs.replace(first, seq=0, offset=0, since_s=None, epoch=newest.epoch or None)
+        if newest.epoch > ended:
+            return msgspec.structs.replace(first, seq=0, offset=0, since_s=None, epoch=newest.epoch)
+        if JobState(newest.state).is_terminal:
+            return None
         await asyncio.sleep(FOLLOW_POLL_S)
 
 

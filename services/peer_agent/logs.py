@@ -36,6 +36,7 @@ import os
 import re
 import stat
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,11 +154,22 @@ class LogShipper:
                     if subject in self.files:
                         self.files[subject].finishing = True
 
-    async def run(self) -> None:
-        """Pass after pass until cancelled."""
+    async def run(self, before_pass: Callable[[], None] | None = None) -> None:
+        """A pass every ``interval_s`` (from the start of one to the next) until cancelled,
+        ``before_pass()`` first (the agent: follow every run it has now). A pass that
+        fails is logged; the next goes on."""
+        loop = asyncio.get_running_loop()
         while True:
-            await self.ship_pass()
-            await asyncio.sleep(self.interval_s)
+            started = loop.time()
+            try:
+                if before_pass is not None:
+                    before_pass()
+                await self.ship_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - shipping never stops on one error
+                log.error("log_pass_failed", error=repr(exc))
+            await asyncio.sleep(max(0.0, started + self.interval_s - loop.time()))
 
     async def ship_pass(self) -> None:
         await self._ship(list(self.files.values()), drain=False)
@@ -304,6 +316,14 @@ def _read_new(files: list[_File], cap: int) -> list[tuple[bytes | None, int | No
         if not file.resumed:
             out.append((None, None))
             continue
+        if not file.finishing:  # a cheap look first: most files of most passes have nothing new
+            try:
+                seen = os.lstat(file.path)
+                if stat.S_ISREG(seen.st_mode) and seen.st_size == file.offset:
+                    out.append((b"", file.offset))
+                    continue
+            except OSError:
+                pass  # opened below, which says what it is
         try:
             fd = _open_regular(file)
         except FileNotFoundError:

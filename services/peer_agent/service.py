@@ -167,7 +167,7 @@ class PeerAgent(Service):
             max_unpacked_bytes=config.max_workspace_bytes)
         # Each run's output goes into the peer's log stream while it runs (docs/design.md §3.6).
         self.log_shipper = LogShipper(LogStore(nc, self.subjects.prefix, self.peer_id), self.subjects.prefix,
-                                      self.peer_id, config.max_log_bytes,
+                                      self.peer_id, config.max_log_bytes, interval_s=LOG_PASS_S,
                                       marks=settings.work_root / LOG_MARKS_FOLDER / self.peer_id)
 
     # ------------------------------------------------------------ lifecycle
@@ -194,7 +194,7 @@ class PeerAgent(Service):
                                            self.start_wanted.set), name="agent-report")
         self.tasks.spawn(when_woken("start", self._start_noticed, self.start_wanted,
                                     self.settings.reconcile_interval_s), name="agent-start")
-        self.tasks.spawn(forever("ship_logs", self._ship_logs, LOG_PASS_S), name="agent-logs")
+        self.tasks.spawn(self.log_shipper.run(self._follow_runs), name="agent-logs")
         log.info("agent_started", peer_id=self.peer_id, run_id=self.run_id,
                  backends=",".join(f"{s.name}:{s.kind}x{s.slots}" for s in self.settings.backends))
 
@@ -613,12 +613,11 @@ class PeerAgent(Service):
         await self._remove_copies(run)  # fenced, never launched or failing mid-launch too
         self.reports.finished.put_nowait(run)
 
-    async def _ship_logs(self) -> None:
-        """One pass of log shipping over every run started here (adopted ones too)."""
+    def _follow_runs(self) -> None:
+        """Before each shipping pass: every run started here (adopted ones too) is followed."""
         for run in list(self.runs.values()):
             if run.handle is not None and not self.log_shipper.follows(run.job_id, run.epoch):
                 self.log_shipper.follow(run.job_id, run.epoch, run.tasks, self._log_dir(run))
-        await self.log_shipper.ship_pass()
 
     def _log_dir(self, run: Run) -> str | None:
         backend = self.backends.get(run.backend)

@@ -79,3 +79,17 @@ def test_durations():
     for bad in ("", "0", "-3m", "10w", "m"):
         with pytest.raises(ConfigError, match="--since must be a duration like 90s, 30m, 2h or 1d"):
             parse_duration(bad, "--since")
+
+
+async def test_output_ended_before_the_jobs_end_was_recorded_is_not_read_twice():
+    """The agent ships a run's end before it reports the job's: a follower that sees the
+    output done while the job still runs waits for the job's end, and reads nothing again."""
+    answers = [_reply(b"all\n", done=True), _reply(b"all\n", state="running"),
+               _reply(b"all\n", done=True, state="succeeded")]
+    asked: list[LogsRequest] = []
+
+    async def ask(request: LogsRequest) -> LogsReply:
+        asked.append(request)
+        return answers.pop(0)
+    got = [line async for line in lines(read_logs(ask, LogsRequest(job_id="j"), follow=True))]
+    assert got == ["all\n"] and answers == []
