@@ -93,3 +93,28 @@ async def test_output_ended_before_the_jobs_end_was_recorded_is_not_read_twice()
         return answers.pop(0)
     got = [line async for line in lines(read_logs(ask, LogsRequest(job_id="j"), follow=True))]
     assert got == ["all\n"] and answers == []
+
+
+async def test_a_line_without_its_newline_comes_out_in_parts_and_characters_stay_whole():
+    from irisfed.logs import LONGEST_LINE
+
+    progress = ("\r" + "█" * 10) * (LONGEST_LINE // 10)  # a progress bar redrawn, never a newline
+    data = progress.encode()
+    answers = [_reply(data[:7]), _reply(data[7:]), _reply(b"", done=True, state="succeeded")]
+
+    async def ask(request: LogsRequest) -> LogsReply:
+        return answers.pop(0)
+    got = [line async for line in lines(read_logs(ask, LogsRequest(job_id="j"), follow=True))]
+    assert "".join(got) == progress and "\ufffd" not in "".join(got)  # "█" split between answers
+    assert max(len(line) for line in got) <= LONGEST_LINE and len(got) >= 2
+
+
+async def test_following_from_a_time_keeps_to_it_until_something_is_read():
+    answers = [_reply(b"", seq=0), _reply(b"recent\n", seq=9), _reply(b"", done=True, state="succeeded", seq=9)]
+    asked: list[LogsRequest] = []
+
+    async def ask(request: LogsRequest) -> LogsReply:
+        asked.append(request)
+        return answers.pop(0)
+    got = [line async for line in lines(read_logs(ask, LogsRequest(job_id="j", since_s=30), follow=True))]
+    assert got == ["recent\n"] and [r.since_s for r in asked] == [30, 30, None] and asked[2].seq == 9
