@@ -147,7 +147,8 @@ def test_values_argparse_refuses_are_a_usage_error_not_a_traceback(listeners, fl
     db, nats = listeners
     done = _run(COMMANDS["irisfed-web"], flags, db, nats)
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1].startswith(f"irisfed web: error: argument {flags[0]}: ")
+    assert done.stderr.startswith(f"irisfed web: argument {flags[0]}: ")  # one line, no usage dumped first
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith("(see irisfed web --help)\n")
     assert "Traceback" not in done.stderr
     assert (db.accepted, nats.accepted) == (0, 0)
 
