@@ -26,6 +26,7 @@ from nats.js import errors as js_errors
 from irisfed.services.common.objects import (
     _STREAM_NAME_IN_USE,
     MAX_REPLICAS,
+    NATS_AWAY,
     ObjectStoreError,
     StoreMissing,
     StoreUnavailable,
@@ -112,8 +113,7 @@ class LogStore:
             ack = await self._js.publish(subject, data, stream=self.stream, headers=headers)
         except (js_errors.NoStreamResponseError, nats.errors.NoRespondersError) as exc:
             raise StoreMissing(f"log stream {self.stream} is missing (irisfed up creates it)") from exc
-        except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-                nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
+        except NATS_AWAY as exc:
             raise StoreUnavailable(f"shipping to {self.stream} failed: NATS did not answer") from exc
         except nats.errors.Error as exc:
             raise ObjectStoreError(f"shipping to {self.stream} failed: {exc}") from exc

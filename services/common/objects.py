@@ -169,6 +169,11 @@ def _missing_message(name: str) -> str:
             f"in the NATS servers and the buckets created by `irisfed up` (ensure_buckets)")
 
 
+# What a NATS call raises when the server does not answer (now): StoreUnavailable, retried.
+NATS_AWAY = (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
+             nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError)
+
+
 @contextlib.contextmanager
 def _boundary(what: str, bucket_name: str):
     """Translate nats errors raised while doing ``what`` into ObjectStoreError."""
@@ -186,8 +191,7 @@ def _boundary(what: str, bucket_name: str):
         raise ObjectMissing(f"{what} failed: it is not in the object store (bucket {bucket_name})") from exc
     except js_errors.DigestMismatchError as exc:
         raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest") from exc
-    except (TimeoutError, nats.errors.TimeoutError, nats.errors.ConnectionClosedError,
-            nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
+    except NATS_AWAY as exc:
         raise StoreUnavailable(f"{what} failed: NATS did not answer ({type(exc).__name__})") from exc
     except nats.errors.Error as exc:
         raise ObjectStoreError(f"{what} failed in the object store (bucket {bucket_name}): {exc}") from exc
