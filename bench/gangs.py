@@ -12,18 +12,15 @@ plane, each figure a ratio or bound within this run.
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
 from datetime import UTC, datetime
 
 import msgspec
 
-from irisfed.bench.deployment import Deployment, cpu_seconds
+from irisfed.bench.deployment import Deployment
 from irisfed.bench.load import median, spread
 from irisfed.bench.report import Bench, Figure
-from irisfed.bench.sections import KINDS, _job_resources, _node_shape, _span
-from irisfed.services.common.bus import connect_client
+from irisfed.bench.sections import KINDS, _job_resources, _node_shape, _span, heartbeat_load
 from irisfed.shared.messages import BackendAd, Capacity, NodeGroup, ResourceAmount
 from irisfed.shared.nodes import group_nodes
 
@@ -149,33 +146,10 @@ async def heartbeat_nodes_bench(bench: Bench, admin_url: str, nats_url: str) -> 
                      target="≤ 8 KiB", met=size <= HEARTBEAT_BYTES_TARGET,
                      note=f"{len(ad['nodes'])} node groups (half of each shape busy)"))
     peers = [(f"hb{i}", {"device_type": "gpu"}, 8000) for i in range(count)]
-    dep = Deployment(bench, admin_url, nats_url, "heartbeatnodes", peers, interval=1.0, ttl=3.0)
-    await dep.create()
-    router, tick = dep.start("router"), dep.start("tick")
-    nc = await connect_client(nats_url)
-    try:
-        await dep.wait_router(nc)
-        seconds = bench.profile.s(4, 10)
-        run_id = uuid.uuid4().hex
-        cpu_before = {p.pid: cpu_seconds(p.pid) for p in (router, tick)}
-        started = time.perf_counter()
-        beat = 0
-        while time.perf_counter() - started < seconds:
-            beat += 1
-            for peer_id, _, _ in peers:
-                body = msgspec.json.encode({"peer_id": peer_id, "seq": beat, "sent_at": datetime.now(UTC).isoformat(),
-                                            "ttl_s": 3.0, "run_id": run_id, "backends": [ad]})
-                await nc.publish(f"{dep.prefix}.heartbeat.{peer_id}", body)
-            await nc.flush()
-            await asyncio.sleep(max(0.0, started + beat - time.perf_counter()))
-        elapsed = time.perf_counter() - started
-        cpu = {p.pid: (cpu_seconds(p.pid) - cpu_before[p.pid]) / elapsed for p in (router, tick)}
-        for name, proc in (("router", router), ("tick", tick)):
-            bench.add(Figure("gangs", f"{name} CPU with {count} peers of 1,000 nodes at 1 Hz", cpu[proc.pid] * 100,
-                             "% core", target="< 10%", met=cpu[proc.pid] < CPU_TARGET))
-    finally:
-        await nc.close()
-        await dep.close()
+    cpu, _ = await heartbeat_load(bench, admin_url, nats_url, "heartbeatnodes", peers, lambda _slots: [ad])
+    for name in ("router", "tick"):
+        bench.add(Figure("gangs", f"{name} CPU with {count} peers of 1,000 nodes at 1 Hz", cpu[name] * 100,
+                         "% core", target="< 10%", met=cpu[name] < CPU_TARGET))
 
 
 async def gangs_section(bench: Bench, admin_url: str, nats_url: str) -> None:

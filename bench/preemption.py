@@ -24,8 +24,8 @@ import asyncpg
 import msgspec
 
 from irisfed.bench.deployment import Deployment, PeerSpec, is_ack
-from irisfed.bench.load import Run, median
-from irisfed.bench.report import Bench, Figure
+from irisfed.bench.load import Run
+from irisfed.bench.report import Bench, Figure, paired_figure
 from irisfed.bench.sections import KINDS, DispatchProbe, _bench_job
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
@@ -102,20 +102,15 @@ def tick_figure(preempting: list[float], plain: list[float], running: int, peers
     TICK_TARGET. Judged only when every preempting pass preempted (and placed) the
     whole queue, one victim each, and every plain pass left it all waiting: else the
     passes did not do what the figure says (``preempted``, ``waited``: per pass)."""
-    ours, theirs = median(preempting), median(plain)
-    ratio = ours / theirs
-    pairs = " ".join(f"{p / q:.2f}" for p, q in zip(preempting, plain, strict=False))
     as_said = all(n == queued for n in preempted) and all(n == queued for n in waited)
     note = (f"{queued:,} interactive jobs queued, {running:,} batch jobs running ({running // peers} a peer, every "
             f"slot), one Tick.run_once(full=False) on a fresh database each; preempted "
             f"{_span(preempted)}/{queued:,}; the plain pass (the running jobs interactive) left "
-            f"{_span(waited)}/{queued:,} waiting, explained; pair ratios {pairs}")
-    if not as_said:
-        note = "not judged: the passes did not preempt (or leave waiting) the whole queue; " + note
-    return Figure("preemption", f"tick pass preempting for {queued:,} queued, {running:,} running × {peers} peers",
-                  ours * 1e3, "ms", f"same pass, nothing preemptible ({theirs * 1e3:,.1f} ms)", ratio,
-                  f"≤ {TICK_TARGET:g}× not preempting", ratio <= TICK_TARGET if as_said else None,
-                  f"{len(preempting)} pairs, alternating", note)
+            f"{_span(waited)}/{queued:,} waiting, explained")
+    name = f"tick pass preempting for {queued:,} queued, {running:,} running × {peers} peers"
+    return paired_figure("preemption", name, preempting, plain, "same pass, nothing preemptible", TICK_TARGET,
+                         f"≤ {TICK_TARGET:g}× not preempting", as_said,
+                         "the passes did not preempt (or leave waiting) the whole queue", note)
 
 
 def _span(values: list[int]) -> str:

@@ -4,7 +4,7 @@ Every figure stands beside a baseline from the same run, as a ratio, because
 absolute numbers drift on shared machines. Servers are started here (Postgres
 with fsync on, NATS), like the tests do. The parts: ``baselines``,
 ``sections`` (irisfed's figures), ``preemption`` (what preempting costs a job and a
-tick pass), ``pgqueuer`` (the local queue a team might use
+tick pass), ``pipelines`` (what job dependencies cost), ``pgqueuer`` (the local queue a team might use
 instead, beside dispatch and submit), ``engines`` (real Slurm and Ray), ``web`` (the
 dashboard), ``ha`` (a synchronous standby and failovers under Patroni), ``deployment``
 (a database and services per figure), ``load`` (closed and open loop), ``report``
@@ -27,6 +27,7 @@ from irisfed.bench.ha import ha_section
 from irisfed.bench.logs import logs_section
 from irisfed.bench.pgqueuer import missing as pgqueuer_missing
 from irisfed.bench.pgqueuer import pgqueuer_section
+from irisfed.bench.pipelines import pipelines_section
 from irisfed.bench.preemption import preemption_section
 from irisfed.bench.report import Bench, Figure, Profile, judge, print_table, write_json
 from irisfed.bench.sections import (
@@ -36,6 +37,7 @@ from irisfed.bench.sections import (
     submit_bench,
     tick_section,
 )
+from irisfed.bench.stops import stops_section
 from irisfed.bench.web import web_section
 from irisfed.bench.workspaces import workspaces_section
 from irisfed.tooling.federation import Supervisor
@@ -55,6 +57,9 @@ SECTIONS = {
     "workspaces": ("workspaces (pack and store, fetch and unpack, cache hits, one workspace for many jobs)",
                    workspaces_section),
     "logs": ("logs (follow lag and shipping CPU, shipping throughput, a user's reads over NATS)", logs_section),
+    "stops": ("stops (cancel → SIGTERM against cancel → kill; the agent's device bookkeeping CPU)", stops_section),
+    "pipelines": ("pipelines (a chain's links, one job's many dependents, a tick pass with jobs waiting)",
+                  pipelines_section),
     "engines": ("engines (real Slurm and Ray)", engines_section),
     "web": ("web dashboard (jobs page, live viewers)", web_section),
     "ha": ("ha (Patroni with a synchronous standby: submits, dispatch, failovers)", ha_section),

@@ -539,10 +539,12 @@ async def submit_scale(bench: Bench, admin_url: str, nats_url: str) -> None:
                              runs="3 runs (median)"))
 
 
-async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
-    count = bench.profile.n(200, 1000)
-    peers = [(f"hb{i}", {"device_type": "gpu"}, 4) for i in range(count)]
-    dep = Deployment(bench, admin_url, nats_url, "heartbeat", peers, interval=1.0, ttl=3.0)
+async def heartbeat_load(bench: Bench, admin_url: str, nats_url: str, name: str, peers: list[PeerSpec],
+                         backends: Callable[[int], list]) -> tuple[dict[str, float], float]:
+    """Every one of ``peers`` heartbeats at 1 Hz (advertising ``backends(slots)``) for
+    the profile's time to a fresh deployment's router and tick: the share of a core
+    each used ("router", "tick"), and Postgres commits/s meanwhile."""
+    dep = Deployment(bench, admin_url, nats_url, name, peers, interval=1.0, ttl=3.0)
     await dep.create()
     router, tick = dep.start("router"), dep.start("tick")
     nc = await connect_client(nats_url)
@@ -560,22 +562,29 @@ async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
             for peer_id, _, slots in peers:
                 body = msgspec.json.encode({
                     "peer_id": peer_id, "seq": beat, "sent_at": datetime.now(UTC).isoformat(), "ttl_s": 3.0,
-                    "run_id": run_id, "backends": [{"name": "simulated", "attributes": {"device_type": ["gpu"]},
-                                                    "capacity": {"total": slots, "free": slots}}]})
+                    "run_id": run_id, "backends": backends(slots)})
                 await nc.publish(f"{dep.prefix}.heartbeat.{peer_id}", body)
             await nc.flush()
             await asyncio.sleep(max(0.0, started + beat - time.perf_counter()))
         elapsed = time.perf_counter() - started
         cpu = {p.pid: (cpu_seconds(p.pid) - cpu_before[p.pid]) / elapsed for p in (router, tick)}
         commits = (await dep.pool.fetchval(stats) - commits_before) / elapsed
-        bench.add(Figure("heartbeat", f"router CPU with {count} peers at 1 Hz", cpu[router.pid] * 100, "% core",
-                         target="< 10%", met=cpu[router.pid] < 0.10))
-        bench.add(Figure("heartbeat", f"tick CPU with {count} peers at 1 Hz", cpu[tick.pid] * 100, "% core"))
-        bench.add(Figure("heartbeat", "Postgres commits/s (control plane)", commits, "commits/s",
-                         note="peers here publish on NATS only; see docs/performance.md"))
     finally:
         await nc.close()
         await dep.close()
+    return {"router": cpu[router.pid], "tick": cpu[tick.pid]}, commits
+
+
+async def heartbeat_bench(bench: Bench, admin_url: str, nats_url: str) -> None:
+    count = bench.profile.n(200, 1000)
+    peers = [(f"hb{i}", {"device_type": "gpu"}, 4) for i in range(count)]
+    cpu, commits = await heartbeat_load(bench, admin_url, nats_url, "heartbeat", peers, lambda slots: [{
+        "name": "simulated", "attributes": {"device_type": ["gpu"]}, "capacity": {"total": slots, "free": slots}}])
+    bench.add(Figure("heartbeat", f"router CPU with {count} peers at 1 Hz", cpu["router"] * 100, "% core",
+                     target="< 10%", met=cpu["router"] < 0.10))
+    bench.add(Figure("heartbeat", f"tick CPU with {count} peers at 1 Hz", cpu["tick"] * 100, "% core"))
+    bench.add(Figure("heartbeat", "Postgres commits/s (control plane)", commits, "commits/s",
+                     note="peers here publish on NATS only; see docs/performance.md"))
 
 
 async def tick_section(bench: Bench, admin_url: str, nats_url: str) -> None:

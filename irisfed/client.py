@@ -1,7 +1,10 @@
 """irisfed's Python client: submit, cancel, get, wait for and watch jobs.
 
 Most of the module is the documentation a producer reads; the async client and its
-sync wrapper sit side by side so that they cannot drift apart.
+sync wrapper sit side by side so that they cannot drift apart. Their plumbing is
+elsewhere: NATS (connecting, asking the router with retries, its replies) in
+:mod:`irisfed.connection`, a watch's changelog reads in :mod:`irisfed.watching`, the
+sync wrapper's event loop thread in :mod:`irisfed.loop_thread`.
 
 Async, for services and ``asyncio`` code::
 
@@ -94,23 +97,21 @@ import asyncio
 import contextlib
 import logging
 import os
-import threading
 from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterator,
     Mapping,
     Sequence,
 )
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 import nats
 
+from irisfed.connection import Connecting, ask_router, connect_nats, reads_as_operator
 from irisfed.errors import (
     ConfigurationError,
     ConflictError,
@@ -131,37 +132,33 @@ from irisfed.jobs import (
     Task,
     build_submit,
     checked_submit,
-    job_event,
     job_view,
     new_job_id,
     task_views,
 )
 from irisfed.logs import lines, read_logs
+from irisfed.loop_thread import LoopThread, awaited
 from irisfed.reads import JobReads, checked_job_id, checked_stored_job_id
 from irisfed.remote_reads import RemoteReads
 from irisfed.settings import DEFAULT_STATE_DIR, Retry, Servers, resolve_servers
 from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import IrisfedError
-from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.shared.messages import (
     CancelReply,
     CancelRequest,
     DryRunReply,
-    ErrorReply,
     JobEvent,
     LogsReply,
     LogsRequest,
     OperatorCancelRequest,
     SubmitReply,
     SubmitRequest,
-    decode_reply,
     encoder,
 )
-from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
-from irisfed.shared.redact import redact
 from irisfed.shared.subjects import Subjects
-from irisfed.shared.users import stored_job_id
+from irisfed.shared.users import split_job_id, stored_job_id
 from irisfed.transfer import Output, download_outputs, output_views, store_workspace
+from irisfed.watching import changelog_events
 
 __all__ = [
     "Client",
@@ -187,44 +184,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("irisfed.client")
-RETRY_READ_S = 1.0  # a watch whose read of Postgres failed tries again this soon
 _T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------- the async client
-
-_RETRIED_NATS_ERRORS = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-)
-
-
-class _Connecting:
-    """What :meth:`Client.connect` returns: ``await`` it, or ``async with`` it."""
-
-    def __init__(self, open_client: Callable[[], Coroutine[Any, Any, Client]]) -> None:
-        self._open = open_client
-        self._client: Client | None = None
-
-    def __await__(self):
-        return self._open().__await__()
-
-    def __getattr__(self, name: str):
-        raise AttributeError(f"Client.connect() gives an awaitable, not a client: use `client = await "
-                             f"Client.connect(...)` or `async with Client.connect(...) as client:` "
-                             f"(or SyncClient.connect(...) without asyncio), then .{name}")
-
-    async def __aenter__(self) -> Client:
-        self._client = await self._open()
-        return self._client
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._client is not None:
-            await self._client.close()
-
 
 class Client:
     """An async irisfed client (see the module's documentation). Make one with :meth:`connect`."""
@@ -252,7 +215,7 @@ class Client:
                 prefix: str | None = None, timeout: float = 5.0, retry: Retry | None = None,
                 poll_interval: float = 1.0, state_dir: str | os.PathLike[str] = DEFAULT_STATE_DIR,
                 name: str = "irisfed-client", user: str | None = None,
-                on_retry: Callable[[int, IrisfedClientError, float], None] | None = None) -> _Connecting:
+                on_retry: Callable[[int, IrisfedClientError, float], None] | None = None) -> Connecting[Client]:
         """Connect to the federation: ``client = await Client.connect()`` or
         ``async with Client.connect() as client: ...`` (closed at the end).
 
@@ -283,11 +246,11 @@ class Client:
                 for wake in list(wakers):
                     wake.set()
 
-            nc = await _connect_nats(servers.nats_url, name, reconnected)
+            nc = await connect_nats(servers.nats_url, name, reconnected)
             return cls(nc, servers, timeout=timeout, retry=retry, poll_interval=poll_interval,
                        on_retry=on_retry, wakers=wakers)
 
-        return _Connecting(open_client)
+        return Connecting(open_client)
 
     # ------------------------------------------------------------ requests
 
@@ -299,6 +262,9 @@ class Client:
                      labels: Mapping[str, str] | None = None, band: str | None = None,
                      max_preemptions: int | None = None, dry_run: bool = False, replicas: int | None = None,
                      group_by: str = "", workspace: str | os.PathLike[str] | None = None,
+                     time_limit_s: float | None = None, grace_s: float | None = None,
+                     max_failure_retries: int | None = None, after: Sequence[Any] = (),
+                     array: int | None = None, array_parallel: int | None = None,
                      max_workspace_mb: int = DEFAULT_MAX_WORKSPACE_MB) -> SubmitReply | DryRunReply:
         """Submit a job; return the router's :class:`~shared.messages.SubmitReply` (sent
         after the job is committed in Postgres) — or, with ``dry_run=True``, its
@@ -328,6 +294,17 @@ class Client:
         sent again when already there); every run starts in a fresh copy of it. One that
         cannot travel (a link leaving it, an unreadable file, over ``max_workspace_mb``)
         raises :class:`InvalidRequestError` naming the file, before anything is stored.
+        ``time_limit_s``: the run is stopped after that much running time and the job fails
+        (not retried); ``grace_s``: SIGTERM to SIGKILL when a run is stopped (None: 30 s);
+        ``max_failure_retries``: runs again after a non-zero exit, up to that many times.
+        ``after``: your jobs this one waits for: ids (each must succeed), ``(id, when)``
+        pairs or ``{"job_id", "when"}`` dicts (``ok``, ``any``, ``failed``); a job named
+        that is not yours or does not exist raises :class:`InvalidRequestError`; an array's
+        id stands for each of its jobs.
+        ``array``: that many jobs ``<job_id>_<i>`` (1-10,000) from this one submit, each run
+        told ``IRISFED_ARRAY_INDEX`` and ``IRISFED_ARRAY_SIZE``; ``array_parallel``: at most
+        that many of them live at once. The reply names the array (``job_id``); cancel,
+        ``after`` and ``irisfed jobs`` take that id for all of them.
 
         A reject returns normally (``reply.disposition == "reject"``; ``reply.reason``,
         ``reply.verdicts``). Errors raise :class:`IrisfedClientError` subclasses::
@@ -341,7 +318,9 @@ class Client:
                                resources=resources, preferences=preferences, cluster_pin=cluster_pin,
                                priority=priority, max_retries=max_retries, deadline_s=deadline_s,
                                labels=labels, band=band, max_preemptions=max_preemptions, dry_run=dry_run,
-                               replicas=replicas, group_by=group_by)
+                               replicas=replicas, group_by=group_by, time_limit_s=time_limit_s,
+                               grace_s=grace_s, max_failure_retries=max_failure_retries, after=after,
+                               array=array, array_parallel=array_parallel)
         if workspace is not None:
             stored, _ = await store_workspace(self._nc, self.servers.prefix, workspace, max_workspace_mb,
                                               self.user)
@@ -422,33 +401,8 @@ class Client:
             yield line
 
     async def _request(self, subject: str, body: bytes) -> SubmitReply | DryRunReply | CancelReply:
-        attempt = 1
-        while True:
-            if self._closed or self._nc.is_closed:
-                raise UnavailableError("the client is closed")
-            try:
-                msg = await self._nc.request(subject, body, timeout=self.timeout)
-                answer = _answer_or_error(msg.data)
-                if not isinstance(answer, IrisfedClientError):
-                    return answer
-                error = answer
-            except nats.errors.NoRespondersError:
-                error = UnavailableError(f"no router is listening on {subject}")
-            except nats.errors.TimeoutError:
-                error = UnavailableError(f"no answer on {subject} within {self.timeout:g}s")
-            except _RETRIED_NATS_ERRORS as exc:
-                error = UnavailableError(f"NATS: {redact(exc)}")
-            except nats.errors.Error as exc:
-                raise UnavailableError(f"NATS: {redact(exc)}") from None
-            if not error.retryable or attempt >= self.retry.attempts:
-                raise error
-            delay = self.retry.delay(attempt)
-            log.info("irisfed client: %s; retry %d of %d in %.2fs", error, attempt,
-                     self.retry.attempts - 1, delay)
-            if self.on_retry is not None:
-                self.on_retry(attempt, error, delay)
-            await asyncio.sleep(delay)
-            attempt += 1
+        return await ask_router(self._nc, subject, body, timeout_s=self.timeout, retry=self.retry,
+                                on_retry=self.on_retry, closed=lambda: self._closed)
 
     # ------------------------------------------------------------ reads (Postgres)
 
@@ -461,41 +415,32 @@ class Client:
             return self._store
         async with self._store_lock:
             if self._store is None:
-                try:
-                    self._store = await JobReads.connect(self.servers.database_url)
-                except IrisfedError as exc:
-                    raise translated(exc) from None
+                self._store = await _translated(JobReads.connect(self.servers.database_url))
         return self._store
 
     async def get(self, job_id: str) -> Job:
-        """The job as Postgres has it now (a :class:`Job`); :class:`NotFoundError` if none.
-        Needs a database URL."""
+        """The job as Postgres has it now (a :class:`Job`); :class:`NotFoundError` if none
+        (or another user's). Without a database URL, read through the router."""
         job_id = _checked_job_id(job_id)
         store = await self._get_store()
-        try:
-            row = await store.job_get(stored_job_id(self.user, job_id))
-        except IrisfedError as exc:
-            raise translated(exc) from None
+        row = await _translated(store.job_get(stored_job_id(self.user, job_id)))
         if row is None:
             raise NotFoundError(f"no job {job_id!r}")
         return job_view(row)
 
     async def tasks(self, job_id: str) -> list[Task]:
         """A gang's tasks in its newest run (a :class:`Task` each: node, state, exit code,
-        log folder); [] for a single-task job or a gang not started yet. Needs a database URL."""
+        log folder); [] for a single-task job or a gang not started yet."""
         job_id = _checked_job_id(job_id)
         store = await self._get_store()
-        try:
-            rows = await store.job_tasks_list(stored_job_id(self.user, job_id))
-        except IrisfedError as exc:
-            raise translated(exc) from None
+        rows = await _translated(store.job_tasks_list(stored_job_id(self.user, job_id)))
         return task_views(rows)
 
     async def outputs(self, job_id: str, *, epoch: int | None = None, task: int | None = None,
                       to: str | os.PathLike[str] | None = None) -> list[Output]:
         """The output files of ``job_id``'s newest run that left any (or of ``epoch``; of
         ``task`` only), each an :class:`Output`; with ``to``, the stored ones are also
-        written under that folder (a gang's under ``task-<i>/``). Needs a database URL."""
+        written under that folder (a gang's under ``task-<i>/``)."""
         job_id = _checked_job_id(job_id)
         store = await self._get_store()
         stored_id = stored_job_id(self.user, job_id)
@@ -516,13 +461,14 @@ class Client:
         ``async for event in client.watch(job_id): print(event.state, event.peer_id)``
 
         The events come from the job's changelog in Postgres (the durable record of every
-        hand-off), read again whenever an event arrives on NATS, after every NATS
-        reconnect, and every ``poll_interval`` seconds: events missed while NATS was away
-        are never missed here. ``history=True`` starts from the job's first state;
+        hand-off; without a database URL, read through the router), read again whenever
+        an event of the job arrives on its user's own event subject (``P.uevents.<user>.<id>``),
+        after every NATS reconnect, and every ``poll_interval`` seconds: events missed
+        while NATS was away are never missed here. ``history=True`` starts from the job's first state;
         ``False`` from its current one. Ends after the terminal event (succeeded, failed,
         killed, rejected, unschedulable). Once it has started, a transient Postgres failure
         is waited out.
-        Raises :class:`NotFoundError` for an unknown job. Needs a database URL.
+        Raises :class:`NotFoundError` for an unknown job (or another user's).
         """
         job_id = _checked_job_id(job_id)
         stored = stored_job_id(self.user, job_id)
@@ -534,39 +480,16 @@ class Client:
 
         subscription = None
         try:
-            subscription = await self._nc.subscribe(self.subjects.events(stored), cb=on_event)
+            # Its user's copy of its events: what that user's own credentials may hear (§3.6).
+            subscription = await self._nc.subscribe(self.subjects.user_events(*split_job_id(stored)), cb=on_event)
         except nats.errors.Error as exc:  # events are a shortcut; Postgres is the truth
             log.debug("irisfed client: no events for %s (%s); polling Postgres", job_id, exc)
         self._wakers.add(wake)
-        last_seq: int | None = None
         try:
-            while True:
-                wake.clear()
-                pause = self.poll_interval
-                try:
-                    # The changelog first: the job row read after it is at least as new, so a
-                    # terminal entry finds the job's exit code and reason there.
-                    entries = await store.changelog_list_for_job(stored)
-                    job = await store.job_get(stored)
-                except IrisfedError as exc:
-                    error = translated(exc)
-                    if not error.retryable:
-                        raise error from None
-                    log.info("irisfed client: watching %s: %s; trying again", job_id, error)
-                    pause = min(pause, RETRY_READ_S)
-                else:
-                    if job is None:
-                        raise NotFoundError(f"no job {job_id!r}")
-                    if entries and last_seq is None and not history:
-                        last_seq = entries[-1].seq - 1
-                    for entry in entries:
-                        if last_seq is None or entry.seq > last_seq:
-                            last_seq = entry.seq
-                            yield job_event(job_id, entry, job)
-                    if entries and entries[-1].to_state in TERMINAL_STATES:
-                        return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=pause)
+            async with contextlib.aclosing(changelog_events(store, stored, job_id, history=history, wake=wake,
+                                                            poll_interval=self.poll_interval)) as events:
+                async for event in events:
+                    yield event
         finally:
             self._wakers.discard(wake)
             if subscription is not None:
@@ -576,7 +499,7 @@ class Client:
     async def wait(self, job_id: str, timeout: float | None = None) -> JobEvent:  # noqa: ASYNC109 - as documented
         """Wait until the job ends; return its terminal :class:`~shared.messages.JobEvent`
         (``state``, ``exit_code``, ``reason``, ``peer_id``). Raises ``TimeoutError`` after
-        ``timeout`` seconds (None: no limit). Needs a database URL."""
+        ``timeout`` seconds (None: no limit)."""
         final: JobEvent | None = None
         try:
             async with asyncio.timeout(timeout):
@@ -617,74 +540,16 @@ def _checked_job_id(job_id: str) -> str:
         raise InvalidRequestError(exc.message) from None
 
 
-def reads_as_operator(nats_url: str) -> bool:
-    """Whether reads name jobs by stored id on the operators' subject: the operator's (or
-    admin's) credentials, or none at all (an unsecured server tells no one apart)."""
-    first = nats_url.split(",", 1)[0].strip()
+async def _translated(pending: Awaitable[_T]) -> _T:
+    """What ``pending`` returns, a store's :class:`IrisfedError` raised as the client's
+    error for it (``irisfed.errors.translated``)."""
     try:
-        name = urlsplit(first if "://" in first else f"nats://{first}").username
-    except ValueError:
-        return False
-    return name in (None, "", "operator", "admin")
-
-
-def _answer_or_error(data: bytes) -> SubmitReply | DryRunReply | CancelReply | IrisfedClientError:
-    """A router reply: the answer, or the error it carries (as an exception, not raised)."""
-    try:
-        reply = decode_reply(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return InternalError(f"unreadable reply from the router: {exc}")
-    if isinstance(reply, ErrorReply):
-        return error_for(reply.error.code, reply.error.message)
-    return reply
-
-
-async def _connect_nats(url: str, name: str, reconnected: Callable[[], Awaitable[None]]):
-    """A NATS connection as the URL's user (its own inbox prefix) that reconnects forever
-    once connected; one quick try first, so a wrong URL fails fast and clearly."""
-    last_error: list[BaseException] = []
-
-    async def on_error(exc: Exception) -> None:  # nats-py would log a traceback per attempt
-        last_error[:] = [exc]
-        log.debug("irisfed client: NATS: %s", redact(exc))
-
-    try:
-        nc = await nats.connect(server_list(url), inbox_prefix=inbox_prefix_for_url(url), name=name, connect_timeout=3, max_reconnect_attempts=1,
-                                  reconnect_time_wait=0.5, error_cb=on_error, reconnected_cb=reconnected)
-    except Exception as exc:  # noqa: BLE001 - any failure to connect is "unreachable" to a user
-        cause = last_error[0] if last_error else exc
-        raise UnavailableError(f"cannot reach NATS at {redact(url)}: {redact(cause) or type(cause).__name__}") \
-            from None
-    nc.options["max_reconnect_attempts"] = -1  # connected: from now on ride out any outage
-    return nc
+        return await pending
+    except IrisfedError as exc:
+        raise translated(exc) from None
 
 
 # ---------------------------------------------------------------- the sync wrapper
-
-
-class _LoopThread:
-    """An event loop of its own in a daemon thread; ``run`` a coroutine there and wait."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="irisfed-client", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Awaitable[_T]) -> _T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # Ctrl-C (KeyboardInterrupt) in a notebook: stop the work too
-            raise
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 class SyncClient:
@@ -703,17 +568,17 @@ class SyncClient:
     during a call cancels it.
     """
 
-    def __init__(self, client: Client, runner: _LoopThread) -> None:
+    def __init__(self, client: Client, runner: LoopThread) -> None:
         self._client = client
         self._runner = runner
 
     @classmethod
     def connect(cls, nats_url: str | None = None, database_url: str | None = None, **options: Any) -> SyncClient:
         """Connect (``options`` as :meth:`Client.connect`)."""
-        runner = _LoopThread()
+        runner = LoopThread()
         try:
             connecting = Client.connect(nats_url, database_url, **options)
-            client = runner.run(_awaited(connecting))
+            client = runner.run(awaited(connecting))
         except BaseException:
             runner.stop()
             raise
@@ -791,6 +656,3 @@ class SyncClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-
-async def _awaited(awaitable: Awaitable[_T]) -> _T:
-    return await awaitable

@@ -4,6 +4,7 @@ checked as the router checks them, and Postgres's rows as :class:`Job` and
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -87,12 +88,20 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
                  cluster_pin: str = "", priority: int = 0, max_retries: int | None = None,
                  deadline_s: float | None = None, labels: Mapping[str, str] | None = None,
                  band: str | None = None, max_preemptions: int | None = None,
-                 dry_run: bool = False, replicas: int | None = None, group_by: str = "") -> SubmitRequest:
+                 dry_run: bool = False, replicas: int | None = None, group_by: str = "",
+                 time_limit_s: float | None = None, grace_s: float | None = None,
+                 max_failure_retries: int | None = None,
+                 after: Sequence[str | tuple[str, str] | Mapping[str, str]] = (),
+                 array: int | None = None, array_parallel: int | None = None) -> SubmitRequest:
     """The :class:`~shared.messages.SubmitRequest` for these arguments, checked as the router
     checks it (raises :class:`InvalidRequestError`), with a fresh job_id when none is given.
     ``band`` (``batch``, ``interactive``, ``production``) and ``max_preemptions``: None
     leaves the contract's defaults; ``dry_run``: ask what the submit would do, writing nothing;
-    ``replicas`` and ``group_by``: a gang of that many tasks, their nodes sharing that attribute."""
+    ``replicas`` and ``group_by``: a gang of that many tasks, their nodes sharing that attribute;
+    ``time_limit_s``, ``grace_s``, ``max_failure_retries``: the run contract (docs/design.md §3.7);
+    ``after``: jobs of the submitter's to wait for (§3.8), each an id (it must succeed), an
+    ``(id, when)`` pair or a ``{"job_id", "when"}`` dict, ``when`` ``ok``, ``any`` or ``failed``;
+    ``array``: that many jobs ``<job_id>_<i>``, at most ``array_parallel`` of them live at once."""
     if isinstance(command, str):
         raise InvalidRequestError("command is a list of strings (the program, then its arguments), "
                                   f"e.g. {command.split()!r}")
@@ -116,6 +125,19 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
         body["max_retries"] = max_retries
     if deadline_s is not None:
         body["deadline_s"] = deadline_s
+    if time_limit_s is not None:
+        body["time_limit_s"] = time_limit_s
+    if grace_s is not None:
+        body["grace_s"] = grace_s
+    if max_failure_retries is not None:
+        body["max_failure_retries"] = max_failure_retries
+    if after:
+        body["after"] = [{"job_id": a} if isinstance(a, str) else dict(a) if isinstance(a, Mapping)
+                         else {"job_id": a[0], "when": a[1]} for a in after]
+    if array is not None:
+        body["array"] = array
+    if array_parallel is not None:
+        body["array_parallel"] = array_parallel
     if labels:
         body["labels"] = dict(labels)
     if band is not None:
@@ -132,7 +154,15 @@ def build_submit(command: Sequence[str], *, job_id: str | None = None, name: str
 
 
 def checked_submit(request: SubmitRequest | Mapping[str, Any]) -> SubmitRequest:
-    """``request`` decoded strictly, exactly as the router decodes it."""
+    """``request`` decoded strictly, exactly as the router decodes it (and refused when a
+    number in it is not finite: JSON has no NaN or infinity, and msgspec would write
+    ``null``, which reads as "not given")."""
+    fields = request if isinstance(request, Mapping) else msgspec.structs.asdict(request)
+    numbers = [(name, fields.get(name)) for name in ("deadline_s", "time_limit_s", "grace_s")]
+    numbers += [(f"resources.{name}", value) for name, value in dict(fields.get("resources") or {}).items()]
+    for name, value in numbers:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequestError(f"{name} must be a finite number, not {value}")
     data = encoder.encode(request)
     try:
         return decode_request(SubmitRequest, data)

@@ -30,10 +30,15 @@ async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
         reply = await ask(request)
         yield reply
         if reply.done:
-            if not follow or JobState(reply.state).is_terminal or first.epoch is not None:
+            # A run asked for by number is answered with the job's state now: maybe a later run's.
+            if not follow or (JobState(reply.state).is_terminal and request.epoch is None):
                 return
             # Its output ended before its end was recorded, or the job runs again.
-            following = await _next_run(ask, first, reply.epoch)
+            following = await _next_run(ask, first, reply)
+            if isinstance(following, LogsReply):
+                if not JobState(reply.state).is_terminal:
+                    yield following  # the job's end, without output read already
+                return
             if following is None:
                 return
             request = following
@@ -48,15 +53,18 @@ async def read_logs(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: L
 
 
 async def _next_run(ask: Callable[[LogsRequest], Awaitable[LogsReply]], first: LogsRequest,
-                    ended: int) -> LogsRequest | None:
-    """The request for the job's run after run ``ended``, once it has one; None when the
-    job ended with run ``ended`` its last."""
+                    done: LogsReply) -> LogsRequest | LogsReply | None:
+    """After run ``done.epoch``'s output ended: the request for the job's next run once it
+    has one (None when ``first`` asked for a run by number); when the job ended with that
+    run its last, its end: ``done`` without its data, with the job's state and exit code."""
     while True:
-        newest = await ask(msgspec.structs.replace(first, seq=0, offset=0, since_s=None))
-        if newest.epoch > ended:
+        newest = await ask(msgspec.structs.replace(first, seq=0, offset=0, since_s=None, epoch=None))
+        if newest.epoch > done.epoch:
+            if first.epoch is not None:
+                return None
             return msgspec.structs.replace(first, seq=0, offset=0, since_s=None, epoch=newest.epoch)
         if JobState(newest.state).is_terminal:
-            return None
+            return msgspec.structs.replace(done, data=b"", state=newest.state, exit_code=newest.exit_code)
         await asyncio.sleep(FOLLOW_POLL_S)
 
 

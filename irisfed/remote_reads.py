@@ -17,6 +17,7 @@ from irisfed.errors import InternalError, UnavailableError, error_for
 from irisfed.shared.messages import StoreReadRequest, encoder
 from irisfed.shared.records import (
     ChangelogEntry,
+    DependencyRow,
     JobRow,
     JobSummary,
     OutputRow,
@@ -35,6 +36,9 @@ _ANSWERS: dict[str, Any] = {
     "job_live_usage_by_user": dict[str, dict[str, int]],
     "job_count_by_user": dict[str, dict[str, int]],
     "peer_heartbeat_list": list[PeerHeartbeatRow],
+    "job_dependencies_of": list[DependencyRow],
+    "job_dependents_of": list[DependencyRow],
+    "job_array_counts": dict[str, int],
 }
 
 
@@ -57,10 +61,12 @@ class RemoteReads:
         except nats.errors.Error as exc:
             raise UnavailableError(f"NATS: {redact(exc)}") from None
         try:
-            raw = msgspec.json.decode(msg.data)
-            if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
-                error = raw["error"]
-                raise error_for(str(error.get("code", "")), str(error.get("message", "")))
+            if msg.data[:1] == b"{" and b'"error"' in msg.data:  # rows never are an object: decoded once
+                raw = msgspec.json.decode(msg.data)
+                error = raw.get("error") if isinstance(raw, dict) and len(raw) == 1 else None
+                if isinstance(error, dict) and isinstance(error.get("code"), str) and isinstance(
+                        error.get("message"), str):  # an ErrorReply (not the usage of a user named "error")
+                    raise error_for(error["code"], error["message"])
             return msgspec.json.decode(msg.data, type=_ANSWERS[method])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise InternalError(f"unreadable answer from the router to {method}: {exc}") from None
@@ -73,6 +79,15 @@ class RemoteReads:
 
     async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
         return await self._read("job_tasks_list", job_id)
+
+    async def job_dependencies_of(self, job_id: str) -> list[DependencyRow]:
+        return await self._read("job_dependencies_of", job_id)
+
+    async def job_dependents_of(self, job_id: str) -> list[DependencyRow]:
+        return await self._read("job_dependents_of", job_id)
+
+    async def job_array_counts(self, array_id: str) -> dict[str, int]:
+        return await self._read("job_array_counts", array_id)
 
     async def job_outputs_list(self, job_id: str, epoch: int | None = None, task: int | None = None) -> list[OutputRow]:
         return await self._read("job_outputs_list", job_id, epoch, task)

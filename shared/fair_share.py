@@ -20,8 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from heapq import heappop, heappush
 
 from irisfed.shared.federation.peer import FederationPeer
-from irisfed.shared.placement import Placement, PlacementRun, QueuedJob, Waiting
+from irisfed.shared.holds import Waiting
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.resources import SLOTS, as_resources, offered_units
+from irisfed.shared.rooms import Placement, QueuedJob
 from irisfed.shared.users import QUOTA, Usage, UserTable, add_units, dominant_share, quota_wait
 
 

@@ -35,6 +35,10 @@ MAX_BODY_BYTES = 64 * 1024
 # (?!\n): in Python a bare $ also matches before a final newline; "abc\n" is no id.
 # The lookahead means the same in ECMA regexes, so the exported JSON Schema agrees.
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(?!\n)$"
+MAX_JOB_ID = 128  # characters, as JOB_ID_PATTERN allows
+# The most jobs one array may have, and what each of its runs is told (docs/design.md §3.8).
+MAX_ARRAY = 10_000
+ARRAY_ENV = ("IRISFED_ARRAY_INDEX", "IRISFED_ARRAY_SIZE")
 JobId = Annotated[str, Meta(pattern=JOB_ID_PATTERN, description="client idempotency key")]
 Text = Annotated[str, Meta(max_length=4096)]
 Name = Annotated[str, Meta(max_length=256)]
@@ -43,6 +47,9 @@ Scalar = str | int | float
 Band = Literal["batch", "interactive", "production"]  # shared.bands.BANDS (checked below)
 # The most tasks one job may have (docs/design.md §3.4).
 MAX_REPLICAS = 4096
+# How long a run may take to stop after SIGTERM, at most, and by default (§3.7).
+MAX_GRACE_S = 600
+DEFAULT_GRACE_S = 30.0
 AttributeKey = Annotated[str, Meta(min_length=1, max_length=128)]
 
 
@@ -85,6 +92,18 @@ class Coschedule(Struct, forbid_unknown_fields=True, frozen=True):
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}(?!\n)$"
 
 
+class Dependency(Struct, forbid_unknown_fields=True, frozen=True):
+    """A job this one waits for (docs/design.md §3.8): ``job_id`` (the submitter's own, as it
+    submitted it) ending ``succeeded`` (``when`` ``ok``, the default), in any way
+    (``any``), or other than ``succeeded`` (``failed``)."""
+
+    job_id: JobId
+    when: Literal["ok", "any", "failed"] = "ok"
+
+
+MAX_DEPENDENCIES = 64
+
+
 class Workspace(Struct, forbid_unknown_fields=True, frozen=True):
     """The packed workspace a job runs in, stored in the object store under ``digest``."""
 
@@ -123,12 +142,38 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, frozen=True, omit_defaul
     coschedule: Coschedule | None = None
     # Added with workspaces (docs/design.md §3.5): the folder each run starts in.
     workspace: Workspace | None = None
+    # Added with the run contract (docs/design.md §3.7); omitted at their defaults, so
+    # a job submitted without them keeps its hash. ``grace_s`` None: the agent's default.
+    time_limit_s: Annotated[float, Meta(gt=0, le=31_536_000)] | None = None
+    grace_s: Annotated[float, Meta(ge=0, le=MAX_GRACE_S)] | None = None
+    max_failure_retries: Annotated[int, Meta(ge=0, le=100)] = 0
+    # Added with pipelines (docs/design.md §3.8): the jobs this one waits for.
+    after: Annotated[list[Dependency], Meta(max_length=MAX_DEPENDENCIES)] = []
+    # An array: ``array`` jobs ``<job_id>_<i>``, at most ``array_parallel`` of them live at once.
+    array: Annotated[int, Meta(ge=1, le=MAX_ARRAY)] | None = None
+    array_parallel: Annotated[int, Meta(ge=1, le=MAX_ARRAY)] | None = None
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
             raise ValueError("command[0] (the program) must not be empty")
         if self.resources:
             as_resources(self.resources)  # raises ResourceError (a ValueError) naming the problem
+        named = [dependency.job_id for dependency in self.after]
+        if len(set(named)) != len(named):
+            raise ValueError("after names a job more than once")
+        if self.job_id is not None and self.job_id in named:
+            raise ValueError(f"after names the job itself ({self.job_id})")
+        if self.array is None:
+            if self.array_parallel is not None:
+                raise ValueError("array_parallel limits an array: give array too")
+            return
+        taken = sorted(set(self.env) & set(ARRAY_ENV))
+        if taken:
+            raise ValueError(f"env: {taken[0]} is set for each job of an array; leave it out")
+        longest = MAX_JOB_ID - len(f"_{self.array - 1}")
+        if self.job_id is not None and len(self.job_id) > longest:
+            raise ValueError(f"job_id: an array's jobs are <job_id>_<i>, so with array {self.array} "
+                             f"it may have at most {longest} characters")
 
     def constraint_list(self) -> list[Constraint]:
         return [spec.to_constraint() for spec in self.constraints]
@@ -198,7 +243,8 @@ class LogsRequest(Struct, forbid_unknown_fields=True, frozen=True):
 
 
 STORE_READS = ("job_get", "changelog_list_for_job", "job_tasks_list", "job_outputs_list", "job_list",
-               "job_live_usage_by_user", "job_count_by_user", "peer_heartbeat_list")
+               "job_live_usage_by_user", "job_count_by_user", "peer_heartbeat_list", "job_dependencies_of",
+               "job_dependents_of", "job_array_counts")
 
 
 class StoreReadRequest(Struct, forbid_unknown_fields=True, frozen=True):

@@ -141,6 +141,18 @@ def fits_on(free: Mapping[str, int], units: Units) -> bool:
     return True
 
 
+def most_sharing(attributes: Sequence[Mapping[str, Sequence[str]]], group_by: str) -> int:
+    """How many of these nodes (each one's ``attributes``) share one value of ``group_by``,
+    at the most; all of them when ``group_by`` is empty."""
+    if not group_by:
+        return len(attributes)
+    per_value: dict[str, int] = {}
+    for node in attributes:
+        for value in node.get(group_by, []):
+            per_value[value] = per_value.get(value, 0) + 1
+    return max(per_value.values(), default=0)
+
+
 def describe_task(units: Units) -> str:
     """``gpu 8`` / ``cpu 2, memory_mb 4096``: what one task asks, as a verdict says it."""
     asked = [f"{name} {fmt_amount(from_units(name, amount))}" for name, amount in units]

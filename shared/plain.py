@@ -32,6 +32,7 @@ _CHOICES = {
     "band": _one_of(BANDS),
     "op": _one_of(op.value for op in ConstraintOp),
     "stream": "stdout or stderr",
+    "when": "ok, any or failed",
     "method": "a read the router answers (job_get, job_list, ...)",
 }
 _TYPES = {"int": "a whole number", "float": "a number", "str": "text",

@@ -136,7 +136,7 @@ def choose_victims(units: Sequence[tuple[str, int]], free: Mapping[str, int], sl
     ``tasks`` tasks together) on a backend with ``free`` units and ``slots`` free slots
     (``legacy``: it advertises no resources, so only slots count), from ``candidates``
     (already in victim order, all preemptible by the job). ``()``: it fits already; None:
-    even all would not do. (Nodes are the caller's: shared.placement.)"""
+    even all would not do. (Nodes are the caller's: shared.gang_placement.)"""
     lack = _lacks(units, free, slots, legacy, tasks)
     if not lack:
         return ()

@@ -84,6 +84,7 @@ class Move:
     exit_code: int | None = None
     log_dir: str | None = None
     avoid_peer: str | None = None
+    no_fault: bool = False  # handed back through no fault of the job: spends no retry (§3.7)
 
     @property
     def resulting_epoch(self) -> int:
@@ -170,6 +171,13 @@ class JobRow(Row, frozen=True, array_like=True):
     preemptions: int = 0  # times preempted (never counted as retries)
     stopping_on: str | None = None  # preempted: the peer whose old run has not been seen to stop
     replicas: int = 1  # its tasks (resources is each one's)
+    failures: int = 0  # runs that exited non-zero and ran again (max_failure_retries)
+    restarts: int = 0  # runs handed back by their agent's restart, through no fault of the job
+
+    @property
+    def spared(self) -> int:
+        """Runs that spent no retry of ``max_retries`` besides preemptions (shared.retry)."""
+        return self.failures + self.restarts
 
 
 class JobSummary(Row, frozen=True, array_like=True):
@@ -195,6 +203,7 @@ class JobSummary(Row, frozen=True, array_like=True):
     replicas: int = 1
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    array_id: str | None = None  # the array it is an element of (docs/design.md §3.8)
 
 
 class SubmittedJob(Row, frozen=True, array_like=True):
@@ -306,6 +315,7 @@ class LostPeerJob(Row, frozen=True, array_like=True):
     pinned_peer_id: str | None
     cancel_requested: bool = False  # a cancel stored while the owner was away: applied, never requeued
     preemptions: int = 0  # times preempted: those runs are not retries (shared.retry)
+    spared: int = 0  # failure retries and restarts: not retries either
 
 
 class PreemptibleJob(Row, frozen=True, array_like=True):
@@ -356,6 +366,27 @@ class TaskRow(Row, frozen=True, array_like=True):
     exit_code: int | None
     log_path: str | None
     updated_at: datetime
+
+
+class DependencyRow(Row, frozen=True, array_like=True):
+    """An edge of a job (``job_dependencies_of``: a job it waits for; ``job_dependents_of``:
+    a job that waits for it), the condition and that other job's state now."""
+
+    job_id: str
+    condition: str  # ok, any, failed
+    state: JobState
+
+
+class ArrayRow(Row, frozen=True, array_like=True):
+    """One array (``job_array_get``): its elements are jobs ``<array_id>_<i>``."""
+
+    array_id: str
+    user_id: str
+    size: int
+    parallel: int | None  # at most this many elements live at once (None: no limit)
+    spec_hash: str
+    reply: str  # the submit's first reply (JSON), repeated to a duplicate
+    submitted_at: datetime
 
 
 class OutputRow(Row, frozen=True, array_like=True):

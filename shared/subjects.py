@@ -92,4 +92,21 @@ class Subjects:
         return peer if head == f"{self.prefix}.fetch" and peer else None
 
     def events(self, job_id: str = "*") -> str:
-        return f"{self.prefix}.events.{job_id}"
+        """``P.events.<job>``: job ``job_id`` (its stored id) as one token (``job_token``)."""
+        return f"{self.prefix}.events.{job_token(job_id)}"
+
+    def user_events(self, user: str, job_id: str = "*") -> str:
+        """``P.uevents.<user>.<id>``: ``user``'s job ``job_id`` (the id it submitted, as one
+        token) as that user sees its events; ``*`` (the default) every one of them: what
+        its credentials may subscribe to (docs/design.md §3.6)."""
+        return f"{self.prefix}.uevents.{user}.{job_token(job_id)}"
+
+
+def job_token(job_id: str) -> str:
+    """A job id as one subject token: its dots (a job id may hold them; a token may not)
+    as ``~`` (which no job id holds, so ``job_of_token`` reads it back)."""
+    return job_id.replace(".", "~")
+
+
+def job_of_token(token: str) -> str:
+    return token.replace("~", ".")

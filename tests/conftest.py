@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -34,8 +35,27 @@ TESTS = Path(__file__).parent
 LAYERS = ("unit", "integration", "e2e", "engines", "browser", "chaos")
 
 
+# With parallel workers (`-n 4`; pytest-xdist, `--dist loadgroup`: pyproject.toml), tests
+# needing a session engine run on one worker per engine, so each engine starts once a run
+# (the tests of one group also run one at a time: they share the engine's nodes).
+ENGINE_GROUPS = {"slurm_cluster": "slurm", "ray_head": "ray", "chromium": "browser", "patroni": "patroni"}
+
+
+def pytest_configure(config):
+    """The engines and processes the tests start get SIGINT and SIGQUIT at their defaults.
+    A shell starting pytest in the background without job control hands it both ignored,
+    and every child inherits an ignore: Ray workers then never see the SIGINT of Ray's
+    polite cancel, so a stopped gang's tasks would get no SIGTERM and no grace."""
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        group = next((ENGINE_GROUPS[name] for name in ENGINE_GROUPS if name in item.fixturenames), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
         try:
             folder = item.path.relative_to(TESTS).parts[0]
         except ValueError:  # a test outside tests/ (given on the command line)
@@ -53,8 +73,14 @@ def servers() -> Servers:
         provided.close()
 
 
-async def _admin(servers: Servers) -> asyncpg.Connection:
-    return await asyncpg.connect(servers.database_url)
+async def _as_admin(servers: Servers, *statements: str) -> None:
+    """Run ``statements`` as the servers' admin, on a connection of their own."""
+    conn = await asyncpg.connect(servers.database_url)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -64,27 +90,11 @@ def template_database(servers: Servers) -> str:
 
     name = f"irisfed_template_{os.getpid()}"
 
-    async def create() -> None:
-        conn = await _admin(servers)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
+    asyncio.run(_as_admin(servers, f'DROP DATABASE IF EXISTS "{name}"', f'CREATE DATABASE "{name}"'))
     dbmod.migrate(with_database(servers.database_url, name))
     yield name
-
-    async def drop() -> None:
-        conn = await _admin(servers)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
     try:
-        asyncio.run(drop())
+        asyncio.run(_as_admin(servers, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     except Exception:  # noqa: BLE001 - the server may already be gone
         pass
 
@@ -94,19 +104,11 @@ async def _scratch_database(servers: Servers, prefix: str, template: str | None 
     """A database of its own for one test (a clone of ``template``, else empty), dropped after."""
     name = f"{prefix}_{uuid.uuid4().hex[:16]}"
     clause = f' TEMPLATE "{template}"' if template else ""
-    conn = await _admin(servers)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"{clause}')
-    finally:
-        await conn.close()
+    await _as_admin(servers, f'CREATE DATABASE "{name}"{clause}')
     try:
         yield with_database(servers.database_url, name)
     finally:
-        conn = await _admin(servers)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        await _as_admin(servers, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

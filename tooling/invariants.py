@@ -1,8 +1,9 @@
 """docs/design.md §6 checks shared by every end-to-end test (and the chaos suite).
 
 The pure checks (:func:`quota_violations`, :func:`identity_violations`,
-:func:`preemption_violations`) take rows and return what is wrong; the async ones read
-them from Postgres first.
+:func:`preemption_violations`, :func:`gang_violations`, :func:`dependency_violations`,
+:func:`array_violations`) take rows and return what is wrong; the async ones read them
+from Postgres first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 from irisfed.services.common.store import Store
 from irisfed.shared.bands import band_name, may_preempt
-from irisfed.shared.lifecycle import ACTIVE_STATES, JobState, can_transition
+from irisfed.shared.lifecycle import ACTIVE_STATES, TERMINAL_STATES, JobState, can_transition
 from irisfed.shared.resources import (
     SLOTS,
     as_resources,
@@ -630,3 +631,312 @@ async def gang_replay_violations(conn: Queryable) -> tuple[list[str], int]:
     tasks = [GangTask(*r) for r in await conn.fetch(
         "SELECT job_id, epoch, task_index, peer_id, node, state, exit_code FROM job_tasks")]
     return gang_violations(history, replicas, tasks), len({(t.job_id, t.epoch) for t in tasks})
+
+
+# ---------------------------------------------------------------- invariant 16: dependencies
+
+# Who ends a waiting job whose dependency can no longer be met: the router at submit
+# (services/router/dependencies.py) and Postgres when the dependency ends (trigger
+# irisfed_dependencies_settle, migration 0019) both write their row as this actor.
+DEPENDENCY_ACTOR = "dependency"
+_TERMINAL = frozenset(state.value for state in TERMINAL_STATES)
+
+
+class DependencyEdge(NamedTuple):
+    """A ``job_dependencies`` row: ``job_id`` waits for ``needs`` (``ok``, ``any``, ``failed``)."""
+
+    job_id: str
+    needs: str
+    condition: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """A job as invariant 16's last clause needs it: ``jobs.state`` and ``jobs.deps_pending``
+    (None: not compared)."""
+
+    state: str
+    deps_pending: int | None = None
+
+
+def condition_met(condition: str, state: str) -> bool:
+    """Does a dependency that ended ``state`` meet ``condition`` (docs/design.md §3.8)?
+    ``ok``: it succeeded; ``failed``: it ended any other way; ``any``: it ended."""
+    return condition == "any" or (condition == "ok") == (state == JobState.SUCCEEDED.value)
+
+
+def dependency_violations(changelog: Iterable[Any], edges: Iterable[Any],
+                          jobs: Mapping[str, WaitingJob]) -> list[str]:
+    """Invariant 16 (docs/design.md §6, §3.8) from the changelog (rows with ``seq``,
+    ``job_id``, ``to_state``, ``actor``; any order: sorted here by ``seq``), the
+    ``job_dependencies`` edges (``job_id``, ``needs``, ``condition``) and each job's state
+    (and ``deps_pending``) as the run ended:
+
+    - no early start: a dependent's first row into a live state (assigned, running)
+      follows, in ``seq`` order, each dependency's first terminal row, and that end met
+      the edge's condition;
+    - a dependency that ended breaking its condition ends its dependent
+      ``unschedulable``, unless the dependent had ended before; and a job ends
+      ``unschedulable`` by actor ``dependency`` only after one of its dependencies
+      ended breaking its condition;
+    - never waits forever: no job is still ``queued`` once every dependency has ended
+      (each met, or it would have ended), and a queued job's ``deps_pending`` counts
+      exactly its dependencies not ended (more would strand it).
+
+    (``seq`` order is the order these happened in: a dependency's end, its changelog
+    row and the settling of its dependents are one statement; a start is claimed only
+    once that has committed.)
+    """
+    history: dict[str, list[Any]] = defaultdict(list)
+    for row in sorted(changelog, key=lambda r: r.seq):
+        history[row.job_id].append(row)
+
+    def first(job_id: str, states: Collection[str]) -> Any | None:
+        return next((r for r in history.get(job_id, ()) if _state(r.to_state) in states), None)
+
+    needs: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for edge in edges:
+        needs[edge.job_id].append((edge.needs, edge.condition))
+    problems: list[str] = []
+    for job_id, deps in sorted(needs.items()):
+        live = first(job_id, LIVE_STATES)
+        end = first(job_id, _TERMINAL)
+        ended = {needed: first(needed, _TERMINAL) for needed, _ in deps}
+        broke_first: Any | None = None  # the earliest end of a dependency breaking its condition
+        for needed, condition in sorted(deps):
+            done = ended[needed]
+            how = f"{needed} ({condition})"
+            if needed not in jobs and needed not in history:
+                problems.append(f"{job_id}: waits for {how}, a job that does not exist")
+            if live is not None:
+                if done is None or done.seq > live.seq:
+                    problems.append(f"{job_id}: {_state(live.to_state)} at seq {live.seq} before its dependency "
+                                    f"{how} ended ({'never' if done is None else f'at seq {done.seq}'})")
+                elif not condition_met(condition, _state(done.to_state)):
+                    problems.append(f"{job_id}: {_state(live.to_state)} at seq {live.seq} though its dependency "
+                                    f"{how} ended {_state(done.to_state)} at seq {done.seq}")
+            if done is None or condition_met(condition, _state(done.to_state)):
+                continue
+            if broke_first is None or done.seq < broke_first.seq:
+                broke_first = done
+            if end is not None and end.seq < done.seq:
+                continue  # it had ended (cancelled, say) before its dependency did
+            if end is None or _state(end.to_state) != JobState.UNSCHEDULABLE.value:
+                now = "still " + jobs[job_id].state if end is None and job_id in jobs else \
+                    "never ended" if end is None else f"ended {_state(end.to_state)} at seq {end.seq}"
+                problems.append(f"{job_id}: its dependency {how} ended {_state(done.to_state)} at seq {done.seq} "
+                                f"(never to be met) but it {now}, not unschedulable")
+        if end is not None and _state(end.to_state) == JobState.UNSCHEDULABLE.value \
+                and end.actor == DEPENDENCY_ACTOR and (broke_first is None or broke_first.seq > end.seq):
+            problems.append(f"{job_id}: ended unschedulable for a dependency at seq {end.seq} ({end.detail!r}) "
+                            f"but none of its dependencies had ended breaking its condition")
+        job = jobs.get(job_id)
+        if job is None or _state(job.state) != JobState.QUEUED.value:
+            continue
+        open_deps = [needed for needed, _ in deps
+                     if (_state(jobs[needed].state) not in _TERMINAL if needed in jobs else ended[needed] is None)]
+        if not open_deps and broke_first is None:  # (a broken one is reported above)
+            states = ", ".join(f"{needed} {jobs[needed].state if needed in jobs else _state(ended[needed].to_state)}"
+                               for needed, _ in sorted(deps))
+            problems.append(f"{job_id}: still queued though every dependency ended ({states}): it waits forever")
+        if job.deps_pending is not None and job.deps_pending != len(open_deps):
+            problems.append(f"{job_id}: queued with deps_pending {job.deps_pending} but {len(open_deps)} of its "
+                            f"dependencies have not ended ({', '.join(sorted(open_deps)) or 'none'})")
+    return problems
+
+
+async def dependency_edges(conn: Queryable) -> list[DependencyEdge]:
+    """Every ``job_dependencies`` row."""
+    return [DependencyEdge(*r) for r in await conn.fetch("SELECT job_id, needs, condition FROM job_dependencies")]
+
+
+async def waiting_jobs(conn: Queryable) -> dict[str, WaitingJob]:
+    """Every job's state and ``deps_pending``, less the one a held array element counts
+    for its slot (migration 0020: its dependencies are the rest)."""
+    return {r["job_id"]: WaitingJob(r["state"], r["deps_pending"])
+            for r in await conn.fetch("SELECT job_id, state, deps_pending - (array_held AND state = 'queued')::int "
+                                      "AS deps_pending FROM jobs")}
+
+
+@dataclass(frozen=True, slots=True)
+class DependencyCounts:
+    """What a run's dependencies did: edges, and how the dependents ended."""
+
+    edges: int = 0
+    dependents: int = 0  # jobs with at least one edge
+    started: int = 0  # dependents that went live (every dependency met first)
+    unschedulable: int = 0  # dependents ended for a dependency that could no longer be met
+
+
+def dependency_counts(changelog: Collection[Any], edges: Collection[Any]) -> DependencyCounts:
+    """How many edges and dependents ``edges`` holds, and how many of those the changelog
+    shows started, or ended ``unschedulable`` for a dependency."""
+    dependents = {edge.job_id for edge in edges}
+    started = {r.job_id for r in changelog if r.job_id in dependents and _state(r.to_state) in LIVE_STATES}
+    ended = {r.job_id for r in changelog if r.job_id in dependents and r.actor == DEPENDENCY_ACTOR
+             and _state(r.to_state) == JobState.UNSCHEDULABLE.value}
+    return DependencyCounts(len(edges), len(dependents), len(started), len(ended))
+
+
+async def dependency_replay_violations(conn: Queryable) -> tuple[list[str], DependencyCounts]:
+    """:func:`dependency_violations` over the whole changelog, ``job_dependencies`` and
+    ``jobs``, and what the dependencies did (:class:`DependencyCounts`)."""
+    history = await preemption_history(conn)
+    edges = await dependency_edges(conn)
+    return dependency_violations(history, edges, await waiting_jobs(conn)), dependency_counts(history, edges)
+
+
+# ---------------------------------------------------------------- arrays: at most K live
+
+class JobArray(NamedTuple):
+    """A ``job_arrays`` row: its stored base id, size and limit (``parallel``; None: none)."""
+
+    array_id: str
+    size: int
+    parallel: int | None
+
+    @property
+    def limit(self) -> int:
+        """The most elements that may be live at once: ``parallel``, else all of them."""
+        return self.parallel if self.parallel is not None else self.size
+
+
+class ArrayElement(NamedTuple):
+    """An element's ``jobs`` row as the array checks need it, as the run ended."""
+
+    job_id: str
+    array_id: str
+    array_index: int
+    state: str
+    array_held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayPeak:
+    """The most elements of one array live at once, its limit, and the first row that
+    took it past the limit (None: it never went past) with the elements live then."""
+
+    most: int
+    limit: int
+    over: Any | None = None
+    live_then: tuple[str, ...] = ()
+
+
+def array_peaks(changelog: Iterable[Any], arrays: Iterable[JobArray],
+                elements: Iterable[ArrayElement]) -> dict[str, ArrayPeak]:
+    """Replay the changelog in ``seq`` order counting each array's live elements: an
+    element is live from its first row into ``assigned`` or ``running`` to its first
+    terminal row (a preempted or retried element queued meanwhile keeps its slot, as
+    only an end frees one: trigger ``irisfed_array_release``, migration 0020). Every
+    array of ``arrays`` gets its peak, elements of arrays not among them none."""
+    limits = {a.array_id: a.limit for a in arrays}
+    array_of = {e.job_id: e.array_id for e in elements if e.array_id in limits}
+    live: dict[str, set[str]] = defaultdict(set)
+    ended: set[str] = set()
+    most: dict[str, int] = dict.fromkeys(limits, 0)
+    over: dict[str, tuple[Any, tuple[str, ...]]] = {}
+    for row in sorted(changelog, key=lambda r: r.seq):
+        array_id = array_of.get(row.job_id)
+        if array_id is None or row.job_id in ended:
+            continue
+        state = _state(row.to_state)
+        if state in _TERMINAL:
+            ended.add(row.job_id)
+            live[array_id].discard(row.job_id)
+        elif state in LIVE_STATES and row.job_id not in live[array_id]:
+            live[array_id].add(row.job_id)
+            most[array_id] = max(most[array_id], len(live[array_id]))
+            if len(live[array_id]) > limits[array_id] and array_id not in over:
+                over[array_id] = (row, tuple(sorted(live[array_id])))
+    return {array_id: ArrayPeak(most[array_id], limit, *over.get(array_id, (None, ())))
+            for array_id, limit in limits.items()}
+
+
+def array_violations(changelog: Iterable[Any], arrays: Iterable[JobArray],
+                     elements: Iterable[ArrayElement]) -> list[str]:
+    """Arrays (docs/design.md §3.8) from the changelog (rows with ``seq``, ``job_id``,
+    ``to_state``; any order: sorted here by ``seq``), the ``job_arrays`` rows and each
+    element's row as the run ended:
+
+    - whole: an array's elements are exactly ``<array_id>_0`` .. ``<array_id>_<size-1>``,
+      and no element names an array ``job_arrays`` does not hold;
+    - at most K live: replaying the changelog, never more of an array's elements live
+      (first ``assigned``/``running`` row seen, terminal row not yet) than its
+      ``parallel`` (:func:`array_peaks`);
+    - none stranded: no element is still ``queued`` and held (``array_held``) while
+      fewer than ``parallel`` of its array's elements hold a slot (released, that is
+      not held, and not ended): a slot is free, and nothing would ever release it.
+    """
+    arrays = list(arrays)
+    elements = list(elements)
+    known = {a.array_id for a in arrays}
+    of_array: dict[str, list[ArrayElement]] = defaultdict(list)
+    for element in elements:
+        of_array[element.array_id].append(element)
+    problems: list[str] = []
+    for array_id in sorted(set(of_array) - known):
+        ids = ", ".join(sorted(e.job_id for e in of_array[array_id]))
+        problems.append(f"{array_id}: its elements ({ids}) name an array job_arrays does not hold")
+    peaks = array_peaks(changelog, arrays, elements)
+    for array in sorted(arrays, key=lambda a: a.array_id):
+        mine = sorted(of_array.get(array.array_id, ()), key=lambda e: (e.array_index, e.job_id))
+        indexes = [e.array_index for e in mine]
+        wrong = []
+        if len(mine) != array.size:
+            wrong.append(f"{len(mine)} elements")
+        missing = sorted(set(range(array.size)) - set(indexes))
+        if missing:
+            wrong.append(f"no element at index {', '.join(map(str, missing))}")
+        twice = sorted({i for i in indexes if indexes.count(i) > 1 or not 0 <= i < array.size})
+        if twice:
+            wrong.append(f"index {', '.join(map(str, twice))} twice or out of range")
+        misnamed = [f"{e.job_id} (index {e.array_index})" for e in mine
+                    if e.job_id != f"{array.array_id}_{e.array_index}"]
+        if misnamed:
+            wrong.append(f"misnamed {', '.join(misnamed)}")
+        if wrong:
+            problems.append(f"{array.array_id}: an array of size {array.size} with {'; '.join(wrong)}")
+        peak = peaks[array.array_id]
+        if peak.over is not None:
+            problems.append(f"{array.array_id}: {peak.limit + 1} elements live at seq {peak.over.seq} "
+                            f"({', '.join(peak.live_then)}; {peak.over.job_id} → {_state(peak.over.to_state)}), "
+                            f"over its limit of {peak.limit} (most at once: {peak.most})")
+        held = [e.job_id for e in mine if e.array_held and _state(e.state) == JobState.QUEUED.value]
+        slots = [e.job_id for e in mine if not e.array_held and _state(e.state) not in _TERMINAL]
+        if held and len(slots) < array.limit:
+            problems.append(f"{array.array_id}: {', '.join(held)} still held, waiting for a slot, though only "
+                            f"{len(slots)} of its {array.limit} slots are taken"
+                            f"{' (' + ', '.join(slots) + ')' if slots else ''}: stranded")
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayCounts:
+    """What a run's arrays did: how many, their elements, and each one's peak as
+    (most live at once, limit), in ``array_id`` order."""
+
+    arrays: int = 0
+    elements: int = 0
+    peaks: tuple[tuple[int, int], ...] = ()
+
+
+async def job_arrays(conn: Queryable) -> list[JobArray]:
+    """Every ``job_arrays`` row."""
+    return [JobArray(*r) for r in await conn.fetch("SELECT array_id, size, parallel FROM job_arrays")]
+
+
+async def array_elements(conn: Queryable) -> list[ArrayElement]:
+    """Every job that is an array's element, as it is now."""
+    return [ArrayElement(*r) for r in await conn.fetch(
+        "SELECT job_id, array_id, array_index, state, array_held FROM jobs WHERE array_id IS NOT NULL")]
+
+
+async def array_replay_violations(conn: Queryable) -> tuple[list[str], ArrayCounts]:
+    """:func:`array_violations` over the whole changelog, ``job_arrays`` and the elements'
+    rows, and what the arrays did (:class:`ArrayCounts`)."""
+    history = await preemption_history(conn)
+    arrays, elements = await job_arrays(conn), await array_elements(conn)
+    peaks = array_peaks(history, arrays, elements)
+    counts = ArrayCounts(len(arrays), len(elements),
+                         tuple((peaks[a].most, peaks[a].limit) for a in sorted(peaks)))
+    return array_violations(history, arrays, elements), counts

@@ -25,7 +25,8 @@ from irisfed.shared.config import DEFAULT_MAX_WORKSPACE_MB
 from irisfed.shared.errors import ConfigError, IrisfedError, Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.resources import ResourceError, normalize_request, parse_amount_flags
-from irisfed.shared.shorthands import parse_constraint, parse_pairs
+from irisfed.shared.shorthands import parse_array, parse_constraint, parse_duration, parse_pairs
+from irisfed.shared.users import split_job_id
 
 
 class ReplyError(IrisfedError):
@@ -74,6 +75,12 @@ def _reply_or_fail(reply: dict) -> dict:
     return reply
 
 
+def _given(args: argparse.Namespace, **fields: str) -> dict[str, Any]:
+    """The submit's fields whose flags were given: ``fields`` maps each field to its
+    flag's attribute in ``args``, left out when None (not given)."""
+    return {field: getattr(args, flag) for field, flag in fields.items() if getattr(args, flag) is not None}
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not command:
@@ -97,22 +104,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
     if args.pin:
         body["cluster_pin"] = args.pin
-    if args.priority is not None:
-        body["priority"] = args.priority
-    if args.max_retries is not None:
-        body["max_retries"] = args.max_retries
-    if args.deadline is not None:
-        body["deadline_s"] = args.deadline
+    body.update(_given(args, priority="priority", max_retries="max_retries", deadline_s="deadline"))
+    if args.time_limit is not None:
+        body["time_limit_s"] = parse_duration(args.time_limit, "--time-limit")
+    if args.grace is not None:
+        body["grace_s"] = parse_duration(args.grace, "--grace", zero=True)
+    body.update(_given(args, max_failure_retries="retry_failures"))
+    after = [{"job_id": job_id, "when": when} for when, named in (
+        ("ok", args.after), ("any", args.after_any), ("failed", args.after_failed)) for job_id in named or ()]
+    if after:
+        body["after"] = after
+    if args.array is not None:
+        body["array"], parallel = parse_array(args.array)
+        if parallel is not None:
+            body["array_parallel"] = parallel
     if args.env:
         body["env"] = parse_pairs(args.env, "--env")
     if args.label:
         body["labels"] = parse_pairs(args.label, "--label")
-    if args.band is not None:
-        body["band"] = args.band
-    if args.max_preemptions is not None:
-        body["max_preemptions"] = args.max_preemptions
-    if args.replicas is not None:
-        body["replicas"] = args.replicas
+    body.update(_given(args, band="band", max_preemptions="max_preemptions", replicas="replicas"))
     if args.group_by:
         body["coschedule"] = {"group_by": args.group_by}
     if args.dry_run:
@@ -195,6 +205,7 @@ def _watch(args: argparse.Namespace, shown: str) -> int:
     router), again on each NATS event for it (when the NATS user may hear them) and at
     least every second."""
     from irisfed.cli.views import printable
+    from irisfed.services.common.runtime import wait_event
 
     job_id = scoped_job_id(args, shown)
 
@@ -205,8 +216,9 @@ def _watch(args: argparse.Namespace, shown: str) -> int:
         async def on_event(msg) -> None:
             changed.set()
 
-        with contextlib.suppress(Exception):  # a user may not hear events: it reads every second
-            await nc.subscribe(subjects(args).events(job_id), cb=on_event)
+        with contextlib.suppress(Exception):  # events wake the reads; without them, every second
+            # Its user's copy of its events: what that user's own credentials may hear (§3.6).
+            await nc.subscribe(subjects(args).user_events(*split_job_id(job_id)), cb=on_event)
         seen = 0  # the changelog's seq printed last: each change once, at its own time
         try:
             deadline = time.monotonic() + args.timeout if args.timeout else None
@@ -227,10 +239,7 @@ def _watch(args: argparse.Namespace, shown: str) -> int:
                 if deadline and time.monotonic() > deadline:
                     raise IrisfedError(f"timed out waiting for {job_id}")
                 changed.clear()
-                try:
-                    await asyncio.wait_for(changed.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
+                await wait_event(changed, 1.0)
         finally:
             await nc.close()
 

@@ -94,7 +94,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def follow_submitted(args: argparse.Namespace, user: str, job_id: str) -> int:
     """``submit --wait``: the job's stdout as it runs, its state changes on stderr; the
     job's status as the command's."""
-    from irisfed.client import reads_as_operator
+    from irisfed.connection import reads_as_operator
 
     out = Output(sys.stdout.isatty())
 

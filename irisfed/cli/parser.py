@@ -9,6 +9,7 @@ import typing
 from irisfed.services.common.startup import SERVICES, add_server_flags, add_service_parser
 from irisfed.shared.bands import BANDS, DEFAULT_BAND, DEFAULT_MAX_PREEMPTIONS
 from irisfed.shared.config import CONFIG_ENV
+from irisfed.shared.messages import DEFAULT_GRACE_S, MAX_GRACE_S
 from irisfed.shared.shorthands import CONSTRAINT_HELP
 
 
@@ -123,6 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say what the submit would do now (disposition, where it would be placed or why it "
                         "would wait, which jobs it would preempt) and submit nothing")
     p.add_argument("--deadline", type=float, metavar="SECONDS", help="max time queued")
+    p.add_argument("--time-limit", metavar="DURATION",
+                   help="stop the run after this much running time (90, 30m, 2h); the job then fails, "
+                        "not retried")
+    p.add_argument("--grace", metavar="DURATION",
+                   help=f"time between SIGTERM and SIGKILL when a run is stopped, to checkpoint (0-{MAX_GRACE_S}s, "
+                        f"default {DEFAULT_GRACE_S:g}s)")
+    p.add_argument("--after", action="append", metavar="ID",
+                   help="wait until your job ID succeeded (repeatable); if it ends otherwise, this job ends "
+                        "unschedulable")
+    p.add_argument("--after-any", action="append", metavar="ID", help="wait until your job ID ended, however")
+    p.add_argument("--after-failed", action="append", metavar="ID",
+                   help="wait until your job ID ended other than succeeded (runs only then)")
+    p.add_argument("--array", metavar="N[%K]",
+                   help="N jobs <job_id>_<i> (1-10000), each told IRISFED_ARRAY_INDEX and IRISFED_ARRAY_SIZE; "
+                        "%%K: at most K of them live at once")
+    p.add_argument("--retry-failures", type=int, metavar="N",
+                   help="run again, up to N times (0-100, default 0), after the command exits non-zero")
     p.add_argument("--env", action="append", metavar="KEY=VALUE")
     p.add_argument("--label", action="append", metavar="KEY=VALUE")
     p.add_argument("--wait", action="store_true",
@@ -157,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state")
     p.add_argument("--user", metavar="ID", help="only this user's jobs")
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--expand", action="store_true", help="each job of an array on its own line")
     _output_flags(p)
 
     _about_one_job(sub, "job", "one job and its history")
@@ -205,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes, for CI smoke runs")
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--sections", help="comma-separated: pgqueuer,submit,dispatch,tick,heartbeat,scale,preemption,gangs,workspaces,logs,"
-                                      "engines,web,ha (default: all; --quick leaves out engines and ha unless named)")
+                                      "stops,pipelines,engines,web,ha (default: all; --quick leaves out engines and ha "
+                                      "unless named)")
     p.add_argument("--report", metavar="FILE",
                    help="run nothing: print a results file (--out's JSON, e.g. bench/results/*.json) as the "
                         "README's Markdown table")

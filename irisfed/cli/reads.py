@@ -23,6 +23,7 @@ from irisfed.cli.connect import (
 from irisfed.jobs import task_views
 from irisfed.reads import checked_stored_job_id, shown_job_id
 from irisfed.services.common.startup import federation_config
+from irisfed.shared.arrays import counts_words, fold_arrays
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.users import USER_ID_PATTERN
 from irisfed.transfer import output_views
@@ -43,12 +44,19 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
     user = None if getattr(args, "user", None) is None else checked_user_id(args.user)
-    rows = asyncio.run(with_store(args, lambda s: s.job_list(args.state, args.limit, user_id=user)))
+    expand = getattr(args, "expand", False)
+
+    async def fetch(store):
+        rows = await store.job_list(args.state, args.limit, user_id=user)
+        arrays = [] if expand else sorted({row.array_id for row in rows if row.array_id})
+        return rows, {array_id: await store.job_array_counts(array_id) for array_id in arrays}
+
+    rows, counts = asyncio.run(with_store(args, fetch))
     mode = views.output_mode(args)
-    if mode == "json":
+    if mode == "json":  # every job, each naming its array: what a program reads
         print_json([views.job_json(row) for row in rows])
-    else:
-        views.Out(mode, args.wide).grid(views.jobs_grid(rows))
+    else:  # one line per array unless --expand
+        views.Out(mode, args.wide).grid(views.jobs_grid(rows if expand else fold_arrays(rows, counts)))
     return 0
 
 
@@ -59,35 +67,44 @@ def _job_and_history(args: argparse.Namespace, tasks: bool = False):
     job_id = scoped_job_id(args, checked_stored_job_id(args.job_id))
 
     async def fetch(store):
-        return (await store.job_get(job_id), await store.changelog_list_for_job(job_id),
+        job = await store.job_get(job_id)
+        if job is None:  # an array's id: its counts, said instead
+            return None, await store.job_array_counts(job_id), [], [], ([], [])
+        return (job, await store.changelog_list_for_job(job_id),
                 await store.job_tasks_list(job_id) if tasks else [],
-                await store.job_outputs_list(job_id) if tasks else [])
+                await store.job_outputs_list(job_id) if tasks else [],
+                (await store.job_dependencies_of(job_id), await store.job_dependents_of(job_id)))
 
-    job, history, task_rows, outputs = asyncio.run(with_store(args, fetch))
-    if job is None:
+    job, history, task_rows, outputs, links = asyncio.run(with_store(args, fetch))
+    if job is None and history:
+        print(f"irisfed: {args.job_id} is an array of {counts_words(history)}; "
+              f"`irisfed jobs --expand` lists them, each {args.job_id}_<i>", file=sys.stderr)
+        history = []
+    elif job is None:
         print(f"irisfed: no job {args.job_id!r}", file=sys.stderr)
-    return job, history, task_rows, output_views(outputs)
+    return job, history, task_rows, output_views(outputs), links
 
 
 def cmd_job(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history, task_rows, outputs = _job_and_history(args, tasks=True)
+    job, history, task_rows, outputs, (needs, needed_by) = _job_and_history(args, tasks=True)
     if job is None:
         return 1
     mode = views.output_mode(args)
     if mode == "json":
         print_json({"job": views.job_json(job), "changelog": history, "tasks": task_views(task_rows),
-                    "outputs": outputs})
+                    "outputs": outputs, "after": needs, "dependents": needed_by})
     else:
         views.print_job(job, history, views.Out(mode, args.wide), task_views(task_rows), outputs)
+        views.print_links(needs, needed_by, views.Out(mode, args.wide))
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from irisfed.cli import views
 
-    job, history, _, _ = _job_and_history(args)
+    job, history, _, _, (needs, _) = _job_and_history(args)
     if job is None:
         return 1
     mode = views.output_mode(args)
@@ -95,9 +112,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         explained = job.explanation or {}
         print_json({"job_id": job.job_id, "user_id": job.user_id, "state": job.state,
                     "disposition": job.disposition, "reason": job.reason, "wait": explained.get("wait"),
-                    "explanation": job.explanation})
+                    "explanation": job.explanation, "after": needs})
     else:
-        views.print_explain(job, history, views.Out(mode, args.wide))
+        out = views.Out(mode, args.wide)
+        views.print_explain(job, history, out)
+        views.print_links(needs, (), out)
     return 0
 
 
@@ -191,6 +210,8 @@ def cmd_top(args: argparse.Namespace) -> int:
                 return
             from rich.live import Live
 
+            from irisfed.services.common.runtime import wait_event
+
             changed = asyncio.Event()
 
             async def on_message(msg) -> None:
@@ -205,10 +226,8 @@ def cmd_top(args: argparse.Namespace) -> int:
                     while True:
                         changed.clear()
                         live.update(await views.dashboard(store, config, f"[bold]irisfed top[/] {views.now_stamp()}"))
-                        try:  # redraw on the next event, but at most 4 times a second
-                            await asyncio.wait_for(changed.wait(), timeout=args.interval)
-                        except TimeoutError:
-                            pass
+                        # Redraw on the next event, but at most 4 times a second.
+                        await wait_event(changed, args.interval)
                         await asyncio.sleep(0.25)
             finally:
                 await nc.close()

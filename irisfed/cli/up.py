@@ -25,6 +25,7 @@ from pathlib import Path
 from irisfed.services.common import db
 from irisfed.services.common.nats_auth import NatsAuth, user_role
 from irisfed.services.common.private import write_private
+from irisfed.services.common.runtime import wait_event
 from irisfed.shared.config import (
     CONFIG_ENV,
     DATABASE_URL_ENV,
@@ -221,10 +222,7 @@ async def _supervise(supervisor: Supervisor, db_url: str,
             while not stop.is_set():
                 if _restart_dead(supervisor):
                     on_restart()
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
+                await wait_event(stop, 1.0)
     finally:
         await pool.close()
     return 0
@@ -257,7 +255,4 @@ async def _live(supervisor: Supervisor, pool, config, stop, on_restart) -> None:
             services = "  ".join(f"{name}:{'up' if supervisor.running(name) else 'down'}"
                                  for name in supervisor.processes)
             live.update(await views.dashboard(store, config, f"[bold]irisfed up[/] {views.now_stamp()}  {services}"))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+            await wait_event(stop, 1.0)

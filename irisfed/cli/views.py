@@ -29,6 +29,7 @@ from rich.text import Text
 
 from irisfed.shared.bands import DEFAULT_MAX_PREEMPTIONS, band_name
 from irisfed.shared.config import FederationConfig
+from irisfed.shared.dependencies import CONDITION_WORDS, DEPENDENCY
 from irisfed.shared.federation.peer import FederationPeer
 from irisfed.shared.lifecycle import TERMINAL_STATES, JobState
 from irisfed.shared.messages import DryRunReply
@@ -42,6 +43,7 @@ from irisfed.shared.resources import (
     resource_label,
     size_text,
 )
+from irisfed.shared.run_contract import contract_text, grace_until, runs_text
 from irisfed.shared.users import (
     DEFAULT_USER,
     QUOTA,
@@ -317,7 +319,9 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
     if spec.get("labels"):
         out.line("  labels      ", lit(", ".join(f"{k}={v}" for k, v in spec["labels"].items())))
     out.line("  owner       ", lit(job.owner_peer_id or "-"), "   pinned ", lit(job.pinned_peer_id or "-"),
-             f"   epoch {job.epoch}   attempts {job.attempts}/{job.max_retries + 1}")
+             f"   epoch {job.epoch}")
+    out.line("  runs        ", lit(runs_text(job)))
+    out.line("  contract    ", lit(contract_text(spec)))
     out.line("  band        ", lit(band_name(job.band)),
              f"   preemptions {job.preemptions} (at most ", lit(max_preemptions(spec)), ")")
     asked = spec.get("resources") or {"cpu": 1}
@@ -362,9 +366,15 @@ def print_job(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = 
 
 
 def stopping_line(job: JobRow, out: Out) -> None:
-    """A preempted job waiting for its old run to stop: where, and what then."""
+    """A stop under way (docs/design.md §3.7): a preempted job waiting for its old run to
+    stop (where, and what then), or a cancelled running job; each until when its grace lasts."""
+    until = grace_until(job)
+    grace = f"grace until {until.astimezone().strftime('%H:%M:%S')}" if until is not None else ""
     if job.stopping_on and job.state == JobState.QUEUED:
-        out.line("  waiting for ", lit(job.stopping_on), " to stop its preempted run (placed again once it is gone)")
+        out.line("  waiting for ", lit(job.stopping_on), f" to stop its preempted run ({grace}; placed again once "
+                 "it is gone)")
+    elif until is not None:
+        out.line("  stopping    ", f"SIGTERM sent or on its way ({grace}, then SIGKILL)")
 
 
 def _clock(at: datetime) -> str:
@@ -440,7 +450,16 @@ def now_stamp() -> str:
 
 
 # Why a queued job waits when that is not a peer's doing (the explanation's "wait").
-WAIT_CODES = {QUOTA: "its user's live jobs hold all its quota allows"}
+WAIT_CODES = {QUOTA: "its user's live jobs hold all its quota allows",
+              DEPENDENCY: "jobs it waits for have not all ended"}
+
+
+def print_links(needs: Sequence[Any], needed_by: Sequence[Any], out: Out) -> None:
+    """A job's dependencies and its dependents, each with its state now and its condition."""
+    for label, rows in (("after       ", needs), ("dependents  ", needed_by)):
+        if rows:
+            out.line(label, lit(", ".join(f"{row.job_id} ({row.state}: {CONDITION_WORDS.get(row.condition, row.condition)})"
+                                          for row in rows)))
 
 
 def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | None = None) -> None:
@@ -474,6 +493,9 @@ def print_explain(job: JobRow, history: Sequence[ChangelogEntry], out: Out | Non
     stopping_line(job, out)
     if state not in (JobState.QUEUED, JobState.REJECTED):
         out.line("  now         ", lit(job.reason or state))
+    if job.attempts:
+        out.line("  runs        ", lit(runs_text(job)))
+    out.line("  contract    ", lit(contract_text(job.spec)))
     peers = explained.get("peers") or []
     if peers:
         grid = Grid("peers", ("peer", "verdict", "detail"))

@@ -17,9 +17,12 @@ from nats.aio.client import Client
 
 from irisfed.services.common import metrics
 from irisfed.services.common.log import EventLogger
-from irisfed.shared.messages import encoder
+from irisfed.shared.messages import JobEvent, encoder
 from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
 from irisfed.shared.redact import redact
+from irisfed.shared.seen import scrub
+from irisfed.shared.subjects import Subjects
+from irisfed.shared.users import split_job_id
 
 log = EventLogger("bus")
 
@@ -98,6 +101,23 @@ async def close_quietly(nc: Client) -> None:
 async def publish(nc: Client, subject: str, message: msgspec.Struct) -> None:
     """Publish one of our structs (fire and forget; Postgres already holds the truth)."""
     await nc.publish(subject, encoder.encode(message))
+
+
+async def publish_event(nc: Client, subjects: Subjects, event: JobEvent) -> None:
+    """A committed change of a job, for live watchers: on ``P.events.<stored id>`` (operators,
+    the dashboard) and, as its user sees it, on ``P.uevents.<user>.<id>`` (``user_event``),
+    which that user's credentials alone may hear (docs/design.md §3.6)."""
+    await publish(nc, subjects.events(event.job_id), event)
+    subject, copy = user_event(subjects, event)
+    await publish(nc, subject, copy)
+
+
+def user_event(subjects: Subjects, event: JobEvent) -> tuple[str, JobEvent]:
+    """Where ``event``'s user hears it, and what it hears: its job by the id it submitted,
+    other users' jobs its reason names hidden (shared.seen)."""
+    user, bare = split_job_id(event.job_id)
+    return subjects.user_events(user, bare), msgspec.structs.replace(event, job_id=bare,
+                                                                    reason=scrub(event.reason, user))
 
 
 def from_jetstream(msg) -> bool:

@@ -4,12 +4,12 @@ Roles and what they may do (``P`` is the subject prefix):
 
 | role | publish | subscribe |
 |---|---|---|
-| producer (the user ``default``) | P.submit, P.cancel, P.read.* (its own jobs' logs), own objects | _INBOX_producer.> (its replies) |
-| user-U (each configured user U) | P.submit.U, P.cancel.U, P.read.*.U, own objects | _INBOX_user-U.> (its replies) |
-| operator | P.submit, P.cancel, P.operator.cancel, P.operator.read.*, P.tick.ping, all objects, log reads | P.events.*, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.tick.wake, workspace and log reads, _INBOX_agent-*.> (workspaces sent), replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.fetch.*, P.read.>, P.operator.read.*, _INBOX_router.> |
-| tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
-| agent-X | P.heartbeat.X, P.events.*, P.fetch.X, outputs at X (write), P.logs.X.> and X's log stream (read, purge) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
+| producer (the user ``default``) | P.submit, P.cancel, P.read.* (its own jobs' logs), own objects | _INBOX_producer.> (its replies), P.uevents.default.> (its jobs' events) |
+| user-U (each configured user U) | P.submit.U, P.cancel.U, P.read.*.U, own objects | _INBOX_user-U.> (its replies), P.uevents.U.> (its jobs' events) |
+| operator | P.submit, P.cancel, P.operator.cancel, P.operator.read.*, P.tick.ping, all objects, log reads | P.events.*, P.uevents.>, P.heartbeat.*, _INBOX_operator.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.uevents.>, P.tick.wake, workspace and log reads, _INBOX_agent-*.> (workspaces sent), replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.fetch.*, P.read.>, P.operator.read.*, _INBOX_router.> |
+| tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, P.uevents.>, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
+| agent-X | P.heartbeat.X, P.events.*, P.uevents.>, P.fetch.X, outputs at X (write), P.logs.X.> and X's log stream (read, purge) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
 
 Objects are :func:`object_store_rights`: JetStream API subjects of named buckets, nothing
 else of JetStream. Each user has its own workspaces bucket and, at each peer, a bucket
@@ -19,7 +19,7 @@ and its outputs, no other user's. An agent reads no workspace bucket: it asks on
 X only, sends the bytes to agent X's inbox (which only the router and X's own replies
 reach). It writes outputs only at its peer, where readers look only for runs Postgres
 says that peer owned (docs/decisions.md, "The object store's rights").
-| web | P.operator.cancel (an operator's cancel), P.operator.read.*, log reads | P.events.*, P.heartbeat.*, _INBOX_web.> |
+| web | P.operator.cancel (an operator's cancel), P.operator.read.*, log reads | P.events.*, P.uevents.>, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |
 
 So a peer agent cannot advertise as another peer nor read another peer's
@@ -141,33 +141,35 @@ def role_permissions(prefix: str, peer_ids: Iterable[str], user_ids: Iterable[st
     own = own_objects(DEFAULT_USER)
     roles = {
         "producer": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.read.*", *own),
-                                (f"{inbox_prefix('producer')}.>",)),
+                                (f"{p}.uevents.{DEFAULT_USER}.>", f"{inbox_prefix('producer')}.>")),
         "operator": Permissions((f"{p}.submit", f"{p}.cancel", f"{p}.operator.cancel", f"{p}.operator.read.*",
                                  f"{p}.tick.ping", *operator),
-                                (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('operator')}.>")),
-        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.tick.wake", *router),
+                                (f"{p}.events.*", f"{p}.uevents.>", f"{p}.heartbeat.*",
+                                 f"{inbox_prefix('operator')}.>")),
+        "router": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.uevents.>", f"{p}.tick.wake",
+                               *router),
                               (f"{p}.submit", f"{p}.submit.*", f"{p}.cancel", f"{p}.cancel.*",
                                f"{p}.operator.cancel", f"{p}.heartbeat.*", f"{p}.fetch.*", f"{p}.read.>",
                                f"{p}.operator.read.*",
                                f"{inbox_prefix('router')}.>"),
                               allow_responses=True),
-        "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*"),
+        "tick": Permissions((f"{p}.assign.*", f"{p}.cancel.*", f"{p}.events.*", f"{p}.uevents.>"),
                             (f"{p}.heartbeat.*", f"{p}.tick.wake", f"{p}.tick.ping"), allow_responses=True),
         "web": Permissions((f"{p}.operator.cancel", f"{p}.operator.read.*", *web),
-                           (f"{p}.events.*", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
+                           (f"{p}.events.*", f"{p}.uevents.>", f"{p}.heartbeat.*", f"{inbox_prefix('web')}.>")),
         "admin": Permissions((">",), (">",)),
     }
     for user_id in user_ids:
         role = user_role(user_id)
         roles[role] = Permissions((f"{p}.submit.{user_id}", f"{p}.cancel.{user_id}", f"{p}.read.*.{user_id}",
                                    *own_objects(user_id)),
-                                  (f"{inbox_prefix(role)}.>",))
+                                  (f"{p}.uevents.{user_id}.>", f"{inbox_prefix(role)}.>"))
     for peer_id in peer_ids:
         role = f"agent-{peer_id}"
         agent = (*object_store_rights(prefix, everyone, write=("outputs",), peers=(peer_id,)),
                  *log_rights(prefix, (peer_id,), ship=True))
         roles[role] = Permissions(
-            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", f"{p}.fetch.{peer_id}", *agent),
+            (f"{p}.heartbeat.{peer_id}", f"{p}.events.*", f"{p}.uevents.>", f"{p}.fetch.{peer_id}", *agent),
             (f"{p}.assign.{peer_id}", f"{p}.cancel.{peer_id}", f"{inbox_prefix(role)}.>"))
     return roles
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 import msgspec
 
+from irisfed.services.common.store_pipelines import PipelineQueries
 from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import JobState, check_transition
 from irisfed.shared.messages import Heartbeat
@@ -154,7 +155,7 @@ def _live_usage(rows: Iterable[tuple[str, str | None, str | None, float, int | N
             used.setdefault(key, {})[resource] = amount
     return live, used, lowest
 
-class Store:
+class Store(PipelineQueries):
     """Domain actions on the tables, over a pool (or one connection).
 
     ``db`` is the pool from ``irisfed.services.common.db.connect`` (or one of its
@@ -358,12 +359,14 @@ class Store:
 
     async def job_end_run(
         self, peer_id: str, job_id: str, epoch: int, to_state: JobState, reason: str,
-        exit_code: int | None = None,
+        exit_code: int | None = None, no_fault: bool = False,
     ) -> int | None:
         """``peer_id`` ends its running job other than by its exit: queued (handed back,
-        a new epoch, no owner), failed or killed. Returns the changelog seq; None: CAS lost."""
+        a new epoch, no owner; ``no_fault``: spending no retry), failed or killed. Returns
+        the changelog seq; None: CAS lost."""
         check_transition(JobState.RUNNING, to_state)
-        return await self._fetchval("job_end_run", peer_id, job_id, epoch, to_state.value, reason, exit_code)
+        return await self._fetchval("job_end_run", peer_id, job_id, epoch, to_state.value, reason, exit_code,
+                                    no_fault)
 
     async def job_runs_stopped(self, peer_id: str, only: Sequence[str] | None = None,
                                keep: Sequence[str] = ()) -> list[str]:
@@ -384,6 +387,8 @@ class Store:
     async def job_tasks_list(self, job_id: str) -> list[TaskRow]:
         """A job's tasks, newest run first, in index order."""
         return await self._all("job_tasks_list", TaskRow, job_id)
+
+    # ------------------------------------------------------------ dependencies (§3.8)
 
     async def job_outputs_record(self, peer_id: str,
                                  rows: Sequence[tuple[str, int, int, str, int, bool, str]]) -> int:
@@ -644,11 +649,8 @@ class Store:
 
 
 class HeldStore(Store):
-    """A store on one pooled connection, held across many statements (a router writer's).
-
-    Give it back with ``release()``, or throw it away with ``discard()`` when it may be
-    hung or mid-statement.
-    """
+    """A store on one pooled connection, held across many statements (a router writer's):
+    given back with ``release()``, or thrown away with ``discard()`` when it may be hung."""
 
     def __init__(self, conn: Any, pool: Any) -> None:
         super().__init__(conn)
@@ -658,12 +660,8 @@ class HeldStore(Store):
         return self._held_from
 
     def usable(self) -> bool:
-        """Whether the connection can take the next statement.
-
-        The driver may close a pooled connection behind its holder's back (after a
-        statement timeout whose cancel request failed), which gives it back to the
-        pool: every call on it then fails.
-        """
+        """Whether the connection can take the next statement (the driver may have closed
+        it behind its holder's back, after a statement timeout whose cancel failed)."""
         try:
             return not self.db.is_closed()
         except asyncpg.InterfaceError:

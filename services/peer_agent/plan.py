@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from irisfed.services.peer_agent.backends import LiveRun
@@ -30,7 +31,9 @@ from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow, Move, OwnedJob
 from irisfed.shared.resources import DEFAULT_RESOURCES, ResourceError, as_resources
-from irisfed.shared.retry import GIVE_UP, after_infra_failure
+from irisfed.shared.retry import GIVE_UP, MAX_FREE_RESTARTS, after_infra_failure
+from irisfed.shared.run_contract import grace_of, time_limit_of
+from irisfed.shared.shorthands import duration_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,20 +213,33 @@ def free_resources(backends: Iterable[Any], runs: Iterable[Any]) -> dict[str, di
 # ---------------------------------------------------------------- runs lost or never started
 
 
-def orphan_move(peer_id: str, row: OwnedJob, job: JobRow) -> Move:
+def orphan_move(peer_id: str, row: OwnedJob, job: JobRow, now: datetime | None = None) -> Move:
     """End a running job of ours that has no run here (a previous agent run died under it).
 
-    A stored cancel makes it ``killed``; otherwise it is an infrastructure failure:
-    requeued under a new epoch while retries remain, else ``failed``.
+    A stored cancel makes it ``killed``. A run past its time limit by ``now`` (its agent
+    died while stopping it, or before) ends ``failed`` as its limit says, never run
+    again. Otherwise it is handed back to the queue under a new epoch through no fault
+    of the job (docs/design.md §3.7: ``irisfed up`` stopped, the agent killed),
+    spending no retry, MAX_FREE_RESTARTS times; past them (a job that takes its agent
+    down with it) each hand-back is an infrastructure failure like any other.
     """
-    failure = after_infra_failure(job.attempts, job.max_retries, job.preemptions)
-    if under_cancel(failure.to_state, row.cancel_requested) is JobState.KILLED:
+    if under_cancel(JobState.QUEUED, row.cancel_requested) is JobState.KILLED:
         return Move(row.job_id, JobState.RUNNING, JobState.KILLED, row.epoch, actor=peer_id,
                     owner_peer_id=peer_id, reason=f"{cancelled_by(job.cancel_requested_by)} while its agent was down")
+    limit = time_limit_of(job.spec)
+    if limit is not None and job.started_at is not None and now is not None and (
+            now - job.started_at).total_seconds() >= limit:
+        return stopped_move(peer_id, row.job_id, row.epoch, time_limit_reason(limit), None)
+    why = f"agent on {peer_id} restarted while running it"
+    if job.restarts < MAX_FREE_RESTARTS:
+        return Move(row.job_id, JobState.RUNNING, JobState.QUEUED, row.epoch, actor=peer_id, owner_peer_id=None,
+                    new_epoch=epoch_after(JobState.RUNNING, JobState.QUEUED, row.epoch),
+                    reason=f"{why}; running again (no retry spent)", no_fault=True)
+    failure = after_infra_failure(job.attempts, job.max_retries, job.preemptions, job.spared)
     return Move(row.job_id, JobState.RUNNING, failure.to_state, row.epoch, actor=peer_id,
                 owner_peer_id=failure.owner_after(peer_id),
                 new_epoch=epoch_after(JobState.RUNNING, failure.to_state, row.epoch),
-                reason=f"agent on {peer_id} restarted while running it; {failure.suffix}")
+                reason=f"{why} again (past {MAX_FREE_RESTARTS} restarts that spend no retry); {failure.suffix}")
 
 
 def launch_error_move(peer_id: str, job_id: str, epoch: int, error: str, job: JobRow | None,
@@ -255,7 +271,8 @@ def _handed_back(peer_id: str, job_id: str, epoch: int, from_state: JobState, wh
     requeued while retries remain (its attempts plus ``attempts_added``), else failed;
     killed when a cancel was requested (``cancelled``, or stored on its row)."""
     attempts = job.attempts + attempts_added if job is not None else 0
-    failure = after_infra_failure(attempts, job.max_retries, job.preemptions) if job is not None else GIVE_UP
+    failure = (after_infra_failure(attempts, job.max_retries, job.preemptions, job.spared) if job is not None
+               else GIVE_UP)
     if under_cancel(failure.to_state, cancelled or (job is not None and job.cancel_requested)) is JobState.KILLED:
         asker = job.cancel_requested_by if job is not None else None
         return Move(job_id, from_state, JobState.KILLED, epoch, actor=peer_id, owner_peer_id=peer_id,
@@ -284,3 +301,21 @@ def outcome_unknown_move(peer_id: str, job_id: str, epoch: int, why: str, cancel
     cancel was requested. ``why`` is the reason recorded."""
     return Move(job_id, JobState.RUNNING, under_cancel(JobState.FAILED, cancelled), epoch, actor=peer_id,
                 owner_peer_id=peer_id, reason=why)
+
+
+def stopped_move(peer_id: str, job_id: str, epoch: int, why: str, exit_code: int | None) -> Move:
+    """End a job whose run its agent stopped for the job's own rule (``why``: its time
+    limit was reached, docs/design.md §3.7): failed, never retried."""
+    return Move(job_id, JobState.RUNNING, JobState.FAILED, epoch, actor=peer_id, owner_peer_id=peer_id,
+                reason=why, exit_code=exit_code)
+
+
+def run_contract(spec: Mapping[str, Any], default_grace_s: float) -> tuple[float, float | None]:
+    """A job's grace (its ``grace_s``, else the agent's default) and time limit (None: none)
+    from its stored spec (docs/design.md §3.7)."""
+    return grace_of(spec, default_grace_s), time_limit_of(spec)
+
+
+def time_limit_reason(limit_s: float | None) -> str:
+    """``time limit 30m reached`` (``90s``, ``1h30m``, ``2h``)."""
+    return f"time limit {duration_words(limit_s or 0)} reached"

@@ -20,7 +20,7 @@ from enum import StrEnum
 from nats.aio.client import Client
 
 from irisfed.services.common import metrics
-from irisfed.services.common.bus import publish
+from irisfed.services.common.bus import publish_event
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.store import Store
 from irisfed.services.peer_agent.backends import TASK_ENDED, TASK_LOST, TASK_PENDING, RunHandle
@@ -29,12 +29,13 @@ from irisfed.services.peer_agent.plan import (
     launch_error_move,
     orphan_move,
     outcome_unknown_move,
+    stopped_move,
     unusable_workspace_move,
 )
 from irisfed.shared.clock import Clock
 from irisfed.shared.errors import PermanentStoreError, Unavailable
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.messages import JobEvent
+from irisfed.shared.messages import DEFAULT_GRACE_S, JobEvent
 from irisfed.shared.records import Move, OwnedJob
 from irisfed.shared.subjects import Subjects
 
@@ -69,6 +70,11 @@ class Run:
     resources: Mapping[str, float] = field(default_factory=dict)  # what its job asked (normalised; each task's)
     tasks: int = 1  # a gang's tasks (the slots it takes)
     accepted: bool = True  # its job is running; a gang not yet (launched while assigned, until its tasks all run)
+    grace_s: float = DEFAULT_GRACE_S  # SIGTERM to SIGKILL, whatever stops it (docs/design.md §3.7)
+    time_limit_s: float | None = None
+    limit_timer: asyncio.TimerHandle | None = None  # stops it when its time limit is reached
+    stopping: bool = False  # its stop (SIGTERM, SIGKILL after its grace) is under way
+    stopped_for: str = ""  # stopped by its agent for the job's own rule (the time limit): failed, with this reason
 
 
 def _describe(exc: BaseException) -> str:
@@ -131,11 +137,13 @@ class Reports:
         gangs = [r for r in batch if r.tasks > 1 and r.handle is not None]
         if gangs:
             await self.guard(ReportKind.TASKS, gangs[0].job_id, gangs[0].epoch, self.record_tasks(gangs))
-        for run in [r for r in batch if r.fenced or r.launch_error]:
+        for run in [r for r in batch if r.fenced or r.launch_error or r.stopped_for and not r.cancel_requested]:
             if run.fenced:
                 await self._settle(batch, run, ReportKind.STALE_COPY, self.record_fenced(run.job_id, run.epoch))
-            else:
+            elif run.launch_error:
                 await self._settle(batch, run, ReportKind.LAUNCH_ERROR, self._report_launch_error(run))
+            else:
+                await self._settle(batch, run, ReportKind.FINISH, self._report_stopped(run))
         normal = list(batch)
         if len(normal) <= 1:
             for run in normal:
@@ -202,10 +210,13 @@ class Reports:
             if row is None:
                 self._refused(run.job_id, run.epoch)
                 continue
-            metrics.JOBS_FINISHED.labels(row.state).inc()
+            again = row.state == JobState.QUEUED  # a failure retry: under a new epoch, no owner
+            if not again:
+                metrics.JOBS_FINISHED.labels(row.state).inc()
             log.info("job_finished", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
                      state=row.state, exit_code=run.exit_code)
-            await self.announce(JobEvent(run.job_id, row.state, self.peer_id, run.epoch, now,
+            await self.announce(JobEvent(run.job_id, row.state, "" if again else self.peer_id,
+                                         run.epoch + 1 if again else run.epoch, now,
                                          exit_code=run.exit_code, reason=row.reason))
 
     async def _report_launch_error(self, run: Run) -> None:
@@ -241,6 +252,13 @@ class Reports:
             move = launch_error_move(self.peer_id, run.job_id, run.epoch, run.launch_error, job, lost=run.lost,
                                      cancelled=run.cancel_requested)
         if not await self.end_run(move):
+            await self.runs_stopped([run.job_id])
+            self._refused(run.job_id, run.epoch)
+
+    async def _report_stopped(self, run: Run) -> None:
+        """A run its agent stopped for the job's own rule (its time limit): failed, not
+        retried, the reason saying why."""
+        if not await self.end_run(stopped_move(self.peer_id, run.job_id, run.epoch, run.stopped_for, run.exit_code)):
             await self.runs_stopped([run.job_id])
             self._refused(run.job_id, run.epoch)
 
@@ -294,7 +312,7 @@ class Reports:
             job = await self.store.job_get(row.job_id)
             if job is None:
                 return  # no longer ours since the row was read: nothing to recover
-            move = orphan_move(self.peer_id, row, job)
+            move = orphan_move(self.peer_id, row, job, self.clock.now())
             if await self.end_run(move):
                 moved.append(move)
 
@@ -322,7 +340,7 @@ class Reports:
         our sync state. False: the CAS lost (the job is no longer ours at that epoch).
         """
         seq = await self.store.job_end_run(self.peer_id, move.job_id, move.epoch, move.to_state,
-                                           move.reason, move.exit_code)
+                                           move.reason, move.exit_code, no_fault=move.no_fault)
         if seq is None:
             return False
         handed_back = move.to_state is JobState.QUEUED
@@ -340,7 +358,7 @@ class Reports:
         if not self.nc.is_connected:
             return
         try:
-            await publish(self.nc, self.subjects.events(event.job_id), event)
+            await publish_event(self.nc, self.subjects, event)
         except Exception as exc:  # noqa: BLE001 - watchers also read Postgres
             log.warning("event_publish_failed", job_id=event.job_id, peer_id=self.peer_id,
                         epoch=event.epoch, error=repr(exc))

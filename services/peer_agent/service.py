@@ -11,17 +11,17 @@ because the epoch moved on means the job was fenced away: the local copy is
 killed and nothing is reported for it.
 
 Decisions are ``plan.py``'s (pure), status writes and events ``report.py``'s,
-runs are the backends' (``backends/``); this module is the loop that ties them.
+runs are the backends' (``backends/``); what a heartbeat advertises is
+``advertise.py``'s (pure), a run's workspace and outputs ``run_files.py``'s, runs'
+time limits ``time_limits.py``'s; this module is the loop that ties them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -33,17 +33,11 @@ from irisfed.services.common.bus import from_jetstream, publish
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.logstore import LogStore
-from irisfed.services.common.objects import (
-    ObjectMissing,
-    ObjectStore,
-    ObjectStoreError,
-    StoreUnavailable,
-    output_object,
-)
 from irisfed.services.common.runtime import Service, forever, when_woken
+from irisfed.services.peer_agent.advertise import LOCAL_KINDS, backend_ads, with_node_totals
 from irisfed.services.peer_agent.backends import (
-    WORKSPACE_FOLDER,
     Backend,
+    CommandNotStarted,
     Discovered,
     LaunchError,
     LiveRun,
@@ -54,7 +48,6 @@ from irisfed.services.peer_agent.backends import (
     make_backend,
 )
 from irisfed.services.peer_agent.logs import LogShipper
-from irisfed.services.peer_agent.outputs import MAX_LISTED, choose_outputs, scan_outputs
 from irisfed.services.peer_agent.plan import (
     Pending,
     backend_for,
@@ -66,29 +59,28 @@ from irisfed.services.peer_agent.plan import (
     merge_noticed,
     plan_leftovers,
     plan_reconcile,
+    run_contract,
 )
 from irisfed.services.peer_agent.report import ReportKind, Reports, Run
+from irisfed.services.peer_agent.run_files import RunFiles
 from irisfed.services.peer_agent.settings import AgentSettings, BackendSpec
+from irisfed.services.peer_agent.time_limits import TimeLimits
 from irisfed.services.peer_agent.workspaces import (
     CACHE_FOLDER,
     WorkspaceCache,
     WorkspaceUnusable,
-    fetch_through_router,
 )
 from irisfed.shared.cancel import must_kill_run
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
-from irisfed.shared.errors import PermanentStoreError, Unavailable
+from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
     BackendAd,
     CancelNotice,
-    Capacity,
     Heartbeat,
     JobEvent,
-    NodeGroup,
-    ResourceAmount,
     decode_internal,
 )
 from irisfed.shared.records import AcceptedJob, OwnedJob
@@ -100,29 +92,10 @@ MIB = 1024 * 1024
 LOG_PASS_S = 0.25  # how often live runs' output is shipped: a reader following sees it within a second
 LOG_MARKS_FOLDER = ".logs-unshipped"  # under the work root: per peer, the runs whose output is not shipped whole
 
-# Backends without an engine: their nodes are configured (LocalNodes).
-LOCAL_KINDS = ("subprocess", "simulated")
-
-
-def _with_node_totals(spec: BackendSpec, nodes: LocalNodes | None) -> BackendSpec:
-    """A backend whose nodes are configured but not its resources advertises their sum."""
-    if nodes is None or spec.resources or not spec.nodes:
-        return spec
-    return dataclasses.replace(spec, resources=nodes.totals())
-
-
-def _remove_workspace_copies(output_dirs: list[tuple[int, Path]]) -> None:
-    """A finished run's copies of its workspace (beside each task's output folder)."""
-    for _task, outputs in output_dirs:
-        shutil.rmtree(outputs.parent / WORKSPACE_FOLDER, ignore_errors=True)
-
-
-def node_group(group: dict) -> NodeGroup:
-    """A node group (shared.nodes.group_nodes) as the heartbeat carries it."""
-    return NodeGroup(group["count"], group["attributes"],
-                     {name: ResourceAmount(v["total"], v["free"]) for name, v in group["resources"].items()})
-
 log = EventLogger("peer-agent")
+# The most grace a run gets when its agent stops: below what `irisfed up` and the
+# harness wait for a stopping service (tooling.federation.STOP_TIMEOUT_S) before SIGKILL.
+SHUTDOWN_GRACE_S = 10.0
 
 
 class PeerAgent(Service):
@@ -138,7 +111,7 @@ class PeerAgent(Service):
         # Subprocess and simulated backends keep their configured nodes here (engines report theirs).
         self.local_nodes = {spec.name: LocalNodes(spec.nodes, spec.resources) for spec in settings.backends
                             if spec.kind in LOCAL_KINDS}
-        self.specs = tuple(_with_node_totals(spec, self.local_nodes.get(spec.name)) for spec in settings.backends)
+        self.specs = tuple(with_node_totals(spec, self.local_nodes.get(spec.name)) for spec in settings.backends)
         self.backends: dict[str, Backend] = {
             spec.name: make_backend(spec.kind, settings.work_root / self.peer_id, settings.simulated_duration_s,
                                     spec.options, self.peer_id, self.local_nodes.get(spec.name))
@@ -156,13 +129,18 @@ class PeerAgent(Service):
         # Reconcile and job transitions take this lock so each sees the other's effects.
         self.lock = asyncio.Lock()
         self.reconcile_wanted = asyncio.Event()
+        # Runs' time limits, enforced through the one stop path (a stop, not a cancel).
+        self.limits = TimeLimits(self.peer_id, self.runs, self.store, self.clock, settings.kill_grace_s,
+                                 lambda run: self._kill(run, cancel=False))
         self.reports = Reports(self.store, self.peer_id, nc, self.subjects, self.clock, self.runs, self.lock)
         self.reconciled = 0
         # Workspaces come from the object store, outputs go there (docs/design.md §3.5).
-        self._object_stores: dict[str, ObjectStore] = {}  # per user: each has its own buckets
+        self.files = RunFiles(nc, self.subjects, self.peer_id, self.store, max_output_bytes=config.max_output_bytes,
+                              max_workspace_bytes=config.max_workspace_bytes,
+                              retry_pause_s=settings.reconcile_interval_s)
         self.workspaces = WorkspaceCache(
             settings.work_root / CACHE_FOLDER / self.peer_id,
-            self._fetch_workspace,
+            self.files.fetch_workspace,
             max_bytes=settings.cache_mb * MIB, max_files=config.max_workspace_files,
             max_unpacked_bytes=config.max_workspace_bytes)
         # Each run's output goes into the peer's log stream while it runs (docs/design.md §3.6).
@@ -200,13 +178,17 @@ class PeerAgent(Service):
 
     async def close(self) -> None:
         """Stop. Runs in an engine that outlasts us (Slurm, Ray) go on: our next start
-        adopts them. Other runs are killed; their rows stay `running` and our next start
-        hands them back (orphan recovery)."""
+        adopts them. Other runs are stopped (a stop under way goes on: no second SIGTERM),
+        each with its grace up to SHUTDOWN_GRACE_S, so that all are gone before whoever
+        stops us loses patience; their rows stay `running` and our next start hands them
+        back (orphan recovery)."""
         await self.tasks.close()
-        for run in list(self.runs.values()):
-            if (run.handle is not None and run.exit_code is None
-                    and not self.backends[run.backend].runs_outlive_agent):
-                await run.handle.kill(self.settings.kill_grace_s)
+        for backend in self.backends.values():
+            if hasattr(backend, "stopping"):  # a subprocess backend: what we stop now records no outcome
+                backend.stopping = True
+        await asyncio.gather(*(run.handle.kill(min(run.grace_s, SHUTDOWN_GRACE_S)) for run in list(self.runs.values())
+                               if run.handle is not None and run.exit_code is None
+                               and not self.backends[run.backend].runs_outlive_agent))
         for name, backend in self.backends.items():
             try:
                 await backend.close()
@@ -243,23 +225,7 @@ class PeerAgent(Service):
         metrics.RUNNING_JOBS.set(len(self.runs))
         free = free_slots(self.slots, self.runs.values(), self.pending.values())
         free_res = free_resources(self.specs, self.runs.values())
-        ads = []
-        for spec in self.specs:
-            found = self.discovered.get(spec.name)
-            # Not "has nothing": a router would reject what only this engine could run.
-            discovering = found is None and self.backends[spec.name].discovers
-            attributes = {**found.attributes, **spec.attributes} if found else spec.attributes
-            if spec.resources or found is None:
-                resources = {name: ResourceAmount(total, free_res[spec.name][name])
-                             for name, total in spec.resources.items()}
-            else:
-                resources = {name: ResourceAmount(total, free_amount)
-                             for name, (total, free_amount) in found.resources.items()}
-            local = self.local_nodes.get(spec.name)
-            groups = found.nodes if found else (local.groups() if local is not None else [])
-            ads.append(BackendAd(spec.name, attributes, Capacity(spec.slots, free[spec.name]), resources,
-                                 discovering, [node_group(g) for g in groups]))
-        return ads
+        return backend_ads(self.specs, self.discovered, self.backends, self.local_nodes, free, free_res)
 
     async def heartbeat(self) -> None:
         """Advertise on NATS; write Postgres only when NATS cannot carry it or it changed.
@@ -290,9 +256,7 @@ class PeerAgent(Service):
     # ------------------------------------------------------------ messages
 
     async def on_assign(self, msg: Msg) -> None:
-        if from_jetstream(msg):  # not the tick's or the router's own publish
-            return
-        notice = self._decode(AssignmentNotice, msg, "assign_notice_ignored")
+        notice = self._notice(AssignmentNotice, msg, "assign_notice_ignored")
         if notice is None:
             return
         log.debug("assign_notice", job_id=notice.job_id, peer_id=self.peer_id, epoch=notice.epoch)
@@ -309,9 +273,7 @@ class PeerAgent(Service):
         self.start_wanted.set()
 
     async def on_cancel(self, msg: Msg) -> None:
-        if from_jetstream(msg):  # not the router's or the tick's own publish
-            return
-        notice = self._decode(CancelNotice, msg, "cancel_notice_ignored")
+        notice = self._notice(CancelNotice, msg, "cancel_notice_ignored")
         if notice is None:
             return
         async with self.lock:
@@ -327,8 +289,12 @@ class PeerAgent(Service):
         self.reconcile_wanted.set()
 
     @staticmethod
-    def _decode(kind: type, msg: Msg, event: str) -> Any:
-        """A notice from another service, or None (logged as ``event``) when it does not decode."""
+    def _notice(kind: type, msg: Msg, event: str) -> Any:
+        """A notice from another service, or None: for JetStream's copy of it (not the
+        tick's or the router's own publish), or (logged as ``event``) when it does not
+        decode."""
+        if from_jetstream(msg):
+            return None
         try:
             return decode_internal(kind, msg.data)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the agent
@@ -409,6 +375,7 @@ class PeerAgent(Service):
         if handle is not None:
             run = Run(row.job_id, row.epoch, name, handle=handle, tasks=row.replicas)
             self.runs[row.job_id] = run
+            await self.limits.adopt_contract(run)
             metrics.RUNS_ADOPTED.inc()
             log.warning("run_adopted", job_id=row.job_id, peer_id=self.peer_id, epoch=row.epoch, backend=name)
             self.tasks.spawn(self._finish(run), name=f"run-{row.job_id}")
@@ -469,13 +436,15 @@ class PeerAgent(Service):
         never holds up the other starts)."""
         job_id, epoch, spec = pending.job_id, pending.epoch, accepted.spec
         replicas, group_by = job_gang(spec)
+        grace_s, time_limit_s = run_contract(spec, self.settings.kill_grace_s)
         run = Run(job_id, epoch, backend_for(accepted.backend, self.backend_names),
-                  resources=job_resources(spec), tasks=replicas, accepted=accepted_already)
+                  resources=job_resources(spec), tasks=replicas, accepted=accepted_already,
+                  grace_s=grace_s, time_limit_s=time_limit_s)
         self.runs[job_id] = run
         self.log_shipper.follow(job_id, epoch, replicas, self._log_dir(run), fresh=True)  # nothing shipped yet
         run_spec = RunSpec(job_id, epoch, list(spec["command"]), dict(spec.get("env", {})),
                            dict(spec.get("labels", {})), dict(run.resources), replicas, group_by,
-                           self.settings.gang_start_timeout_s)
+                           self.settings.gang_start_timeout_s, grace_s=grace_s, time_limit_s=time_limit_s)
         workspace = (spec.get("workspace") or {}).get("digest")
         if workspace is None:
             await self._start_run(run, run_spec)
@@ -487,10 +456,17 @@ class PeerAgent(Service):
     async def _start_run(self, run: Run, run_spec: RunSpec) -> None:
         try:
             run.handle = await self.backends[run.backend].launch(run_spec)
+        except CommandNotStarted as exc:  # the job's own failure: not retried (docs/design.md §3.7)
+            run.launch_error, run.refused, run.exit_code = str(exc), True, -1
+            log.warning("command_not_started", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                        error=str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure to start is a launch error
             run.launch_error = str(exc) if isinstance(exc, LaunchError) else repr(exc)
             run.exit_code = -1
             log.warning("launch_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
+        else:
+            if run.accepted:
+                self.limits.arm(run)
         log.debug("job_started", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch)
 
     async def _run_in_workspace(self, run: Run, run_spec: RunSpec, digest: str) -> None:
@@ -577,6 +553,7 @@ class PeerAgent(Service):
             return None
         if accepted:
             run.accepted = True
+            self.limits.arm(run)  # a gang's running time starts when all its tasks run
         else:
             self._fence(run, "its tasks started after the job moved on")
         return accepted
@@ -584,10 +561,18 @@ class PeerAgent(Service):
     async def _finish(self, run: Run) -> None:
         if run.handle is not None:
             try:
-                if run.accepted:
-                    run.exit_code = await run.handle.wait()
-                else:
-                    run.exit_code = await self._accepted_when_started(run)
+                try:
+                    if run.accepted:
+                        run.exit_code = await run.handle.wait()
+                    else:
+                        run.exit_code = await self._accepted_when_started(run)
+                finally:
+                    if run.limit_timer is not None:
+                        run.limit_timer.cancel()
+            except CommandNotStarted as exc:  # a gang task's command: the job's own failure, not retried
+                run.launch_error, run.refused, run.exit_code = str(exc), True, -1
+                log.warning("command_not_started", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
+                            error=str(exc))
             except RunLost as exc:  # the engine's fault, not the job's: handed back like a launch error
                 run.launch_error, run.lost, run.exit_code = str(exc), True, -1
                 log.warning("run_lost", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=str(exc))
@@ -606,11 +591,12 @@ class PeerAgent(Service):
                 self.reconcile_wanted.set()
                 return
             if not run.fenced:
-                await self._store_outputs(run)  # the workspace copies go after the outputs
+                await self.files.store_outputs(run, self.backends[run.backend])  # the workspace copies go after
         # Its output to its end and the end message, before its end is reported (NATS away:
         # shipped later by the pass loop); a run never started ends with nothing shipped.
         await self.log_shipper.finish(run.job_id, run.epoch, run.tasks, self._log_dir(run))
-        await self._remove_copies(run)  # fenced, never launched or failing mid-launch too
+        # Fenced, never launched or failing mid-launch too:
+        await self.files.remove_copies(run, self.backends.get(run.backend))
         self.reports.finished.put_nowait(run)
 
     def _follow_runs(self) -> None:
@@ -622,81 +608,6 @@ class PeerAgent(Service):
     def _log_dir(self, run: Run) -> str | None:
         backend = self.backends.get(run.backend)
         return backend.log_dir(run.job_id, run.epoch) if backend is not None else None
-
-    async def _remove_copies(self, run: Run) -> None:
-        """An ended run's copies of its workspace: on the peer's disk they are only waste."""
-        output_dirs = getattr(self.backends.get(run.backend), "output_dirs", None)
-        if output_dirs is not None:
-            await asyncio.to_thread(_remove_workspace_copies, output_dirs(run.job_id, run.epoch, run.tasks))
-
-    async def _store_outputs(self, run: Run) -> None:
-        """Put what the run left in its output directories into the object store and
-        list it in Postgres (before its end is reported: the job is still ours then).
-        The store away: what is not stored yet is listed as not stored (no run's end
-        waits on a store that does not answer, file after file); Postgres away: tried a
-        few times, then logged."""
-        output_dirs = getattr(self.backends[run.backend], "output_dirs", None)
-        if output_dirs is None:
-            return
-        dirs = output_dirs(run.job_id, run.epoch, run.tasks)
-        found = await asyncio.to_thread(scan_outputs, dirs)
-        if len(found) > MAX_LISTED:
-            log.warning("outputs_not_all_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                        listed=MAX_LISTED, more=len(found) - MAX_LISTED)
-        outputs = choose_outputs(found, self.config.max_output_bytes,
-                                 lambda task, name: output_object(run.job_id, run.epoch, task, name))
-        store = self.objects(split_job_id(run.job_id)[0])
-        rows, away = [], ""
-        for out in outputs:
-            stored, note = out.stored, out.note
-            if stored and away:
-                stored, note = False, f"not stored: {away}"
-            elif stored:
-                try:
-                    await store.put_output_file(run.job_id, run.epoch, out.task, out.name, str(out.path), out.size)
-                except StoreUnavailable as exc:
-                    away = str(exc)
-                    stored, note = False, f"not stored: {exc}"
-                except (ObjectStoreError, OSError) as exc:
-                    stored, note = False, f"not stored: {exc}"
-            rows.append((run.job_id, run.epoch, out.task, out.name, out.size, stored, note))
-        if rows:
-            try:
-                await self._retrying(lambda: self.store.job_outputs_record(self.peer_id, rows))
-            except (Unavailable, PermanentStoreError) as exc:
-                log.warning("outputs_not_listed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                            error=str(exc))
-            else:
-                log.info("outputs_stored", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch,
-                         files=sum(1 for r in rows if r[5]), left_out=sum(1 for r in rows if not r[5]))
-
-    def objects(self, user: str) -> ObjectStore:
-        """The object store of ``user``'s outputs from this peer (a job's user: its stored id
-        says)."""
-        store = self._object_stores.get(user)
-        if store is None:
-            store = self._object_stores[user] = ObjectStore(self.nc, self.subjects.prefix, user=user,
-                                                            peer=self.peer_id)
-        return store
-
-    async def _fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None,
-                               sink: Callable[[bytes], None]) -> None:
-        """Workspace ``digest`` for run ``job``, chunk by chunk into ``sink``: sent by the
-        router (only for a job assigned here: this agent may read no workspace bucket)."""
-        if job is None:
-            raise ObjectMissing(f"workspace {digest}: no run to fetch it for")
-        await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
-                                   self.config.max_workspace_bytes, sink)
-
-    async def _retrying(self, call: Callable[[], Any], tries: int = 3) -> Any:
-        """``call()``, again after a pause while what it needs is away for now."""
-        for attempt in range(tries):
-            try:
-                return await call()
-            except (StoreUnavailable, Unavailable):
-                if attempt == tries - 1:
-                    raise
-                await asyncio.sleep(self.settings.reconcile_interval_s)
 
     async def _accepted_when_started(self, run: Run) -> int:
         """Follow a gang launched before its acceptance to its end (its exit code, or what
@@ -716,13 +627,32 @@ class PeerAgent(Service):
 
     # ------------------------------------------------------------ stopping runs
 
+    # One stop path for every reason (docs/design.md §3.7): SIGTERM, SIGKILL after the job's grace.
+
+    # Once per run: a second SIGTERM would interrupt the job's own handler mid-checkpoint.
+
     def _kill(self, run: Run, cancel: bool) -> None:
         run.cancel_requested = run.cancel_requested or cancel
-        if run.handle is not None:
-            self.tasks.spawn(run.handle.kill(self.settings.kill_grace_s), name=f"kill-{run.job_id}")
+        self._stop(run, "kill")
 
     def _fence(self, run: Run, why: str) -> None:
+        if not run.fenced:
+            log.warning("fencing_local_copy", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, why=why)
         run.fenced = True
-        log.warning("fencing_local_copy", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, why=why)
-        if run.handle is not None:
-            self.tasks.spawn(run.handle.kill(self.settings.kill_grace_s), name=f"fence-{run.job_id}")
+        self._stop(run, "fence")
+
+    def _stop(self, run: Run, why: str) -> None:
+        if run.handle is not None and not run.stopping:
+            run.stopping = True
+            self.tasks.spawn(self._stopped(run), name=f"{why}-{run.job_id}")
+
+    async def _stopped(self, run: Run) -> None:
+        """Stop ``run``; a stop that failed, or left it alive (an engine that did not end it
+        within its grace), may be asked again by the next reconcile."""
+        try:
+            await run.handle.kill(run.grace_s)
+        except Exception as exc:  # noqa: BLE001 - the engine away: the next reconcile asks again
+            log.warning("stop_failed", job_id=run.job_id, peer_id=self.peer_id, epoch=run.epoch, error=repr(exc))
+        finally:
+            if run.exit_code is None:
+                run.stopping = False

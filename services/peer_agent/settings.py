@@ -16,6 +16,7 @@ from irisfed.shared.config import (
     parse_resource_totals,
 )
 from irisfed.shared.errors import ConfigError
+from irisfed.shared.messages import DEFAULT_GRACE_S
 from irisfed.shared.reachability import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_TTL_S
 from irisfed.shared.settings import require_count, require_seconds
 
@@ -62,7 +63,8 @@ class AgentSettings:
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S
     reconcile_interval_s: float = 2.0
-    kill_grace_s: float = 5.0
+    # SIGTERM to SIGKILL for a job that names no grace_s of its own (docs/design.md §3.7).
+    kill_grace_s: float = DEFAULT_GRACE_S
     simulated_duration_s: float = 0.0
     report_linger_s: float = 0.01  # gather finished runs this long before writing them
     # A gang whose tasks have not all started by then is requeued whole (docs/design.md §3.4).

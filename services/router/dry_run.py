@@ -26,6 +26,7 @@ import msgspec
 
 from irisfed.services.router.plan import BAND_RANKS, Routed
 from irisfed.shared.federation.router import SubmitDisposition
+from irisfed.shared.holds import Waiting
 from irisfed.shared.messages import (
     DryRunPlacement,
     DryRunReply,
@@ -33,8 +34,8 @@ from irisfed.shared.messages import (
     SubmitReply,
     SubmitRequest,
 )
-from irisfed.shared.placement import Placement, QueuedJob, Waiting
 from irisfed.shared.preemption import Candidate
+from irisfed.shared.rooms import Placement, QueuedJob
 
 _replies = msgspec.json.Decoder(SubmitReply)
 

@@ -14,6 +14,7 @@ import msgspec
 
 from irisfed.shared.bands import BANDS, DEFAULT_BAND
 from irisfed.shared.constraints import Constraint, matches_all
+from irisfed.shared.dependencies import DEPENDENCY, Settled
 from irisfed.shared.errors import Forbidden
 from irisfed.shared.explain import explanation
 from irisfed.shared.federation.peer import Backend
@@ -135,6 +136,23 @@ def waiting_for_quota(job: NewJob, reason: str) -> tuple[NewJob, bytes]:
     queued = msgspec.structs.replace(job, state=state.value, owner_peer_id=None, backend=None,
                                      epoch=initial_epoch(state), reason=reason, explanation=stored)
     return queued, submit_reply(user_job_id(job.job_id), job.disposition, state.value, "", reason, ())
+
+
+def waiting_for_dependencies(job: NewJob, settled: Settled) -> tuple[NewJob, bytes]:
+    """A job naming dependencies (docs/design.md §3.8), not rejected: the row to insert,
+    queued whatever its route (the tick places it once they are met; a LOCAL route too,
+    which was decided for now, not for then), waiting with code ``dependency`` while some
+    have not ended; and its reply. When one ended as it may not (``settled.broken``), the
+    reply says ``unschedulable``: the caller ends the row so in the same transaction
+    (a job is created queued, and ends from there)."""
+    reason = settled.broken or (settled.reason() if settled.pending else job.reason)
+    stored = (Explanation(encoder.encode(explanation("router", reason, code=DEPENDENCY))) if settled.pending
+              else job.explanation if job.state == JobState.QUEUED else None)
+    waiting = msgspec.structs.replace(job, state=JobState.QUEUED.value, owner_peer_id=None, backend=None,
+                                      epoch=initial_epoch(JobState.QUEUED), reason=reason, explanation=stored)
+    state = JobState.UNSCHEDULABLE if settled.broken else JobState.QUEUED
+    return waiting, submit_reply(user_job_id(job.job_id), job.disposition, state.value, job.pinned_peer_id or "",
+                                 reason, ())
 
 
 # Band name → its rank (shared.bands): a dict lookup on every submit.

@@ -34,6 +34,7 @@ from irisfed.shared.messages import (
     StoreReadRequest,
 )
 from irisfed.shared.records import JobRow
+from irisfed.shared.seen import scrub
 from irisfed.shared.users import split_job_id, stored_job_id, user_job_id
 
 READ_BYTES = 384 * 1024  # an answer's most log bytes (base64 in JSON stays under a 1 MiB message)
@@ -61,32 +62,7 @@ def scoped_job_id(user: str, job_id: object) -> str | None:
     return stored_job_id(user, bare)
 
 
-OTHERS_JOB = "another user's job"
-# Texts that name other jobs (the tick's preemption and hold details, docs/scheduling.md).
-_NAMED = re.compile(r"(preempted by |held for )((?:[a-z][a-z0-9_-]{0,31}:)?[A-Za-z0-9][A-Za-z0-9._-]{0,127})")
-_PLACED_PREEMPTING = "placed; preempted "
 _TEXT_FIELDS = ("reason", "detail", "explanation")
-
-
-def as_seen_by(user: str, job_id: str) -> str:
-    """A job named in ``user``'s rows: its own by the id it sent; any other user's as
-    OTHERS_JOB (its id would tell that it exists)."""
-    owner, bare = split_job_id(job_id)
-    return bare if owner == user else OTHERS_JOB
-
-
-def scrub(value: Any, user: str) -> Any:
-    """Text (or a document of texts) with every job it names shown as ``user`` may see it."""
-    if isinstance(value, str):
-        if value.startswith(_PLACED_PREEMPTING):
-            named = value[len(_PLACED_PREEMPTING):].split(", ")
-            value = _PLACED_PREEMPTING + ", ".join(as_seen_by(user, job_id) for job_id in named)
-        return _NAMED.sub(lambda m: m.group(1) + as_seen_by(user, m.group(2)), value)
-    if isinstance(value, list):
-        return [scrub(item, user) for item in value]
-    if isinstance(value, dict):
-        return {key: scrub(item, user) for key, item in value.items()}
-    return value
 
 
 def as_users(value: Any, user: str) -> Any:
@@ -98,6 +74,8 @@ def as_users(value: Any, user: str) -> Any:
         changes = {name: scrub(getattr(value, name), user) for name in _TEXT_FIELDS if hasattr(value, name)}
         if hasattr(value, "job_id"):
             changes["job_id"] = user_job_id(value.job_id)
+        if getattr(value, "array_id", None):
+            changes["array_id"] = user_job_id(value.array_id)
         return msgspec.structs.replace(value, **changes) if changes else value
     return value
 
@@ -134,7 +112,8 @@ class Reads:
         """``request``'s store read for ``user``: its own jobs only, ids as it named them;
         a job of anyone else reads as none (None, or no rows)."""
         args, method = list(request.args), request.method
-        if method in ("job_get", "changelog_list_for_job", "job_tasks_list", "job_outputs_list"):
+        if method in ("job_get", "changelog_list_for_job", "job_tasks_list", "job_outputs_list", "job_dependencies_of",
+                      "job_dependents_of"):
             if not args:
                 raise InvalidRequest(f"{method}: a job id is needed")
             stored = scoped_job_id(user, args[0])
@@ -145,6 +124,11 @@ class Reads:
                          _whole(args[2] if len(args) > 2 else None, "task", 0, MAX_REPLICAS))
                 return as_users(await self.store.job_outputs_list(stored, *extra), user)
             return as_users(await getattr(self.store, method)(stored), user)
+        if method == "job_array_counts":
+            if not args or not isinstance(args[0], str):
+                raise InvalidRequest("job_array_counts: an array id is needed")
+            stored = scoped_job_id(user, args[0])  # another user's reads as no array at all
+            return {} if stored is None else await self.store.job_array_counts(stored)
         if method == "job_list":
             state = args[0] if args else None
             if state is not None and state not in {s.value for s in JobState}:

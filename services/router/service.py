@@ -1,7 +1,9 @@
 """The router: decode → classify → commit (grouped) → reply → notify.
 
-Submits, their group commit and cancels share the peer view, the store and the
-replies, so they live together; every decision is plan.py's or shared/cancel.py's.
+Submits and their group commit live here; every decision is plan.py's. Cancels and
+users' reads are answered by requests.py (cancel decisions are shared/cancel.py's), dry
+runs by dry_runs.py: collaborators this service owns, sharing its peer view, store,
+replies and answers in time (``_bounded``).
 
 Submits are decoded strictly and classified at once in the NATS callback; valid
 ones join a queue that a few writer tasks drain in batches, each batch one
@@ -13,13 +15,13 @@ jobs, ``tick.wake`` for queued work, and ``events.<job_id>`` for watchers.
 A submit with ``dry_run: true`` is decoded, checked and routed exactly the same way,
 then leaves that path: a task of its own reads what placing it needs from Postgres
 (read-only, one at a time, never through a writer) and answers a ``DryRunReply``
-(dry_run.py). It writes nothing, publishes nothing and takes no lock.
+(dry_runs.py; its judgement dry_run.py's). It writes nothing, publishes nothing and takes no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,17 +35,12 @@ from irisfed.services.common.log import EventLogger
 from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import Service, forever
 from irisfed.services.common.store import HeldStore, Store
-from irisfed.services.router.dry_run import (
-    UNNAMED,
-    dry_run_reply,
-    local_placement,
-    queued_job,
-    would_place,
-)
+from irisfed.services.router.arrays import insert_array
+from irisfed.services.router.dependencies import insert_with_dependencies, taken_id
+from irisfed.services.router.dry_runs import DryRuns
 from irisfed.services.router.plan import (
     Routed,
     band_allowed,
-    first_reply,
     local_backend_for,
     max_band_ranks,
     original_reply,
@@ -53,8 +50,8 @@ from irisfed.services.router.plan import (
     waiting_for_quota,
 )
 from irisfed.services.router.reads import Reads
+from irisfed.services.router.requests import Requests
 from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceRelay
-from irisfed.shared.cancel import CancelAction, cancel_decision
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import (
@@ -63,45 +60,32 @@ from irisfed.shared.errors import (
     ErrorCode,
     Forbidden,
     IrisfedError,
-    NotFound,
-    PermanentStoreError,
     Unavailable,
 )
-from irisfed.shared.fair_share import FairShareRun
-from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
+from irisfed.shared.federation.router import PeerRouter, RoutingRequest
 from irisfed.shared.ids import JobIds
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import (
     AssignmentNotice,
-    CancelNotice,
     CancelReply,
-    CancelRequest,
-    DryRunReply,
     JobEvent,
-    LogsReply,
-    LogsRequest,
-    OperatorCancelRequest,
-    StoreReadRequest,
     SubmitRequest,
     TickWake,
     decode_request,
     encoder,
     error_reply,
 )
-from irisfed.shared.placement import PACK, RESERVE_AFTER_S, PlacementRun, Waiting
-from irisfed.shared.preemption import VictimPool, candidate_from_row
-from irisfed.shared.records import Move, NewJob
+from irisfed.shared.records import NewJob
 from irisfed.shared.resources import resources_from_json
+from irisfed.shared.seen import scrub
 from irisfed.shared.settings import require_count, require_seconds
-from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP
+from irisfed.shared.subjects import SUBMIT_QUEUE_GROUP, job_token
 from irisfed.shared.users import (
     DEFAULT_USER,
-    QUOTA,
     add_units,
     over_whole_quota,
     quota_wait,
-    stored_job_id,
-    user_job_id,
+    split_job_id,
 )
 
 log = EventLogger("router")
@@ -113,9 +97,6 @@ PLAN_CACHE_MAX_S = 1.0
 PLAN_CACHE_ENTRIES = 10_000
 # Pool connections the router needs besides its writers': cancels, the peer view.
 ROUTER_SPARE_CONNECTIONS = 2
-# Dry runs read Postgres one at a time (one of the spare connections at most, so cancels
-# and the peer view keep theirs); beyond this many waiting, `unavailable` at once.
-DRY_RUNS_WAITING_AT_MOST = 100
 
 
 _EVENT_HEAD = b'{"job_id":'  # JobEvent's first field: an event is this, the id, then the rest
@@ -176,8 +157,6 @@ WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
 # An agent's workspace fetches answered at once (each sends one workspace, at most
 # max_workspace_mb, chunk by chunk); past that it is told `unavailable` and retries.
 FETCHES_PER_PEER = 16
-# Users' reads (logs, their jobs) answered at once, each from a task of its own.
-READS_AT_ONCE = 64
 
 
 class Router(Service):
@@ -204,17 +183,17 @@ class Router(Service):
         self.users = config.user_table
         self.quota_users = self.users.with_quota()
         self.max_bands = max_band_ranks(self.users.users.values())  # user → its max_band's rank
-        self._dry_runs: set[asyncio.Task] = set()  # dry runs being answered
-        self._dry_runs_open = 0  # dry runs not finished (some may outlive their timed-out request)
-        self._dry_run_turn = asyncio.Semaphore(1)
         self.peer_ids = frozenset(config.peer_ids)
         self._own_subjects = f"{self.subjects.prefix}."
         self.workspaces = WorkspaceCheck(nc, self.subjects.prefix, config.max_workspace_bytes)
         self._workspace_submits: set[asyncio.Task] = set()  # submits waiting on the object store
         self.relay = WorkspaceRelay(nc, self.subjects.prefix, self.store, config.max_workspace_bytes)
         self._fetches: dict[str, set[asyncio.Task]] = {}  # per peer: its agent's fetches being answered
-        self.reads = Reads(nc, self.subjects.prefix, self.store)
-        self._reads: set[asyncio.Task] = set()  # reads being answered
+        self.dry_runs = DryRuns(self.store, self.view, self.clock, self.users, self.quota_users,
+                                bounded=self._bounded, respond=self._respond)
+        self.requests = Requests(nc, self.subjects, self.store, self.view, self.clock, self.peer_ids,
+                                 Reads(nc, self.subjects.prefix, self.store), user_of=self._user,
+                                 forged_reply=self._forged_reply, bounded=self._bounded, respond=self._respond)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -226,14 +205,14 @@ class Router(Service):
         for subject in (self.subjects.submit, self.subjects.submit_for("*")):
             await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_submit)
         for subject in (self.subjects.cancel, self.subjects.cancel_for("*")):
-            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_cancel)
-        await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.on_operator_cancel)
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.requests.on_cancel)
+        await self.nc.subscribe(self.subjects.operator_cancel, queue=SUBMIT_QUEUE_GROUP, cb=self.requests.on_operator_cancel)
         await self.nc.subscribe(self.subjects.fetch(), queue=SUBMIT_QUEUE_GROUP, cb=self.on_fetch)
         for subject in (self.subjects.read_for("logs", DEFAULT_USER), self.subjects.read_for("logs", "*"),
                         self.subjects.operator_read("logs")):
-            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_read_logs)
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.requests.on_read_logs)
         for subject in (self.subjects.read_for("store", DEFAULT_USER), self.subjects.read_for("store", "*")):
-            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.on_read_store)
+            await self.nc.subscribe(subject, queue=SUBMIT_QUEUE_GROUP, cb=self.requests.on_read_store)
         await self.nc.flush()
         for i in range(self.settings.writers):
             self.tasks.spawn(self._writer(), name=f"router-writer-{i}")
@@ -244,7 +223,8 @@ class Router(Service):
     async def close(self) -> None:
         await self.tasks.close()
         fetches = [task for tasks in self._fetches.values() for task in tasks]
-        others = list(self._cancels) + list(self._dry_runs) + list(self._workspace_submits) + fetches + list(self._reads)
+        others = (list(self._cancels) + self.dry_runs.running() + list(self._workspace_submits) + fetches
+                  + self.requests.running())
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
@@ -297,15 +277,17 @@ class Router(Service):
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
             return
-        if request.workspace is None:
+        if request.workspace is None and not request.after and request.array is None:
             await self._submit(msg, request, user, received)
             return
-        # Its workspace is looked up in the object store first: in a task of its own, so a
-        # slow or hung store holds up only the submits that name a workspace (a bounded few).
+        # Its workspace is looked up in the object store first, or it waits for the locks of
+        # its dependencies: in a task of its own, so a slow or hung store (or a lock held)
+        # holds up only such submits (a bounded few).
         if len(self._workspace_submits) >= WORKSPACE_SUBMITS_WAITING_AT_MOST:
             metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
             await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, (
-                f"router busy: {len(self._workspace_submits)} submits waiting on the object store; retry")))
+                f"router busy: {len(self._workspace_submits)} submits waiting on the object store or on "
+                "their dependencies; retry")))
             return
         task = asyncio.ensure_future(self._submit(msg, request, user, received))
         self._workspace_submits.add(task)
@@ -324,9 +306,27 @@ class Router(Service):
                     routed = quota_rejected(why)
             routed = routed or self._route(request)
             if request.dry_run:
-                self._start_dry_run(msg, request, routed, user)
+                self.dry_runs.start(msg, request, routed, user)
+                return
+            if request.array is not None:  # a transaction of its own, writing every job (§3.8)
+                written, reply = await self._bounded(insert_array(
+                    self.store, request, routed, request.job_id or self.new_job_id(), user))
+                await self._respond(msg, reply)
+                if written:
+                    await self._announce(written)
                 return
             job, reply = plan_new_job(request, routed, request.job_id or self.new_job_id(), user)
+            if request.after:  # a transaction of its own, locking what it waits for (§3.8)
+                written, reply = await self._bounded(insert_with_dependencies(self.store, request, job, reply, user))
+                await self._answer(_Pending(job, reply, msg, received), reply)
+                if written is not None:
+                    await self._announce([written])
+                return
+        except TimeoutError:
+            metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
+            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, "the database did not answer in time; "
+                                                 "retry with the same job_id"))
+            return
         except IrisfedError as exc:
             metrics.SUBMIT_ERRORS.labels(exc.code).inc()
             await self._respond(msg, error_reply(exc.code, exc.message))
@@ -374,92 +374,6 @@ class Router(Service):
         valid_until = min(now + PLAN_CACHE_MAX_S, self.view.next_expiry(now, since_healthy=True))
         self._plans[key] = (self.view.version, valid_until, routed)
         return routed
-
-    # ------------------------------------------------------------ dry run
-
-    def _start_dry_run(self, msg: Msg, request: SubmitRequest, routed: Routed, user: str) -> None:
-        """Answer a dry run from a task of its own: its reads must not hold up the
-        submits behind it on this subscription, nor occupy a writer."""
-        if self._dry_runs_open >= DRY_RUNS_WAITING_AT_MOST:
-            metrics.SUBMIT_ERRORS.labels(ErrorCode.UNAVAILABLE).inc()
-            task = asyncio.ensure_future(self._respond(msg, error_reply(
-                ErrorCode.UNAVAILABLE, f"router busy: {self._dry_runs_open} dry runs waiting; retry")))
-        else:
-            task = asyncio.ensure_future(self._answer_dry_run(msg, request, routed, user))
-        self._dry_runs.add(task)
-        task.add_done_callback(self._dry_runs.discard)
-
-    async def _answer_dry_run(self, msg: Msg, request: SubmitRequest, routed: Routed, user: str) -> None:
-        self._dry_runs_open += 1
-
-        async def counted() -> DryRunReply:
-            try:
-                return await self.dry_run(request, routed, user)
-            finally:
-                self._dry_runs_open -= 1
-
-        try:
-            body = encoder.encode(await self._bounded(counted()))
-        except (Unavailable, TimeoutError) as exc:
-            metrics.DB_UNAVAILABLE.inc()
-            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
-            body = error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry")
-        except IrisfedError as exc:
-            if isinstance(exc, PermanentStoreError):
-                log.error("dry_run_failed", exc_info=True)
-                body = error_reply(ErrorCode.INTERNAL, f"internal error: {exc}")
-            else:
-                body = error_reply(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            log.error("dry_run_failed", exc_info=True)
-            body = error_reply(ErrorCode.INTERNAL, f"internal error: {exc}")
-        await self._respond(msg, body)
-
-    async def dry_run(self, request: SubmitRequest, routed: Routed, user: str) -> DryRunReply:
-        """What submitting ``request`` (decoded, its band allowed, routed as ``routed``) as
-        ``user`` would do now; writes nothing (dry_run.py says what it judges, and what not).
-
-        Reads only, one dry run at a time, on a pooled connection (never a writer's):
-        the job if its id exists, and for a job that would be assigned or placed, the
-        live jobs' usage (of its user too when it has a quota) and the jobs it could
-        preempt. No lock is taken: a quota's figures are those committed now.
-        A job_id naming this user's job already is answered as its resubmission would
-        be: the original answer marked ``duplicate``, or ``conflict`` for another spec.
-        """
-        job_id = request.job_id or ""
-        stored = stored_job_id(user, job_id) if job_id else UNNAMED
-        disposition = routed.plan.disposition
-        async with self._dry_run_turn, self.store.connection() as db:
-            if job_id:
-                existing = (await db.job_get_submitted([stored])).get(stored)
-                if existing is not None:
-                    if existing.spec_hash != request.spec_hash():
-                        raise Conflict(f"job_id {job_id!r} already names a job with a different spec")
-                    return dry_run_reply(original_reply(existing), request.band)
-            real = first_reply(routed, job_id)
-            if disposition is SubmitDisposition.REJECT:
-                return dry_run_reply(real, request.band)
-            units = request.resource_request().units
-            held = await db.job_live_usage_by_user([user]) if user in self.quota_users else {}
-            if disposition is SubmitDisposition.LOCAL:
-                # As _insert_under_quota would judge it, from what is committed now.
-                capped = user in self.quota_users
-                why = quota_wait(self.users.get(user), held.get(user, {}), units, request.replicas) if capped else None
-                if why is None:
-                    return dry_run_reply(real, request.band, local_placement(routed))
-                new_job, _ = plan_new_job(request, routed, job_id, user)
-                _, waiting_reply = waiting_for_quota(new_job, why)
-                return dry_run_reply(waiting_reply, request.band, Waiting(stored, why, code=QUOTA))
-            # QUEUE: one placement run of the tick's, this job alone in its queue.
-            peers, now = self.view.peers(), self.clock.monotonic()
-            live, used = await db.job_live_usage()
-            run = PlacementRun(peers, live, now, used=used, policy=PACK, reserve_after_s=RESERVE_AFTER_S)
-            job = queued_job(request, routed, stored)
-            if job.band > 0 and run.rooms_of_peer:
-                rows = await db.job_list_preemptible(job.band, sorted(run.rooms_of_peer))
-                run.pool = VictimPool(map(candidate_from_row, rows), job.band)
-        placements, waiting = FairShareRun(run, self.users, held).place({user: [job]})
-        return dry_run_reply(real, request.band, would_place(stored, placements, waiting, run.preempted))
 
     async def _writer(self) -> None:
         # Each writer keeps its own connection: no pool round trip or reset per batch.
@@ -571,9 +485,9 @@ class Router(Service):
         existing = await held.job_get_submitted([i.job.job_id for i in repeats],
                                                 statement_timeout_s=self._left(deadline))
         for item in repeats:
-            row = existing[item.job.job_id]
-            if row.spec_hash != item.job.spec_hash:
-                exc = Conflict(f"job_id {user_job_id(item.job.job_id)!r} already names a job with a different spec")
+            row = existing.get(item.job.job_id)
+            if row is None or row.spec_hash != item.job.spec_hash:
+                exc = Conflict(taken_id(item.job.job_id, row is None))
                 metrics.SUBMIT_ERRORS.labels(exc.code).inc()
                 await self._answer(item, error_reply(exc.code, exc.message))
             else:
@@ -628,7 +542,14 @@ class Router(Service):
                 blank = encoder.encode(JobEvent("", job.state, job.owner_peer_id or "", job.epoch, now,
                                                 reason=job.reason))
                 tail = tails[shape] = blank[len(_EVENT_HEAD) + 2:]
-            await publish_raw(events + job.job_id, _EVENT_HEAD + encoder.encode(job.job_id) + tail)
+            await publish_raw(events + job_token(job.job_id), _EVENT_HEAD + encoder.encode(job.job_id) + tail)
+            # Its user's copy (bus.user_event), built the same way: the id it sent, the same tail
+            # unless the reason names a job the user may not see.
+            user, bare = split_job_id(job.job_id)
+            seen = scrub(job.reason, user)
+            own = tail if seen == job.reason else encoder.encode(JobEvent(
+                "", job.state, job.owner_peer_id or "", job.epoch, now, reason=seen))[len(_EVENT_HEAD) + 2:]
+            await publish_raw(self.subjects.user_events(user, bare), _EVENT_HEAD + encoder.encode(bare) + own)
 
     async def _fail_all(self, batch: list[_Pending], code: str, message: str) -> None:
         """Answer every submit of ``batch`` not answered yet."""
@@ -665,94 +586,8 @@ class Router(Service):
     async def _answer_fetch(self, msg: Msg, peer_id: str) -> None:
         await self.relay.answer(peer_id, msg.data, msg.reply)
 
-    # ------------------------------------------------------------ reads (docs/design.md §3.6)
-
-    async def _start_read(self, msg: Msg, answer: Callable[[Msg], Awaitable[None]]) -> None:
-        """Answer a read from a task of its own (one stream or Postgres slow to answer
-        holds up no other read); at most READS_AT_ONCE at once, past that `unavailable`.
-        A read no one waits for (no reply subject) is not made."""
-        if not msg.reply:
-            return
-        if len(self._reads) >= READS_AT_ONCE:
-            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE,
-                                                 f"{READS_AT_ONCE} reads in progress on this router; retry"))
-            return
-        task = asyncio.ensure_future(answer(msg))
-        self._reads.add(task)
-        task.add_done_callback(self._reads.discard)
-
-    async def on_read_logs(self, msg: Msg) -> None:
-        await self._start_read(msg, self._read_logs)
-
-    async def on_read_store(self, msg: Msg) -> None:
-        await self._start_read(msg, self._read_store)
-
-    async def _read_logs(self, msg: Msg) -> None:
-        """A user reads its own job's output (``P.read.logs[.<user>]``, by the id it sent);
-        an operator any job's (``P.operator.read.logs``, by its stored id)."""
-        async def work() -> LogsReply:
-            operator = msg.subject == self.subjects.operator_read("logs")
-            user = None if operator else self._user(msg.subject, self.subjects.read_for("logs", DEFAULT_USER))
-            request = decode_request(LogsRequest, msg.data)
-            if operator:
-                return await self._bounded(self.reads.logs(request.job_id, request.job_id, request))
-            return await self._bounded(self.reads.user_logs(user, request))
-        await self._answer_request(msg, work)
-
-    async def _read_store(self, msg: Msg) -> None:
-        """A user reads its own jobs as the store has them (``P.read.store[.<user>]``)."""
-        async def work() -> Any:
-            user = self._user(msg.subject, self.subjects.read_for("store", DEFAULT_USER))
-            return await self._bounded(self.reads.store_read(user, decode_request(StoreReadRequest, msg.data)))
-        await self._answer_request(msg, work)
-
-    # ------------------------------------------------------------ cancel
-
-    async def on_cancel(self, msg: Msg) -> None:
-        """A user's cancel (``P.cancel``: ``default``; ``P.cancel.<user>``), by the id it sent."""
-        if msg.subject.rpartition(".")[2] in self.peer_ids and msg.subject != self.subjects.cancel:
-            return  # a cancel notice to that peer (P.cancel.<peer>), not a request
-
-        async def work() -> CancelReply:
-            user = self._user(msg.subject, self.subjects.cancel)
-            request = decode_request(CancelRequest, msg.data)
-            return await self._bounded(self.cancel(stored_job_id(user, request.job_id), f"user {user}",
-                                                   shown_as=request.job_id))
-        await self._answer_request(msg, work)
-
-    async def on_operator_cancel(self, msg: Msg) -> None:
-        """An operator's cancel: any job, named by its stored id (``alice:train-1``)."""
-        async def work() -> CancelReply:
-            request = decode_request(OperatorCancelRequest, msg.data)
-            by = f"operator ({request.by})" if request.by else "operator"
-            return await self._bounded(self.cancel(request.job_id, by))
-        await self._answer_request(msg, work)
-
-    async def _answer_request(self, msg: Msg, work: Callable[[], Any]) -> None:
-        """Run a request's ``work`` (a cancel, a read) and answer it, whatever happens."""
-        if self._forged_reply(msg):
-            return
-        try:
-            reply = await work()
-        except (Unavailable, TimeoutError) as exc:
-            metrics.DB_UNAVAILABLE.inc()
-            why = exc.message if isinstance(exc, Unavailable) else "the database did not answer in time"
-            await self._respond(msg, error_reply(ErrorCode.UNAVAILABLE, f"{why}; retry"))
-            return
-        except IrisfedError as exc:
-            if not isinstance(exc, PermanentStoreError):
-                await self._respond(msg, error_reply(exc.code, exc.message))
-                return
-            await self._request_failed(msg, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            await self._request_failed(msg, exc)
-            return
-        await self._respond(msg, encoder.encode(reply))
-
-    async def _request_failed(self, msg: Msg, exc: Exception) -> None:
-        log.error("request_failed", subject=msg.subject, exc_info=True)
-        await self._respond(msg, error_reply(ErrorCode.INTERNAL, f"internal error: {exc}"))
+    # ------------------------------------------------------------ answers in time (submits, dry runs,
+    # cancels, reads)
 
     async def _bounded(self, work):
         """``work``'s result, or TimeoutError after twice the submit timeout.
@@ -775,33 +610,5 @@ class Router(Service):
 
     async def cancel(self, job_id: str, requested_by: str = "user default", shown_as: str | None = None
                      ) -> CancelReply:
-        """Cancel the job stored as ``job_id`` durably, as ``requested_by`` asked (``user
-        alice``, ``operator (web)``: the history names them); the reply's outcome says
-        what happened and names the job as its asker does (``shown_as``)."""
-        shown = job_id if shown_as is None else shown_as
-        async with self.store.transaction() as tx:
-            row = await tx.job_get_for_update(job_id)
-            if row is None:
-                # Another user's job is answered exactly like no job at all (§3.2).
-                raise NotFound(f"no job {shown!r}")
-            owner, epoch = row.owner_peer_id, row.epoch
-            decision = cancel_decision(row.state, row.cancel_requested, row.attempts,
-                                       owner_reachable=owner in self.view.reachable_ids())
-            if decision.action is CancelAction.NOTHING:
-                return CancelReply(shown, row.state, decision.outcome)
-            await tx.job_request_cancel(job_id, requested_by)
-            if decision.action is CancelAction.KILL_NOW:
-                await tx.job_move(Move(job_id, row.state, JobState.KILLED, epoch, actor="router",
-                                       owner_peer_id=owner,
-                                       reason=f"{decision.outcome.meaning} (cancelled by {requested_by})"))
-        # Committed: now tell the owner (it also finds the flag on its next reconcile).
-        if owner:
-            await publish(self.nc, self.subjects.cancel_notice(owner), CancelNotice(job_id, owner, epoch))
-        if decision.new_state is JobState.KILLED:
-            await publish(self.nc, self.subjects.events(job_id),
-                          JobEvent(job_id, JobState.KILLED, owner or "", epoch, self.clock.now(),
-                                   reason=decision.outcome.meaning))
-        metrics.CANCELS.labels(decision.outcome).inc()
-        log.info("job_cancel", job_id=job_id, peer_id=owner, epoch=epoch, outcome=decision.outcome,
-                 requested_by=requested_by)
-        return CancelReply(shown, decision.new_state, decision.outcome)
+        """Cancel the job stored as ``job_id`` durably (requests.py: ``Requests.cancel``)."""
+        return await self.requests.cancel(job_id, requested_by, shown_as)

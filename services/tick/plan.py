@@ -11,10 +11,10 @@ from irisfed.shared.cancel import under_cancel
 from irisfed.shared.constraints import Constraint
 from irisfed.shared.fencing import epoch_after
 from irisfed.shared.lifecycle import JobState
-from irisfed.shared.placement import QueuedJob
 from irisfed.shared.records import ClaimedJob, LostPeerJob, Move
 from irisfed.shared.resources import resources_from_json
 from irisfed.shared.retry import after_infra_failure
+from irisfed.shared.rooms import QueuedJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,7 @@ class Recovery:
 
 def recover_from_lost_peer(
     state: JobState, owner: str, attempts: int, max_retries: int, cancel_requested: bool = False,
-    preemptions: int = 0,
+    preemptions: int = 0, spared: int = 0,
 ) -> Recovery:
     """Never-started work goes back to the queue; running work retries while allowed;
     work whose cancel was stored while its owner was away is killed.
@@ -38,7 +38,7 @@ def recover_from_lost_peer(
     that the job must not run again: the owner was told it when it returns, and no
     other peer may start it meanwhile.
     """
-    failure = None if state is JobState.ASSIGNED else after_infra_failure(attempts, max_retries, preemptions)
+    failure = None if state is JobState.ASSIGNED else after_infra_failure(attempts, max_retries, preemptions, spared)
     if under_cancel(JobState.QUEUED if failure is None else failure.to_state, cancel_requested) is JobState.KILLED:
         return Recovery(JobState.KILLED, f"cancelled while its owner {owner} was unreachable", False)
     if failure is None:
@@ -56,7 +56,7 @@ def recovery_move(job: LostPeerJob) -> tuple[Move, Recovery]:
     back, is fenced.
     """
     decision = recover_from_lost_peer(job.state, job.owner_peer_id, job.attempts, job.max_retries,
-                                      job.cancel_requested, job.preemptions)
+                                      job.cancel_requested, job.preemptions, job.spared)
     requeued = decision.to_state is JobState.QUEUED
     move = Move(job.job_id, job.state, decision.to_state, job.epoch, actor="tick",
                 owner_peer_id=None if requeued else job.owner_peer_id, new_epoch=epoch_after(job.state, decision.to_state, job.epoch, owner_unreachable=True),

@@ -31,12 +31,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from irisfed.services.common import metrics
-from irisfed.services.common.bus import from_jetstream, publish
+from irisfed.services.common.bus import from_jetstream, publish, publish_event
 from irisfed.services.common.faults import crash_point
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import Service, forever, when_woken
 from irisfed.services.common.store import Store, Transaction
+from irisfed.services.common.store_pipelines import ReleaseListener
 from irisfed.services.tick.plan import (
     Recovery,
     queued_job_from_row,
@@ -49,19 +50,14 @@ from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.explain import explanation
 from irisfed.shared.fair_share import FairShareRun, claim_share, within_quota
+from irisfed.shared.holds import Waiting
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import AssignmentNotice, CancelNotice, Heartbeat, JobEvent
-from irisfed.shared.placement import (
-    PACK,
-    POLICIES,
-    RESERVE_AFTER_S,
-    Placement,
-    PlacementRun,
-    Waiting,
-)
+from irisfed.shared.placement import PACK, POLICIES, RESERVE_AFTER_S, PlacementRun
 from irisfed.shared.preemption import Candidate, VictimPool, candidate_from_row
 from irisfed.shared.records import AssignedJob, ClaimedJob, Move, PreemptedJob
 from irisfed.shared.resources import Resources
+from irisfed.shared.rooms import Placement
 from irisfed.shared.settings import require_count
 from irisfed.shared.subjects import TICK_QUEUE_GROUP
 from irisfed.shared.users import QUOTA
@@ -201,6 +197,7 @@ class Tick(Service):
         # The lowest band live on a reachable peer at this run's start (UNPREEMPTIBLE_RANK:
         # none below production): a queue may preempt only a band below its own.
         self.lowest_live_band = UNPREEMPTIBLE_RANK
+        self.released: ReleaseListener | None = None  # listening for jobs an end released
 
     async def start(self) -> None:
         await self.refresh_view()
@@ -218,10 +215,28 @@ class Tick(Service):
                                     on_db_back=self.view.mark_healthy), name="tick-loop")
         self.tasks.spawn(forever("queue_depth", self.export_queue_depth, QUEUE_DEPTH_INTERVAL_S),
                          name="tick-queue-depth")
+        self.tasks.spawn(forever("released_listener", self.listen_released, self.config.tick_interval_s),
+                         name="tick-released")
         log.info("tick_started", prefix=self.subjects.prefix)
 
     async def close(self) -> None:
         await self.tasks.close()
+        if self.released is not None:
+            await self.released.close()
+
+    async def listen_released(self) -> None:
+        """Keep a connection listening for jobs released by an end (a dependency met, an
+        array's slot freed: Postgres notifies at commit), each waking a pass now; checked
+        every interval, so one lost with Postgres is listened again once it is back. A
+        pool of one connection keeps it for passes: those released wait for the interval."""
+        if self.released is not None and self.released.alive():
+            return
+        if self.store.db.get_max_size() < 2:
+            return
+        if self.released is not None:
+            await self.released.close()
+            self.released = None
+        self.released = await self.store.job_released_listen(self.wake.set)
 
     async def export_queue_depth(self) -> None:
         """Refresh irisfed_queue_depth (one grouped scan of the queued partial index)."""
@@ -670,5 +685,5 @@ class Tick(Service):
     async def _event(self, job_id: str, state: JobState, peer_id: str, epoch: int, at: datetime,
                      reason: str) -> None:
         if self.nc is not None:
-            await publish(self.nc, self.subjects.events(job_id),
-                          JobEvent(job_id, state.value, peer_id or "", epoch, at, reason=reason))
+            await publish_event(self.nc, self.subjects,
+                                JobEvent(job_id, state.value, peer_id or "", epoch, at, reason=reason))

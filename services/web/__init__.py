@@ -7,6 +7,8 @@ The parts, from the edges in:
   NATS is away;
 - ``app``: the routes (pages, their live fragments, ``/events``, ``/api/charts``,
   ``/api/users``, login, cancel) and the headers every response carries;
+- ``dashboard``: what the routes use of the service (``Dashboard``), so ``app``
+  never imports ``service``;
 - ``reads``: what each page reads from the store, with the caches shared by every
   viewer, and a job's log tail;
 - pure helpers, each unit-tested: ``filters`` (the job list's filters and its

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
@@ -43,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from irisfed.services.common.log import EventLogger
 from irisfed.services.web import present
+from irisfed.services.web.dashboard import JOB_ID, Dashboard
 from irisfed.services.web.filters import MAX_LABELS, STATES, FilterError, parse_filters
 from irisfed.services.web.live import Refused
 from irisfed.services.web.reads import job_page, job_story
@@ -56,15 +58,15 @@ from irisfed.services.web.security import (
     safe_next,
     same_secret,
 )
+from irisfed.shared.arrays import counts_words
 from irisfed.shared.bands import band_name
+from irisfed.shared.dependencies import CONDITION_WORDS
 from irisfed.shared.errors import ErrorCode, Unavailable
 from irisfed.shared.fair_share import federation_totals
 from irisfed.shared.messages import CANCEL_OUTCOMES
 from irisfed.shared.resources import size_text
-from irisfed.shared.users import DEFAULT_USER, STORED_JOB_ID_PATTERN, user_job_id
-
-if TYPE_CHECKING:
-    from irisfed.services.web.service import WebService
+from irisfed.shared.run_contract import contract_text, grace_until, runs_text
+from irisfed.shared.users import DEFAULT_USER, user_job_id
 
 log = EventLogger("web")
 
@@ -72,7 +74,6 @@ HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
 MAX_FORM_BYTES = 8 * 1024
-_JOB_ID = re.compile(STORED_JOB_ID_PATTERN)
 CANCEL_ERRORS = {
     ErrorCode.NOT_FOUND.value: "the router knows no such job",
     ErrorCode.INVALID_REQUEST.value: "the router refused the request as invalid",
@@ -85,52 +86,60 @@ CANCEL_ERRORS = {
 # ---------------------------------------------------------------- every response
 
 
-class _Secured:
-    """Adds the security headers to every response, and ``Cache-Control``: pages are
-    never stored (they hold CSRF tokens), static files are revalidated."""
+class _OnResponseStart:
+    """Middleware that edits every HTTP response's headers as it starts: ``starting``
+    is called when a request reaches the app and returns what to do to its headers.
+    Anything but HTTP passes through untouched."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+
+    def starting(self, scope: Scope) -> Callable[[MutableHeaders], None]:
+        raise NotImplementedError
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        static = "/static/" in scope.get("path", "")
+        edit = self.starting(scope)
 
-        async def secured(message: Message) -> None:
+        async def edited(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                for name, value in SECURITY_HEADERS:
-                    headers[name] = value
-                if "cache-control" not in headers:
-                    headers["cache-control"] = "no-cache" if static else "no-store"
+                edit(MutableHeaders(scope=message))
             await send(message)
 
-        await self.app(scope, receive, secured)
+        await self.app(scope, receive, edited)
 
 
-class _Timed:
+class _Secured(_OnResponseStart):
+    """Adds the security headers to every response, and ``Cache-Control``: pages are
+    never stored (they hold CSRF tokens), static files are revalidated."""
+
+    def starting(self, scope: Scope) -> Callable[[MutableHeaders], None]:
+        static = "/static/" in scope.get("path", "")
+
+        def secured(headers: MutableHeaders) -> None:
+            for name, value in SECURITY_HEADERS:
+                headers[name] = value
+            if "cache-control" not in headers:
+                headers["cache-control"] = "no-cache" if static else "no-store"
+
+        return secured
+
+
+class _Timed(_OnResponseStart):
     """``Server-Timing: app;dur=<ms>`` on every response: from the request reaching the
     app to its response starting (for a page: its reads and its rendering), so a client
     or ``irisfed bench`` can tell the server's time from the network's."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def starting(self, scope: Scope) -> Callable[[MutableHeaders], None]:
         started = time.perf_counter()
 
-        async def timed(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                spent_ms = (time.perf_counter() - started) * 1e3
-                MutableHeaders(scope=message).append("server-timing", f"app;dur={spent_ms:.2f}")
-            await send(message)
+        def timed(headers: MutableHeaders) -> None:
+            spent_ms = (time.perf_counter() - started) * 1e3
+            headers.append("server-timing", f"app;dur={spent_ms:.2f}")
 
-        await self.app(scope, receive, timed)
+        return timed
 
 
 class _Rooted:
@@ -193,9 +202,10 @@ def _client(request: Request) -> str:
 
 
 class Pages:
-    """The routes, over one ``WebService`` (its store, views, broker and settings)."""
+    """The routes, over one ``Dashboard`` (dashboard.py: the ``WebService``'s store, views, broker
+    and settings)."""
 
-    def __init__(self, web: WebService) -> None:
+    def __init__(self, web: Dashboard) -> None:
         self.web = web
         self.root = web.settings.root_path
         self.version = _version(STATIC)
@@ -205,7 +215,10 @@ class Pages:
                                finalize=present.visible, trim_blocks=True, lstrip_blocks=True, auto_reload=False)
         self.env.globals.update(
             u=self.u, static=self.static, job_url=self.job_url, fmt_age=present.fmt_age,
-            fmt_time=present.fmt_time, band_name=band_name, rows_html=present.JobRows(self.job_url), states=STATES, is_terminal=present.is_terminal,
+            fmt_time=present.fmt_time, band_name=band_name, runs_text=runs_text, grace_until=grace_until,
+            contract_text=contract_text, condition_words=CONDITION_WORDS, rows_html=present.JobRows(self.job_url),
+            states=STATES,
+            is_terminal=present.is_terminal,
             peer_ids=web.config.peer_ids, cancel_outcomes=CANCEL_OUTCOMES,
             user_ids=sorted({DEFAULT_USER, *web.config.user_ids}),
             refused_retry_ms=round(web.settings.refused_retry_s * 1000),  # app.js reads it from <body>
@@ -289,10 +302,15 @@ class Pages:
 
     async def job(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
-        if not _JOB_ID.fullmatch(job_id):
+        if not JOB_ID.fullmatch(job_id):
             return self.problem(request, 404, "No such job", "That is not a job id.")
         story = await job_story(self.web.store, job_id, self.web.settings.log_tail_bytes, self.web.log_stores)
         if story is None:
+            elements = (await self.web.store.job_array_elements([job_id])).get(job_id)
+            if elements:  # an array's id (§3.8): its jobs, each linked
+                counts = Counter(state for _, state in elements)
+                return self.render(request, "array.html", page="jobs", array_id=job_id, elements=elements,
+                                   counts=counts_words(counts))
             return self.problem(request, 404, "No such job", f"There is no job {job_id}.")
         outcome = request.query_params.get("cancel", "")
         failure = request.query_params.get("cancel_error", "")
@@ -318,7 +336,7 @@ class Pages:
             log.warning("cancel_refused", client=_client(request), logged_in=session is not None)
             return self.problem(request, 403, "Not allowed",
                                 "Only a logged-in operator may cancel, from the job's own page.")
-        if not _JOB_ID.fullmatch(job_id):
+        if not JOB_ID.fullmatch(job_id):
             return self.problem(request, 404, "No such job", "That is not a job id.")
         kind, value = await self.web.cancel(job_id)
         log.info("cancel_requested", job_id=job_id, result=f"{kind}:{value}", client=_client(request))
@@ -332,7 +350,7 @@ class Pages:
             return self.problem(request, 403, "Not allowed", "Only a logged-in operator may download outputs.")
         job_id, name = request.path_params["job_id"], request.path_params["name"]
         epoch, task = request.path_params["epoch"], request.path_params["task"]
-        if not _JOB_ID.fullmatch(job_id):
+        if not JOB_ID.fullmatch(job_id):
             return self.problem(request, 404, "No such job", "That is not a job id.")
         kind, value = await self.web.output(job_id, epoch, task, name)
         if kind == "error":
@@ -453,7 +471,7 @@ class Pages:
                             "the dashboard's log says what.</p>", status_code=500)
 
 
-def build_app(web: WebService) -> ASGIApp:
+def build_app(web: Dashboard) -> ASGIApp:
     """The ASGI app of ``web``: routes, static files, and the wrappers every response passes."""
     pages = Pages(web)
     routes = [

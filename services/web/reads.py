@@ -26,6 +26,7 @@ from irisfed.services.web.filters import JobFilter
 from irisfed.shared.logs import assemble, log_subject
 from irisfed.shared.records import (
     ChangelogEntry,
+    DependencyRow,
     JobListRow,
     JobRow,
     OldestQueued,
@@ -147,6 +148,8 @@ class JobStory:
     odd_explanation: Any = None
     tasks: list[TaskRow] = field(default_factory=list)  # a gang's newest run's tasks
     outputs: list[OutputRow] = field(default_factory=list)  # the newest run's output files (§3.5)
+    after: list[DependencyRow] = field(default_factory=list)  # the jobs it waits for (§3.8)
+    dependents: list[DependencyRow] = field(default_factory=list)  # the jobs that wait for it
 
     @property
     def logs_readable(self) -> bool:
@@ -170,7 +173,8 @@ async def job_story(store: Store, job_id: str, tail_bytes: int,
     tasks = await store.job_tasks_list(job_id) if job.replicas > 1 else []
     newest = tasks[0].epoch if tasks else None
     outputs = await store.job_outputs_list(job_id)
-    return JobStory(job, history, logs, odd, [t for t in tasks if t.epoch == newest], outputs)
+    return JobStory(job, history, logs, odd, [t for t in tasks if t.epoch == newest], outputs,
+                    await store.job_dependencies_of(job_id), await store.job_dependents_of(job_id))
 
 
 async def job_with_odd_explanation(store: Store, job_id: str) -> tuple[JobRow | None, Any] | None:

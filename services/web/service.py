@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,6 +42,7 @@ from irisfed.services.common.logstore import LogStore
 from irisfed.services.common.peer_view import PeerView
 from irisfed.services.common.runtime import WAIT_OUT, Service
 from irisfed.services.web.app import build_app
+from irisfed.services.web.dashboard import JOB_ID
 from irisfed.services.web.live import MAX_IDS, Broker, ChangeTail
 from irisfed.services.web.reads import ChartSource, FederationReads
 from irisfed.services.web.security import LoginThrottle, Signer
@@ -51,11 +51,10 @@ from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.messages import CANCEL_OUTCOMES
-from irisfed.shared.users import STORED_JOB_ID_PATTERN
+from irisfed.shared.subjects import job_of_token
 
 log = EventLogger("web")
 
-_JOB_ID = re.compile(STORED_JOB_ID_PATTERN)
 CANCELLED_BY = "web"  # the operator's name in a cancelled job's history: `operator (web)`
 EVENTS_PER_FLUSH = MAX_IDS + 1  # job events read per flush; one more than a batch names
 CHANGES_PER_POLL = 2000  # changelog rows read per poll; more at once are "many jobs changed"
@@ -240,10 +239,10 @@ class WebService(Service):
             self.broker.all_jobs_changed()
 
     def on_event(self, msg: Any) -> None:
-        """``events.<job_id>``: that job moved (the subject says which, by its stored id;
-        the body is not needed)."""
-        job_id = msg.subject[len(self.subjects.events("")):]
-        if _JOB_ID.fullmatch(job_id):
+        """``events.<job>``: that job moved (the subject says which, by its stored id as one
+        token: shared.subjects.job_token; the body is not needed)."""
+        job_id = job_of_token(msg.subject[len(self.subjects.events("")):])
+        if JOB_ID.fullmatch(job_id):
             self.broker.job_changed(job_id)
 
     async def on_heartbeat(self, msg: Any) -> None:

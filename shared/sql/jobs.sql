@@ -5,7 +5,8 @@
 -- job_insert_batch --
 -- Create many jobs (one router group-commit batch) with their first changelog rows
 -- and their job_listing rows.
--- Existing job_ids are skipped; the caller answers those as duplicates or conflicts.
+-- Existing job_ids, and ids naming an array (job_arrays), are skipped; the caller answers
+-- those as duplicates or conflicts.
 -- The batch's distinct explanations ($2) are stored once each, in the same statement,
 -- so a job's explanation_key always names a stored row.
 WITH input AS (
@@ -30,10 +31,11 @@ WITH input AS (
            CASE WHEN deadline_s IS NULL THEN NULL ELSE now() + make_interval(secs => deadline_s) END,
            reason, explanation,
            CASE WHEN state = 'assigned' THEN now() END,
-           CASE WHEN state = 'rejected' THEN now() END,
+           CASE WHEN state IN ('rejected', 'unschedulable') THEN now() END,
            COALESCE(resources_json::jsonb, '{"cpu": 1}'::jsonb), COALESCE(user_id, 'default'),
            COALESCE(band, 1), COALESCE(replicas, 1)
     FROM input
+    WHERE NOT EXISTS (SELECT 1 FROM job_arrays a WHERE a.array_id = input.job_id)
     ON CONFLICT (job_id) DO NOTHING
     RETURNING job_id, state, owner_peer_id, epoch, reason, submitted_at,
               spec->'labels' AS labels, spec->>'name' AS name
@@ -68,7 +70,7 @@ SELECT j.job_id, j.spec, j.spec_hash, j.state, j.disposition, j.pinned_peer_id, 
        j.epoch, j.attempts, j.max_retries, j.priority, j.avoid_peers, j.submitted_at, j.updated_at,
        j.assigned_at, j.started_at, j.finished_at, j.deadline_at, j.exit_code, j.log_dir, j.reason,
        e.explanation, j.cancel_requested, j.cancel_requested_at, j.user_id, j.cancel_requested_by,
-       j.band, j.preemptions, j.stopping_on, j.replicas
+       j.band, j.preemptions, j.stopping_on, j.replicas, j.failures, j.restarts
 FROM jobs j LEFT JOIN job_explanations e ON e.key = j.explanation_key
 WHERE j.job_id = $1;
 
@@ -81,7 +83,7 @@ SELECT job_id, state, owner_peer_id, epoch, cancel_requested, attempts FROM jobs
 -- One listing row per job (its key): a second one, forged, is refused.
 SELECT j.job_id, j.state, j.disposition, j.pinned_peer_id, j.owner_peer_id, j.epoch, j.attempts,
        j.priority, j.submitted_at, j.updated_at, j.exit_code, j.reason, j.spec->'command' AS command,
-       j.user_id, j.band, j.preemptions, j.resources, j.replicas, j.started_at, j.finished_at
+       j.user_id, j.band, j.preemptions, j.resources, j.replicas, j.started_at, j.finished_at, j.array_id
 FROM job_listing l JOIN jobs j ON j.job_id = l.job_id
 ORDER BY l.submitted_at DESC, l.job_id DESC
 LIMIT $1;
@@ -90,7 +92,7 @@ LIMIT $1;
 -- job_list for one state ($1): a range of jobs_by_state_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
        submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions,
-       resources, replicas, started_at, finished_at
+       resources, replicas, started_at, finished_at, array_id
 FROM jobs
 WHERE state = $1
 ORDER BY submitted_at DESC, job_id DESC
@@ -100,7 +102,7 @@ LIMIT $2;
 -- job_list for one user ($1), optionally one state ($2): a range of jobs_by_user_newest.
 SELECT job_id, state, disposition, pinned_peer_id, owner_peer_id, epoch, attempts, priority,
        submitted_at, updated_at, exit_code, reason, spec->'command' AS command, user_id, band, preemptions,
-       resources, replicas, started_at, finished_at
+       resources, replicas, started_at, finished_at, array_id
 FROM jobs
 WHERE user_id = $1 AND ($2::text IS NULL OR state = $2)
 ORDER BY submitted_at DESC, job_id DESC
@@ -178,8 +180,10 @@ WHERE j.owner_peer_id = $1 AND j.state = 'assigned';
 -- the queue ($4 = 'queued': epoch + 1, no owner, no backend; launch error or orphan with
 -- retries left), 'failed' or 'killed' (cancelled while the agent was down), CAS on
 -- (state, epoch, owner $1), with changelog (actor $1) and sync state in the same
--- statement (function: migration 0004). Returns the changelog seq; NULL: the CAS lost.
-SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6);
+-- statement (function: migrations 0004, 0018). $7: handed back through no fault of the
+-- job (its agent restarted under it): restarts + 1, no retry spent. Returns the
+-- changelog seq; NULL: the CAS lost.
+SELECT irisfed_job_end_run($1, $2, $3, $4, $5, $6, $7);
 
 -- job_count_live --
 -- Slots in use per peer and backend: assigned and running jobs, one per task.
@@ -198,11 +202,11 @@ GROUP BY owner_peer_id, backend;
 -- 'queued', key the user: each user with queued jobs and the band of its first one (a
 -- skip scan of jobs_queued_by_user: one index probe per user, however deep its queue).
 WITH RECURSIVE users AS (
-    (SELECT user_id, band FROM jobs WHERE state = 'queued' ORDER BY user_id, -band LIMIT 1)
+    (SELECT user_id, band FROM jobs WHERE state = 'queued' AND deps_pending = 0 ORDER BY user_id, -band LIMIT 1)
     UNION ALL
     SELECT next.user_id, next.band
     FROM users, LATERAL (SELECT j.user_id, j.band FROM jobs j
-                         WHERE j.state = 'queued' AND j.user_id > users.user_id
+                         WHERE j.state = 'queued' AND j.deps_pending = 0 AND j.user_id > users.user_id
                          ORDER BY j.user_id, -j.band LIMIT 1) AS next
 ), live AS (
     SELECT owner_peer_id, backend, resources, replicas, band FROM jobs WHERE state IN ('assigned', 'running')
@@ -280,7 +284,7 @@ ORDER BY priority DESC, submitted_at, job_id;
 -- are filtered here, before the LIMIT: a lost peer full of pinned work cannot hide the
 -- rest. owner = ANY($1) is a range scan of jobs_live_by_owner (partial: live rows only).
 SELECT job_id, state, epoch, owner_peer_id, attempts, max_retries, pinned_peer_id, cancel_requested,
-       preemptions
+       preemptions, failures + restarts AS spared
 FROM jobs
 WHERE state IN ('assigned', 'running')
   AND owner_peer_id = ANY($1::text[])
@@ -436,7 +440,8 @@ GROUP BY 1;
 -- before every job for a user's start, never NULLs: a plain row comparison is what
 -- lets the index seek to it). One range scan of jobs_queued_by_user per user. SKIP LOCKED lets several ticks claim
 -- disjoint batches. The tick orders the users by fair share (shared/fair_share.py).
--- A preempted job whose old run has not been seen to stop (stopping_on) is not claimed.
+-- A preempted job whose old run has not been seen to stop (stopping_on) is not claimed,
+-- nor one waiting for its dependencies (deps_pending: outside the index's predicate).
 SELECT j.job_id, j.epoch, j.pinned_peer_id, j.avoid_peers, j.priority, j.submitted_at,
        j.constraints_json, j.resources_json, j.preferences_json, j.waited_s, j.cancel_requested, j.user_id,
        j.band, j.replicas, j.group_by
@@ -449,7 +454,7 @@ CROSS JOIN LATERAL (
            extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band,
            replicas, coalesce(spec->'coschedule'->>'group_by', '') AS group_by
     FROM jobs
-    WHERE state = 'queued' AND user_id = c.user_id AND stopping_on IS NULL
+    WHERE state = 'queued' AND deps_pending = 0 AND user_id = c.user_id AND stopping_on IS NULL
       AND (-band, -priority, submitted_at, job_id) > (c.neg_band, c.neg_priority, c.submitted_at, c.job_id)
     ORDER BY -band, -priority, submitted_at, job_id
     LIMIT $6
@@ -466,7 +471,7 @@ SELECT job_id, epoch, pinned_peer_id, avoid_peers, priority, submitted_at,
        extract(epoch from now() - submitted_at)::float8 AS waited_s, cancel_requested, user_id, band,
        replicas, coalesce(spec->'coschedule'->>'group_by', '') AS group_by
 FROM jobs
-WHERE state = 'queued' AND user_id = $1 AND stopping_on IS NULL
+WHERE state = 'queued' AND deps_pending = 0 AND user_id = $1 AND stopping_on IS NULL
   AND (-band, -priority, submitted_at, job_id) > ($2::int, $3::int, $4::timestamptz, $5::text)
 ORDER BY -band, -priority, submitted_at, job_id
 LIMIT $6

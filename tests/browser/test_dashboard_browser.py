@@ -9,9 +9,7 @@ violation is one), and leaves a screenshot in tests/browser/artifacts/.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
 from datetime import datetime
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from playwright.async_api import Page, expect
 
 from irisfed.services.web.settings import WebSettings
 from tests.browser.conftest import ARTIFACTS, REFUSED_RETRY_S, Dashboard, update_screenshots
+from tests.infra.probes import kill_group
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -96,12 +95,6 @@ async def all_pages(page: Page) -> tuple[list[str], list[datetime], int]:
         times += await row_times(page)
         pages += 1
     return ids, times, pages
-
-
-def kill_group(pid: int) -> None:
-    """End a job's process group (the subprocess backend starts each run in its own)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- 1. live federation, jobs and job pages

@@ -15,7 +15,11 @@ log is read for any publish or subscribe it refused a service. Some jobs are gan
 2-3 tasks on the peers with nodes (real processes on gpu-b, simulated on tpu), some
 sharing a slice; the gang checks (§6.12: all tasks recorded or none, one peer, a node
 each, one fate; from the changelog and the tasks' rows, and every task's process on
-one peer) run after every schedule.
+one peer) run after every schedule. Every schedule sends pipelines (chains of jobs
+``after`` each other on ``ok``/``any``/``failed``, the first failing half the time);
+the dependency checks (§6.16, a replay of the changelog: no dependent starts before its
+dependencies ended as it asks, a broken one ends it ``unschedulable``, nothing waits
+queued once they all ended) run after every schedule.
 
 Run hundreds yourself: ``irisfed chaos --schedules 300 --steps 14 --seed $RANDOM``
 (add ``--restricted-roles`` for the second mode). A failing schedule replays with
@@ -37,9 +41,19 @@ pytestmark = pytest.mark.e2e
 SEED = int(os.environ.get("IRISFED_CHAOS_SEED", "20261130"))
 OWNER_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_SCHEDULES", "12"))
 RESTRICTED_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_RESTRICTED_SCHEDULES", "8"))
-
-
 HA_SCHEDULES = int(os.environ.get("IRISFED_CHAOS_HA_SCHEDULES", "2"))
+
+
+def _run_and_show(settings: ChaosSettings, capsys):
+    """Run the schedules; print each one's line and the summary past pytest's capture."""
+    lines: list[str] = []
+    summary = run_chaos(settings, say=lines.append)
+    with capsys.disabled():
+        print()
+        for line in lines:
+            print(line)
+        print(summary.line())
+    return summary
 
 
 def test_chaos_schedules_on_an_ha_world_keep_every_invariant(capsys):
@@ -51,13 +65,7 @@ def test_chaos_schedules_on_an_ha_world_keep_every_invariant(capsys):
         _unavailable(why)
     settings = ChaosSettings(schedules=HA_SCHEDULES, seed=SEED, steps=8, first=OWNER_SCHEDULES + RESTRICTED_SCHEDULES,
                              ha=True)
-    lines: list[str] = []
-    summary = run_chaos(settings, say=lines.append)
-    with capsys.disabled():
-        print()
-        for line in lines:
-            print(line)
-        print(summary.line())
+    summary = _run_and_show(settings, capsys)
     assert len(summary.results) == settings.schedules
     assert summary.kinds["failover_postgres"] >= 1 and summary.kinds["kill_nats_node"] >= 1, summary.kinds
     assert summary.jobs > 0 and sum(r.runs for r in summary.results) > 0
@@ -74,13 +82,7 @@ def test_chaos_schedules_keep_every_invariant(capsys, restricted):
         first=OWNER_SCHEDULES if restricted else 0,
         restricted_roles=restricted,
     )
-    lines: list[str] = []
-    summary = run_chaos(settings, say=lines.append)
-    with capsys.disabled():
-        print()
-        for line in lines:
-            print(line)
-        print(summary.line())
+    summary = _run_and_show(settings, capsys)
     assert len(summary.results) == settings.schedules
     assert summary.faults > settings.schedules  # faults were really injected
     assert len(summary.kinds) >= 5, summary.kinds  # of many kinds
@@ -91,4 +93,7 @@ def test_chaos_schedules_keep_every_invariant(capsys, restricted):
     assert summary.quotas_reached, "no quota was ever filled: the workload did not test them"
     assert summary.preemptions > 0, "nothing was preempted: the workload did not test bands"
     assert summary.gang_runs > 0, "no gang ran: the workload did not test gangs"
+    assert summary.dependency_edges > 0 and summary.dependents_started > 0, \
+        "no dependent ran: the workload did not test pipelines"
+    assert summary.dependents_unschedulable > 0, "no dependency was broken: the workload did not test pipelines"
     assert summary.violations == []

@@ -26,10 +26,12 @@ from irisfed.tooling.federation import (
     Supervisor,
     harness_env,
     login_role_urls,
-    render_config,
 )
+from irisfed.tooling.ha import PatroniCluster, ha_available, start_patroni
 from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.tooling.proxy import TcpProxy
+from tests.engines.fixtures import _unavailable
+from tests.infra.configs import federation_config
 from tests.infra.waiting import wait_for
 
 
@@ -61,9 +63,7 @@ PEERS = {
 
 
 def config_text(prefix: str) -> str:
-    return render_config([Peer(peer_id, attrs, slots=2) for peer_id, attrs in PEERS.items()],
-                         local_cluster="home", subject_prefix=prefix, heartbeat_interval_s=0.25,
-                         heartbeat_ttl_s=1.5, tick_interval_s=0.25, assign_grace_s=1.0)
+    return federation_config([Peer(peer_id, attrs, slots=2) for peer_id, attrs in PEERS.items()], prefix)
 
 
 class Federation(LocalFederation):
@@ -78,6 +78,11 @@ class Federation(LocalFederation):
         self.prefix = prefix
         self.nats = nats
         self.store = store
+
+    def configure(self, peers: list[Peer], **timings) -> None:
+        """Write this federation's config: ``peers`` on its subject prefix, with
+        ``federation_config``'s short timings (``ttl_s=``, ``grace_s=`` ... change them)."""
+        self.config_path.write_text(federation_config(peers, self.prefix, **timings))
 
     async def ensure_buckets(self) -> None:
         """The object store's buckets for this federation's users and peers (what `irisfed up` does)."""
@@ -131,14 +136,16 @@ class Federation(LocalFederation):
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
-    async def start_federation(self, *agents: str) -> None:
+    async def start_federation(self, *agents: str | tuple[str, ...]) -> None:
+        """Router, tick and ``agents`` (a peer id, or ``(peer_id, *flags)``), and wait until each serves."""
+        started = [(agent,) if isinstance(agent, str) else agent for agent in agents]
         self.start("router")
         self.start("tick")
-        for agent in agents:
-            self.start(agent)
+        for peer_id, *flags in started:
+            self.start(peer_id, *flags)
         await self.wait_router()
-        for agent in agents:
-            await self.wait_agent(agent)
+        for peer_id, *_ in started:
+            await self.wait_agent(peer_id)
 
     async def wait_router(self) -> None:
         async def answered():
@@ -215,3 +222,18 @@ async def federation(tmp_path, database_url, servers, subject_prefix, nats_clien
             await assert_changelog_replays(fed.store)
         finally:
             await pool.close()
+
+
+@pytest.fixture(scope="module")
+def patroni(tmp_path_factory) -> PatroniCluster:
+    """A Patroni cluster (a primary, a synchronous standby, etcd) started once for each
+    test module that asks for it (~12 s), stopped when the module ends; tests/infra/ha.py
+    makes it healthy again between tests. Skipped (failed under CI) without Patroni."""
+    why = ha_available()
+    if why:
+        _unavailable(why)
+    cluster = start_patroni(tmp_path_factory.mktemp("patroni"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

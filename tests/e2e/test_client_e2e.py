@@ -29,17 +29,6 @@ def _connect(federation, role: str = "producer", *, nats_url: str | None = None,
                           prefix=federation.prefix, **options)
 
 
-async def _start(federation, *agents: tuple[str, ...]) -> None:
-    """Router, tick and agents (``(peer_id, *flags)``), and wait until each serves."""
-    federation.start("router")
-    federation.start("tick")
-    for peer_id, *flags in agents:
-        federation.start(peer_id, *flags)
-    await federation.wait_router()
-    for peer_id, *_ in agents:
-        await federation.wait_agent(peer_id)
-
-
 def _gated(gate) -> list[str]:
     """A command that runs until ``gate`` exists, then succeeds."""
     return ["sh", "-c", f'while [ ! -e "{gate}" ]; do sleep 0.05; done; echo done']
@@ -50,7 +39,8 @@ async def _jobs(federation) -> list:
 
 
 async def test_submit_duplicate_conflict_reject_and_errors(federation):
-    await _start(federation, ("home", "--resource", "cpu=4"), ("gpu-west", "--resource", "cpu=16", "--resource", "gpu=2"))
+    await federation.start_federation(("home", "--resource", "cpu=4"),
+                                      ("gpu-west", "--resource", "cpu=16", "--resource", "gpu=2"))
     async with _connect(federation) as client:  # the producer user: submit and cancel only
         reply = await client.submit(["echo", "hi"], job_id="client-1", labels={"team": "vision"})
         assert isinstance(reply, SubmitReply)
@@ -93,7 +83,7 @@ async def test_submit_duplicate_conflict_reject_and_errors(federation):
 
 
 async def test_cancel_wait_and_a_timeout(federation, tmp_path):
-    await _start(federation, ("home",))
+    await federation.start_federation("home")
     async with _connect(federation, "operator") as client:
         reply = await client.submit(_gated(tmp_path / "never"), job_id="to-cancel")
         async with asyncio.timeout(120), contextlib.aclosing(client.watch(reply.job_id)) as events:
@@ -114,7 +104,7 @@ async def test_cancel_wait_and_a_timeout(federation, tmp_path):
 
 
 async def test_watch_sees_the_end_that_happened_while_nats_was_cut(federation, tmp_path):
-    await _start(federation, ("home",))
+    await federation.start_federation("home")
     proxy = federation.supervisor.proxy(federation.nats_url)  # the client's NATS only; the session's stays up
     gate = tmp_path / "go"
     # No polling: only an event or a reconnect makes the watch read Postgres again.
@@ -157,7 +147,7 @@ async def test_no_router_is_retried_with_the_same_job_id_until_one_answers(feder
                         on_retry=on_retry) as client:
         submitting = asyncio.create_task(client.submit(["echo", "hi"]))
         await asyncio.wait_for(retried.wait(), timeout=60)  # nobody listens on submit yet
-        await _start(federation, ("home",))
+        await federation.start_federation("home")
         reply = await asyncio.wait_for(submitting, timeout=120)
     assert set(retries) == {"unavailable"}
     jobs = await _jobs(federation)
@@ -165,7 +155,7 @@ async def test_no_router_is_retried_with_the_same_job_id_until_one_answers(feder
 
 
 async def test_lost_answers_are_retried_and_make_one_job(federation):
-    await _start(federation, ("home",))
+    await federation.start_federation("home")
     proxy = federation.supervisor.proxy(federation.nats_url)
     retried = asyncio.Event()
     async with _connect(federation, nats_url=proxy.url_for(federation.nats_url_for("producer")), timeout=1.0,
@@ -183,7 +173,7 @@ async def test_lost_answers_are_retried_and_make_one_job(federation):
 
 async def test_sync_client_works_where_an_event_loop_already_runs(federation):
     """Like a notebook cell: blocking calls made on a thread whose loop is running."""
-    await _start(federation, ("home",))
+    await federation.start_federation("home")
     with SyncClient.connect(federation.nats_url_for("operator"), federation.database_url,
                             prefix=federation.prefix) as client:
         reply = client.submit(["echo", "hello"], job_id="sync-1")

@@ -24,14 +24,18 @@ async def test_federation_on_db_roles_retries_recovers_orphans_and_cancels(feder
     await federation.use_db_roles()
     await federation.start_federation("home")
 
-    # A launch error with a retry left: handed back to the queue (epoch + 1), then failed.
+    # A failure with a failure retry left: handed back to the queue (epoch + 1), then failed;
+    # a program that cannot start fails at once.
     ok = await federation.submit({"command": ["true"]})
+    failing = await federation.submit({"command": ["sh", "-c", "exit 4"], "max_failure_retries": 1})
     missing = await federation.submit({"command": ["/no/such/program"], "max_retries": 1})
     assert (await federation.wait_state(ok["job_id"], "succeeded", "failed", timeout=30))["state"] == "succeeded"
+    job = await federation.wait_state(failing["job_id"], *TERMINAL, timeout=30)
+    assert (job["state"], job["attempts"], job["failures"], job["exit_code"]) == ("failed", 2, 1, 4)
+    assert ("running", "queued", "home", 2) in await _changes(federation, failing["job_id"])
     job = await federation.wait_state(missing["job_id"], *TERMINAL, timeout=30)
-    assert (job["state"], job["attempts"]) == ("failed", 2)
-    assert "launch failed" in job["reason"]
-    assert ("running", "queued", "home", 2) in await _changes(federation, missing["job_id"])
+    assert (job["state"], job["attempts"]) == ("failed", 1)
+    assert "cannot start '/no/such/program'" in job["reason"]
 
     # The agent dies under two running jobs; one is cancelled while it is down.
     marker = tmp_path / "ran-once"
@@ -45,7 +49,7 @@ async def test_federation_on_db_roles_retries_recovers_orphans_and_cancels(feder
         assert (await federation.cancel(doomed["job_id"]))["outcome"] in ("kill_sent", "pending_owner_offline")
         federation.start("home")
         job = await federation.wait_state(orphan["job_id"], *TERMINAL, timeout=30)
-        assert (job["state"], job["attempts"]) == ("succeeded", 2)
+        assert (job["state"], job["attempts"], job["restarts"]) == ("succeeded", 2, 1)  # no retry spent
         assert ("running", "queued", "home", 2) in await _changes(federation, orphan["job_id"])
         job = await federation.wait_state(doomed["job_id"], *TERMINAL, timeout=30)
         assert (job["state"], job["reason"]) == ("killed", "cancelled by user default while its agent was down")

@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from tests.e2e.test_engines_e2e import _configure, _job_id, _ray_engine, _slurm_engine, _until
+from tests.infra.engine_peers import (
+    SPARE,
+    configure_with_engine,
+    engine_for,
+    ray_engine,
+    slurm_engine,
+    unique_job_id,
+    until,
+)
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -37,14 +45,12 @@ HUNG_FOR_S = 2.5 * ENGINE_TIMEOUT_S
 
 @pytest.fixture
 def slurm(slurm_cluster):
-    return slurm_cluster, _slurm_engine(slurm_cluster)
+    return slurm_cluster, slurm_engine(slurm_cluster)
 
 
 @pytest.fixture(params=["slurm", "ray"])
 def any_engine(request):
-    if request.param == "slurm":
-        return _slurm_engine(request.getfixturevalue("slurm_cluster"))
-    return _ray_engine(request.getfixturevalue("ray_head"))
+    return engine_for(request)
 
 
 def stand_in(folder: Path, name: str, body: str) -> None:
@@ -61,7 +67,7 @@ def env_with(engine, folder: Path | None, **extra: str) -> dict[str, str]:
 
 
 async def start(federation, engine, env: dict[str, str]) -> None:
-    _configure(federation, engine)
+    configure_with_engine(federation, engine)
     federation.start("router")
     federation.start("tick")
     federation.start(engine.peer_id, *engine.agent_args, env=env)
@@ -88,9 +94,20 @@ async def ended_once(federation, engine, job_id: str, timeout: float = 120.0):
     return done, runs, history
 
 
+async def restarted_it_succeeds_once(federation, engine, job_id: str) -> None:
+    """The agent died with ``job_id`` running: started again, the job succeeds once, under
+    its first epoch and attempt, from one engine run."""
+    await died(federation, engine.peer_id)
+    assert (await federation.job(job_id)).state == "running"
+    federation.start(engine.peer_id, *engine.agent_args, env=env_with(engine, None))
+    done, runs, _ = await ended_once(federation, engine, job_id)
+    assert (done.state, done.epoch, done.attempts, done.exit_code) == ("succeeded", 1, 1, 0), done
+    assert len(runs) == 1, runs
+
+
 async def test_killed_right_after_sbatch_returned_the_run_is_adopted(federation, slurm, tmp_path):
     _, engine = slurm
-    job_id = _job_id("after-sbatch")
+    job_id = unique_job_id("after-sbatch")
     stand_in(tmp_path / "bin", "sbatch", f"""out=$(/usr/bin/sbatch "$@"); rc=$?
 if [ $rc -eq 0 ] && mkdir {tmp_path}/fired 2>/dev/null; then kill -9 $PPID; fi
 printf '%s\\n' "$out"; exit $rc
@@ -98,18 +115,13 @@ printf '%s\\n' "$out"; exit $rc
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
     await federation.submit({"job_id": job_id, "command": ["sh", "-c", "sleep 3; echo ran"],
                              "cluster_pin": engine.peer_id})
-    await died(federation, engine.peer_id)
-    assert (await federation.job(job_id)).state == "running"
-    federation.start(engine.peer_id, *engine.agent_args, env=env_with(engine, None))
-    done, runs, _ = await ended_once(federation, engine, job_id)
-    assert (done.state, done.epoch, done.attempts, done.exit_code) == ("succeeded", 1, 1, 0), done
-    assert len(runs) == 1, runs
+    await restarted_it_succeeds_once(federation, engine, job_id)
     assert "run_adopted" in federation.log(engine.peer_id)
 
 
 async def test_killed_between_accept_and_launch_the_job_is_handed_back_and_runs_once(federation, any_engine):
     engine = any_engine
-    job_id = _job_id("after-accept")
+    job_id = unique_job_id("after-accept")
     await start(federation, engine, env_with(engine, None, IRISFED_CRASH_AT="agent_after_accept"))
     await federation.submit({"job_id": job_id, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id})
     await died(federation, engine.peer_id)
@@ -123,17 +135,17 @@ async def test_killed_between_accept_and_launch_the_job_is_handed_back_and_runs_
 
 async def test_killed_while_its_slurm_job_is_pending_the_run_is_adopted(federation, slurm):
     cluster, engine = slurm
-    job_id = _job_id("pending")
+    job_id = unique_job_id("pending")
     await start(federation, engine, env_with(engine, None))
     blocker = cluster.run("sbatch", "--parsable", "-J", "outside-work", "-c", str(cluster.cpus), "--mem=64",
                           "-D", "/tmp", "-o", "/dev/null", "--wrap", "sleep 600").strip()
     try:
-        await _until(lambda: (cluster.job(blocker) or {}).get("JobState") == "RUNNING" or None,
-                     "the outside job to hold the node")
+        await until(lambda: (cluster.job(blocker) or {}).get("JobState") == "RUNNING" or None,
+                    "the outside job to hold the node")
         await federation.submit({"job_id": job_id, "command": ["sh", "-c", "echo ran"],
                                  "cluster_pin": engine.peer_id})
-        await _until(lambda: [r for r in engine.runs_of(job_id) if r[1] == "PENDING"] or None,
-                     "the run to wait in Slurm's queue")
+        await until(lambda: engine.runs_in(job_id, "PENDING"),
+                    "the run to wait in Slurm's queue")
         federation.kill(engine.peer_id)
         federation.start(engine.peer_id, *engine.agent_args, env=env_with(engine, None))
 
@@ -150,27 +162,27 @@ async def test_killed_while_its_slurm_job_is_pending_the_run_is_adopted(federati
 
 @pytest.mark.parametrize("scancel_reached_slurm", [False, True])
 async def test_killed_while_scancel_is_in_flight_the_cancel_still_happens(federation, slurm, tmp_path,
-                                                                         scancel_reached_slurm):
+                                                                          scancel_reached_slurm):
     _, engine = slurm
-    job_id = _job_id("scancel")
+    job_id = unique_job_id("scancel")
     then = "exec /usr/bin/scancel \"$@\"" if scancel_reached_slurm else "exit 1"
     stand_in(tmp_path / "bin", "scancel", f"""if mkdir {tmp_path}/fired 2>/dev/null; then kill -9 $PPID; {then}; fi
 exec /usr/bin/scancel "$@"
 """)
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
     await federation.submit({"job_id": job_id, "command": ["sleep", "300"], "cluster_pin": engine.peer_id})
-    await _until(lambda: [r for r in engine.runs_of(job_id) if r[1] == "RUNNING"] or None, "the run to start")
+    await until(lambda: engine.runs_in(job_id, "RUNNING"), "the run to start")
     assert (await federation.cancel(job_id))["outcome"] == "kill_sent"
     await died(federation, engine.peer_id)
     federation.start(engine.peer_id, *engine.agent_args, env=env_with(engine, None))
     done, runs, _ = await ended_once(federation, engine, job_id)
     assert (done.state, done.epoch) == ("killed", 1), done
-    assert [r[1] for r in runs] == ["CANCELLED"], runs
+    assert len(runs) == 1 and runs[0][1] in engine.killed_states, runs  # SIGTERM (FAILED by it) or scancel
 
 
 async def test_killed_after_the_run_ended_but_before_the_report_it_is_reported_once(federation, slurm, tmp_path):
     _, engine = slurm
-    job_id = _job_id("unreported")
+    job_id = unique_job_id("unreported")
     stand_in(tmp_path / "bin", "squeue", f"""out=$(/usr/bin/squeue "$@"); rc=$?
 case "$out" in *"|COMPLETED|"*"irisfed-{job_id}-e"*)
     if mkdir {tmp_path}/fired 2>/dev/null; then kill -9 $PPID; exit 1; fi;;
@@ -179,12 +191,7 @@ printf '%s\\n' "$out"; exit $rc
 """)
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
     await federation.submit({"job_id": job_id, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id})
-    await died(federation, engine.peer_id)
-    assert (await federation.job(job_id)).state == "running"
-    federation.start(engine.peer_id, *engine.agent_args, env=env_with(engine, None))
-    done, runs, _ = await ended_once(federation, engine, job_id)
-    assert (done.state, done.epoch, done.attempts, done.exit_code) == ("succeeded", 1, 1, 0), done
-    assert len(runs) == 1, runs
+    await restarted_it_succeeds_once(federation, engine, job_id)
 
 
 async def test_an_sbatch_whose_answer_is_lost_is_followed_not_run_again(federation, slurm, tmp_path):
@@ -192,7 +199,7 @@ async def test_an_sbatch_whose_answer_is_lost_is_followed_not_run_again(federati
     # the job. Were the launch failed, the job would be handed back and run again under a
     # new epoch while the first copy ran too (its command twice).
     _, engine = slurm
-    job_id = _job_id("lost-answer")
+    job_id = unique_job_id("lost-answer")
     ran = tmp_path / "ran.log"
     stand_in(tmp_path / "bin", "sbatch", f"""out=$(/usr/bin/sbatch "$@"); rc=$?
 if [ $rc -eq 0 ] && mkdir {tmp_path}/fired 2>/dev/null; then
@@ -216,13 +223,13 @@ async def hang_while_jobs_run(federation, engine, before: str, during: str, hang
     for HUNG_FOR_S, well past the engine timeout, the peer must stay reachable."""
     await federation.submit({"job_id": before, "command": ["sh", "-c", "sleep 8; echo ran"],
                              "cluster_pin": engine.peer_id})
-    await _until(lambda: [r for r in engine.runs_of(before) if r[1] == "RUNNING"] or None, "the run to start")
+    await until(lambda: engine.runs_in(before, "RUNNING"), "the run to start")
     hang()
     await federation.submit({"job_id": during, "command": ["sh", "-c", "echo ran"], "cluster_pin": engine.peer_id,
                              "max_retries": 20})  # each launch that times out is one
     loop = asyncio.get_running_loop()
-    until = loop.time() + HUNG_FOR_S
-    while loop.time() < until:
+    hung_until = loop.time() + HUNG_FOR_S
+    while loop.time() < hung_until:
         peers = {p.peer_id: p for p in await federation.store.peer_heartbeat_list()}
         assert peers[engine.peer_id].reachable, f"the agent stopped heartbeating while {engine.kind} hung"
         await asyncio.sleep(0.5)
@@ -240,7 +247,7 @@ exec /usr/bin/{hung} "$@"
 """)
     engine.agent_args = [*engine.agent_args, "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, tmp_path / "bin"))
-    before, during = _job_id("before-hang"), _job_id("during-hang")
+    before, during = unique_job_id("before-hang"), unique_job_id("during-hang")
     await hang_while_jobs_run(federation, engine, before, during, hang.touch)
     assert federation.supervisor.running(engine.peer_id)
     hang.unlink()
@@ -256,14 +263,14 @@ async def test_a_ray_dashboard_that_hangs_never_stops_heartbeats_nor_launches_tw
     backend's call timeout (a proxy in front of it, stalled), then answers again."""
     from irisfed.tooling.proxy import TcpProxy
 
-    engine = _ray_engine(ray_head)
+    engine = ray_engine(ray_head)
     host, port = ray_head.address.removeprefix("http://").rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
     federation.supervisor.proxies.append(proxy)  # closed with the federation
     engine.agent_args = ["--backend", "ray", "--ray-address", f"http://127.0.0.1:{proxy.port}",
                          "--poll-interval", "0.25", "--engine-timeout", str(ENGINE_TIMEOUT_S)]
     await start(federation, engine, env_with(engine, None))
-    before, during = _job_id("before-stall"), _job_id("during-stall")
+    before, during = unique_job_id("before-stall"), unique_job_id("during-stall")
     await hang_while_jobs_run(federation, engine, before, during, proxy.stall)
     proxy.restore()
     for job_id in (before, during):
@@ -281,10 +288,9 @@ async def test_an_engine_peer_and_the_dashboard_on_their_own_database_roles(fede
     import httpx
 
     from irisfed.tooling.servers import free_port
-    from tests.e2e.test_engines_e2e import SPARE
 
     engine = any_engine
-    _configure(federation, engine)
+    configure_with_engine(federation, engine)
     await federation.use_db_roles()
     port = free_port()
     federation.start("router")
@@ -295,15 +301,15 @@ async def test_an_engine_peer_and_the_dashboard_on_their_own_database_roles(fede
     await federation.wait_router()
     await federation.wait_agent(engine.peer_id)
 
-    adopted, cancelled, stale = _job_id("roles-adopt"), _job_id("roles-cancel"), _job_id("roles-stale")
+    adopted, cancelled, stale = (unique_job_id(f"roles-{what}") for what in ("adopt", "cancel", "stale"))
     await federation.submit({"job_id": adopted, "command": ["sh", "-c", "sleep 6; echo slept"],
                              "cluster_pin": engine.peer_id})
     await federation.submit({"job_id": cancelled, "command": ["sleep", "300"], "cluster_pin": engine.peer_id})
     await federation.submit({"job_id": stale, "command": ["sleep", "300"],
                              "resources": {"cpu": 1, engine.accelerator: 1}})
     for job_id in (adopted, cancelled, stale):
-        await _until(lambda job_id=job_id: [r for r in engine.runs_of(job_id) if r[1] == "RUNNING"] or None,
-                     f"{job_id} to run in the engine")
+        await until(lambda job_id=job_id: engine.runs_in(job_id, "RUNNING"),
+                    f"{job_id} to run in the engine")
 
     federation.kill(engine.peer_id)
     assert (await federation.cancel(cancelled))["outcome"] in ("kill_sent", "pending_owner_offline")
@@ -320,8 +326,8 @@ async def test_an_engine_peer_and_the_dashboard_on_their_own_database_roles(fede
     assert len(engine.runs_of(adopted)) == 1
     done = await federation.wait_state(cancelled, *TERMINAL_STATES, timeout=120)
     assert done.state == "killed", done
-    await _until(lambda: [r for r in engine.runs_of(stale) if r[1] == engine.killed_state] or None,
-                 "the returning agent to cancel its stale copy", timeout=120)
+    await until(lambda: engine.runs_in(stale, *engine.killed_states),
+                "the returning agent to cancel its stale copy", timeout=120)
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
         async def up():
@@ -362,7 +368,7 @@ async def test_killed_after_slurm_refused_the_submission_the_job_is_retried_not_
     # it "adopted", the job would fail for good (exit -1) instead of being retried as
     # the infrastructure failure it is.
     _, engine = slurm
-    job_id = _job_id("refused")
+    job_id = unique_job_id("refused")
     stand_in(tmp_path / "bin", "sbatch", f"""if mkdir {tmp_path}/fired 2>/dev/null; then
     /usr/bin/sbatch --gres=gpu:h100:99 "$@"; kill -9 $PPID; exit 1
 fi

@@ -13,8 +13,9 @@ on loopback; faults injected while producers submit.
 - NATS nodes killed one, then a second, under load: work goes on on what is left.
 - The primary and a NATS node killed within a second of each other.
 
-The Patroni cluster is started once for this module (~12 s) and repaired between tests
-(a dead node restarted, a synchronous standby waited for).
+The Patroni cluster (tests/e2e/conftest.py's ``patroni``) is started once for this module
+(~12 s) and repaired between tests (a dead node restarted, a synchronous standby waited
+for: tests/infra/ha.py).
 """
 
 from __future__ import annotations
@@ -30,17 +31,13 @@ from pathlib import Path
 
 import pytest
 
-from irisfed.services.common import db as dbmod
-from irisfed.services.common.logstore import ensure_log_streams
-from irisfed.services.common.store import Store
-from irisfed.shared.errors import Unavailable
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
-from irisfed.tooling.ha import PatroniCluster, ha_available, start_nats_cluster, start_patroni
+from irisfed.tooling.ha import ha_available, start_nats_cluster
 from irisfed.tooling.invariants import assert_changelog_replays
 from irisfed.tooling.servers import _postgres_user, find_postgres_bin, free_port
 from tests.e2e.conftest import Federation
 from tests.engines.fixtures import _unavailable
+from tests.infra.ha import fresh_federation, start_simulated
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -54,79 +51,12 @@ REQUEST_TIMEOUT_S = 5.0  # above the router's ~4 s answer bound
 GIVE_UP_S = 120.0
 
 
-@pytest.fixture(scope="module")
-def patroni(tmp_path_factory) -> PatroniCluster:
-    why = ha_available()
-    if why:
-        _unavailable(why)
-    cluster = start_patroni(tmp_path_factory.mktemp("patroni"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def _healthy(cluster: PatroniCluster) -> None:
-    """Every node up, a leader and a synchronous standby (earlier tests killed some)."""
-    for node in cluster.nodes:
-        if not node.process.running():
-            cluster.restart(node)
-    cluster.wait_leader()
-    cluster.wait_sync_standby()
-
-
-SIMULATED_PEERS = [Peer("home", {"device_type": "cpu"}, slots=64, backend="simulated"),
-                   Peer("gpu-west", {"device_type": "gpu"}, slots=64, backend="simulated")]
-
-
-@contextlib.asynccontextmanager
-async def fresh_federation(patroni: PatroniCluster, tmp_path, servers, subject_prefix, nats_client, prefix: str,
-                           peers: list[Peer] = SIMULATED_PEERS):
-    """A federation (not started) on a new, migrated database of the healthy Patroni
-    cluster, every service given the multi-host URL; the test's own pool on it."""
-    await asyncio.to_thread(_healthy, patroni)
-    url = await patroni.create_database(f"{prefix}_{uuid.uuid4().hex[:10]}")
-    await asyncio.to_thread(dbmod.migrate, url)
-    pool = await dbmod.connect(url, max_size=4)
-    fed = Federation(tmp_path, url, servers.nats_plain_url or servers.nats_url, subject_prefix, nats_client,
-                     Store(pool), auth=servers.nats_auth)
-    fed.config_path.write_text(render_config(
-        peers, local_cluster="home", subject_prefix=subject_prefix, heartbeat_interval_s=0.5,
-        heartbeat_ttl_s=20.0, tick_interval_s=0.25, assign_grace_s=5.0))
-    await ensure_log_streams(nats_client, subject_prefix, [peer.id for peer in peers])  # as `irisfed up` does
-    try:
-        yield fed
-    finally:
-        fed.close()
-        await pool.close()
-
-
-async def retrying(read):
-    """A read of the test's own through a failover (its pool's old connections break once)."""
-    async def attempt():
-        try:
-            return (await read(),)
-        except Unavailable:
-            return None
-    return (await wait_for(attempt, "a read through the failover", timeout=60))[0]
-
-
 @pytest.fixture
 async def ha(patroni, tmp_path, servers, subject_prefix, nats_client):
     """A federation (router, tick, two simulated agents) on a fresh database of the
     Patroni cluster, every service given the multi-host URL."""
     async with fresh_federation(patroni, tmp_path, servers, subject_prefix, nats_client, "ha") as fed:
         yield fed, patroni
-
-
-async def start(fed: Federation) -> None:
-    fed.start("router")
-    fed.start("tick")
-    for peer in ("home", "gpu-west"):
-        fed.start(peer, "--sim-duration", "0.05")
-    await fed.wait_router()
-    for peer in ("home", "gpu-west"):
-        await fed.wait_agent(peer)
 
 
 class Burst:
@@ -231,7 +161,7 @@ def _job_ids_in(data: Path, database: str) -> set[str]:
 
 async def test_the_primary_dies_mid_burst_and_nothing_acknowledged_is_lost(ha, tmp_path):
     fed, cluster = ha
-    await start(fed)
+    await start_simulated(fed)
     burst = Burst(fed, "b", BURST, IN_FLIGHT)
     running = asyncio.ensure_future(burst.run())
     await wait_for(lambda: _at_least(burst, KILL_AFTER), f"{KILL_AFTER} acknowledgements", timeout=120)
@@ -261,7 +191,7 @@ async def test_the_primary_dies_mid_burst_and_nothing_acknowledged_is_lost(ha, t
 
 async def test_a_planned_switchover_under_load_costs_retries_only(ha):
     fed, cluster = ha
-    await start(fed)
+    await start_simulated(fed)
     burst = Burst(fed, "s", 1000, 100)
     running = asyncio.ensure_future(burst.run())
     await wait_for(lambda: _at_least(burst, 200), "200 acknowledgements", timeout=120)
@@ -279,18 +209,8 @@ async def test_nats_nodes_die_one_then_another_and_work_goes_on(ha, tmp_path, se
     """Three nats-servers in one cluster: the services and the producer are given all
     three. Killing one, then a second, moves every client to what is left (core NATS has
     no quorum to lose: one server carries everything); the killed ones come back."""
-    from irisfed.services.common.bus import connect_client
-
     fed, _ = ha
-    conf, _ = servers.nats_auth.write(tmp_path / "nats-auth")
-    nats = await asyncio.to_thread(start_nats_cluster, tmp_path / "nats", 3, conf)
-    producer = None
-    try:
-        fed.nats_url = nats.url  # every service (and the CLI) on the cluster's three URLs
-        producer = await connect_client(servers.nats_auth.url(nats.url, "admin"), max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.2)
-        fed.nats = producer
-        await start(fed)
+    async with _on_a_nats_cluster(fed, tmp_path, servers) as nats:
         done = []
         for victim in (0, 1):
             nats.servers[victim].kill()
@@ -307,26 +227,11 @@ async def test_nats_nodes_die_one_then_another_and_work_goes_on(ha, tmp_path, se
         assert len(burst.acked) == 100, burst.errors
         await all_terminal(fed, list(burst.acked))
         await assert_changelog_replays(fed.store)
-    finally:
-        fed.close()
-        if producer is not None:
-            await producer.close()
-        nats.stop()
 
 
 async def test_the_primary_and_a_nats_node_die_within_a_second(ha, tmp_path, servers):
-    from irisfed.services.common.bus import connect_client
-
     fed, cluster = ha
-    conf, _ = servers.nats_auth.write(tmp_path / "nats-auth")
-    nats = await asyncio.to_thread(start_nats_cluster, tmp_path / "nats", 3, conf)
-    producer = None
-    try:
-        fed.nats_url = nats.url
-        producer = await connect_client(servers.nats_auth.url(nats.url, "admin"), max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.2)
-        fed.nats = producer
-        await start(fed)
+    async with _on_a_nats_cluster(fed, tmp_path, servers) as nats:
         burst = Burst(fed, "both", 1000, 100)
         running = asyncio.ensure_future(burst.run())
         await wait_for(lambda: _at_least(burst, 200), "200 acknowledgements", timeout=120)
@@ -339,6 +244,24 @@ async def test_the_primary_and_a_nats_node_die_within_a_second(ha, tmp_path, ser
         assert set(burst.acked) <= {r.job_id for r in await fed.store.job_list_states()}
         await all_terminal(fed, list(burst.acked))
         await assert_changelog_replays(fed.store)
+
+
+@contextlib.asynccontextmanager
+async def _on_a_nats_cluster(fed: Federation, tmp_path: Path, servers):
+    """A NATS cluster of three (its ``servers``), the services and the test's producer on
+    all three URLs, the simulated services started; all stopped at the end."""
+    from irisfed.services.common.bus import connect_client
+
+    conf, _ = servers.nats_auth.write(tmp_path / "nats-auth")
+    nats = await asyncio.to_thread(start_nats_cluster, tmp_path / "nats", 3, conf)
+    producer = None
+    try:
+        fed.nats_url = nats.url  # every service (and the CLI) on the cluster's three URLs
+        producer = await connect_client(servers.nats_auth.url(nats.url, "admin"), max_reconnect_attempts=-1,
+                                        reconnect_time_wait=0.2)
+        fed.nats = producer
+        await start_simulated(fed)
+        yield nats
     finally:
         fed.close()
         if producer is not None:
@@ -354,8 +277,6 @@ def _role(node, role: str):
 
 async def _at_least(burst: Burst, n: int) -> bool:
     return len(burst.acked) >= n
-
-
 
 
 def test_irisfed_up_ha_runs_on_patroni_and_a_nats_cluster_and_stops_everything(tmp_path):

@@ -33,7 +33,8 @@ from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.tooling.ha import PatroniCluster, PatroniNode
 from irisfed.tooling.proxy import TcpProxy
 from tests.e2e.conftest import Federation
-from tests.e2e.test_failover_e2e import fresh_federation, patroni, retrying  # noqa: F401 - the module's Patroni cluster
+from tests.infra.ha import fresh_federation, other_node, retrying, start_simulated
+from tests.infra.probes import returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -48,17 +49,13 @@ PRODUCERS = 4
 RECOVER_WITHIN_S = 120.0
 
 
-def _other(cluster: PatroniCluster, node: PatroniNode) -> PatroniNode:
-    return next(n for n in cluster.nodes if n is not node)
-
-
 def _url_via(proxies: list[TcpProxy], database: str) -> str:
     hosts = ",".join(f"127.0.0.1:{p.port}" for p in proxies)
     return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
 
 
 @pytest.fixture
-async def hung_world(patroni, tmp_path, servers, subject_prefix, nats_client):  # noqa: F811
+async def hung_world(patroni, tmp_path, servers, subject_prefix, nats_client):
     """A fresh database on a healthy Patroni cluster, one proxy per node, and a
     federation whose services are not started yet (the test picks the URL's order)."""
     async with fresh_federation(patroni, tmp_path, servers, subject_prefix, nats_client, "hung") as fed:
@@ -73,13 +70,7 @@ async def hung_world(patroni, tmp_path, servers, subject_prefix, nats_client):  
 
 async def _start(fed: Federation, url: str) -> None:
     fed.database_url = url  # every service (and the CLI) through the proxies, in this order
-    fed.start("router", "--submit-timeout", str(SUBMIT_TIMEOUT_S))
-    fed.start("tick")
-    for peer in ("home", "gpu-west"):
-        fed.start(peer, "--sim-duration", "0.05")
-    await fed.wait_router()
-    for peer in ("home", "gpu-west"):
-        await fed.wait_agent(peer)
+    await start_simulated(fed, "--submit-timeout", str(SUBMIT_TIMEOUT_S))
 
 
 class Producers:
@@ -134,7 +125,7 @@ async def _fail_over_a_hanging_primary(fed: Federation, cluster: PatroniCluster,
     producers = Producers(fed, f"h{uuid.uuid4().hex[:4]}")
     producers.start()
     try:
-        await wait_for(lambda: _true(len(producers.acked) >= 20), "20 acknowledgements before the fault",
+        await wait_for(lambda: returns(len(producers.acked) >= 20), "20 acknowledgements before the fault",
                        timeout=60)
         proxies[leader.name].stall()  # its machine black-holed: connections held open, silent
         killed_at = time.monotonic()
@@ -144,7 +135,7 @@ async def _fail_over_a_hanging_primary(fed: Federation, cluster: PatroniCluster,
         promoted_at = time.monotonic()
         assert new is not old
         try:
-            await wait_for(lambda: _true(producers.acked_after(promoted_at) >= 10),
+            await wait_for(lambda: returns(producers.acked_after(promoted_at) >= 10),
                            "10 submits acknowledged on the new primary", timeout=RECOVER_WITHIN_S)
         except AssertionError:
             raise AssertionError(
@@ -171,10 +162,6 @@ async def _fail_over_a_hanging_primary(fed: Federation, cluster: PatroniCluster,
     await wait_for(all_ended, f"{len(producers.acked)} acknowledged jobs to end", timeout=180)
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 def _tail(fed: Federation, name: str, lines: int = 12) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(fed.log(name).splitlines()[-lines:])
@@ -187,7 +174,7 @@ async def test_a_hanging_primary_listed_first_fails_over_and_submits_are_acknowl
     connection attempt must not cost every attempt its whole connect budget."""
     fed, cluster, proxies, database = hung_world
     leader = cluster.leader()
-    standby = _other(cluster, leader)
+    standby = other_node(cluster, leader)
     await _start(fed, _url_via([proxies[leader.name], proxies[standby.name]], database))
     await _fail_over_a_hanging_primary(fed, cluster, proxies, leader)
 
@@ -201,7 +188,7 @@ async def test_the_client_reads_of_a_hanging_primary_fail_unavailable_then_read_
 
     fed, cluster, proxies, database = hung_world
     leader = cluster.leader()
-    standby = _other(cluster, leader)
+    standby = other_node(cluster, leader)
     url = _url_via([proxies[standby.name], proxies[leader.name]], database)
     await _start(fed, url)
     reply = await fed.submit({"job_id": "read-me", "command": ["true"], "labels": {"sim.duration_s": "0.05"}})

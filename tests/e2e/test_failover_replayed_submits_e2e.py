@@ -25,7 +25,7 @@ from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.tooling.federation import Peer
 from irisfed.tooling.invariants import assert_changelog_replays
 from tests.e2e.conftest import Federation
-from tests.e2e.test_failover_e2e import fresh_federation, patroni, retrying  # noqa: F401 - the module's Patroni cluster
+from tests.infra.ha import fresh_federation, retrying
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,7 @@ SHORT, LONG, LATE = 12, 12, 12  # jobs ended before the fault, running through i
 
 
 @pytest.fixture
-async def replay_world(patroni, tmp_path, servers, subject_prefix, nats_client):  # noqa: F811
+async def replay_world(patroni, tmp_path, servers, subject_prefix, nats_client):
     peers = [Peer("home", {"device_type": "cpu"}, slots=64, backend="subprocess")]
     async with fresh_federation(patroni, tmp_path, servers, subject_prefix, nats_client, "replay", peers) as fed:
         runs = tmp_path / "runs"

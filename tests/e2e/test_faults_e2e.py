@@ -5,13 +5,12 @@ by SIGKILL or by a crash point between a commit and its publish. Heartbeat TTL i
 1.5 s and the recovery grace 1 s (see conftest), so each scenario takes seconds.
 """
 
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 
 from irisfed.tooling.servers import start_nats
+from tests.infra.probes import alive, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -20,17 +19,6 @@ GPU = [{"key": "device_type", "op": "eq", "value": "gpu"}]
 # The first copy (epoch 1) would run a minute; any later copy finishes at once.
 EPOCH_AWARE = ["sh", "-c", 'if [ "$IRISFED_EPOCH" = 1 ]; then sleep 60; else echo ran; fi']
 
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A killed child of a live agent is a zombie until reaped: not running.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 async def wait_unreachable(federation, peer_id):
@@ -140,14 +128,10 @@ async def test_full_partition_keeps_running_and_syncs_on_return(federation):
     assert (done["state"], done["exit_code"], done["epoch"]) == ("succeeded", 0, 1)  # finished while cut off
     killed = await federation.wait_state(long["job_id"], "killed")
     assert killed["cancel_requested"]
-    await wait_for(lambda: _async(not alive(long_pid)), "the cancelled process to die")
+    await wait_for(lambda: returns(not alive(long_pid)), "the cancelled process to die")
     last_seq = (await federation.store.changelog_get_last_for_job(short["job_id"]))["seq"]
     sync = await federation.store.sync_state_get(short["job_id"])
     assert [(r["peer_id"], r["changelog_seq"]) for r in sync] == [("gpu-west", last_seq)]
-
-
-async def _async(value):
-    return value
 
 
 @pytest.mark.parametrize("crash_at", ["router_after_commit", "tick_after_commit"])
@@ -162,7 +146,7 @@ async def test_control_plane_crash_between_commit_and_publish_loses_nothing(fede
     reply = await federation.request("submit", body, timeout=5.0)
     if service == "router":
         assert reply is None  # died after the commit, before replying
-    await wait_for(lambda: _async(federation.processes[service].poll() is not None), f"{service} to crash")
+    await wait_for(lambda: returns(federation.processes[service].poll() is not None), f"{service} to crash")
     federation.processes.pop(service)
     job = await federation.job(body["job_id"])
     assert job is not None  # committed before the crash
@@ -179,7 +163,7 @@ async def test_agent_crash_after_accept_is_retried(federation):
     federation.start("home", env={"IRISFED_CRASH_AT": "agent_after_accept"})
     await federation.wait_agent("home")
     reply = await federation.submit({"command": ["true"], "max_retries": 1})
-    await wait_for(lambda: _async(federation.processes["home"].poll() is not None), "the agent to crash")
+    await wait_for(lambda: returns(federation.processes["home"].poll() is not None), "the agent to crash")
     federation.processes.pop("home")
     assert (await federation.job(reply["job_id"]))["state"] == "running"
     federation.start("home")
@@ -188,11 +172,11 @@ async def test_agent_crash_after_accept_is_retried(federation):
     assert (job["state"], job["attempts"], job["epoch"]) == ("succeeded", 2, 3)
 
 
-async def test_launch_error_is_retried_then_fails_but_exit_codes_are_not(federation):
+async def test_a_missing_program_and_a_non_zero_exit_are_the_jobs_own_failures(federation):
     await federation.start_federation("home")
     missing = await federation.submit({"command": ["/no/such/program"], "max_retries": 1})
     job = await federation.wait_state(missing["job_id"], "failed")
-    assert job["attempts"] == 2 and "launch failed" in job["reason"]
+    assert job["attempts"] == 1 and job["reason"] == "cannot start '/no/such/program': No such file or directory"
     exits = await federation.submit({"command": ["sh", "-c", "exit 3"], "max_retries": 5})
     job = await federation.wait_state(exits["job_id"], "failed")
     assert (job["attempts"], job["exit_code"]) == (1, 3)

@@ -15,47 +15,28 @@ Each task appends ``job epoch index pid`` to a ledger and waits for a release fi
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
-import signal
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from tests.infra.configs import make_peer
+from tests.infra.probes import alive, kill_group, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
 NODES = ("--node", "2:cpu=1", "--resource", "cpu=2")
+EAST = [{"key": "zone", "op": "eq", "value": "east"}]
 
 
 def configure(federation, ttl_s: float) -> None:
-    federation.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=2),
-         Peer("tpu-east", {"device_type": "tpu", "zone": "east"}, slots=2),
-         Peer("gpu-east", {"device_type": "tpu", "zone": "west"}, slots=2)],
-        local_cluster="home", subject_prefix=federation.prefix, heartbeat_interval_s=0.25,
-        heartbeat_ttl_s=ttl_s, tick_interval_s=0.25, assign_grace_s=1.0))
+    federation.configure([make_peer("home", "cpu"), make_peer("tpu-east", "tpu", zone="east"),
+                          make_peer("gpu-east", "tpu", zone="west")], ttl_s=ttl_s)
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def kill_group(pid: int) -> None:
-    if alive(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-
-
-async def _is(value):
-    return value
 
 
 class Ledger:
@@ -80,6 +61,12 @@ class Ledger:
 
     def pids(self) -> list[int]:
         return [int(line.split()[3]) for line in self.path.read_text().splitlines()]
+
+    def end(self, *more_pids: int) -> None:
+        """Release every task, then kill (by process group) whatever of them still runs."""
+        self.release.touch()
+        for pid in [*more_pids, *self.pids()]:
+            kill_group(pid)
 
 
 class TableLock:
@@ -128,12 +115,29 @@ class TableLock:
             await self.conn.close()
 
 
+async def start_tpu_east(federation, tmp_path: Path) -> Ledger:
+    """Router, tick, home and tpu-east (two nodes), heartbeats trusted for 30 s; the
+    ledger its gangs' tasks write."""
+    configure(federation, ttl_s=30.0)
+    ledger = Ledger(tmp_path)
+    await federation.start_federation()
+    federation.start("tpu-east", *NODES)
+    await federation.wait_agent("tpu-east")
+    return ledger
+
+
+async def ended_once(federation, job_id: str) -> None:
+    """``job_id`` has one terminal move: running → succeeded."""
+    history = [(r.from_state, r.to_state) for r in await federation.store.changelog_list_for_job(job_id)]
+    assert [h for h in history if h[1] in TERMINAL_STATES] == [("running", "succeeded")], history
+
+
 async def _launched_but_not_accepted(federation, ledger: Ledger, job_id: str, peer: str, body: dict) -> list[int]:
     """Submit gang ``job_id`` and stop ``peer``'s agent between launching its tasks and
     accepting it; the pids of its tasks (alive, unwatched; the job still ``assigned``)."""
     async with TableLock(federation, "federation_sync_state") as lock:
         await federation.submit({"job_id": job_id, "command": ledger.task(), **body})
-        await wait_for(lambda: _is(len(ledger.rows(job_id)) == 2), f"{job_id}'s two tasks to start")
+        await wait_for(lambda: returns(len(ledger.rows(job_id)) == 2), f"{job_id}'s two tasks to start")
         await lock.kill_waiting(peer, "irisfed_job_start_batch")
     job = await federation.job(job_id)
     assert (job.state, job.epoch, job.owner_peer_id) == ("assigned", 1, peer), job
@@ -148,19 +152,14 @@ async def test_a_gang_preempted_while_assigned_never_runs_elsewhere_beside_its_l
     g. g must not start on gpu-east while its epoch-1 tasks still run on tpu-east: the
     same rule as a running victim's (docs/decisions.md, "A preempted victim waits for
     its old run to stop")."""
-    configure(federation, ttl_s=30.0)  # tpu-east stays reachable throughout
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *NODES)
-    await federation.wait_agent("tpu-east")
+    ledger = await start_tpu_east(federation, tmp_path)  # tpu-east stays reachable throughout
     pids: list[int] = []
     try:
         pids = await _launched_but_not_accepted(federation, ledger, "g", "tpu-east", {
             "constraints": [{"key": "device_type", "op": "eq", "value": "tpu"}], "replicas": 2, "band": "batch"})
         federation.start("gpu-east", *NODES)
         await federation.wait_agent("gpu-east")
-        await federation.submit({"job_id": "urgent", "command": ["true"],
-                                 "constraints": [{"key": "zone", "op": "eq", "value": "east"}]})
+        await federation.submit({"job_id": "urgent", "command": ["true"], "constraints": EAST})
 
         async def preempted():
             job = await federation.job("g")
@@ -168,7 +167,7 @@ async def test_a_gang_preempted_while_assigned_never_runs_elsewhere_beside_its_l
         job = await wait_for(preempted, "urgent to preempt g")
         # Give the tick several passes to (wrongly) place g on gpu-east.
         with contextlib.suppress(TimeoutError, AssertionError):
-            await wait_for(lambda: _is(any(e > 1 for e, _, _ in ledger.rows("g"))), "g to start again",
+            await wait_for(lambda: returns(any(e > 1 for e, _, _ in ledger.rows("g"))), "g to start again",
                            timeout=5.0)
         again = [(e, i) for e, i, _ in ledger.rows("g") if e > 1]
         old_alive = [pid for pid in pids if alive(pid)]
@@ -179,39 +178,30 @@ async def test_a_gang_preempted_while_assigned_never_runs_elsewhere_beside_its_l
             f"stopping_on={job.stopping_on!r})")
         assert job.stopping_on == "tpu-east", job
     finally:
-        ledger.release.touch()
-        for pid in [*pids, *ledger.pids()]:
-            kill_group(pid)
+        ledger.end(*pids)
 
 
 async def test_an_agent_killed_between_launching_a_gang_and_accepting_it_runs_it_once_whole(federation, tmp_path):
     """Restarted, the agent kills the tasks its previous life launched (their job is
     ``assigned``, not ``running``: leftovers) before it launches the gang again: no task
     of the first launch is alive once a task of the second starts, and the job ends once."""
-    configure(federation, ttl_s=30.0)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *NODES)
-    await federation.wait_agent("tpu-east")
+    ledger = await start_tpu_east(federation, tmp_path)
     pids: list[int] = []
     try:
         pids = await _launched_but_not_accepted(federation, ledger, "g", "tpu-east", {
-            "constraints": [{"key": "zone", "op": "eq", "value": "east"}], "replicas": 2})
+            "constraints": EAST, "replicas": 2})
         federation.start("tpu-east", *NODES)
-        await wait_for(lambda: _is(len(ledger.rows("g")) == 4), "g's tasks to start again")
+        await wait_for(lambda: returns(len(ledger.rows("g")) == 4), "g's tasks to start again")
         assert not any(alive(pid) for pid in pids), "a task of the first launch outlived the restart"
         ledger.release.touch()
         done = await federation.wait_state("g", *TERMINAL_STATES)
         assert done.state == "succeeded", done
-        history = [(r.from_state, r.to_state) for r in await federation.store.changelog_list_for_job("g")]
-        assert [h for h in history if h[1] in TERMINAL_STATES] == [("running", "succeeded")], history
+        await ended_once(federation, "g")
         tasks = await federation.store.job_tasks_list("g")
         assert sorted((t.epoch, t.task_index, t.state) for t in tasks) == [
             (done.epoch, 0, "succeeded"), (done.epoch, 1, "succeeded")], tasks
     finally:
-        ledger.release.touch()
-        for pid in [*pids, *ledger.pids()]:
-            kill_group(pid)
+        ledger.end(*pids)
 
 
 async def _tasks(federation, job_id: str):
@@ -222,15 +212,11 @@ async def test_an_agent_killed_right_after_accepting_a_gang_before_recording_its
     """The job is running, no task row written yet: the restarted agent kills both tasks
     (not its children), records them lost and hands the gang back; it runs again whole,
     never beside its first run, and ends once."""
-    configure(federation, ttl_s=30.0)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *NODES)
-    await federation.wait_agent("tpu-east")
+    ledger = await start_tpu_east(federation, tmp_path)
     try:
         async with TableLock(federation, "job_tasks") as lock:
             await federation.submit({"job_id": "g", "command": ledger.task(), "replicas": 2,
-                                     "constraints": [{"key": "zone", "op": "eq", "value": "east"}]})
+                                     "constraints": EAST})
             await lock.kill_waiting("tpu-east", "irisfed_job_tasks_report")
         job = await federation.job("g")
         assert (job.state, job.epoch) == ("running", 1), job
@@ -239,20 +225,17 @@ async def test_an_agent_killed_right_after_accepting_a_gang_before_recording_its
         assert await _tasks(federation, "g") == []
 
         federation.start("tpu-east", *NODES)
-        await wait_for(lambda: _is(len(ledger.rows("g")) == 4), "g to run again")
+        await wait_for(lambda: returns(len(ledger.rows("g")) == 4), "g to run again")
         assert not any(alive(pid) for pid in first), "a task of the first run outlived the restart"
         ledger.release.touch()
         done = await federation.wait_state("g", *TERMINAL_STATES)
         assert done.state == "succeeded" and done.epoch > 1, done
-        history = [(r.from_state, r.to_state) for r in await federation.store.changelog_list_for_job("g")]
-        assert [h for h in history if h[1] in TERMINAL_STATES] == [("running", "succeeded")], history
+        await ended_once(federation, "g")
         assert {e for e, _, _ in ledger.rows("g")} == {1, done.epoch}
         assert await _tasks(federation, "g") == [(1, 0, "lost"), (1, 1, "lost"),
                                                  (done.epoch, 0, "succeeded"), (done.epoch, 1, "succeeded")]
     finally:
-        ledger.release.touch()
-        for pid in ledger.pids():
-            kill_group(pid)
+        ledger.end()
 
 
 async def test_an_agent_killed_between_recording_its_tasks_ends_and_the_jobs_end(federation, tmp_path):
@@ -260,14 +243,10 @@ async def test_an_agent_killed_between_recording_its_tasks_ends_and_the_jobs_end
     is written. The job ends once (the restarted agent cannot learn a subprocess gang's
     outcome: it is handed back and runs again, whole), and the first run's task rows
     stay as that run's agent last wrote them (docs/decisions.md, "Gangs")."""
-    configure(federation, ttl_s=30.0)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *NODES)
-    await federation.wait_agent("tpu-east")
+    ledger = await start_tpu_east(federation, tmp_path)
     try:
         await federation.submit({"job_id": "g", "command": ledger.task(), "replicas": 2,
-                                 "constraints": [{"key": "zone", "op": "eq", "value": "east"}]})
+                                 "constraints": EAST})
 
         async def recorded():
             return await _tasks(federation, "g") == [(1, 0, "running"), (1, 1, "running")]
@@ -284,16 +263,13 @@ async def test_an_agent_killed_between_recording_its_tasks_ends_and_the_jobs_end
         federation.start("tpu-east", *NODES)
         done = await federation.wait_state("g", *TERMINAL_STATES)
         assert done.state == "succeeded", done
-        history = [(r.from_state, r.to_state) for r in await federation.store.changelog_list_for_job("g")]
-        assert [h for h in history if h[1] in TERMINAL_STATES] == [("running", "succeeded")], history
+        await ended_once(federation, "g")
         rows = await _tasks(federation, "g")
         assert [r for r in rows if r[0] == done.epoch] == [(done.epoch, 0, "succeeded"), (done.epoch, 1, "succeeded")]
         assert [r for r in rows if r[0] == 1] == [(1, 0, "succeeded"), (1, 1, "succeeded")], (
             f"the first run's tasks all succeeded and were recorded so; after the restart they read {rows}")
     finally:
-        ledger.release.touch()
-        for pid in ledger.pids():
-            kill_group(pid)
+        ledger.end()
 
 
 async def test_a_database_blip_right_after_a_gangs_acceptance_does_not_kill_the_gang(federation, tmp_path):
@@ -301,21 +277,17 @@ async def test_a_database_blip_right_after_a_gangs_acceptance_does_not_kill_the_
     tasks (a Postgres restart, a network blip): the write is retried like any report.
     The healthy gang keeps running under its epoch, is never killed nor run again, and
     ends once, its first attempt."""
-    configure(federation, ttl_s=30.0)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *NODES)
-    await federation.wait_agent("tpu-east")
+    ledger = await start_tpu_east(federation, tmp_path)
     try:
         async with TableLock(federation, "job_tasks") as lock:
             await federation.submit({"job_id": "g", "command": ledger.task(), "replicas": 2,
-                                     "constraints": [{"key": "zone", "op": "eq", "value": "east"}]})
+                                     "constraints": EAST})
             await lock.stop_waiting("irisfed_job_tasks_report")  # the agent lives on
         first = [pid for _, _, pid in ledger.rows("g")]
         assert len(first) == 2
         # Several reconciles' time for the agent to react.
         with contextlib.suppress(AssertionError):
-            await wait_for(lambda: _is(len(ledger.rows("g")) > 2 or not all(alive(p) for p in first)),
+            await wait_for(lambda: returns(len(ledger.rows("g")) > 2 or not all(alive(p) for p in first)),
                            "g to be disturbed", timeout=8.0)
         job = await federation.job("g")
         dead = [pid for pid in first if not alive(pid)]
@@ -328,6 +300,4 @@ async def test_a_database_blip_right_after_a_gangs_acceptance_does_not_kill_the_
         assert (done.state, done.epoch, done.attempts) == ("succeeded", 1, 1), done
         assert await _tasks(federation, "g") == [(1, 0, "succeeded"), (1, 1, "succeeded")]
     finally:
-        ledger.release.touch()
-        for pid in ledger.pids():
-            kill_group(pid)
+        ledger.end()

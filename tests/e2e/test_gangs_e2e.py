@@ -9,17 +9,15 @@ for a release file only where the test says so.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import signal
 from pathlib import Path
 
 import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from tests.infra.configs import make_peer
+from tests.infra.probes import alive, kill_group, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -29,21 +27,10 @@ SLICES = ("--node", "4:cpu=1:slice=v5e-a", "--node", "4:cpu=1:slice=v5e-b")
 
 
 def configure(federation, ttl_s: float = 1.5) -> None:
-    federation.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=2), Peer("tpu-east", {"device_type": "tpu"}, slots=8)],
-        local_cluster="home", subject_prefix=federation.prefix, heartbeat_interval_s=0.25,
-        heartbeat_ttl_s=ttl_s, tick_interval_s=0.25, assign_grace_s=1.0))
+    federation.configure([make_peer("home", "cpu"), make_peer("tpu-east", "tpu", 8)], ttl_s=ttl_s)
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
-
-async def _is(value):
-    return value
 
 
 class Ledger:
@@ -96,19 +83,23 @@ def slice_of(node: str) -> str:
     return "v5e-a" if int(node.rsplit("-", 1)[1]) < 4 else "v5e-b"
 
 
+async def start_slices(federation, tmp_path: Path, *flags: str, ttl_s: float = 1.5) -> Ledger:
+    """Router, tick, home and tpu-east (two slices of four nodes; ``flags`` for its agent),
+    heartbeats trusted for ``ttl_s``; the ledger its tasks write."""
+    configure(federation, ttl_s=ttl_s)
+    await federation.start_federation()
+    federation.start("tpu-east", *SLICES, "--resource", "cpu=8", *flags)
+    await federation.wait_agent("tpu-east")
+    return Ledger(tmp_path)
+
+
 def kill_all(pids) -> None:
     for pid in pids:
-        if alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+        kill_group(pid)
 
 
 async def test_a_gang_of_four_runs_all_on_one_slice_each_task_knowing_its_place(federation, tmp_path):
-    configure(federation)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-    await federation.wait_agent("tpu-east")
+    ledger = await start_slices(federation, tmp_path)
 
     reply = await gang(federation, "train", ledger.task())
     assert (reply["disposition"], reply["state"]) == ("queue", "queued"), reply
@@ -138,10 +129,7 @@ async def test_a_gang_of_four_runs_all_on_one_slice_each_task_knowing_its_place(
 
 
 async def test_a_gang_no_backend_could_ever_hold_is_rejected_naming_nodes(federation, tmp_path):
-    configure(federation)
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-    await federation.wait_agent("tpu-east")
+    await start_slices(federation, tmp_path)
     reply = await gang(federation, "too-big", ["true"], replicas=5)
     assert reply["disposition"] == "reject", reply
     [verdict] = [v for v in reply["verdicts"] if v["peer_id"] == "tpu-east"]
@@ -152,18 +140,14 @@ async def test_a_gang_no_backend_could_ever_hold_is_rejected_naming_nodes(federa
 
 
 async def test_one_task_failing_fails_the_gang_and_its_siblings_are_killed(federation, tmp_path):
-    configure(federation)
-    ledger = Ledger(tmp_path)
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-    await federation.wait_agent("tpu-east")
+    ledger = await start_slices(federation, tmp_path)
     await gang(federation, "broken", ledger.task(exit_code=3, fail_index=1), max_retries=2)
     done = await federation.wait_state("broken", *TERMINAL_STATES)
     try:
         assert (done.state, done.exit_code) == ("failed", 3), done
         pids = [r["pid"] for r in ledger.rows("broken")]
         assert len(pids) == 4
-        await wait_for(lambda: _is(not any(alive(pid) for pid in pids)), "every sibling to be killed")
+        await wait_for(lambda: returns(not any(alive(pid) for pid in pids)), "every sibling to be killed")
         rows = {t.task_index: t for t in await tasks_of(federation, "broken")}
         assert (rows[1].state, rows[1].exit_code) == ("failed", 3)
         assert all(rows[i].state == "killed" for i in (0, 2, 3)), rows
@@ -176,21 +160,17 @@ async def test_an_agent_sigkilled_mid_gang_ends_every_task_then_runs_it_again_wh
     """The restarted agent cannot adopt subprocess tasks: it kills all four and hands
     the gang back (a retry); it runs again whole, and no task of the old run is alive
     when a task of the new one starts."""
-    configure(federation, ttl_s=20.0)  # the agent is not judged lost while it restarts
-    ledger = Ledger(tmp_path)
     gate = tmp_path / "release"
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-    await federation.wait_agent("tpu-east")
+    ledger = await start_slices(federation, tmp_path, ttl_s=20.0)  # the agent is not judged lost while it restarts
     await gang(federation, "long", ledger.task(gate=gate), max_retries=1)
-    await wait_for(lambda: _is(len(ledger.rows("long")) == 4), "the four tasks to start")
+    await wait_for(lambda: returns(len(ledger.rows("long")) == 4), "the four tasks to start")
     first = ledger.rows("long")
     try:
         await federation.wait_state("long", "running")  # the agent reports it once all four run
         federation.kill("tpu-east")
         assert all(alive(r["pid"]) for r in first)  # their own sessions: the agent's death spares them
         federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-        await wait_for(lambda: _is(not any(alive(r["pid"]) for r in first)), "the old run's four tasks to be killed")
+        await wait_for(lambda: returns(not any(alive(r["pid"]) for r in first)), "the old run's four tasks to be killed")
         done = await federation.wait_state("long", *TERMINAL_STATES)
         assert done.state == "succeeded" and done.epoch > 1, done
         again = [r for r in ledger.rows("long") if r["epoch"] == done.epoch]
@@ -207,16 +187,12 @@ async def test_an_agent_sigkilled_mid_gang_ends_every_task_then_runs_it_again_wh
 async def test_gangs_queue_whole_and_start_when_a_slice_frees(federation, tmp_path):
     """Three gangs of four on two slices: two run, the third waits whole (never some of
     its tasks), then runs on the slice the first frees."""
-    configure(federation)
-    ledger = Ledger(tmp_path)
     gates = {name: tmp_path / f"{name}-release" for name in ("g1", "g2", "g3")}
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8")
-    await federation.wait_agent("tpu-east")
+    ledger = await start_slices(federation, tmp_path)
     try:
         for name in ("g1", "g2"):
             await gang(federation, name, ledger.task(gate=gates[name], first_epoch_only=False))
-        await wait_for(lambda: _is(len(ledger.rows()) == 8), "two gangs to run")
+        await wait_for(lambda: returns(len(ledger.rows()) == 8), "two gangs to run")
         await gang(federation, "g3", ledger.task(gate=gates["g3"], first_epoch_only=False))
 
         async def explained():
@@ -230,7 +206,7 @@ async def test_gangs_queue_whole_and_start_when_a_slice_frees(federation, tmp_pa
         assert ledger.rows("g3") == []
         gates["g1"].touch()
         await federation.wait_state("g1", "succeeded")
-        await wait_for(lambda: _is(len(ledger.rows("g3")) == 4), "g3 to start whole")
+        await wait_for(lambda: returns(len(ledger.rows("g3")) == 4), "g3 to start whole")
         g1_slice = {slice_of(r["node"]) for r in ledger.rows("g1")}
         assert {slice_of(r["node"]) for r in ledger.rows("g3")} == g1_slice
         for name in ("g2", "g3"):
@@ -246,16 +222,12 @@ async def test_an_interactive_gang_preempts_a_whole_batch_gang_which_runs_again_
     """Both slices run a batch gang; an interactive gang of four preempts exactly one of
     them, whole: every task of it is killed at once, it is queued again and later runs
     again whole, once; its preemption is counted apart from its retries."""
-    configure(federation)
-    ledger = Ledger(tmp_path)
     gate = tmp_path / "release"
-    await federation.start_federation()
-    federation.start("tpu-east", *SLICES, "--resource", "cpu=8", "--reconcile-interval", "600")
-    await federation.wait_agent("tpu-east")
+    ledger = await start_slices(federation, tmp_path, "--reconcile-interval", "600")
     try:
         for name in ("b1", "b2"):
             await gang(federation, name, ledger.task(gate=gate), band="batch", max_retries=0)
-        await wait_for(lambda: _is(len(ledger.rows()) == 8), "two batch gangs to run")
+        await wait_for(lambda: returns(len(ledger.rows()) == 8), "two batch gangs to run")
         # Accepted too: a gang preempted while still assigned never had task rows to end.
         for name in ("b1", "b2"):
             await federation.wait_state(name, "running")
@@ -268,7 +240,7 @@ async def test_an_interactive_gang_preempts_a_whole_batch_gang_which_runs_again_
         [victim] = await wait_for(preempted, "urgent to preempt a batch gang")
         first = ledger.rows(victim)
         # Killed on the tick's notice (reconciles are 600 s apart here), every task of it.
-        await wait_for(lambda: _is(not any(alive(r["pid"]) for r in first)), f"{victim}'s four tasks to be killed")
+        await wait_for(lambda: returns(not any(alive(r["pid"]) for r in first)), f"{victim}'s four tasks to be killed")
         done = await federation.wait_state("urgent", *TERMINAL_STATES)
         assert done.state == "succeeded", done
         assert {slice_of(r["node"]) for r in ledger.rows("urgent")} == {slice_of(r["node"]) for r in first}

@@ -27,7 +27,7 @@ from irisfed.services.common.store import Store
 from irisfed.tooling.federation import Peer, harness_env, render_config
 from irisfed.tooling.ha import PatroniCluster, PatroniNode
 from tests.e2e.conftest import Federation
-from tests.e2e.test_failover_e2e import _healthy, patroni  # noqa: F401 - the module's Patroni cluster
+from tests.infra.ha import healthy, other_node
 
 pytestmark = pytest.mark.e2e
 
@@ -45,18 +45,14 @@ def _url(ports: list[int], database: str, password: str = PASSWORD) -> str:
     return f"postgresql://postgres:{password}@{hosts}/{database}?target_session_attrs=read-write"
 
 
-def _other(cluster: PatroniCluster, node: PatroniNode) -> PatroniNode:
-    return next(n for n in cluster.nodes if n is not node)
-
-
 @pytest.fixture
-async def fresh(patroni):  # noqa: F811
+async def fresh(patroni):
     """A new, empty database on a healthy cluster: (cluster, leader, standby, name)."""
-    await asyncio.to_thread(_healthy, patroni)
+    await asyncio.to_thread(healthy, patroni)
     name = f"urls_{uuid.uuid4().hex[:10]}"
     await patroni.create_database(name)
     leader = patroni.leader()
-    return patroni, leader, _other(patroni, leader), name
+    return patroni, leader, other_node(patroni, leader), name
 
 
 def _irisfed(*args: str, env: dict[str, str], cwd, timeout: float = 120) -> subprocess.CompletedProcess:

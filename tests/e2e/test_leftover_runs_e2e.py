@@ -9,10 +9,10 @@ running beside the new one: the restarted agent finds every run it launched
 import contextlib
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
+from tests.infra.probes import alive, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -26,16 +26,7 @@ FIRST_COPY_LINGERS = ["sh", "-c",
 GPU = [{"key": "device_type", "op": "eq", "value": "gpu"}]
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
-
-async def _is(value):
-    return value
 
 
 async def test_restarted_agent_kills_the_run_it_left_behind_when_the_job_moved_on(federation):
@@ -47,7 +38,7 @@ async def test_restarted_agent_kills_the_run_it_left_behind_when_the_job_moved_o
     first_pid = await federation.run_pid(job_id)
     first_dir = job["log_dir"]
     try:
-        await wait_for(lambda: _is(os.path.exists(os.path.join(first_dir, "first-copy-started"))),
+        await wait_for(lambda: returns(os.path.exists(os.path.join(first_dir, "first-copy-started"))),
                        "the epoch-1 copy to start")
         federation.start("gpu-east")  # a second GPU peer, where the job can go next
         federation.kill("gpu-west")  # SIGKILL: its run (own session) keeps running
@@ -66,8 +57,8 @@ async def test_restarted_agent_kills_the_run_it_left_behind_when_the_job_moved_o
 
         note = await wait_for(recorded, "gpu-west to record that it killed its stale copy")
         assert "epoch 1" in note
-        await wait_for(lambda: _is(not alive(first_pid)), "the epoch-1 process to be gone")
-        await wait_for(lambda: _is("leftover_run_killed" in federation.log("gpu-west")),
+        await wait_for(lambda: returns(not alive(first_pid)), "the epoch-1 process to be gone")
+        await wait_for(lambda: returns("leftover_run_killed" in federation.log("gpu-west")),
                        "gpu-west to log the kill")
 
         job = await federation.job(job_id)

@@ -13,15 +13,13 @@ two cannot start yet. Reconciles are 600 s apart: only the router's notice start
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
-import signal
-from pathlib import Path
 
 import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from tests.infra.configs import make_peer
+from tests.infra.probes import kill_group, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -30,22 +28,11 @@ HOME = ("--node", "2:cpu=1", "--resource", "cpu=2", "--reconcile-interval", "600
 CPU = [{"key": "device_type", "op": "eq", "value": "cpu"}]
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
-
-async def _is(value):
-    return value
 
 
 async def test_a_local_gang_is_running_only_once_all_its_tasks_run(federation, tmp_path):
-    federation.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=3), Peer("tpu-east", {"device_type": "tpu"}, slots=2)],
-        local_cluster="home", subject_prefix=federation.prefix, heartbeat_interval_s=0.25,
-        heartbeat_ttl_s=5.0, tick_interval_s=0.25, assign_grace_s=1.0))
+    federation.configure([make_peer("home", "cpu", 3), make_peer("tpu-east", "tpu")], ttl_s=5.0)
     ledger, release = tmp_path / "ledger", tmp_path / "release"
     ledger.touch()
     note = f'echo "$IRISFED_JOB_ID $IRISFED_TASK_INDEX $$" >> {shlex.quote(str(ledger))}'
@@ -63,7 +50,7 @@ async def test_a_local_gang_is_running_only_once_all_its_tasks_run(federation, t
 
         # Only one node is free: g's tasks cannot all start, so g is not running.
         with contextlib.suppress(AssertionError):
-            await wait_for(lambda: _is(any(" g " in f" {line} " for line in ledger.read_text().splitlines())),
+            await wait_for(lambda: returns(any(" g " in f" {line} " for line in ledger.read_text().splitlines())),
                            "a task of g to start", timeout=3.0)
         started = [line for line in ledger.read_text().splitlines() if line.startswith("g ")]
         job = await federation.job("g")
@@ -79,7 +66,4 @@ async def test_a_local_gang_is_running_only_once_all_its_tasks_run(federation, t
     finally:
         release.touch()
         for line in ledger.read_text().splitlines():
-            pid = int(line.split()[-1])
-            if alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+            kill_group(int(line.split()[-1]))

@@ -15,19 +15,18 @@ import pytest
 from irisfed.client import Client
 from irisfed.errors import NotFoundError
 from irisfed.services.common.bus import connect_client
-from irisfed.tooling.federation import Peer, render_config
-from tests.infra.waiting import holds, wait_for
+from tests.infra.configs import make_peer
+from tests.infra.probes import returns
+from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-PEERS = [Peer("home", {"device_type": "cpu"}, slots=4), Peer("gpu-west", {"device_type": "gpu"}, slots=4)]
+PEERS = [make_peer("home", "cpu", 4), make_peer("gpu-west", "gpu", 4)]
 GPU = [{"key": "device_type", "op": "eq", "value": "gpu"}]
 
 
 def configure(federation) -> None:
-    federation.config_path.write_text(render_config(
-        PEERS, users=[{"id": "alice"}, {"id": "bob"}], local_cluster="home", subject_prefix=federation.prefix,
-        heartbeat_interval_s=0.25, heartbeat_ttl_s=1.5, tick_interval_s=0.25, assign_grace_s=1.0))
+    federation.configure(PEERS, users=[{"id": "alice"}, {"id": "bob"}])
 
 
 def user_client(federation, servers, user: str):
@@ -175,10 +174,45 @@ async def test_a_users_credentials_reach_no_log_stream_and_no_one_elses_events(f
         # "*" prefix lets users read any bucket, so it cannot show that part.)
         await nc.publish(f"{federation.prefix}.read.logs.bob", b'{"job_id": "x"}')  # speaking for bob
         await nc.flush()
-        await wait_for(lambda: holds(len(refusals) >= len(subjects) + 1), "the server to refuse each")
+        await wait_for(lambda: returns(len(refusals) >= len(subjects) + 1), "the server to refuse each")
     finally:
         await nc.close()
     assert all("permissions violation" in r.lower() for r in refusals), refusals
     for subject in subjects:
         assert any(f'subscription to "{subject}"'.lower() in r.lower() for r in refusals), (subject, refusals)
     assert any(f'publish to "{federation.prefix}.read.logs.bob"' in r for r in refusals), refusals
+
+
+async def test_a_user_hears_its_own_jobs_events_by_its_ids_and_no_one_elses(federation, servers):
+    """Events on ``P.uevents.<user>.>``: the user's own credentials may subscribe there
+    (and the server refuses another user's); each state change arrives with the id the
+    user submitted, not the stored ``alice:...``."""
+    if servers.nats_auth is None:
+        pytest.skip("needs the NATS users the tests generate")
+    configure(federation)
+    await federation.start_federation("home", "gpu-west")
+    refusals: list[str] = []
+    heard: list[dict] = []
+
+    async def on_error(exc: Exception) -> None:
+        refusals.append(str(exc))
+
+    async def on_event(msg) -> None:
+        heard.append({"subject": msg.subject, **json.loads(msg.data)})
+    nc = await connect_client(servers.nats_url_for("user-alice"), error_cb=on_error)
+    try:
+        await nc.subscribe(f"{federation.prefix}.uevents.alice.>", cb=on_event)
+        await nc.subscribe(f"{federation.prefix}.uevents.bob.>")
+        await nc.flush()
+        async with user_client(federation, servers, "alice") as alice:
+            await alice.submit(["true"], job_id="heard-1", constraints=GPU)
+        async with user_client(federation, servers, "bob") as bob:
+            await bob.submit(["true"], job_id="bobs-own")
+            assert (await bob.wait("bobs-own", timeout=60)).state == "succeeded"
+        await wait_for(lambda: returns(any(e["state"] == "succeeded" for e in heard)), "alice's job to end")
+        await wait_for(lambda: returns(refusals), "the server to refuse bob's subject")
+    finally:
+        await nc.close()
+    assert [e["state"] for e in heard] == ["queued", "assigned", "running", "succeeded"], heard
+    assert {(e["subject"], e["job_id"]) for e in heard} == {(f"{federation.prefix}.uevents.alice.heard-1", "heard-1")}
+    assert any(f'subscription to "{federation.prefix}.uevents.bob.>"' in r for r in refusals), refusals

@@ -17,7 +17,6 @@ release file only in their first epoch, so every later copy ends at once.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
@@ -26,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from tests.infra.configs import make_peer
+from tests.infra.probes import alive, kill_group, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -38,27 +38,11 @@ SLOTS = 2  # and as many CPUs: each job asks the default, one
 LONG_TTL_S = 20.0
 
 
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-async def _is(value):
-    return value
-
-
 def configure(federation, ttl_s: float = 1.5, grace_s: float = 1.0) -> None:
     """home (CPU), gpu-west and gpu-east (GPU), each 2 slots; short heartbeats unless
     ``ttl_s`` says otherwise (a peer stays reachable that long after its last one)."""
-    federation.config_path.write_text(render_config(
-        [Peer("home", {"device_type": "cpu"}, slots=SLOTS),
-         Peer("gpu-west", {"device_type": "gpu", "device_variant": "h100"}, slots=SLOTS),
-         Peer("gpu-east", {"device_type": "gpu", "device_variant": "a100"}, slots=SLOTS)],
-        local_cluster="home", subject_prefix=federation.prefix, heartbeat_interval_s=0.25,
-        heartbeat_ttl_s=ttl_s, tick_interval_s=0.25, assign_grace_s=grace_s))
+    federation.configure([make_peer("home", "cpu", SLOTS), make_peer("gpu-west", "gpu", SLOTS, device_variant="h100"),
+                          make_peer("gpu-east", "gpu", SLOTS, device_variant="a100")], ttl_s=ttl_s, grace_s=grace_s)
 
 
 AGENT_ARGS = ("--resource", f"cpu={SLOTS}")
@@ -158,11 +142,14 @@ async def fill(federation, runs: Runs, peer_id: str, tmp: Path, name: str) -> No
         await succeeded_once(federation, job_id)
 
 
-def kill_group(pid: int) -> None:
-    """Never leave a test's own leftover run behind."""
-    if alive(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+async def start_gpu_west(federation, tmp_path: Path, **configured) -> Runs:
+    """Router, tick, home and gpu-west, as ``configure(**configured)`` says; the runs' ledger."""
+    configure(federation, **configured)
+    runs = Runs(tmp_path)
+    await federation.start_federation()
+    federation.start("gpu-west", *AGENT_ARGS)
+    await federation.wait_agent("gpu-west")
+    return runs
 
 
 async def test_an_interactive_job_preempts_one_batch_job_which_runs_again_once(federation, tmp_path):
@@ -192,7 +179,7 @@ async def test_an_interactive_job_preempts_one_batch_job_which_runs_again_once(f
 
         # The run is killed on the notice, not by a reconcile (600 s apart here).
         try:
-            await wait_for(lambda: _is(not alive(pids[victim])), f"{victim}'s run to be killed")
+            await wait_for(lambda: returns(not alive(pids[victim])), f"{victim}'s run to be killed")
         except AssertionError as exc:
             refused = [line for line in federation.log("tick").splitlines() if "nats_error" in line]
             raise AssertionError(f"{exc}; the tick's NATS errors: {refused}") from None
@@ -234,16 +221,12 @@ async def test_an_interactive_job_preempts_one_batch_job_which_runs_again_once(f
 async def test_a_preempted_run_that_exits_0_when_killed_is_never_reported(federation, tmp_path):
     """Invariant 11's fencing: the victim's first run traps the kill and exits 0 (a
     success, were it reported); nothing of its epoch 1 is ever written as an end."""
-    configure(federation)
-    runs = Runs(tmp_path)
-    await federation.start_federation()
-    federation.start("gpu-west", *AGENT_ARGS)
-    await federation.wait_agent("gpu-west")
+    runs = await start_gpu_west(federation, tmp_path)
     pids = await submit_batch(federation, runs, ["batch-0", "batch-1"], exit_on_term=True)
     try:
         await federation.submit({"job_id": "urgent", "command": runs.quick(), "constraints": GPU})
         victim = await wait_preemption(federation, "urgent")
-        await wait_for(lambda: _is(not alive(pids[victim])), f"{victim}'s run to end")
+        await wait_for(lambda: returns(not alive(pids[victim])), f"{victim}'s run to end")
         await succeeded_once(federation, "urgent")
 
         async def recorded():
@@ -293,16 +276,12 @@ async def _preempt_while_owner_frozen(federation, runs: Runs) -> tuple[str, str,
 
 async def test_an_owner_killed_before_it_heard_of_the_preemption_kills_the_stale_run_when_it_returns(
         federation, tmp_path):
-    configure(federation, ttl_s=LONG_TTL_S)
-    runs = Runs(tmp_path)
-    await federation.start_federation()
-    federation.start("gpu-west", *AGENT_ARGS)
-    await federation.wait_agent("gpu-west")
+    runs = await start_gpu_west(federation, tmp_path, ttl_s=LONG_TTL_S)
     victim, other, pids = await _preempt_while_owner_frozen(federation, runs)
     try:
         federation.start("gpu-west", *AGENT_ARGS)
-        await wait_for(lambda: _is(not alive(pids[victim])), f"the returning agent to kill {victim}'s stale run")
-        await wait_for(lambda: _is("leftover_run_killed" in federation.log("gpu-west")), "the kill to be logged")
+        await wait_for(lambda: returns(not alive(pids[victim])), f"the returning agent to kill {victim}'s stale run")
+        await wait_for(lambda: returns("leftover_run_killed" in federation.log("gpu-west")), "the kill to be logged")
 
         done = await succeeded_once(federation, "urgent")
         assert (done.owner_peer_id, done.epoch) == ("gpu-west", 1), done
@@ -311,7 +290,7 @@ async def test_an_owner_killed_before_it_heard_of_the_preemption_kills_the_stale
 
         # The other job's run was started by the agent's previous life: killed and handed
         # back (a retry), never adopted (a subprocess is not the new agent's child).
-        await wait_for(lambda: _is(not alive(pids[other])), f"{other}'s orphaned run to be killed")
+        await wait_for(lambda: returns(not alive(pids[other])), f"{other}'s orphaned run to be killed")
 
         runs.release.touch()
         job = await succeeded_once(federation, victim)
@@ -337,11 +316,7 @@ async def test_a_victim_whose_owner_is_down_is_not_run_elsewhere_until_its_old_r
     the victim does not (it would run under two epochs at once). gpu-west returns,
     kills the stale run and says so: the victim then runs, once. (A TTL long enough
     that gpu-west is never judged lost here: then the tick would let the victim go.)"""
-    configure(federation, ttl_s=2 * LONG_TTL_S)
-    runs = Runs(tmp_path)
-    await federation.start_federation()
-    federation.start("gpu-west", *AGENT_ARGS)
-    await federation.wait_agent("gpu-west")
+    runs = await start_gpu_west(federation, tmp_path, ttl_s=2 * LONG_TTL_S)
     east_gate = tmp_path / "east-release"
     east = [f"east-{i}" for i in range(SLOTS)]
     federation.start("gpu-east", *AGENT_ARGS)
@@ -365,7 +340,7 @@ async def test_a_victim_whose_owner_is_down_is_not_run_elsewhere_until_its_old_r
         assert runs.epochs_of(victim) == [1] and alive(pids[victim])
 
         federation.start("gpu-west", *AGENT_ARGS)
-        await wait_for(lambda: _is(not alive(pids[victim])), f"the returning agent to kill {victim}'s stale run")
+        await wait_for(lambda: returns(not alive(pids[victim])), f"the returning agent to kill {victim}'s stale run")
         runs.release.touch()
         job = await succeeded_once(federation, victim)
         assert runs.epochs_of(victim) == [1, job.epoch] and job.stopping_on is None, runs.starts()
@@ -379,11 +354,7 @@ async def test_a_victim_whose_owner_is_down_is_not_run_elsewhere_until_its_old_r
 
 async def test_an_owner_that_never_returns_has_the_preempting_job_taken_back_and_run_elsewhere(
         federation, tmp_path):
-    configure(federation, ttl_s=LONG_TTL_S)
-    runs = Runs(tmp_path)
-    await federation.start_federation()
-    federation.start("gpu-west", *AGENT_ARGS)
-    await federation.wait_agent("gpu-west")
+    runs = await start_gpu_west(federation, tmp_path, ttl_s=LONG_TTL_S)
     victim, other, pids = await _preempt_while_owner_frozen(federation, runs)
     try:
         # Lost past the grace: the tick takes the preempting job back (its hold released),
@@ -412,7 +383,7 @@ async def test_an_owner_that_never_returns_has_the_preempting_job_taken_back_and
         assert alive(pids[victim]) and alive(pids[other])
         federation.start("gpu-west", *AGENT_ARGS)
         for job_id in (victim, other):
-            await wait_for(lambda job_id=job_id: _is(not alive(pids[job_id])),
+            await wait_for(lambda job_id=job_id: returns(not alive(pids[job_id])),
                            f"the returning agent to kill {job_id}'s stale run")
         await nothing_live(federation)
         await fill(federation, runs, "gpu-west", tmp_path, "after")

@@ -14,16 +14,11 @@ SHAPES = {
     "gpu-west": ["cpu=16", "memory_mb=65536", "gpu=2"],
     "gpu-east": ["cpu=32", "memory_mb=131072", "gpu=4"],
 }
+AGENTS = [(peer_id, *(arg for r in resources for arg in ("--resource", r))) for peer_id, resources in SHAPES.items()]
 
 
 async def test_resource_shaped_jobs_run_where_they_fit(federation):
-    federation.start("router")
-    federation.start("tick")
-    for peer_id, resources in SHAPES.items():
-        federation.start(peer_id, *(arg for r in resources for arg in ("--resource", r)))
-    await federation.wait_router()
-    for peer_id in SHAPES:
-        await federation.wait_agent(peer_id)
+    await federation.start_federation(*AGENTS)
 
     big = await federation.submit({"job_id": "gpu-4", "command": ["true"], "resources": {"gpu": 4}})
     assert big["disposition"] == "queue", big  # home has no GPU: not local
@@ -55,13 +50,7 @@ async def _running_seq(federation, job_id: str) -> int:
 
 
 async def test_preferences_choose_among_peers_that_fit_and_the_cli_sends_resources(federation):
-    federation.start("router")
-    federation.start("tick")
-    for peer_id, resources in SHAPES.items():
-        federation.start(peer_id, *(arg for r in resources for arg in ("--resource", r)))
-    await federation.wait_router()
-    for peer_id in SHAPES:
-        await federation.wait_agent(peer_id)
+    await federation.start_federation(*AGENTS)
 
     # Best fit alone would pick gpu-west (2 GPUs) for one GPU; the preference wins.
     a100 = federation.cli("submit", "--id", "prefers-a100", "--resource", "gpu=1", "--resource", "memory_mb=1024",

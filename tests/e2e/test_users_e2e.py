@@ -12,7 +12,8 @@ import pytest
 from irisfed.services.common.bus import connect_client
 from irisfed.shared.config import DATABASE_URL_ENV, NATS_URL_ENV
 from irisfed.shared.lifecycle import TERMINAL_STATES
-from irisfed.tooling.federation import Peer, render_config
+from irisfed.tooling.federation import Peer
+from tests.infra.configs import federation_config, make_peer
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -21,9 +22,8 @@ SLEEP = {"command": ["sleep", "300"]}
 
 
 def users_config(prefix: str, users, peers=None) -> str:
-    peers = peers or [Peer("home", {"device_type": "cpu"}, slots=4), Peer("gpu-west", {"device_type": "gpu"}, slots=4)]
-    return render_config(peers, users=users, local_cluster="home", subject_prefix=prefix, heartbeat_interval_s=0.25,
-                         heartbeat_ttl_s=1.5, tick_interval_s=0.25, assign_grace_s=1.0)
+    peers = peers or [make_peer("home", "cpu", 4), make_peer("gpu-west", "gpu", 4)]
+    return federation_config(peers, prefix, users=users)
 
 
 class UserConnection:

@@ -33,7 +33,8 @@ import pytest
 
 from irisfed.services.peer_agent.backends import RunSpec
 from irisfed.services.peer_agent.backends.slurm import SlurmBackend
-from irisfed.services.peer_agent.backends.slurm_text import comment_for, job_name, output_path
+from irisfed.services.peer_agent.backends.slurm_script import output_path
+from irisfed.services.peer_agent.backends.slurm_text import comment_for, job_name
 from irisfed.tooling.engines.chromium import Chromium, chromium_available, start_chromium
 from irisfed.tooling.engines.ray import (
     RayHead,

@@ -2,11 +2,11 @@
 Ray is preempted by an ``interactive`` job that needs what it holds.
 
 A federation (router, tick, agents as processes; tests/e2e/conftest.py's ``federation``)
-with an engine peer (``tests.e2e.test_engines_e2e``: Slurm behind ``gpu-west``, Ray
+with an engine peer (tests/infra/engine_peers.py: Slurm behind ``gpu-west``, Ray
 behind ``tpu-east``). The victim holds every accelerator of the engine; the tick moves
 it back to the queue under a new epoch and assigns the new job there; the agent ends
-the victim's engine run (Slurm: ``scancel``, the job CANCELLED; Ray: ``stop_job``, the
-job STOPPED), the new job runs in the engine, and the victim runs again there later,
+the victim's engine run (Slurm: SIGTERM, the job FAILED by it within its grace, or
+CANCELLED by ``scancel`` after it; Ray: ``stop_job``, the job STOPPED), the new job runs in the engine, and the victim runs again there later,
 once. The session's engines come from tests/engines/fixtures.py: outside CI a missing
 engine skips with its reason, under ``CI=true`` it fails.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from tests.e2e.conftest import federation  # noqa: F401 - the federation of service processes
-from tests.e2e.test_engines_e2e import Engine, _job_id, _ray_engine, _slurm_engine, _start, _until
+from tests.infra.engine_peers import Engine, engine_for, start_with_engine, unique_job_id, until
 from tests.infra.waiting import wait_for
 
 # Its first copy runs until it is stopped; any later copy ends at once.
@@ -26,9 +26,7 @@ FIRST_COPY_LINGERS = ["sh", "-c", 'if [ "$IRISFED_EPOCH" = 1 ]; then sleep 300; 
 
 @pytest.fixture(params=["slurm", "ray"])
 def engine(request) -> Engine:
-    if request.param == "slurm":
-        return _slurm_engine(request.getfixturevalue("slurm_cluster"))
-    return _ray_engine(request.getfixturevalue("ray_head"))
+    return engine_for(request)
 
 
 async def _ended_once(fed, job_id: str):
@@ -41,17 +39,17 @@ async def _ended_once(fed, job_id: str):
 
 
 async def test_a_batch_job_in_the_engine_is_preempted_by_an_interactive_job(federation, engine):  # noqa: F811
-    await _start(federation, engine)
+    await start_with_engine(federation, engine)
     whole = int(engine.totals()[engine.accelerator])
     needs_all = {"cpu": 1, engine.accelerator: whole}
-    victim, urgent = _job_id("victim"), _job_id("urgent")
+    victim, urgent = unique_job_id("victim"), unique_job_id("urgent")
 
     await federation.submit({"job_id": victim, "command": FIRST_COPY_LINGERS, "resources": needs_all,
                              "band": "batch", "max_retries": 0})
     running = await federation.wait_state(victim, "running", timeout=120)
     assert (running.owner_peer_id, running.epoch) == (engine.peer_id, 1), running
-    await _until(lambda: [r for r in engine.runs_of(victim) if r[1] == "RUNNING"] or None,
-                 "the victim to run in the engine")
+    await until(lambda: engine.runs_in(victim, "RUNNING"),
+                "the victim to run in the engine")
 
     await federation.submit({"job_id": urgent, "command": ["sh", "-c", "echo urgent"], "resources": needs_all})
 
@@ -62,9 +60,9 @@ async def test_a_batch_job_in_the_engine_is_preempted_by_an_interactive_job(fede
     assert (moved.from_state, moved.to_state, moved.epoch) == ("running", "queued", 2), moved
 
     # The engine ends the victim's run: it no longer runs it.
-    (engine_id, state, epoch), = await _until(
-        lambda: [r for r in engine.runs_of(victim) if r[2] == 1 and r[1] == engine.killed_state] or None,
-        f"the engine to show the victim's run {engine.killed_state}")
+    (engine_id, killed, epoch), = await until(
+        lambda: [r for r in engine.runs_of(victim) if r[2] == 1 and r[1] in engine.killed_states] or None,
+        f"the engine to show the victim's run {'/'.join(engine.killed_states)}")
     assert epoch == 1
 
     done = await _ended_once(federation, urgent)
@@ -79,5 +77,5 @@ async def test_a_batch_job_in_the_engine_is_preempted_by_an_interactive_job(fede
     assert done.epoch > 2
     runs = sorted(engine.runs_of(victim), key=lambda r: r[2])
     assert [(state, epoch) for _, state, epoch in runs] == [
-        (engine.killed_state, 1), ("COMPLETED" if engine.kind == "slurm" else "SUCCEEDED", done.epoch)], runs
+        (killed, 1), ("COMPLETED" if engine.kind == "slurm" else "SUCCEEDED", done.epoch)], runs
     assert runs[0][0] == engine_id

@@ -391,3 +391,39 @@ async def test_a_job_runs_in_its_own_copy_of_its_workspace_and_leaves_its_output
         [(task, outputs)] = backend.output_dirs(spec.job_id, 1, 1)
         assert task == 0 and (outputs / "seen.txt").read_text() == "from the workspace"
     assert sorted(p.name for p in workspace.iterdir()) == [".gitignore", "data.txt"]
+
+
+# What a job does on SIGTERM, in ``folder`` (the head runs on this machine): checkpoint for
+# longer than Ray's own stop timeout (3 s, when the submission sets none), or ignore it.
+CHECKPOINT_S = 6
+
+
+def on_term(folder: Path, trap: str) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return ["sh", "-c", f'cd "$1" && trap "{trap}" TERM; touch ready; sleep 300 & wait', "sh", str(folder)]
+
+
+async def test_a_stopped_run_gets_sigterm_and_its_grace_before_ray_kills_it(
+        ray_head: RayHead, backends, tmp_path: Path) -> None:
+    """docs/design.md §3.7 on Ray: the submission sets Ray's stop timeout for the job to
+    its grace, so a checkpoint longer than Ray's default finishes; a job ignoring SIGTERM
+    is killed once the grace passed. (Nothing here is timed.)"""
+    backend = backends()
+    saves, deaf = tmp_path / "saves", tmp_path / "deaf"
+    checkpoints = await backend.launch(RunSpec(
+        job_id("grace"), 1, on_term(saves, f"sleep {CHECKPOINT_S}; echo checkpoint >> ckpt; exit 0"),
+        resources={"cpu": 0.5}, grace_s=10))
+    ignores = await backend.launch(RunSpec(job_id("deaf"), 1, on_term(deaf, ""), resources={"cpu": 0.5}, grace_s=2))
+    for folder in (saves, deaf):
+        await wait_for(lambda folder=folder: asyncio.to_thread((folder / "ready").exists),
+                       f"{folder.name} to trap SIGTERM", TIMEOUT_S, 0.2)
+    info = await asyncio.to_thread(ray_head.job_client().get_job_info, checkpoints.submission_id)
+    assert info.runtime_env["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "10"
+
+    await asyncio.gather(checkpoints.kill(grace_s=10), ignores.kill(grace_s=2))
+
+    assert await asyncio.wait_for(checkpoints.wait(), TIMEOUT_S) == KILLED_EXIT_CODE
+    assert (saves / "ckpt").read_text() == "checkpoint\n"  # SIGTERM first, then time to finish
+    assert await asyncio.wait_for(ignores.wait(), TIMEOUT_S) == KILLED_EXIT_CODE  # SIGKILLed after its grace
+    for handle in (checkpoints, ignores):
+        assert await ray_status(ray_head, handle.submission_id) == "STOPPED"

@@ -37,7 +37,8 @@ from irisfed.services.peer_agent.backends.ray import RayBackend
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.tooling.engines.ray import RayHead, RayWorker
 from tests.e2e.conftest import federation  # noqa: F401 - the federation of service processes
-from tests.e2e.test_engines_e2e import _ray_engine, _start
+from tests.infra.engine_peers import ray_engine, start_with_engine, unique_job_id
+from tests.infra.probes import alive
 from tests.infra.waiting import wait_for
 
 TIMEOUT_S = 180.0
@@ -71,10 +72,6 @@ def kill_worker(ray_head: RayHead):
         ray_head.replace_worker(worker)
 
 
-def job_id(what: str) -> str:
-    return f"{what}-{uuid.uuid4().hex[:8]}"
-
-
 def task_script(folder: Path, then: str = "exit 0") -> list[str]:
     """Each task writes what it knows to ``folder/task-<i>`` (index, tasks, node,
     coordinator, job, epoch, its pid and ``$MINE``), waits for ``folder/release``, then
@@ -103,12 +100,6 @@ def seen(folder: Path, replicas: int) -> list[dict] | None:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
 
 async def started(handle) -> None:
     await asyncio.wait_for(handle.started.wait(), TIMEOUT_S)
@@ -129,7 +120,7 @@ async def test_a_gang_of_three_runs_one_task_a_node_each_knowing_its_place(
     if len(ray_head.workers) < 2:
         pytest.skip("needs a head and two workers of this session's own")
     folder = tmp_path / "tasks"
-    spec = RunSpec(job_id("three"), 4, task_script(folder, 'printf "last words of $IRISFED_TASK_INDEX"'),
+    spec = RunSpec(unique_job_id("three"), 4, task_script(folder, 'printf "last words of $IRISFED_TASK_INDEX"'),
                    env={"MINE": "$HOME ${HOME} 'q' `x`"}, resources={"cpu": 1}, replicas=3, start_timeout_s=120)
 
     handle = await backend.launch(spec)
@@ -171,13 +162,13 @@ async def test_group_by_keeps_a_gang_on_one_label_value_and_a_gang_that_cannot_s
     if len(workers) < 2:
         pytest.skip("needs two workers labelled slice=a of this session's own")
     folder = tmp_path / "holder"
-    holder = await backend.launch(RunSpec(job_id("slice"), 1, task_script(folder), resources={"cpu": 1},
+    holder = await backend.launch(RunSpec(unique_job_id("slice"), 1, task_script(folder), resources={"cpu": 1},
                                           replicas=2, group_by=SLICE, start_timeout_s=120))
     await started(holder)
     assert {t.node for t in holder.tasks()} == workers  # the head has no slice label
 
     # Both workers are taken: another gang of the slice waits in Ray, then is lost at its start timeout.
-    late = await backend.launch(RunSpec(job_id("late"), 1, ["true"], resources={"cpu": 1}, replicas=2,
+    late = await backend.launch(RunSpec(unique_job_id("late"), 1, ["true"], resources={"cpu": 1}, replicas=2,
                                         group_by=SLICE, start_timeout_s=5))
     with pytest.raises(RunLost, match="did not all start within 5s"):
         await asyncio.wait_for(late.wait(), TIMEOUT_S)
@@ -186,9 +177,9 @@ async def test_group_by_keeps_a_gang_on_one_label_value_and_a_gang_that_cannot_s
 
     # More nodes than any slice has: refused before anything is submitted.
     with pytest.raises(LaunchError, match="needs 3 Ray nodes sharing one slice .* the cluster has 2"):
-        await backend.launch(RunSpec(job_id("wide"), 1, ["true"], resources={"cpu": 1}, replicas=3, group_by=SLICE))
+        await backend.launch(RunSpec(unique_job_id("wide"), 1, ["true"], resources={"cpu": 1}, replicas=3, group_by=SLICE))
     with pytest.raises(LaunchError, match="needs 2 Ray nodes that can each hold cpu=1, tpu=1; the cluster has 1"):
-        await backend.launch(RunSpec(job_id("tpus"), 1, ["true"], resources={"cpu": 1, "tpu": 1}, replicas=2))
+        await backend.launch(RunSpec(unique_job_id("tpus"), 1, ["true"], resources={"cpu": 1, "tpu": 1}, replicas=2))
 
     (folder / "release").touch()
     assert await holder.wait() == 0
@@ -202,7 +193,7 @@ async def test_one_task_failing_fails_the_gang_and_its_siblings_are_killed(
     script[2] = script[2].replace('while [ ! -e "$1/release" ]',
                                   'if [ "$IRISFED_TASK_INDEX" = 1 ]; then while [ ! -e "$1/task-0" ] || '
                                   '[ ! -e "$1/task-2" ]; do sleep 0.1; done; exit 3; fi; while [ ! -e "$1/release" ]')
-    handle = await backend.launch(RunSpec(job_id("broken"), 1, script, resources={"cpu": 1}, replicas=3))
+    handle = await backend.launch(RunSpec(unique_job_id("broken"), 1, script, resources={"cpu": 1}, replicas=3))
 
     assert await asyncio.wait_for(handle.wait(), TIMEOUT_S) == 3
 
@@ -215,7 +206,7 @@ async def test_one_task_failing_fails_the_gang_and_its_siblings_are_killed(
 
 async def test_killing_a_gang_kills_every_task(ray_head: RayHead, backend: RayBackend, tmp_path: Path) -> None:
     folder = tmp_path / "tasks"
-    handle = await backend.launch(RunSpec(job_id("kill"), 2, task_script(folder), resources={"cpu": 0.5},
+    handle = await backend.launch(RunSpec(unique_job_id("kill"), 2, task_script(folder), resources={"cpu": 0.5},
                                           replicas=2))
     await started(handle)
     said = await wait_for(lambda: asyncio.to_thread(seen, folder, 2), "every task to start", TIMEOUT_S)
@@ -235,10 +226,31 @@ async def test_killing_a_gang_kills_every_task(ray_head: RayHead, backend: RayBa
         await later.close()
 
 
+async def test_a_stopped_gangs_tasks_get_sigterm_and_their_grace(backend: RayBackend, tmp_path: Path) -> None:
+    """docs/design.md §3.7: each task's command gets SIGTERM and the run's grace (its
+    checkpoint takes longer than the driver's own 1 s and Ray's 3 s), the driver the
+    grace and more from Ray."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    command = ["sh", "-c", 'cd "$1" && trap "sleep 6; echo checkpoint >> ckpt-$IRISFED_TASK_INDEX; exit 0" TERM; '
+                           'touch "ready-$IRISFED_TASK_INDEX"; sleep 300 & wait', "sh", str(folder)]
+    handle = await backend.launch(RunSpec(unique_job_id("grace"), 1, command, resources={"cpu": 0.5}, replicas=2,
+                                          grace_s=10))
+    await started(handle)
+    await wait_for(lambda: asyncio.to_thread(lambda: all((folder / f"ready-{i}").exists() for i in range(2))),
+                   "every task to trap SIGTERM", TIMEOUT_S, 0.2)
+
+    await handle.kill(grace_s=10)
+
+    assert await asyncio.wait_for(handle.wait(), TIMEOUT_S) == KILLED_EXIT_CODE
+    assert [(folder / f"ckpt-{i}").read_text() for i in range(2)] == ["checkpoint\n"] * 2
+    assert [t.state for t in handle.tasks()] == [TASK_KILLED, TASK_KILLED]
+
+
 async def test_a_node_dying_under_a_gang_loses_the_run_and_kills_its_other_tasks(
         ray_head: RayHead, backend: RayBackend, kill_worker, tmp_path: Path) -> None:
     folder = tmp_path / "tasks"
-    handle = await backend.launch(RunSpec(job_id("doomed"), 1, task_script(folder), resources={"cpu": 1},
+    handle = await backend.launch(RunSpec(unique_job_id("doomed"), 1, task_script(folder), resources={"cpu": 1},
                                           replicas=2, group_by=SLICE))  # both workers: the head stays whole
     await started(handle)
     said = await wait_for(lambda: asyncio.to_thread(seen, folder, 2), "every task to start", TIMEOUT_S)
@@ -278,8 +290,8 @@ TPU = [{"key": "device_type", "op": "eq", "value": "tpu"}]
 
 async def test_an_agent_requeues_a_gang_whose_node_died_and_it_runs_again_whole_once(
         federation, ray_head: RayHead, kill_worker, tmp_path: Path) -> None:  # noqa: F811
-    engine = _ray_engine(ray_head)
-    await _start(federation, engine)
+    engine = ray_engine(ray_head)
+    await start_with_engine(federation, engine)
     ledger, release = tmp_path / "ledger", tmp_path / "release"
     ledger.touch()
     # Each task notes "epoch index node pid"; the first run's tasks then wait (for ever:
@@ -287,7 +299,7 @@ async def test_an_agent_requeues_a_gang_whose_node_died_and_it_runs_again_whole_
     command = ["sh", "-c", 'echo "$IRISFED_EPOCH $IRISFED_TASK_INDEX $IRISFED_NODE $$" >> "$0"; '
                'if [ "$IRISFED_EPOCH" = 1 ]; then while [ ! -e "$1" ]; do sleep 0.2; done; fi',
                str(ledger), str(release)]
-    job = job_id("requeued")
+    job = unique_job_id("requeued")
     try:
         reply = await federation.submit({"job_id": job, "command": command, "replicas": 2, "resources": {"cpu": 1},
                                          "constraints": TPU, "max_retries": 1})

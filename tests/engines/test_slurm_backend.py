@@ -15,7 +15,7 @@ import json
 import re
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -29,19 +29,26 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
 )
 from irisfed.services.peer_agent.backends.slurm import SlurmBackend, SlurmError
+from irisfed.services.peer_agent.backends.slurm_nodes import parse_gres
 from irisfed.services.peer_agent.backends.slurm_text import (
     EXIT_STATUS_FILE,
     STARTED_MARKER,
     job_name,
-    parse_gres,
 )
 from irisfed.shared.messages import JOB_ID_PATTERN
 from irisfed.tooling.engines.slurm import SlurmCluster
 from tests.engines.fixtures import TimeLimitedRun
+from tests.infra.probes import returns
+from tests.infra.slurm_runs import (
+    JOB_TIMEOUT_S,
+    POLL_S,
+    eventually,
+    in_environment,
+    run_ended,
+    slurm_backends,
+    slurm_job,
+)
 
-# A bound on a hang of a slow shared machine, not an expectation (a job takes ~3 s).
-JOB_TIMEOUT_S = 180.0
-POLL_S = 0.2
 # Waits until a file `go` appears in its run folder (its working directory), then exits 7.
 WAIT_FOR_GO = ["sh", "-c", "while [ ! -e go ]; do sleep 0.2; done; exit 7"]
 
@@ -51,9 +58,7 @@ def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch,
               slurm_time_limited_run: TimeLimitedRun) -> SlurmCluster:
     """The cluster, in the environment; its time-limited run started (its minute runs
     while the tests do: ``test_a_run_past_its_time_limit_...``, last here, reads it)."""
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    return slurm_cluster
+    return in_environment(slurm_cluster, monkeypatch)
 
 
 @pytest.fixture
@@ -65,16 +70,8 @@ def peer_id() -> str:
 async def make_backend(slurm_env: SlurmCluster, tmp_path: Path,
                        peer_id: str) -> AsyncIterator[Callable[..., SlurmBackend]]:
     """New SlurmBackend objects (an agent run each) on one work folder; all closed at the end."""
-    made: list[SlurmBackend] = []
-
-    def make(peer: str = peer_id, partition: str = "") -> SlurmBackend:
-        backend = SlurmBackend(tmp_path / "work", peer, partition=partition, poll_interval_s=POLL_S)
-        made.append(backend)
-        return backend
-
-    yield make
-    for backend in made:
-        await backend.close()
+    async with slurm_backends(tmp_path / "work", peer_id) as make:
+        yield make
 
 
 @pytest.fixture
@@ -86,36 +83,26 @@ def _spec(command: list[str], job_id: str = "", epoch: int = 1, **kwargs) -> Run
     return RunSpec(job_id or f"job-{uuid.uuid4().hex[:8]}", epoch, command, **kwargs)
 
 
-async def _ended(handle) -> int:
-    return await asyncio.wait_for(handle.wait(), JOB_TIMEOUT_S)
-
-
-async def _eventually(check: Callable[[], Awaitable[object]], what: str) -> object:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + JOB_TIMEOUT_S
-    while loop.time() < deadline:
-        if result := await check():
-            return result
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
-    job = cluster.job(slurm_id)
-    assert job is not None, f"Slurm forgot job {slurm_id}"
-    return job
+def _assert_stopped(job: dict[str, str], within_grace: bool | None = True) -> None:
+    """A job the backend stopped (``kill``): SIGTERM alone, so a job that ended by it
+    within its grace is FAILED by SIGTERM (its batch shell ends by the signal, as
+    Slurm's ``0:15`` says); one that outlived its grace was cancelled. None: either."""
+    stopped = (job["JobState"], job["ExitCode"])
+    allowed = {True: [("FAILED", "0:15")], False: [("CANCELLED", "0:9"), ("CANCELLED", "0:15")],
+               None: [("FAILED", "0:15"), ("CANCELLED", "0:9"), ("CANCELLED", "0:15")]}[within_grace]
+    assert stopped in allowed, job
 
 
 async def _running(cluster: SlurmCluster, slurm_id: str) -> None:
-    await _eventually(lambda: asyncio.to_thread(lambda: _job(cluster, slurm_id)["JobState"] == "RUNNING"),
-                      f"Slurm job {slurm_id} to run")
+    await eventually(lambda: asyncio.to_thread(lambda: slurm_job(cluster, slurm_id)["JobState"] == "RUNNING"),
+                     f"Slurm job {slurm_id} to run")
 
 
 async def test_exit_code_and_output_files(backend: SlurmBackend) -> None:
     spec = _spec(["sh", "-c", "echo out; echo err >&2; exit 3"])
     handle = await backend.launch(spec)
 
-    assert await _ended(handle) == 3
+    assert await run_ended(handle) == 3
     run_dir = Path(handle.log_dir)
     assert handle.log_dir == backend.log_dir(spec.job_id, spec.epoch)
     assert run_dir == (backend.work_root / spec.job_id / "epoch-1").resolve()
@@ -127,7 +114,7 @@ async def test_exit_code_and_output_files(backend: SlurmBackend) -> None:
 async def test_gpu_job_gets_its_gres_and_is_killed(backend: SlurmBackend, slurm_env: SlurmCluster) -> None:
     handle = await backend.launch(_spec(["sh", "-c", 'echo "gpus=$CUDA_VISIBLE_DEVICES"; exec sleep 30'],
                                         resources={"cpu": 1, "gpu": 2}))
-    job = _job(slurm_env, handle.slurm_id)
+    job = slurm_job(slurm_env, handle.slurm_id)
     # Slurm 22.05 writes "gres:gpu:2", 23.02 and later "gres/gpu:2".
     assert re.fullmatch(r"gres[:/]gpu:2", job["TresPerNode"]), job
     tres = set(job["TRES"].split(","))
@@ -135,14 +122,14 @@ async def test_gpu_job_gets_its_gres_and_is_killed(backend: SlurmBackend, slurm_
     assert job["Comment"] == backend.comment
     assert job["Requeue"] == "0", job  # a node failure ends it (irisfed retries), never reruns it in place
     stdout = Path(handle.log_dir) / "stdout"
-    await _eventually(lambda: asyncio.to_thread(lambda: stdout.exists() and stdout.read_text()),
-                      "the job to start")
+    await eventually(lambda: asyncio.to_thread(lambda: stdout.exists() and stdout.read_text()),
+                     "the job to start")
     assert re.fullmatch(r"gpus=\d+,\d+\n", stdout.read_text())
 
     await handle.kill(grace_s=1)
 
-    assert await _ended(handle) == KILLED_EXIT_CODE
-    assert _job(slurm_env, handle.slurm_id)["JobState"] == "CANCELLED"
+    assert await run_ended(handle) == KILLED_EXIT_CODE
+    _assert_stopped(slurm_job(slurm_env, handle.slurm_id), within_grace=None)
 
 
 async def test_environment_arrives_literally_without_agent_secrets(
@@ -160,7 +147,7 @@ async def test_environment_arrives_literally_without_agent_secrets(
     spec = _spec(["python3", "-c", printer], env=env, epoch=4)
     handle = await backend.launch(spec)
 
-    assert await _ended(handle) == 0
+    assert await run_ended(handle) == 0
     seen = json.loads((Path(handle.log_dir) / "stdout").read_text())
     assert {name: seen.get(name) for name in env if name != "IRISFED_JOB_ID"} == {
         name: value for name, value in env.items() if name != "IRISFED_JOB_ID"}
@@ -168,7 +155,7 @@ async def test_environment_arrives_literally_without_agent_secrets(
     assert "IRISFED_DATABASE_URL" not in seen and "IRISFED_NATS_URL" not in seen
     assert not any("secret" in value for value in seen.values())
     assert not pwned.exists()
-    assert _job(slurm_env, handle.slurm_id).get("TresPerNode", "") in ("", "(null)")  # no #SBATCH read
+    assert slurm_job(slurm_env, handle.slurm_id).get("TresPerNode", "") in ("", "(null)")  # no #SBATCH read
 
 
 async def test_launch_twice_is_one_slurm_job(backend: SlurmBackend, slurm_env: SlurmCluster,
@@ -182,7 +169,7 @@ async def test_launch_twice_is_one_slurm_job(backend: SlurmBackend, slurm_env: S
     named = slurm_env.run("squeue", "-h", "-t", "all", "-n", job_name(spec.job_id, spec.epoch), "-o", "%i")
     assert named.split() == [first.slurm_id]
     await first.kill(grace_s=1)
-    assert await _ended(second) == KILLED_EXIT_CODE
+    assert await run_ended(second) == KILLED_EXIT_CODE
 
 
 async def test_restarted_agent_lists_adopts_and_follows_to_the_exit_code(
@@ -202,10 +189,10 @@ async def test_restarted_agent_lists_adopts_and_follows_to_the_exit_code(
 
     (Path(launched.log_dir) / "go").touch()
 
-    assert await _ended(adopted) == 7
+    assert await run_ended(adopted) == 7
     # Ended while no agent watched: still adopted (Slurm remembers it), with its exit code.
     later = await make_backend().adopt(LiveRun(spec.job_id, spec.epoch, ""))
-    assert later is not None and await _ended(later) == 7
+    assert later is not None and await run_ended(later) == 7
     assert await restarted.list_runs() == []
 
 
@@ -220,7 +207,7 @@ async def test_other_peers_neither_adopt_nor_kill(
     assert await other.kill_leftover(spec.job_id, spec.epoch) is False
     assert await other.kill_run(LiveRun(spec.job_id, spec.epoch, handle.slurm_id)) is False
     (Path(handle.log_dir) / "go").touch()
-    assert await _ended(handle) == 7
+    assert await run_ended(handle) == 7
 
 
 async def test_kill_leftover_and_kill_run(make_backend: Callable[..., SlurmBackend],
@@ -235,11 +222,11 @@ async def test_kill_leftover_and_kill_run(make_backend: Callable[..., SlurmBacke
     assert set(runs) == {listed.slurm_id}
     assert await restarted.kill_run(runs[listed.slurm_id]) is True
 
-    assert await _ended(leftover) == KILLED_EXIT_CODE
-    assert await _ended(listed) == KILLED_EXIT_CODE
+    assert await run_ended(leftover) == KILLED_EXIT_CODE
+    assert await run_ended(listed) == KILLED_EXIT_CODE
     assert await restarted.kill_leftover(*_run_of(leftover)) is False
     assert await restarted.kill_run(runs[listed.slurm_id]) is False
-    assert _job(slurm_env, leftover.slurm_id)["JobState"] == "CANCELLED"
+    assert slurm_job(slurm_env, leftover.slurm_id)["JobState"] == "CANCELLED"
 
 
 def _run_of(handle) -> tuple[str, int]:
@@ -270,7 +257,7 @@ async def test_discover_matches_the_nodes_and_free_drops_while_a_gpu_job_runs(
     assert busy.resources["memory_mb"][1] <= int(node["RealMemory"]) - 1024
     assert busy.resources["gpu"][0] == gpus["gpu"]
     await handle.kill(grace_s=1)
-    assert await _ended(handle) == KILLED_EXIT_CODE
+    assert await run_ended(handle) == KILLED_EXIT_CODE
 
 
 async def test_a_job_no_node_can_hold_is_refused_before_sbatch(backend: SlurmBackend) -> None:
@@ -303,7 +290,7 @@ async def test_runs_in_flight_are_polled_with_one_call_per_interval(
     await _running(slurm_env, handles[0].slurm_id)
     calls, polls = dict(backend.engine_calls), backend.polls
 
-    await _eventually(lambda: _true(backend.polls >= polls + 5), "five polls")
+    await eventually(lambda: returns(backend.polls >= polls + 5), "five polls")
 
     assert backend.polls - polls >= 5
     grown = {name: count - calls.get(name, 0) for name, count in backend.engine_calls.items()}
@@ -314,17 +301,13 @@ async def test_runs_in_flight_are_polled_with_one_call_per_interval(
     assert grown == {name: 0 for name in calls if name != "squeue"}
     for handle in handles:
         await handle.kill(grace_s=1)
-    assert [await _ended(handle) for handle in handles] == [KILLED_EXIT_CODE] * 3
-
-
-async def _true(value: bool) -> bool:
-    return value
+    assert [await run_ended(handle) for handle in handles] == [KILLED_EXIT_CODE] * 3
 
 
 async def test_a_job_slurm_does_not_know_is_lost(backend: SlurmBackend) -> None:
     handle = backend.follow("999999999", "ghost", 1)  # no run folder: it never started
     with pytest.raises(RunLost, match="Slurm no longer knows job 999999999, and it never started"):
-        await _ended(handle)
+        await run_ended(handle)
 
 
 # ---------------------------------------------------------------- what a run leaves in its folder
@@ -334,25 +317,25 @@ async def test_a_run_records_its_start_and_exit_status_in_its_folder(backend: Sl
     ok = await backend.launch(_spec(["sh", "-c", "exit 0"]))
     failed = await backend.launch(_spec(["sh", "-c", "exit 3"]))
 
-    assert (await _ended(ok), await _ended(failed)) == (0, 3)
+    assert (await run_ended(ok), await run_ended(failed)) == (0, 3)
     for handle, code in ((ok, 0), (failed, 3)):
         run_dir = Path(handle.log_dir)
         assert (run_dir / STARTED_MARKER).read_text() == f"{handle.slurm_id}\n"
         assert (run_dir / EXIT_STATUS_FILE).read_text() == f"{code}\n"
 
 
-async def test_a_cancelled_run_still_ends_cancelled_its_command_got_sigterm_and_minus_15_is_recorded(
+async def test_a_killed_run_ends_killed_its_command_got_sigterm_and_minus_15_is_recorded(
     backend: SlurmBackend, slurm_env: SlurmCluster,
 ) -> None:
     command = ["sh", "-c", "trap 'echo got-term > term; exit 0' TERM; touch ready; while :; do sleep 0.1; done"]
     handle = await backend.launch(_spec(command))
     run_dir = Path(handle.log_dir)
-    await _eventually(lambda: asyncio.to_thread((run_dir / "ready").exists), "the command to start")
+    await eventually(lambda: asyncio.to_thread((run_dir / "ready").exists), "the command to start")
 
     await handle.kill(grace_s=1)
 
-    assert await _ended(handle) == KILLED_EXIT_CODE
-    assert _job(slurm_env, handle.slurm_id)["JobState"] == "CANCELLED"
+    assert await run_ended(handle) == KILLED_EXIT_CODE  # though its command exited 0 on SIGTERM
+    _assert_stopped(slurm_job(slurm_env, handle.slurm_id), within_grace=None)
     assert (run_dir / "term").read_text() == "got-term\n"  # signals reach the command, not only the shell
     assert (run_dir / EXIT_STATUS_FILE).read_text() == "-15\n"
 
@@ -360,7 +343,7 @@ async def test_a_cancelled_run_still_ends_cancelled_its_command_got_sigterm_and_
 async def _real_run_folder(backend: SlurmBackend, code: int) -> Path:
     """The folder a real run exiting ``code`` left: what Slurm's forgetting leaves."""
     handle = await backend.launch(_spec(["sh", "-c", f"exit {code}"]))
-    assert await _ended(handle) == code
+    assert await run_ended(handle) == code
     return Path(handle.log_dir)
 
 
@@ -387,7 +370,7 @@ async def test_a_forgotten_run_with_an_exit_status_is_adopted_with_it(
 
     assert adopted is not None
     assert adopted.log_dir == restarted.log_dir(job_id, epoch)
-    assert await _ended(adopted) == code
+    assert await run_ended(adopted) == code
     await adopted.kill(grace_s=1)  # ended: nothing to cancel
     assert restarted.engine_calls["scancel"] == 0
 
@@ -405,7 +388,7 @@ async def test_a_forgotten_run_that_started_without_an_exit_status_has_an_unknow
     slurm_id = (real / STARTED_MARKER).read_text().strip()
     run_dir = first.run_dir(job_id, epoch).resolve()
     with pytest.raises(RunOutcomeUnknown) as caught:
-        await _ended(adopted)
+        await run_ended(adopted)
     assert str(caught.value) == (f"Slurm forgot job {slurm_id} after it started; its outcome is unknown "
                                  f"(no exit status in {run_dir})")
 
@@ -427,10 +410,10 @@ async def test_a_followed_run_slurm_stops_listing_settles_from_its_folder(backen
     ended = _forgotten(backend, real, (STARTED_MARKER, EXIT_STATUS_FILE))
     started_only = _forgotten(backend, real, (STARTED_MARKER,))
 
-    assert await _ended(backend.follow("999999997", *ended)) == 6
+    assert await run_ended(backend.follow("999999997", *ended)) == 6
     with pytest.raises(RunOutcomeUnknown, match=r"Slurm forgot job 999999997 after it started; its outcome "
                                                 r"is unknown \(no exit status in .*/epoch-2\)"):
-        await _ended(backend.follow("999999997", *started_only))
+        await run_ended(backend.follow("999999997", *started_only))
 
 
 async def test_a_hung_or_missing_command_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -466,7 +449,7 @@ async def test_a_failed_sbatch_that_created_its_job_is_followed_but_a_refused_on
 
     made = await backend._submitted_anyway(job_name(taken.job_id, 1), lost)
     assert made is not None and made.job_id == taken.job_id
-    assert await _ended(backend.follow(made.slurm_id, taken.job_id, 1)) == 0
+    assert await run_ended(backend.follow(made.slurm_id, taken.job_id, 1)) == 0
     assert await backend._submitted_anyway(job_name(refused.job_id, 1), lost) is None
     assert await backend._submitted_anyway(job_name("never-submitted", 1), lost) is None
 
@@ -499,8 +482,8 @@ async def test_a_job_another_user_names_as_our_run_is_never_taken_for_it(
         assert await backend.kill_leftover(spec.job_id, 1) is False
         handle = await backend.launch(spec)
         assert handle.slurm_id != forged_id
-        assert await _ended(handle) == 5
-        assert _job(slurm_env, forged_id)["JobState"] in ("PENDING", "RUNNING", "COMPLETED")  # untouched
+        assert await run_ended(handle) == 5
+        assert slurm_job(slurm_env, forged_id)["JobState"] in ("PENDING", "RUNNING", "COMPLETED")  # untouched
     finally:
         slurm_env.run("scancel", forged_id, check=False)
 
@@ -517,7 +500,7 @@ async def test_slurm_a_longest_job_id_is_one_run_found_again_by_name(make_backen
     assert first.slurm_id == again.slurm_id
     assert [run.job_id for run in await backend.list_runs()] == [job]
     (Path(first.log_dir) / "go").touch()
-    assert await _ended(first) == 3
+    assert await run_ended(first) == 3
 
 
 async def test_slurm_commands_that_trap_term_fork_or_exit_143_end_as_they_said(make_backend) -> None:
@@ -531,10 +514,65 @@ async def test_slurm_commands_that_trap_term_fork_or_exit_143_end_as_they_said(m
     handles = {name: await backend.launch(RunSpec(f"{name}-{uuid.uuid4().hex[:8]}", 1, command))
                for name, (command, _) in specs.items()}
     for name, (_, code) in specs.items():
-        assert await _ended(handles[name]) == code, name
+        assert await run_ended(handles[name]) == code, name
         folder = Path(handles[name].log_dir)
         assert (folder / EXIT_STATUS_FILE).read_text() == f"{code}\n"
         assert (folder / STARTED_MARKER).read_text().strip() == handles[name].slurm_id
+
+
+# ---------------------------------------------------------------- the run contract (docs/design.md §3.7)
+
+# A checkpoint that takes longer than our cluster's KillWait (5 s): a plain scancel would
+# SIGKILL it half way; the run's grace (10 s) leaves it time to finish.
+CHECKPOINT_S = 6
+# Stopped by SIGTERM, it checkpoints (a line in ``ckpt``, in its run folder) and exits 0.
+CHECKPOINTS = ["sh", "-c", f'trap "sleep {CHECKPOINT_S}; echo checkpoint >> ckpt; exit 0" TERM; '
+                           "touch ready; sleep 300 & wait"]
+IGNORES_TERM = ["sh", "-c", 'trap "" TERM; touch ready; sleep 300 & wait']
+
+
+async def test_a_stopped_run_gets_sigterm_and_its_grace_and_slurm_a_time_limit_past_the_agents(
+    backend: SlurmBackend, slurm_env: SlurmCluster,
+) -> None:
+    checkpoints = await backend.launch(_spec(CHECKPOINTS, grace_s=10, time_limit_s=90))
+    ignores = await backend.launch(_spec(IGNORES_TERM, grace_s=2))
+    for handle in (checkpoints, ignores):
+        ready = Path(handle.log_dir) / "ready"
+        await eventually(lambda ready=ready: asyncio.to_thread(ready.exists), "the command to trap SIGTERM")
+    # The agent stops it at 90 s; Slurm's backstop, in whole minutes: ceil((90 + 10) / 60) + 1.
+    assert slurm_job(slurm_env, checkpoints.slurm_id)["TimeLimit"] == "00:03:00"
+    assert slurm_job(slurm_env, ignores.slurm_id)["TimeLimit"] != "00:03:00"  # no limit of its own: the partition's
+
+    await asyncio.gather(checkpoints.kill(grace_s=10), ignores.kill(grace_s=2))
+
+    # SIGTERM first, and time to finish its checkpoint: then it ended, killed.
+    assert await run_ended(checkpoints) == KILLED_EXIT_CODE
+    run_dir = Path(checkpoints.log_dir)
+    assert (run_dir / "ckpt").read_text() == "checkpoint\n"
+    assert (run_dir / EXIT_STATUS_FILE).read_text() == "-15\n"
+    _assert_stopped(slurm_job(slurm_env, checkpoints.slurm_id), within_grace=True)
+    # SIGTERM ignored: cancelled once its grace passed, and killed all the same.
+    assert await run_ended(ignores) == KILLED_EXIT_CODE
+    _assert_stopped(slurm_job(slurm_env, ignores.slurm_id), within_grace=False)
+
+
+async def test_a_run_stopped_before_slurm_runs_it_is_cancelled_at_once(backend: SlurmBackend,
+                                                                       slurm_env: SlurmCluster) -> None:
+    """Slurm signals only running jobs: a pending one is cancelled without waiting its grace."""
+    gpus = parse_gres(slurm_env.gres)[0].get("gpu", 0)
+    if not gpus:
+        pytest.skip("needs a node with GPUs, to hold them all")
+    holder = await backend.launch(_spec(["sleep", "300"], resources={"cpu": 1, "gpu": gpus}))
+    await _running(slurm_env, holder.slurm_id)
+    handle = await backend.launch(_spec(["true"], resources={"cpu": 1, "gpu": 1}, grace_s=600))
+    assert slurm_job(slurm_env, handle.slurm_id)["JobState"] == "PENDING"  # every GPU is the holder's
+
+    await asyncio.wait_for(handle.kill(grace_s=600), JOB_TIMEOUT_S)  # not the grace: a bound on a hang
+
+    assert await run_ended(handle) == KILLED_EXIT_CODE
+    assert slurm_job(slurm_env, handle.slurm_id)["JobState"] == "CANCELLED"
+    await holder.kill(grace_s=1)
+    assert await run_ended(holder) == KILLED_EXIT_CODE
 
 
 # ---------------------------------------------------------------- last: the run with a time limit
@@ -549,10 +587,10 @@ async def test_a_run_past_its_time_limit_still_ends_timeout_with_sigterm(
     run = slurm_time_limited_run
     backend = SlurmBackend(run.work_root, run.peer_id, poll_interval_s=POLL_S)
     try:
-        assert await _ended(backend.follow(run.slurm_id, run.job_id, 1)) == -15
+        assert await run_ended(backend.follow(run.slurm_id, run.job_id, 1)) == -15
     finally:
         await backend.close()
-    assert _job(slurm_env, run.slurm_id)["JobState"] == "TIMEOUT"
+    assert slurm_job(slurm_env, run.slurm_id)["JobState"] == "TIMEOUT"
     assert (backend.run_dir(run.job_id, 1) / EXIT_STATUS_FILE).read_text() == "-15\n"
 
 
@@ -567,7 +605,7 @@ async def test_a_job_runs_in_a_fresh_copy_of_its_workspace_and_leaves_its_output
     (workspace / "data.txt").write_text("from the workspace")
     spec = _spec(["python3", "-c", WORKSPACE_SCRIPT], workspace=workspace)
     handle = await backend.launch(spec)
-    assert await _ended(handle) == 0, (Path(handle.log_dir) / "stderr").read_text()
+    assert await run_ended(handle) == 0, (Path(handle.log_dir) / "stderr").read_text()
     [(task, outputs)] = backend.output_dirs(spec.job_id, spec.epoch, 1)
     text = (outputs / "seen.txt").read_text()
     assert task == 0 and text == f"from the workspace {Path(handle.log_dir) / 'workspace'}"

@@ -15,7 +15,7 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -33,27 +33,34 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
 )
 from irisfed.services.peer_agent.backends.slurm import SlurmBackend
-from irisfed.services.peer_agent.backends.slurm_text import (
-    EXIT_STATUS_FILE,
-    STARTED_MARKER,
+from irisfed.services.peer_agent.backends.slurm_nodes import (
     feature_attribute,
-    job_name,
     parse_features,
     parse_gres,
 )
+from irisfed.services.peer_agent.backends.slurm_text import (
+    EXIT_STATUS_FILE,
+    STARTED_MARKER,
+    job_name,
+)
 from irisfed.shared.lifecycle import TERMINAL_STATES
 from irisfed.tooling.engines.slurm import SlurmCluster
-from irisfed.tooling.federation import Peer, render_config
+from irisfed.tooling.federation import Peer
 from tests.e2e.conftest import federation  # noqa: F401 - the federation of service processes
 from tests.engines.fixtures import _unavailable
+from tests.infra.slurm_runs import (
+    JOB_TIMEOUT_S,
+    eventually,
+    in_environment,
+    run_ended,
+    slurm_backends,
+    slurm_job,
+)
 from tests.infra.waiting import wait_for
 
-# A bound on a hang of a slow shared machine, not an expectation (a gang takes ~3 s).
-JOB_TIMEOUT_S = 180.0
-POLL_S = 0.2
-
-# Each task: prints what it was told, then task 0 listens on the coordinator's port and
-# reads one line, which task 1 (retrying until task 0 listens) sends it.
+# A gang takes ~3 s (JOB_TIMEOUT_S bounds a hang). Each task: prints what it was told,
+# then task 0 listens on the coordinator's port and reads one line, which task 1
+# (retrying until task 0 listens) sends it.
 RENDEZVOUS = r"""
 import json, os, socket, sys, time
 env = {k: v for k, v in os.environ.items() if k.startswith("IRISFED_")}
@@ -82,27 +89,16 @@ def gangs_cluster(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) 
     """The session's cluster, in the environment; it must have a partition of several nodes."""
     if not slurm_cluster.gang_partition:
         _unavailable("the given Slurm cluster has no partition of two nodes or more (gangs)")
-    for name, value in slurm_cluster.env.items():
-        monkeypatch.setenv(name, value)
-    return slurm_cluster
+    return in_environment(slurm_cluster, monkeypatch)
 
 
 @pytest.fixture
 async def make_backend(gangs_cluster: SlurmCluster, tmp_path: Path) -> AsyncIterator[Callable[..., SlurmBackend]]:
     """New SlurmBackend objects (an agent run each) on the gang partition and one work
     folder, all of one peer; all closed at the end."""
-    peer_id = f"peer-{uuid.uuid4().hex[:8]}"
-    made: list[SlurmBackend] = []
-
-    def make() -> SlurmBackend:
-        backend = SlurmBackend(tmp_path / "work", peer_id, partition=gangs_cluster.gang_partition,
-                               poll_interval_s=POLL_S)
-        made.append(backend)
-        return backend
-
-    yield make
-    for backend in made:
-        await backend.close()
+    async with slurm_backends(tmp_path / "work", f"peer-{uuid.uuid4().hex[:8]}",
+                              gangs_cluster.gang_partition) as make:
+        yield make
 
 
 @pytest.fixture
@@ -113,26 +109,6 @@ def backend(make_backend: Callable[..., SlurmBackend]) -> SlurmBackend:
 def _gang(command: list[str], replicas: int = 2, **kwargs) -> RunSpec:
     kwargs.setdefault("resources", {"cpu": 1, "memory_mb": 256})
     return RunSpec(f"gang-{uuid.uuid4().hex[:8]}", 1, command, replicas=replicas, **kwargs)
-
-
-async def _ended(handle) -> int:
-    return await asyncio.wait_for(handle.wait(), JOB_TIMEOUT_S)
-
-
-async def _eventually(check: Callable[[], Awaitable[object]], what: str) -> object:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + JOB_TIMEOUT_S
-    while loop.time() < deadline:
-        if result := await check():
-            return result
-        await asyncio.sleep(POLL_S)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _job(cluster: SlurmCluster, slurm_id: str) -> dict[str, str]:
-    job = cluster.job(slurm_id)
-    assert job is not None, f"Slurm forgot job {slurm_id}"
-    return job
 
 
 def _hostnames(cluster: SlurmCluster, hostlist: str) -> list[str]:
@@ -157,9 +133,9 @@ async def test_a_two_task_gang_is_one_slurm_job_with_a_task_on_each_node_that_me
     handle = await backend.launch(spec)
     await asyncio.wait_for(handle.started.wait(), JOB_TIMEOUT_S)
 
-    assert await _ended(handle) == 0
+    assert await run_ended(handle) == 0
     assert _jobs_named(gangs_cluster, spec) == [handle.slurm_id]  # one Slurm job ...
-    job = _job(gangs_cluster, handle.slurm_id)
+    job = slurm_job(gangs_cluster, handle.slurm_id)
     assert (job["JobState"], job["NumNodes"], job["NumTasks"]) == ("COMPLETED", "2", "2"), job  # ... of two tasks
     nodes = _hostnames(gangs_cluster, job["NodeList"])
     tasks = handle.tasks()
@@ -196,8 +172,8 @@ async def test_group_by_keeps_a_gang_on_nodes_sharing_one_value(
 
     handle = await backend.launch(spec)
 
-    assert await _ended(handle) == 0
-    job = _job(gangs_cluster, handle.slurm_id)
+    assert await run_ended(handle) == 0
+    job = slurm_job(gangs_cluster, handle.slurm_id)
     assert job["Features"] == "[" + "|".join(sorted({f for listed in features.values() for f in listed
                                                      if feature_attribute(f)[0] == "rack"})) + "]", job
     nodes = _hostnames(gangs_cluster, job["NodeList"])
@@ -218,16 +194,41 @@ async def test_a_task_exiting_1_fails_the_gang_and_slurm_ends_its_sibling(
                            "while [ ! -e ../task-0/ready ]; do sleep 0.1; done; exit 1"]
     handle = await backend.launch(_gang(command))
 
-    assert await _ended(handle) == 1
-    job = _job(gangs_cluster, handle.slurm_id)
+    assert await run_ended(handle) == 1
+    job = slurm_job(gangs_cluster, handle.slurm_id)
     assert (job["JobState"], job["ExitCode"]) == ("FAILED", "1:0"), job
     assert _steps_of(gangs_cluster, handle.slurm_id) == ""  # no step left running
     tasks = handle.tasks()
     assert [(t.index, t.state, t.exit_code) for t in tasks] == [(0, TASK_KILLED, KILLED_EXIT_CODE),
-                                                                 (1, TASK_FAILED, 1)]
+                                                                (1, TASK_FAILED, 1)]
     assert (Path(tasks[0].log_path) / "term").read_text() == "got-term\n"  # Slurm's SIGTERM reached it
     stderr = (Path(handle.log_dir) / "stderr").read_text()
     assert "task 1: Exited with exit code 1" in stderr, stderr  # srun's own account
+
+
+async def test_a_stopped_gangs_tasks_get_sigterm_and_their_grace_and_slurm_a_time_limit(
+    backend: SlurmBackend, gangs_cluster: SlurmCluster,
+) -> None:
+    """docs/design.md §3.7 on Slurm: each task gets SIGTERM (never through srun, which
+    would turn it into SIGKILL at once) and the run's grace to checkpoint, longer than our
+    cluster's KillWait (5 s) after which a plain scancel would have SIGKILLed it."""
+    command = ["sh", "-c", 'trap "sleep 6; echo checkpoint >> ckpt; exit 0" TERM; touch ready; sleep 300 & wait']
+    handle = await backend.launch(_gang(command, grace_s=10, time_limit_s=90))
+    await asyncio.wait_for(handle.started.wait(), JOB_TIMEOUT_S)
+    folders = [Path(handle.log_dir) / f"task-{index}" for index in range(2)]
+    await eventually(lambda: asyncio.to_thread(lambda: all((f / "ready").exists() for f in folders)),
+                     "every task to trap SIGTERM")
+    assert slurm_job(gangs_cluster, handle.slurm_id)["TimeLimit"] == "00:03:00"  # ceil((90 + 10) / 60) + 1
+
+    await handle.kill(grace_s=10)
+
+    assert await run_ended(handle) == KILLED_EXIT_CODE
+    assert [(t.state, t.exit_code) for t in handle.tasks()] == [(TASK_KILLED, KILLED_EXIT_CODE)] * 2
+    assert [(f / "ckpt").read_text() for f in folders] == ["checkpoint\n"] * 2
+    job = slurm_job(gangs_cluster, handle.slurm_id)
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "0:15"), job  # ended by SIGTERM, in its grace
+    assert "forcing job termination" not in (Path(handle.log_dir) / "stderr").read_text()  # srun kept out
+    assert _steps_of(gangs_cluster, handle.slurm_id) == ""
 
 
 async def test_a_gang_whose_tasks_cannot_all_start_in_time_is_lost_and_its_slurm_job_gone(
@@ -242,8 +243,8 @@ async def test_a_gang_whose_tasks_cannot_all_start_in_time_is_lost_and_its_slurm
         "sbatch", "--parsable", "-J", "outside-work", "-p", gangs_cluster.gang_partition, "-w", busy_node,
         "-c", cpus, "--mem=64", "-D", str(tmp_path), "-o", "/dev/null", "--wrap", "sleep 300").strip().split(";")[0]
     try:
-        await _eventually(lambda: asyncio.to_thread(lambda: _job(gangs_cluster, blocker)["JobState"] == "RUNNING"),
-                          "the outside work to run")
+        await eventually(lambda: asyncio.to_thread(lambda: slurm_job(gangs_cluster, blocker)["JobState"] == "RUNNING"),
+                         "the outside work to run")
         replicas = len(gangs_cluster.gang_nodes)
         backend, first = make_backend(), make_backend()
         spec, adopted_spec = (_gang(["true"], replicas=replicas, start_timeout_s=3) for _ in range(2))
@@ -256,17 +257,17 @@ async def test_a_gang_whose_tasks_cannot_all_start_in_time_is_lost_and_its_slurm
         for run in (handle, adopted):
             with pytest.raises(RunLost, match=rf"its {replicas} tasks did not all start within 3s: "
                                               rf"Slurm job {run.slurm_id} was still PENDING( \(\w+\))?, cancelled"):
-                await _ended(run)
+                await run_ended(run)
             assert not run.started.is_set()
-            job = _job(gangs_cluster, run.slurm_id)
+            job = slurm_job(gangs_cluster, run.slurm_id)
             assert job["JobState"] == "CANCELLED", job
             assert [t.state for t in run.tasks()] == [TASK_LOST] * replicas
         assert await backend.list_runs() == []
     finally:
         gangs_cluster.run("scancel", blocker, check=False)
-    await _eventually(lambda: asyncio.to_thread(lambda: _job(gangs_cluster, blocker)["JobState"] != "COMPLETING"
-                                                and _job(gangs_cluster, blocker)["JobState"] != "RUNNING"),
-                      "the outside work to end")
+    await eventually(lambda: asyncio.to_thread(lambda: slurm_job(gangs_cluster, blocker)["JobState"] != "COMPLETING"
+                                               and slurm_job(gangs_cluster, blocker)["JobState"] != "RUNNING"),
+                     "the outside work to end")
 
 
 # ---------------------------------------------------------------- adopted, killed
@@ -293,9 +294,13 @@ async def test_a_restarted_agent_adopts_a_gang_with_its_tasks_and_a_stale_one_is
     assert await restarted.kill_leftover(*_run_of(stale_run)) is True  # its epoch moved on: one scancel ends it
     (Path(launched.log_dir) / "go").touch()
 
-    assert await _ended(adopted) == 0
+    assert await run_ended(adopted) == 0
     assert [t.state for t in adopted.tasks()] == [TASK_SUCCEEDED, TASK_SUCCEEDED]
-    assert _job(gangs_cluster, stale.slurm_id)["JobState"] == "CANCELLED"
+    # A scancel landing while srun starts the step leaves the job COMPLETING a few seconds.
+    async def settled() -> str | None:
+        state = (await asyncio.to_thread(slurm_job, gangs_cluster, stale.slurm_id))["JobState"]
+        return None if state == "COMPLETING" else state
+    assert await wait_for(settled, "the stale gang's job to finish completing") == "CANCELLED"
     assert _steps_of(gangs_cluster, stale.slurm_id) == ""
     assert await restarted.list_runs() == []
 
@@ -345,7 +350,7 @@ async def test_discover_returns_node_groups_matching_scontrol_also_while_a_gang_
         after = await asyncio.to_thread(_expected_groups, gangs_cluster)
         return (before, found) if before == after == _groups(found) else None
 
-    idle, found = await _eventually(matches, "discover() to agree with scontrol")
+    idle, found = await eventually(matches, "discover() to agree with scontrol")
     assert sum(count for count, _ in idle) == len(gangs_cluster.gang_nodes)
     assert found.resources["cpu"][0] == sum(int(gangs_cluster.node(n)["CPUTot"]) for n in gangs_cluster.gang_nodes)
     if gangs_cluster.folder is not None:  # our own cluster: its shape is known
@@ -354,16 +359,18 @@ async def test_discover_returns_node_groups_matching_scontrol_also_while_a_gang_
 
     handle = await backend.launch(_gang(["sleep", "300"], resources={"cpu": 1, "memory_mb": 512, "gpu": 1}))
     await asyncio.wait_for(handle.started.wait(), JOB_TIMEOUT_S)
-    _, found = await _eventually(matches, "discover() to agree with scontrol while the gang runs")
+    _, found = await eventually(matches, "discover() to agree with scontrol while the gang runs")
     gpu_free = sorted(group["resources"]["gpu"]["free"] for group in found.nodes for _ in range(group["count"]))
     gpu_total = [group["resources"]["gpu"]["total"] for group in found.nodes]
     if gangs_cluster.folder is not None:
         assert gpu_free == [1, 1, 2] and set(gpu_total) == {2}, found.nodes  # a GPU held on each of two nodes
 
     await handle.kill(grace_s=1)
-    assert await _ended(handle) == KILLED_EXIT_CODE
+    assert await run_ended(handle) == KILLED_EXIT_CODE
     assert [t.state for t in handle.tasks()] == [TASK_KILLED, TASK_KILLED]
-    assert _job(gangs_cluster, handle.slurm_id)["JobState"] == "CANCELLED"
+    job = slurm_job(gangs_cluster, handle.slurm_id)
+    # SIGTERM ended it within its grace (FAILED by the signal), or scancel did after it.
+    assert (job["JobState"], job["ExitCode"]) in (("FAILED", "0:15"), ("CANCELLED", "0:15"), ("CANCELLED", "0:9")), job
 
 
 # ---------------------------------------------------------------- through a federation
@@ -378,10 +385,8 @@ async def test_a_federation_places_a_gang_on_the_slurm_peer_s_nodes_and_records_
     naming nodes."""
     if gangs_cluster.folder is None:
         pytest.skip("needs our own cluster's racks")
-    federation.config_path.write_text(render_config(
-        [Peer("gpu-west", slots=8, backend="slurm", slurm_partition=gangs_cluster.gang_partition)],
-        local_cluster="gpu-west", subject_prefix=federation.prefix, heartbeat_interval_s=0.25, heartbeat_ttl_s=1.5,
-        tick_interval_s=0.25, assign_grace_s=1.0))
+    federation.configure([Peer("gpu-west", slots=8, backend="slurm", slurm_partition=gangs_cluster.gang_partition)],
+                         local="gpu-west")
     await federation.start_federation()
     federation.start("gpu-west", "--backend", "slurm", "--poll-interval", "0.25", env=gangs_cluster.env)
     await federation.wait_agent("gpu-west")
@@ -425,7 +430,7 @@ async def test_each_task_of_a_gang_runs_in_its_own_workspace_copy_with_its_own_o
               "out.joinpath('seen.txt').write_text(pathlib.Path('data.txt').read_text() + ' ' + os.getcwd())")
     spec = _gang(["python3", "-c", script], workspace=workspace)
     handle = await backend.launch(spec)
-    assert await _ended(handle) == 0
+    assert await run_ended(handle) == 0
     dirs = backend.output_dirs(spec.job_id, spec.epoch, 2)
     assert [task for task, _ in dirs] == [0, 1]
     for task, outputs in dirs:

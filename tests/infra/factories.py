@@ -9,6 +9,7 @@ import msgspec
 
 from irisfed.services.common.store import Store
 from irisfed.services.router.plan import plan_new_job, route
+from irisfed.services.tick.service import Tick
 from irisfed.shared.config import FederationConfig, parse_config
 from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
 from irisfed.shared.messages import SubmitRequest
@@ -38,6 +39,15 @@ def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> New
     return job
 
 
+def banded_job(band: str = "interactive", cpu: float = 1, user: str = "default", **request_fields) -> NewJob:
+    """A queued job of ``band`` asking ``cpu`` CPUs; ``user``'s (stored as
+    ``<user>:<job_id>``) unless the default user."""
+    job = make_job(resources={"cpu": cpu}, band=band, **request_fields)
+    if user != "default":
+        job = msgspec.structs.replace(job, user_id=user, job_id=f"{user}:{job.job_id}")
+    return job
+
+
 def user_job(user: str, job_id: str, **request_fields) -> NewJob:
     """``user``'s queued job ``job_id`` as the router builds it from that user's subject
     (stored as ``<user>:<job_id>``)."""
@@ -63,6 +73,34 @@ async def start_jobs(store: Store, jobs: list[NewJob], peer: str, epoch: int = 1
     return await store.job_start_batch(peer, [(j.job_id, epoch, None, "started") for j in jobs])
 
 
+async def start_in_order(store: Store, jobs: list[NewJob], peer: str = "gpu-west") -> None:
+    """Insert, assign and start ``jobs`` on ``peer``, one at a time (their start order is theirs)."""
+    await insert_jobs(store, jobs)
+    for j in jobs:
+        await assign_jobs(store, [j], peer)
+        assert j.job_id in await start_jobs(store, [j], peer)
+
+
+async def tick_for(pool, **config) -> Tick:
+    """A tick on ``pool`` (no NATS) with ``make_config(**config)``, heartbeats trusted for
+    two minutes, its view of the peers read."""
+    tick = Tick(make_config(heartbeat_ttl_s=120.0, **config), pool, None)
+    await tick.refresh_view()
+    return tick
+
+
+async def preempt(store: Store, victims: list[NewJob], preemptor: NewJob, peer: str = "gpu-west") -> None:
+    """What the tick's commit does: lock the running ``victims`` (epoch 1), preempt them for
+    ``preemptor`` and place it on ``peer`` with the history detail naming them."""
+    async with store.transaction() as tx:
+        locked = await tx.job_lock_victims([(v.job_id, "running", 1, peer) for v in victims])
+        assert locked == {v.job_id for v in victims}
+        moved = await tx.job_preempt_batch([(v.job_id, "running", 1, peer, preemptor.job_id) for v in victims])
+        assert len(moved) == len(victims)
+        detail = "placed; preempted " + ", ".join(v.job_id for v in victims)
+        assert await tx.job_assign_batch([(preemptor.job_id, 0, peer, "main")], {preemptor.job_id: detail})
+
+
 async def running_job(admin: Store, peer: str, agent: Store | None = None, **fields) -> str:
     """A new job assigned to ``peer`` (epoch 1) and accepted by it (through ``agent``'s
     role, else ``admin``'s); its id."""
@@ -73,12 +111,17 @@ async def running_job(admin: Store, peer: str, agent: Store | None = None, **fie
     return job.job_id
 
 
-async def running_jobs(store: Store, count: int, peer: str = "gpu-west") -> list[str]:
-    """``count`` new jobs placed on ``peer`` (epoch 1) and accepted there; their ids."""
-    jobs = [make_job() for _ in range(count)]
+async def start_all(store: Store, jobs: list[NewJob], peer: str = "gpu-west") -> None:
+    """Insert ``jobs`` and take them to running on ``peer`` (epoch 1; batched, with their changelog)."""
     await insert_jobs(store, jobs)
     await assign_jobs(store, jobs, peer)
     await start_jobs(store, jobs, peer)
+
+
+async def running_jobs(store: Store, count: int, peer: str = "gpu-west") -> list[str]:
+    """``count`` new jobs placed on ``peer`` (epoch 1) and accepted there; their ids."""
+    jobs = [make_job() for _ in range(count)]
+    await start_all(store, jobs, peer)
     return [j.job_id for j in jobs]
 
 
@@ -90,11 +133,17 @@ async def advertise(store: Store, peer_id: str, slots: int = 2, run_id: str = "r
 
 
 async def advertise_resources(store: Store, peer_id: str, resources: dict, slots: int = 8,
-                              backend: str = "main") -> None:
+                              backend: str = "main", seq: int = 1) -> None:
     """``peer_id`` advertises one backend with ``resources`` ({name: total}, all free)."""
     backends = [{"name": backend, "attributes": {}, "capacity": {"total": slots, "free": slots},
                  "resources": {k: {"total": v, "free": v} for k, v in resources.items()}}]
-    await store.peer_heartbeat_upsert(peer_id, "run-1", 1, backends, 60.0, datetime.now(UTC))
+    await store.peer_heartbeat_upsert(peer_id, "run-1", seq, backends, 60.0, datetime.now(UTC))
+
+
+async def advertise_cpus(store: Store, peer_id: str = "gpu-west", cpus: int = 4, slots: int = 8,
+                         seq: int = 1) -> None:
+    """``peer_id`` advertises ``cpus`` free CPUs and ``slots`` free slots."""
+    await advertise_resources(store, peer_id, {"cpu": cpus}, slots, seq=seq)
 
 
 class Msg:

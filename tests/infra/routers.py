@@ -34,16 +34,36 @@ class RouterThread:
         self.router = Router(make_config(subject_prefix=self.prefix, **self.config), self.pool, self.service_nc)
         await self.router.start()
 
-    async def _request(self, verb: str, body: bytes) -> dict:
-        reply = await self.client.request(f"{self.prefix}.{verb}", body, timeout=10)
-        return json.loads(reply.data)
+    async def _reply(self, subject: str, data: bytes, timeout: float) -> bytes:
+        return (await self.client.request(f"{self.prefix}.{subject}", data, timeout=timeout)).data
 
     def request(self, verb: str, body: bytes) -> dict:
-        return self.run(self._request(verb, body))
+        """The decoded reply to the raw ``body`` on ``<prefix>.<verb>``."""
+        return json.loads(self.run(self._reply(verb, body, 10)))
+
+    def reply_to(self, subject: str, body: dict, timeout: float = 20) -> bytes:
+        """The raw reply to ``body`` (sent as JSON) on ``<prefix>.<subject>`` (``submit.alice`` ...)."""
+        return self.run(self._reply(subject, json.dumps(body).encode(), timeout))
+
+    def ask(self, subject: str, body: dict, timeout: float = 20) -> dict:
+        """The decoded reply to ``body`` (sent as JSON) on ``<prefix>.<subject>``."""
+        return json.loads(self.reply_to(subject, body, timeout))
 
     def rows(self) -> int:
+        """How many jobs and changelog rows the database holds."""
         return self.run(self.pool.fetchval(
             "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM federation_changelog)"))
+
+    def written(self) -> tuple[int, ...]:
+        """How many rows every table a submit (or a tick) writes holds."""
+        return tuple(self.run(self.pool.fetchval(f"SELECT count(*) FROM {table}")) for table in (
+            "jobs", "federation_changelog", "job_explanations", "job_listing", "federation_sync_state"))
+
+    def __enter__(self) -> RouterThread:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         async def stop() -> None:

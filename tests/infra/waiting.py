@@ -26,8 +26,3 @@ async def wait_for(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-async def holds(value: T) -> T:
-    """``value`` as a probe for ``wait_for``: ``wait_for(lambda: holds(x == y), ...)``."""
-    return value

@@ -7,14 +7,11 @@ import re
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
-import msgspec
 
 from irisfed.services.common.store import Store
 from irisfed.services.web.service import WebService
 from irisfed.services.web.settings import Secret, WebSettings
-from irisfed.shared.records import NewJob
-from irisfed.shared.users import stored_job_id
-from tests.infra.factories import make_config, make_job
+from tests.infra.factories import make_config
 
 TOKEN = "operator-token-for-tests-0123456789"
 
@@ -38,11 +35,24 @@ def client_for(web: WebService) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=web.app), base_url="http://testserver")
 
 
-def user_job(user: str, job_id: str, **fields) -> NewJob:
-    """``user``'s job ``job_id`` as the router would build it: stored as ``<user>:<job_id>``
-    (the default user's bare), queued unless told."""
-    job = make_job(job_id=job_id, **fields)
-    return msgspec.structs.replace(job, job_id=stored_job_id(user, job_id), user_id=user)
+async def ok_page(client: httpx.AsyncClient, path: str) -> str:
+    """The HTML of page ``path``, which must answer 200."""
+    page = await client.get(path)
+    assert page.status_code == 200, (path, page.text[:500])
+    return page.text
+
+
+async def page_text(pool, nc, prefix: str, path: str, **web_settings) -> str:
+    """The HTML of dashboard page ``path`` (it must answer 200), from a dashboard started
+    for it (``running_web``'s settings)."""
+    async with running_web(pool, nc, prefix, **web_settings) as web, client_for(web) as client:
+        return await ok_page(client, path)
+
+
+def assert_shows(html: str, *fragments: str) -> None:
+    """Each of ``fragments`` is in ``html``, as written."""
+    for fragment in fragments:
+        assert fragment in html, f"{fragment!r} is not on the page"
 
 
 def job_ids(html: str) -> list[str]:

@@ -6,7 +6,9 @@ import pytest
 from irisfed.services.common.db_roles import apply_roles, peer_role
 from tests.infra.db_roles import ROLES, as_role
 from tests.infra.factories import make_config
+from tests.infra.probes import kill_group
 from tests.infra.routers import RouterThread
+from tests.infra.secured_nats import SECURED_PEERS, secured_server
 
 
 @pytest.fixture
@@ -38,3 +40,20 @@ def router(database_url, servers):
     running = RouterThread(database_url, servers.nats_url)
     yield running
     running.close()
+
+
+@pytest.fixture
+def launched():
+    """Process groups launched through a backend, killed by PID if a test leaves one."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        kill_group(pid)
+
+
+@pytest.fixture
+def secured_nats(tmp_path):
+    """``(auth, server)``: a nats-server of its own with irisfed's users and permissions
+    (peers ``SECURED_PEERS``), stopped after the test."""
+    with secured_server(tmp_path, SECURED_PEERS) as secured:
+        yield secured

@@ -82,7 +82,7 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
 
     expected = {
         retried: ("queued", 2, None),
-        out_of_retries: ("failed", 1, "gpu-west"),
+        out_of_retries: ("queued", 2, None),  # its agent's restart spends no retry (docs/design.md §3.7)
         cancelled: ("killed", 1, "gpu-west"),
         launch_failed: ("queued", 2, None),
     }
@@ -95,6 +95,8 @@ async def test_agent_role_requeues_fails_and_kills_its_own_running_jobs(
         [sync] = await admin.sync_state_get(job_id)
         assert (sync.peer_id, sync.changelog_seq, sync.epoch) == ("gpu-west", last.seq, epoch)
     assert (await admin.job_get(retried)).cancel_requested is False
+    assert [(await admin.job_get(j)).restarts for j in (retried, out_of_retries, cancelled, launch_failed)] == [
+        1, 1, 0, 0]
     assert agent.runs == {}
     # Handed back: the agent no longer sees the row, but still reads its history and
     # may leave a note in its own sync state (what a fenced stale copy does).
@@ -269,7 +271,10 @@ async def test_migration_0004_downgrades_to_0003_and_back(empty_database_url):
             "SELECT has_table_privilege('irisfed_agent', 'federation_changelog', 'INSERT')")
         assert not await conn.fetchval(
             "SELECT has_function_privilege('irisfed_svc_router', 'irisfed_job_end_run("
-            "text, text, bigint, text, text, integer)', 'EXECUTE')")
+            "text, text, bigint, text, text, integer, boolean)', 'EXECUTE')")
+        assert await conn.fetchval(
+            "SELECT has_function_privilege('irisfed_agent', 'irisfed_job_end_run("
+            "text, text, bigint, text, text, integer, boolean)', 'EXECUTE')")
     finally:
         await conn.close()
 

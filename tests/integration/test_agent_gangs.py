@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,14 +26,19 @@ from tests.infra.waiting import wait_for
 SLICES = (NodeSpec(2, {"cpu": 1}, {"slice": ("a",)}), NodeSpec(2, {"cpu": 1}, {"slice": ("b",)}))
 
 
-async def agent_for(pool, nc, prefix: str, tmp_path, timeout_s: float = 30.0) -> PeerAgent:
-    """A started agent (its loops running: reconcile every 50 ms, reports at once)."""
+@contextlib.asynccontextmanager
+async def agent_for(pool, nc, prefix: str, tmp_path, timeout_s: float = 30.0) -> AsyncIterator[PeerAgent]:
+    """A started agent (its loops running: reconcile every 50 ms, reports at once); closed
+    at the end."""
     spec = BackendSpec("main", "simulated", {}, 8, {}, nodes=SLICES)
     agent = PeerAgent(make_config(subject_prefix=prefix), pool, nc,
                       AgentSettings(peer_id="gpu-west", backends=(spec,), work_root=tmp_path / "work",
                                     reconcile_interval_s=0.05, report_linger_s=0.0, gang_start_timeout_s=timeout_s))
     await agent.start()
-    return agent
+    try:
+        yield agent
+    finally:
+        await agent.close()
 
 
 def gang(replicas: int = 2, seconds: float = 0.5, **fields):
@@ -46,10 +53,9 @@ async def state_of(store: Store, job_id: str):
 
 async def test_a_gang_is_running_only_once_its_tasks_all_run(pool, nats_client, subject_prefix, tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path)
-    hogs = [gang(seconds=30) for _ in range(2)]  # both slices busy
-    waiting = gang(seconds=0.1)
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path) as agent:
+        hogs = [gang(seconds=30) for _ in range(2)]  # both slices busy
+        waiting = gang(seconds=0.1)
         await insert_jobs(store, [*hogs, waiting])
         await assign_jobs(store, [*hogs, waiting], "gpu-west")
         await agent.reconcile()
@@ -69,17 +75,14 @@ async def test_a_gang_is_running_only_once_its_tasks_all_run(pool, nats_client, 
         assert [(t.task_index, t.state) for t in tasks] == [(0, "succeeded"), (1, "succeeded")]
         assert len({t.node for t in tasks}) == 2
         await assert_changelog_replays(store)
-    finally:
-        await agent.close()
 
 
 async def test_tasks_not_all_started_in_time_hand_the_gang_back_whole_then_fail_it(pool, nats_client, subject_prefix,
                                                                                   tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path, timeout_s=0.3)
-    hog = gang(replicas=4, seconds=60, max_retries=0)  # takes every node
-    late = gang(max_retries=1)
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path, timeout_s=0.3) as agent:
+        hog = gang(replicas=4, seconds=60, max_retries=0)  # takes every node
+        late = gang(max_retries=1)
         await insert_jobs(store, [hog, late])
         await assign_jobs(store, [hog], "gpu-west")
         await agent.reconcile()
@@ -98,16 +101,13 @@ async def test_tasks_not_all_started_in_time_hand_the_gang_back_whole_then_fail_
         row = await wait_for(lambda: _is_state(store, late.job_id, JobState.FAILED), "the late gang to fail")
         assert row.attempts == 2 and row.reason.endswith("no retries left"), row
         await assert_changelog_replays(store)
-    finally:
-        await agent.close()
 
 
 async def test_a_gang_cancelled_while_its_tasks_wait_never_runs(pool, nats_client, subject_prefix, tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path)
-    hog = gang(replicas=4, seconds=60)
-    late = gang()
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path) as agent:
+        hog = gang(replicas=4, seconds=60)
+        late = gang()
         await insert_jobs(store, [hog, late])
         await assign_jobs(store, [hog, late], "gpu-west")
         await agent.reconcile()
@@ -122,8 +122,6 @@ async def test_a_gang_cancelled_while_its_tasks_wait_never_runs(pool, nats_clien
         assert await state_of(store, late.job_id) is JobState.KILLED
         assert [r.to_state for r in await store.changelog_list_for_job(late.job_id)] == [
             JobState.QUEUED, JobState.ASSIGNED, JobState.KILLED]  # never running
-    finally:
-        await agent.close()
 
 
 def test_node_flags_parse_and_refuse_what_would_not_work():

@@ -7,8 +7,6 @@ point of the loop); every database effect is real.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import Move
 from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
 from tests.infra.flaky_nats import FlakyNats
+from tests.infra.probes import alive, kill_group, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -55,13 +54,6 @@ async def test_a_publish_failing_mid_batch_still_launches_every_accepted_job(poo
         await agent.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 async def _crash(agent: PeerAgent) -> None:
     """What SIGKILL leaves: the agent's tasks gone, its runs (own sessions) still running."""
     await agent.tasks.close()
@@ -89,11 +81,11 @@ async def test_a_restarted_agent_kills_leftovers_it_no_longer_owns_and_recovers_
         try:
             await second.reconcile()
             # Not ours any more: killed and recorded as a stale copy.
-            await wait_for(lambda: _async(not _alive(pids[moved_away.job_id])), "the moved job's copy to die")
+            await wait_for(lambda: returns(not alive(pids[moved_away.job_id])), "the moved job's copy to die")
             sync = {r.peer_id: r for r in await store.sync_state_get(moved_away.job_id)}
             assert sync["gpu-west"].note == "stale copy killed: epoch 1 superseded by 3"
             # Still ours at the same epoch: orphan recovery, as before (killed, requeued).
-            await wait_for(lambda: _async(not _alive(pids[still_ours.job_id])), "the orphan's copy to die")
+            await wait_for(lambda: returns(not alive(pids[still_ours.job_id])), "the orphan's copy to die")
             row = await store.job_get(still_ours.job_id)
             assert (row.state, row.epoch) == ("queued", 2)
             assert await second.backends["main"].list_runs() == []
@@ -101,9 +93,4 @@ async def test_a_restarted_agent_kills_leftovers_it_no_longer_owns_and_recovers_
             await second.close()
     finally:
         for pid in pids.values():
-            if _alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-
-
-async def _async(value):
-    return value
+            kill_group(pid)

@@ -73,7 +73,7 @@ async def test_every_database_function_writes_history_only_for_jobs_it_wrote(poo
     bodies = {r["proname"]: r["prosrc"] for r in await pool.fetch(
         "SELECT proname, prosrc FROM pg_proc WHERE prosrc ~* 'INSERT\\s+INTO\\s+federation_changelog'")}
     assert set(bodies) == {"irisfed_job_start_batch", "irisfed_job_finish_batch", "irisfed_job_end_run",
-                           "irisfed_job_hand_back"}
+                           "irisfed_job_hand_back", "irisfed_dependencies_settle"}
     assert {name: _unfed_inserts(sql) for name, sql in bodies.items()} == {name: [] for name in bodies}
 
 
@@ -116,7 +116,8 @@ async def test_no_role_may_switch_off_or_replace_what_keeps_history_with_jobs(po
     triggers = {r["tgname"] for r in await pool.fetch(
         "SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal")}
     assert triggers == {"jobs_deleted_drop_history", "jobs_id_never_changes", "jobs_truncated_drop_history",
-                        "jobs_deleted_drop_listing", "jobs_truncated_drop_listing", "jobs_listed_never_change"}
+                        "jobs_deleted_drop_listing", "jobs_truncated_drop_listing", "jobs_listed_never_change",
+                        "jobs_dependencies_settle", "jobs_array_release"}
     for name, conn in conns.items():
         attempts = ["SET session_replication_role = replica", "ALTER TABLE jobs DISABLE TRIGGER ALL",
                     "CREATE OR REPLACE FUNCTION public.jobs_deleted_drop_history() RETURNS trigger "
@@ -185,7 +186,7 @@ async def test_a_truncate_of_jobs_takes_history_along(pool):
     await pool.execute("TRUNCATE jobs CASCADE")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
     await running_job(admin, "gpu-west")
-    await pool.execute("TRUNCATE jobs, job_outputs, federation_sync_state")
+    await pool.execute("TRUNCATE jobs, job_outputs, job_dependencies, federation_sync_state")
     assert await pool.fetchval("SELECT count(*) FROM federation_changelog") == 0
     await assert_changelog_replays(admin)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import msgspec
 import pytest
@@ -20,69 +19,34 @@ from irisfed.jobs import job_view
 from irisfed.reads import JobReads
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
-from irisfed.shared.bands import band_rank
 from irisfed.shared.explain import explanation
 from irisfed.shared.records import Explanation
-from irisfed.shared.users import stored_job_id
-from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
+from tests.infra.cli_runs import bare_environment, cli_on
+from tests.infra.factories import assign_jobs, insert_jobs, preempt, start_jobs, user_job
 
-CONFIG = """
-local_cluster = "home"
-
-[[peers]]
-id = "home"
-
-[[peers]]
-id = "gpu-west"
-
-[[users]]
-id = "alice"
-max_band = "production"
-
-[[users]]
-id = "bob"
-max_band = "batch"
-"""
+USERS = [{"id": "alice", "max_band": "production"}, {"id": "bob", "max_band": "batch"}]
 CANNOT = ("no_free_capacity: gpu-west is full; cannot preempt: gpu-west runs only jobs of band interactive or "
           "above")
-
-
-def job_of(user: str, job_id: str, band: str = "interactive", **fields):
-    """A queued job of ``user`` in ``band``, as the router builds it."""
-    job = make_job(job_id=job_id, band=band, **fields)
-    return msgspec.structs.replace(job, job_id=stored_job_id(user, job_id), user_id=user, band=band_rank(band))
-
-
-async def preempt(store: Store, victims: list, preemptor, peer: str = "gpu-west") -> None:
-    """What the tick's commit does: lock the running ``victims`` (epoch 1), preempt them for
-    ``preemptor`` and place it on ``peer`` with the history detail naming them."""
-    async with store.transaction() as tx:
-        locked = await tx.job_lock_victims([(v.job_id, "running", 1, peer) for v in victims])
-        assert locked == {v.job_id for v in victims}
-        moved = await tx.job_preempt_batch([(v.job_id, "running", 1, peer, preemptor.job_id) for v in victims])
-        assert len(moved) == len(victims)
-        detail = "placed; preempted " + ", ".join(v.job_id for v in victims)
-        assert await tx.job_assign_batch([(preemptor.job_id, 0, peer, "main")], {preemptor.job_id: detail})
 
 
 async def populate(database_url: str) -> None:
     pool = await dbmod.connect(database_url, max_size=2)
     store = Store(pool)
     try:
-        batch = [job_of("bob", "batch-1", "batch"), job_of("bob", "batch-2", "batch"),
-                 job_of("bob", "last-1", "batch", max_preemptions=0)]
+        batch = [user_job("bob", "batch-1", band="batch"), user_job("bob", "batch-2", band="batch"),
+                 user_job("bob", "last-1", band="batch", max_preemptions=0)]
         await insert_jobs(store, batch)
         await assign_jobs(store, batch, "gpu-west")
         await start_jobs(store, batch, "gpu-west")
-        urgent = job_of("alice", "urgent-1", "production")
-        again = job_of("alice", "urgent-2", "production")
+        urgent = user_job("alice", "urgent-1", band="production")
+        again = user_job("alice", "urgent-2", band="production")
         await insert_jobs(store, [urgent, again])
         await preempt(store, batch[:2], urgent)  # two back to the queue
         await preempt(store, batch[2:], again)  # at its limit: it fails
         waiting = msgspec.structs.replace(
-            job_of("bob", "batch-9", "batch"),
+            user_job("bob", "batch-9", band="batch"),
             explanation=Explanation(msgspec.json.encode(explanation("tick", CANNOT))))
-        await insert_jobs(store, [waiting, job_of("default", "plain-1")])
+        await insert_jobs(store, [waiting, user_job("default", "plain-1")])
     finally:
         await pool.close()
 
@@ -91,17 +55,7 @@ async def populate(database_url: str) -> None:
 def cli(database_url, tmp_path, monkeypatch, capsys):
     """``cli(*args)`` → (exit code, stdout, stderr) of ``irisfed *args`` against a populated database."""
     asyncio.run(populate(database_url))
-    for name in [n for n in os.environ if n.startswith("IRISFED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)  # no .irisfed/connect.json here
-    (tmp_path / "federation.toml").write_text(CONFIG)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main([*args, "--database-url", database_url, "--config", "federation.toml"])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+    return cli_on(database_url, USERS, tmp_path, monkeypatch, capsys)
 
 
 def test_jobs_shows_each_jobs_band(cli):
@@ -203,20 +157,14 @@ def dry_cli(database_url, servers, tmp_path, monkeypatch, capsys):
         router.run(advertise(store, peer, slots=1, ttl_s=600, device_type="gpu"))
     router.run(router.router.refresh_view())
     victims = {peer: router.run(running_job(store, peer, band="batch")) for peer in ("gpu-west", "tpu-east")}
-    for name in [n for n in os.environ if n.startswith("IRISFED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-
-    def written() -> int:
-        return router.run(router.pool.fetchval(
-            "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM federation_changelog)"))
+    bare_environment(monkeypatch, tmp_path)
 
     def run(*args: str) -> tuple[int, str, str]:
-        before = written()
+        before = router.rows()
         code = main(["submit", "--nats-url", servers.nats_url, "--prefix", router.prefix, *args])
         captured = capsys.readouterr()
         if "--dry-run" in args:
-            assert written() == before, "a dry run wrote to Postgres"
+            assert router.rows() == before, "a dry run wrote to Postgres"
         return code, captured.out, captured.err
 
     try:

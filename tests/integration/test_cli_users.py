@@ -8,52 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import msgspec
 import pytest
 
-from irisfed.cli import main
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.store import Store
 from irisfed.shared.explain import explanation
 from irisfed.shared.records import Explanation
-from irisfed.shared.users import stored_job_id
+from tests.infra.cli_runs import cli_on
 from tests.infra.factories import (
     advertise,
     advertise_resources,
     assign_jobs,
     insert_jobs,
-    make_job,
     start_jobs,
+    user_job,
 )
 
-CONFIG = """
-local_cluster = "home"
-
-[[peers]]
-id = "home"
-
-[[peers]]
-id = "gpu-west"
-
-[[users]]
-id = "alice"
-weight = 2.0
-quota = { gpu = 2 }
-
-[[users]]
-id = "bob"
-max_band = "batch"
-quota = { cpu = 8, slots = 3 }
-"""
+USERS = [{"id": "alice", "weight": 2.0, "quota": {"gpu": 2}},
+         {"id": "bob", "max_band": "batch", "quota": {"cpu": 8, "slots": 3}}]
 QUOTA_RULE = "quota: this job's 1 gpu would take alice over its quota of 2 gpu"
-
-
-def job_of(user: str, job_id: str, **fields):
-    """A queued job of ``user`` (its stored id ``user:job_id``) as the router builds it."""
-    job = make_job(job_id=job_id, **fields)
-    return msgspec.structs.replace(job, job_id=stored_job_id(user, job_id), user_id=user)
 
 
 async def populate(database_url: str) -> None:
@@ -61,13 +36,13 @@ async def populate(database_url: str) -> None:
     store = Store(pool)
     try:
         gpu = {"resources": {"gpu": 1, "cpu": 1.5}}
-        running = [job_of("alice", "train-1", **gpu), job_of("default", "plain-1")]
-        assigned = [job_of("alice", "train-2", **gpu)]
-        done = [job_of("alice", "old-1", resources={"gpu": 2})]
+        running = [user_job("alice", "train-1", **gpu), user_job("default", "plain-1")]
+        assigned = [user_job("alice", "train-2", **gpu)]
+        done = [user_job("alice", "old-1", resources={"gpu": 2})]
         waiting = msgspec.structs.replace(
-            job_of("alice", "train-3", **gpu),
+            user_job("alice", "train-3", **gpu),
             explanation=Explanation(msgspec.json.encode(explanation("tick", QUOTA_RULE, code="quota"))))
-        queued = [waiting, job_of("carol", "left-1")]  # carol: no longer configured, still has a job
+        queued = [waiting, user_job("carol", "left-1")]  # carol: no longer configured, still has a job
         await insert_jobs(store, running + assigned + done + queued)
         await assign_jobs(store, running + assigned + done, "gpu-west")
         await start_jobs(store, running + done, "gpu-west")
@@ -82,21 +57,10 @@ async def populate(database_url: str) -> None:
 
 @pytest.fixture
 def cli(database_url, tmp_path, monkeypatch, capsys):
-    """``cli(*args)`` → (exit code, stdout, stderr) of ``irisfed *args`` against a populated
-    database; ``--config`` names the users' TOML unless ``config=False``."""
+    """``cli(*args, config=True)`` → (exit code, stdout, stderr) of ``irisfed *args`` against a
+    populated database; ``--config`` names the users' TOML unless ``config=False``."""
     asyncio.run(populate(database_url))
-    for name in [n for n in os.environ if n.startswith("IRISFED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)  # no .irisfed/connect.json here
-    (tmp_path / "federation.toml").write_text(CONFIG)
-
-    def run(*args: str, config: bool = True) -> tuple[int, str, str]:
-        flags = ["--database-url", database_url] + (["--config", "federation.toml"] if config else [])
-        code = main([*args, *flags])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+    return cli_on(database_url, USERS, tmp_path, monkeypatch, capsys)
 
 
 def test_users_shows_usage_against_quota_weight_share_and_counts(cli):

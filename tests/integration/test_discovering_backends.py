@@ -18,7 +18,8 @@ from irisfed.services.peer_agent.backends import Discovered
 from irisfed.services.peer_agent.backends.simulated import SimulatedBackend
 from irisfed.services.peer_agent.service import AgentSettings, BackendSpec, PeerAgent
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, decode_internal, encoder
-from irisfed.shared.placement import QueuedJob, assign_queued
+from irisfed.shared.placement import assign_queued
+from irisfed.shared.rooms import QueuedJob
 from tests.infra.factories import advertise, make_config
 from tests.infra.web import client_for, running_web
 

@@ -5,20 +5,18 @@ the dashboard's job page: literally, never as terminal control, markup or HTML
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
-from rich.console import Console
 
 from irisfed.cli import views
 from irisfed.cli.connect import print_json
 from irisfed.jobs import task_views
 from irisfed.services.common.store import Store
 from tests.infra.factories import assign_jobs, insert_jobs, make_job
-from tests.infra.web import client_for, running_web
+from tests.infra.terminal import ESC, job_table
+from tests.infra.web import page_text
 
-ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"  # retitle the terminal, clear it, turn it red
 NODES = [f"{ESC}node", "<script>alert(1)</script>", "[bold]x[/] [link=http://evil]y[/link] :smile:",
          "\u202eevil\u202c", "line\nbreak\ttab"]
 LOG = f"/tmp/{ESC}<img src=x onerror=alert(1)>"
@@ -52,9 +50,7 @@ async def test_irisfed_job_shows_hostile_task_strings_inert_in_every_mode(pool, 
     job, history = await store.job_get(job_id), await store.changelog_list_for_job(job_id)
     tasks = task_views(await store.job_tasks_list(job_id))
 
-    console = Console(file=io.StringIO(), width=500, force_terminal=True, color_system="truecolor")
-    views.print_job(job, history, views.Out("table", True, console), tasks)
-    shown = console.file.getvalue()
+    shown = job_table(job, history, tasks)
     # rich styles its own output with escapes; none may come from the data.
     assert ESC not in shown and "]0;pwned" not in shown.replace("\\x1b]0;pwned", ""), repr(shown)
     assert "\u202e" not in shown
@@ -72,13 +68,8 @@ async def test_irisfed_job_shows_hostile_task_strings_inert_in_every_mode(pool, 
 
 
 async def test_the_dashboard_shows_hostile_task_strings_as_text(pool, nats_client, subject_prefix):
-    store = Store(pool)
-    job_id = await hostile_gang(store)
-    async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
-        page = await client.get(f"/jobs/{job_id}")
-        assert page.status_code == 200, page.text[:500]
-        text = page.text
-        assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-        assert "<img src=x" not in text
-        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
-        assert text.count('data-testid="task"') == len(NODES)
+    text = await page_text(pool, nats_client, subject_prefix, f"/jobs/{await hostile_gang(Store(pool))}")
+    assert "<script>alert(1)</script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<img src=x" not in text
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert text.count('data-testid="task"') == len(NODES)

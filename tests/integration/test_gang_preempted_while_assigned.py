@@ -14,18 +14,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import msgspec
-
 from irisfed.services.common.store import Store
-from irisfed.services.tick.service import Tick
-from irisfed.shared.bands import band_rank
 from irisfed.shared.lifecycle import JobState
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job
-
-
-def job(band: str, replicas: int = 1, cpu: int = 1, **fields):
-    return msgspec.structs.replace(make_job(resources={"cpu": cpu}, band=band, replicas=replicas, **fields),
-                                   band=band_rank(band))
+from tests.infra.factories import assign_jobs, banded_job, insert_jobs, tick_for
 
 
 async def advertise_nodes(store: Store, peer_id: str, nodes: int, seq: int = 1) -> None:
@@ -42,13 +33,12 @@ async def test_a_gang_preempted_while_assigned_waits_for_its_launched_tasks_to_s
     await advertise_nodes(store, "tpu-east", 2)
     # The batch gang is assigned to gpu-west: its agent has launched its two tasks and
     # waits to accept it (or died meanwhile, its heartbeat not yet expired).
-    gang = job("batch", replicas=2)
+    gang = banded_job("batch", replicas=2)
     await insert_jobs(store, [gang])
     await assign_jobs(store, [gang], "gpu-west")
-    urgent = job("interactive", pin="gpu-west")
+    urgent = banded_job("interactive", pin="gpu-west")
     await insert_jobs(store, [urgent])
-    tick = Tick(make_config(heartbeat_ttl_s=120.0), pool, None)
-    await tick.refresh_view()
+    tick = await tick_for(pool)
 
     result = await tick.run_once(full=False)
     assert [v.job_id for v in result.preempted] == [gang.job_id], result
@@ -69,12 +59,11 @@ async def test_an_assigned_single_task_victim_is_free_at_once(pool):
     """The contrast (documented): an assigned single-task job never started a run."""
     store = Store(pool)
     await advertise_nodes(store, "gpu-west", 1)
-    victim = job("batch")
+    victim = banded_job("batch")
     await insert_jobs(store, [victim])
     await assign_jobs(store, [victim], "gpu-west")
-    await insert_jobs(store, [job("interactive", pin="gpu-west")])
-    tick = Tick(make_config(heartbeat_ttl_s=120.0), pool, None)
-    await tick.refresh_view()
+    await insert_jobs(store, [banded_job("interactive", pin="gpu-west")])
+    tick = await tick_for(pool)
     assert [v.job_id for v in (await tick.run_once(full=False)).preempted] == [victim.job_id]
     row = await store.job_get(victim.job_id)
     assert (row.state, row.stopping_on) == (JobState.QUEUED, None), row

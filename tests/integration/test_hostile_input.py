@@ -87,12 +87,16 @@ def _encode(body) -> bytes:
     return body.encode() if isinstance(body, str) else json.dumps(body).encode()
 
 
+def _refused_writing_nothing(router, verb: str, body, codes: set[str]) -> None:
+    """``body`` sent to ``verb`` is answered with an error of one of ``codes``; nothing is written."""
+    assert_error(router.request(verb, _encode(body)), codes)
+    assert router.rows() == 0
+
+
 @given(body=hostile_submits)
 @settings(max_examples=150)
 def test_hostile_submits_get_errors_and_write_nothing(router, body):
-    reply = router.request("submit", _encode(body))
-    assert_error(reply, {"invalid_request", "unknown_peer"})
-    assert router.rows() == 0
+    _refused_writing_nothing(router, "submit", body, {"invalid_request", "unknown_peer"})
 
 
 hostile_cancels = st.one_of(
@@ -107,9 +111,7 @@ hostile_cancels = st.one_of(
 @given(body=hostile_cancels)
 @settings(max_examples=100)
 def test_hostile_cancels_get_errors_and_write_nothing(router, body):
-    reply = router.request("cancel", _encode(body))
-    assert_error(reply, {"invalid_request", "not_found"})
-    assert router.rows() == 0
+    _refused_writing_nothing(router, "cancel", body, {"invalid_request", "not_found"})
 
 
 def test_router_keeps_serving_after_abuse(router):

@@ -6,40 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 
-import nats
-import pytest
-
-from irisfed.tooling.servers import start_secured_nats
-
-PEERS = ("home", "gpu-west")
-
-
-@pytest.fixture
-def secured_nats(tmp_path):
-    server, auth = start_secured_nats(tmp_path / "nats", "irisfed", PEERS, auth_dir=tmp_path / "auth")
-    yield auth, server
-    server.stop()
-
-
-async def _raw(auth, server, role, errors, **options):
-    async def on_error(exc):
-        errors.append(str(exc))
-    return await nats.connect(auth.url(server.url, role), error_cb=on_error, allow_reconnect=False, **options)
-
-
-async def _until(predicate, timeout=10.0):
-    async def poll():
-        while not predicate():
-            await asyncio.sleep(0.02)
-    await asyncio.wait_for(poll(), timeout)
+from tests.infra.secured_nats import SECURED_PEERS, connect_as, connected, until
 
 
 async def test_a_producer_cannot_read_another_clients_replies(secured_nats):
     auth, server = secured_nats
     errors: list[str] = []
-    responder = await _raw(auth, server, "router", errors)
-    spy = await _raw(auth, server, "producer", errors)
-    asker = await _raw(auth, server, "operator", errors, inbox_prefix="_INBOX_operator")
+    responder = await connect_as(auth, server, "router", errors)
+    spy = await connect_as(auth, server, "producer", errors)
+    asker = await connect_as(auth, server, "operator", errors, inbox_prefix="_INBOX_operator")
     overheard = []
 
     async def respond(msg):
@@ -56,7 +31,7 @@ async def test_a_producer_cannot_read_another_clients_replies(secured_nats):
         await spy.flush()
         reply = await asker.request("irisfed.cancel", b"{}", timeout=5)
         assert reply.data == b"private answer"
-        await _until(lambda: sum("subscription" in e for e in errors) >= 3)
+        await until(lambda: sum("subscription" in e for e in errors) >= 3)
         await asyncio.sleep(0.2)
         assert overheard == []  # the spy heard nothing of the operator's reply
         assert any('subscription to "_inbox.>"' in e.lower() for e in errors)
@@ -73,18 +48,14 @@ async def test_each_requesting_user_may_subscribe_only_to_its_own_inbox(secured_
     for role, perms in auth.permissions.items():
         if role != "admin":
             assert not any(s.startswith("_INBOX.") or s in (">", "_INBOX.>") for s in perms.subscribe), role
-    errors: list[str] = []
-    producer = await _raw(auth, server, "producer", errors)
-    try:
+    async with connected(secured_nats, "producer") as (errors, producer):
         await producer.subscribe("_INBOX_producer.abc")
         await producer.flush()
         await asyncio.sleep(0.2)
         assert errors == []
         await producer.subscribe("_INBOX_agent-home.>")
-        await _until(lambda: errors)
+        await until(lambda: errors)
         assert "subscription" in errors[0]
-    finally:
-        await producer.close()
 
 
 async def test_our_clients_use_their_users_prefix_end_to_end(secured_nats, database_url):
@@ -97,7 +68,7 @@ async def test_our_clients_use_their_users_prefix_end_to_end(secured_nats, datab
     auth, server = secured_nats
     pool = await db.connect(database_url)
     service_nc = await connect_nats(auth.url(server.url, "router"), "irisfed-router")
-    router = Router(make_config(subject_prefix="irisfed", peers=[{"id": p} for p in PEERS]), pool, service_nc)
+    router = Router(make_config(subject_prefix="irisfed", peers=[{"id": p} for p in SECURED_PEERS]), pool, service_nc)
     await router.start()
     producer = await connect_client(auth.url(server.url, "producer"))
     operator = await connect_client(auth.url(server.url, "operator"))

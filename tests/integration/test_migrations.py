@@ -1,6 +1,7 @@
 """Migrations against real Postgres: up, down, up again; the start-up schema check."""
 
 import asyncio
+import contextlib
 import json
 
 import asyncpg
@@ -11,25 +12,43 @@ from irisfed.services.common.store import Store
 from irisfed.shared.errors import SchemaMismatch
 
 TABLES = {"jobs", "federation_changelog", "federation_sync_state", "peer_heartbeat", "peer_roles", "job_explanations",
-          "job_listing", "job_tasks", "job_outputs"}
+          "job_listing", "job_tasks", "job_outputs", "job_dependencies", "job_arrays"}
+
+
+async def _names(url: str, query: str) -> set[str]:
+    """The first column of ``query``'s rows, on a connection of its own."""
+    conn = await asyncpg.connect(url)
+    try:
+        return {r[0] for r in await conn.fetch(query)}
+    finally:
+        await conn.close()
 
 
 async def _tables(url: str) -> set[str]:
-    conn = await asyncpg.connect(url)
-    try:
-        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
-        return {r["tablename"] for r in rows} - {"alembic_version"}
-    finally:
-        await conn.close()
+    return await _names(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") - {"alembic_version"}
 
 
 async def _indexes(url: str) -> set[str]:
-    conn = await asyncpg.connect(url)
+    return await _names(url, "SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
+
+
+@contextlib.asynccontextmanager
+async def _pool_at(url: str, revision: str):
+    """The database at ``url`` migrated to ``revision``, and a small pool on it that does
+    not check the schema; closed at the end."""
+    await asyncio.to_thread(dbmod.migrate, url, revision)
+    pool = await dbmod.connect(url, max_size=2, check=False)
     try:
-        rows = await conn.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")
-        return {r["indexname"] for r in rows}
+        yield pool
     finally:
-        await conn.close()
+        await pool.close()
+
+
+async def _finish_function(pool) -> tuple:
+    """``irisfed_job_finish_batch`` as Postgres keeps it: its source, settings and rights."""
+    return tuple(await pool.fetchrow(
+        "SELECT prosrc, proconfig::text, prosecdef, proowner, proacl::text FROM pg_proc "
+        "WHERE proname = 'irisfed_job_finish_batch'"))
 
 
 async def test_upgrade_downgrade_twice(empty_database_url):
@@ -133,9 +152,7 @@ async def test_0011_and_0012_go_down_and_up_with_jobs_in_place(empty_database_ur
     """The listing (0011) is rebuilt from the same jobs each way up, and the finish function
     0012 rewrote comes back byte for byte with the same rights on the way down."""
     url = empty_database_url
-    await asyncio.to_thread(dbmod.migrate, url, "0010")
-    pool = await dbmod.connect(url, max_size=2, check=False)
-    try:
+    async with _pool_at(url, "0010") as pool:
         # Jobs as 0010 wrote them: with and without names and labels, one running.
         await pool.execute(
             "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, owner_peer_id, epoch) VALUES "
@@ -144,33 +161,28 @@ async def test_0011_and_0012_go_down_and_up_with_jobs_in_place(empty_database_ur
             "('labelled', '{\"labels\": {\"k\": \"<v>\"}}', 'h', 'running', 'queue', 'gpu-west', 1), "
             "('nulls', '{\"name\": null, \"labels\": null}', 'h', 'running', 'queue', 'gpu-west', 1)")
 
-        async def finish_function() -> tuple:
-            return tuple(await pool.fetchrow(
-                "SELECT prosrc, proconfig::text, prosecdef, proowner, proacl::text FROM pg_proc "
-                "WHERE proname = 'irisfed_job_finish_batch'"))
-
         async def listing() -> list[tuple]:
             return [tuple(r) for r in await pool.fetch(
                 "SELECT job_id, submitted_at, labels::text, search_text FROM job_listing ORDER BY job_id")]
 
         await asyncio.to_thread(dbmod.migrate, url, "0011")
-        as_0004 = await finish_function()
+        as_0004 = await _finish_function(pool)
         listed = await listing()
         assert [(r[0], r[2], r[3]) for r in listed] == [
             ("bare", "{}", "bare "), ("labelled", '{"k": "<v>"}', "labelled "),
             ("named", '{"team": "a"}', "named 100%_x"),
             ("nulls", "null", "nulls ")]
         await asyncio.to_thread(dbmod.migrate, url, "0012")
-        as_0012 = await finish_function()
+        as_0012 = await _finish_function(pool)
         assert as_0012[0] != as_0004[0] and as_0012[1:] == as_0004[1:]
         await asyncio.to_thread(dbmod.downgrade, url, "0011")
-        assert await finish_function() == as_0004  # byte for byte, and the same rights
+        assert await _finish_function(pool) == as_0004  # byte for byte, and the same rights
         await asyncio.to_thread(dbmod.downgrade, url, "0010")
         assert await pool.fetchval("SELECT to_regclass('job_listing')") is None
         assert await pool.fetchval("SELECT count(*) FROM pg_proc WHERE proname = 'jobs_listed_never_change'") == 0
         assert await pool.execute("UPDATE jobs SET spec = spec WHERE job_id = 'bare'") == "UPDATE 1"
         await asyncio.to_thread(dbmod.migrate, url, "0012")
-        assert await finish_function() == as_0012
+        assert await _finish_function(pool) == as_0012
         assert await listing() == listed  # the same rows again, from the same jobs
         moved = await pool.fetch("SELECT job_id, state FROM irisfed_job_finish_batch('gpu-west', "
                                  "ARRAY['labelled', 'nulls'], ARRAY[1, 1]::bigint[], ARRAY[0, 2], ARRAY[false, false])")
@@ -178,29 +190,20 @@ async def test_0011_and_0012_go_down_and_up_with_jobs_in_place(empty_database_ur
         await asyncio.to_thread(dbmod.downgrade, url, "0010")
         await asyncio.to_thread(dbmod.migrate, url)
         assert [(r[0], r[2], r[3]) for r in await listing()] == [(r[0], r[2], r[3]) for r in listed]
-    finally:
-        await pool.close()
 
 
 async def test_0013_gives_existing_jobs_the_default_user_and_goes_back(empty_database_url):
     url = empty_database_url
-    await asyncio.to_thread(dbmod.migrate, url, "0012")
-    pool = await dbmod.connect(url, max_size=2, check=False)
-    try:
+    async with _pool_at(url, "0012") as pool:
         await pool.execute(
             "INSERT INTO jobs (job_id, spec, spec_hash, state, disposition, owner_peer_id, epoch) VALUES "
             "('old', '{}', 'h', 'running', 'queue', 'gpu-west', 1)")
 
-        async def finish_function() -> tuple:
-            return tuple(await pool.fetchrow(
-                "SELECT prosrc, proconfig::text, prosecdef, proowner, proacl::text FROM pg_proc "
-                "WHERE proname = 'irisfed_job_finish_batch'"))
-
-        as_0012 = await finish_function()
+        as_0012 = await _finish_function(pool)
         await asyncio.to_thread(dbmod.migrate, url, "0013")
         assert await pool.fetchval("SELECT user_id FROM jobs WHERE job_id = 'old'") == "default"
         assert {"jobs_queued_by_user", "jobs_live_by_user", "jobs_by_user_newest"} <= await _indexes(url)
-        as_0013 = await finish_function()
+        as_0013 = await _finish_function(pool)
         assert as_0013[0] != as_0012[0] and as_0013[1:] == as_0012[1:]
         # A stored cancel's ending names who asked.
         await pool.execute("UPDATE jobs SET cancel_requested = true, cancel_requested_by = 'user alice' "
@@ -211,9 +214,7 @@ async def test_0013_gives_existing_jobs_the_default_user_and_goes_back(empty_dat
         assert await pool.fetchval("SELECT detail FROM federation_changelog WHERE job_id = 'old' "
                                    "ORDER BY seq DESC LIMIT 1") == "cancelled by user alice"
         await asyncio.to_thread(dbmod.downgrade, url, "0012")
-        assert await finish_function() == as_0012  # byte for byte, and the same rights
+        assert await _finish_function(pool) == as_0012  # byte for byte, and the same rights
         assert await pool.fetchval("SELECT count(*) FROM information_schema.columns "
                                    "WHERE table_name = 'jobs' AND column_name IN ('user_id', 'cancel_requested_by')") == 0
         await asyncio.to_thread(dbmod.migrate, url)
-    finally:
-        await pool.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 
 import msgspec
 import pytest
@@ -20,47 +19,28 @@ from irisfed.shared.bands import band_rank
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import Move
 from irisfed.tooling.invariants import assert_changelog_replays
-from tests.infra.factories import assign_jobs, insert_jobs, make_config, make_job, start_jobs
+from tests.infra.factories import (
+    advertise_cpus,
+    assign_jobs,
+    banded_job,
+    insert_jobs,
+    make_config,
+    make_job,
+    start_in_order,
+    start_jobs,
+    tick_for,
+)
+from tests.infra.probes import history_of
 
 PEER = "gpu-west"
-
-
-def job(band: str = "interactive", cpu: int = 1, **fields):
-    return msgspec.structs.replace(make_job(resources={"cpu": cpu}, band=band, **fields), band=band_rank(band))
-
-
-async def advertise_cpus(store: Store, peer_id: str = PEER, cpus: int = 4, slots: int = 8, seq: int = 1) -> None:
-    backends = [{"name": "main", "attributes": {}, "capacity": {"total": slots, "free": slots},
-                 "resources": {"cpu": {"total": cpus, "free": cpus}}}]
-    await store.peer_heartbeat_upsert(peer_id, "run-1", seq, backends, 60.0, datetime.now(UTC))
-
-
-async def running(store: Store, jobs, peer: str = PEER) -> None:
-    """Insert, assign and start ``jobs`` on ``peer``, one at a time (their start order is theirs)."""
-    await insert_jobs(store, jobs)
-    for j in jobs:
-        await assign_jobs(store, [j], peer)
-        assert j.job_id in await start_jobs(store, [j], peer)
-
-
-async def tick_for(pool, **config) -> Tick:
-    tick = Tick(make_config(heartbeat_ttl_s=120.0, **config), pool, None)
-    await tick.refresh_view()
-    return tick
-
-
-async def history(pool, job_id: str) -> list[tuple[str, str, str]]:
-    rows = await pool.fetch("SELECT from_state, to_state, detail FROM federation_changelog WHERE job_id = $1 "
-                            "ORDER BY seq", job_id)
-    return [(r["from_state"], r["to_state"], r["detail"]) for r in rows]
 
 
 async def test_one_batch_job_goes_for_an_interactive_job_and_runs_again_later(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=4)
-    batch = [job("batch", cpu=2, max_retries=1) for _ in range(2)]
-    await running(store, batch)
-    urgent = job("interactive", cpu=2)
+    batch = [banded_job("batch", cpu=2, max_retries=1) for _ in range(2)]
+    await start_in_order(store, batch)
+    urgent = banded_job("interactive", cpu=2)
     await insert_jobs(store, [urgent])
     tick = await tick_for(pool)
 
@@ -75,8 +55,8 @@ async def test_one_batch_job_goes_for_an_interactive_job_and_runs_again_later(po
     assert (row.state.value, row.epoch, row.owner_peer_id, row.backend, row.preemptions) == ("queued", 2, None, None, 1)
     assert row.max_retries == 1 and row.reason == f"preempted by {urgent.job_id}"
     assert row.stopping_on == PEER  # not placed again until its old run is seen to stop
-    assert (await history(pool, newest))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
-    assert (await history(pool, urgent.job_id))[-1] == ("queued", "assigned", f"placed; preempted {newest}")
+    assert (await history_of(pool, newest))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
+    assert (await history_of(pool, urgent.job_id))[-1] == ("queued", "assigned", f"placed; preempted {newest}")
     other = await store.job_get(batch[0].job_id)
     assert (other.state.value, other.preemptions) == ("running", 0)
 
@@ -104,8 +84,8 @@ async def test_one_batch_job_goes_for_an_interactive_job_and_runs_again_later(po
 async def test_production_work_is_never_preempted(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=2)
-    await running(store, [job("production", cpu=2)])
-    urgent = job("production", cpu=1)
+    await start_in_order(store, [banded_job("production", cpu=2)])
+    urgent = banded_job("production", cpu=1)
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
     assert result.assigned == [] and result.preempted == []
@@ -116,8 +96,8 @@ async def test_production_work_is_never_preempted(pool):
 async def test_it_never_preempts_for_room_it_would_still_not_have(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=4)
-    await running(store, [job("batch", cpu=1), job("production", cpu=3)])
-    urgent = job("interactive", cpu=2)
+    await start_in_order(store, [banded_job("batch", cpu=1), banded_job("production", cpu=3)])
+    urgent = banded_job("interactive", cpu=2)
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
     assert result.preempted == []
@@ -129,10 +109,10 @@ async def test_it_preempts_only_on_the_peer_where_it_then_runs(pool):
     store = Store(pool)
     await advertise_cpus(store, PEER, cpus=2)
     await advertise_cpus(store, "tpu-east", cpus=2)
-    west, east = job("batch", cpu=2), job("batch", cpu=2)
-    await running(store, [west], PEER)
-    await running(store, [east], "tpu-east")
-    urgent = job("interactive", cpu=2, cluster_pin="tpu-east")
+    west, east = banded_job("batch", cpu=2), banded_job("batch", cpu=2)
+    await start_in_order(store, [west], PEER)
+    await start_in_order(store, [east], "tpu-east")
+    urgent = banded_job("interactive", cpu=2, cluster_pin="tpu-east")
     urgent = msgspec.structs.replace(urgent, pinned_peer_id="tpu-east")
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
@@ -144,9 +124,9 @@ async def test_it_preempts_only_on_the_peer_where_it_then_runs(pool):
 async def test_past_max_preemptions_the_next_preemption_fails_it(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    fragile = job("batch", cpu=1, max_preemptions=0)
-    await running(store, [fragile])
-    urgent = job("interactive", cpu=1)
+    fragile = banded_job("batch", cpu=1, max_preemptions=0)
+    await start_in_order(store, [fragile])
+    urgent = banded_job("interactive", cpu=1)
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
     [victim] = result.preempted
@@ -159,10 +139,10 @@ async def test_past_max_preemptions_the_next_preemption_fails_it(pool):
 async def test_a_victim_with_a_stored_cancel_ends_killed(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    victim = job("batch", cpu=1)
-    await running(store, [victim])
+    victim = banded_job("batch", cpu=1)
+    await start_in_order(store, [victim])
     await store.job_request_cancel(victim.job_id, "user default")
-    urgent = job("interactive", cpu=1)
+    urgent = banded_job("interactive", cpu=1)
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
     assert [v.state.value for v in result.preempted] == ["killed"]
@@ -173,13 +153,13 @@ async def test_a_victim_with_a_stored_cancel_ends_killed(pool):
 async def test_a_job_over_its_quota_preempts_nothing(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    await running(store, [job("batch", cpu=1)])
+    await start_in_order(store, [banded_job("batch", cpu=1)])
     over = make_job(resources={"cpu": 1})
     over = msgspec.structs.replace(over, user_id="alice", job_id="alice:" + over.job_id)
     held = make_job(resources={"cpu": 1})
     held = msgspec.structs.replace(held, user_id="alice", job_id="alice:" + held.job_id)
     await advertise_cpus(store, "tpu-east", cpus=1)
-    await running(store, [held], "tpu-east")  # alice holds her whole quota there
+    await start_in_order(store, [held], "tpu-east")  # alice holds her whole quota there
     await insert_jobs(store, [over])
     tick = await tick_for(pool, users=[{"id": "alice", "quota": {"cpu": 1}}])
     result = await tick.run_once(full=False)
@@ -190,9 +170,9 @@ async def test_a_job_over_its_quota_preempts_nothing(pool):
 async def test_a_victim_that_ends_between_decision_and_commit_costs_a_pass_not_a_needless_victim(pool, monkeypatch):
     store = Store(pool)
     await advertise_cpus(store, cpus=2)
-    batch = [job("batch", cpu=1) for _ in range(2)]
-    await running(store, batch)
-    urgent = job("interactive", cpu=1)
+    batch = [banded_job("batch", cpu=1) for _ in range(2)]
+    await start_in_order(store, batch)
+    urgent = banded_job("interactive", cpu=1)
     await insert_jobs(store, [urgent])
     tick = await tick_for(pool)
     real_lock = Store.job_lock_victims
@@ -218,9 +198,9 @@ async def test_a_victim_that_ends_between_decision_and_commit_costs_a_pass_not_a
 async def test_two_ticks_at_once_never_preempt_a_job_twice_or_for_one_room_twice(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=4, slots=4)
-    batch = [job("batch", cpu=2) for _ in range(2)]
-    await running(store, batch)
-    urgent = [job("interactive", cpu=2) for _ in range(4)]
+    batch = [banded_job("batch", cpu=2) for _ in range(2)]
+    await start_in_order(store, batch)
+    urgent = [banded_job("interactive", cpu=2) for _ in range(4)]
     await insert_jobs(store, urgent)
     ticks = [await tick_for(pool), await tick_for(pool)]
     for _ in range(3):
@@ -236,9 +216,9 @@ async def test_two_ticks_at_once_never_preempt_a_job_twice_or_for_one_room_twice
 async def test_a_cancelled_preempting_job_releases_the_room_it_held(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    victim = job("batch", cpu=1)
-    await running(store, [victim])
-    urgent = job("interactive", cpu=1)
+    victim = banded_job("batch", cpu=1)
+    await start_in_order(store, [victim])
+    urgent = banded_job("interactive", cpu=1)
     await insert_jobs(store, [urgent])
     tick = await tick_for(pool)
     result = await tick.run_once(full=False)
@@ -258,10 +238,10 @@ async def test_a_cancelled_preempting_job_releases_the_room_it_held(pool):
 async def test_an_assigned_victim_is_preempted_too_and_its_start_is_fenced(pool, state):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    victim = job("batch", cpu=1)
+    victim = banded_job("batch", cpu=1)
     await insert_jobs(store, [victim])
     await assign_jobs(store, [victim], PEER)
-    urgent = job("interactive", cpu=1)
+    urgent = banded_job("interactive", cpu=1)
     await insert_jobs(store, [urgent])
     result = await (await tick_for(pool)).run_once(full=False)
     assert [(v.job_id, v.state.value) for v in result.preempted] == [(victim.job_id, "queued")]
@@ -274,7 +254,7 @@ async def test_the_queue_lists_each_users_highest_band_so_the_tick_reads_victims
     store = Store(pool)
 
     def of(user: str, band: str, job_id: str):
-        return msgspec.structs.replace(job(band), user_id=user, job_id=f"{user}:{job_id}")
+        return msgspec.structs.replace(banded_job(band), user_id=user, job_id=f"{user}:{job_id}")
 
     await insert_jobs(store, [of("alice", "batch", "a1"), of("alice", "production", "a2"),
                               of("bob", "batch", "b1"), of("carol", "interactive", "c1")])
@@ -292,10 +272,10 @@ async def test_a_preempted_run_must_be_seen_to_stop_before_its_job_is_placed_aga
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
     await advertise_cpus(store, "tpu-east", cpus=1)
-    started, east_holder = job("batch"), job("interactive")
-    await running(store, [started])
-    await running(store, [east_holder], peer="tpu-east")
-    urgent = job("interactive")
+    started, east_holder = banded_job("batch"), banded_job("interactive")
+    await start_in_order(store, [started])
+    await start_in_order(store, [east_holder], peer="tpu-east")
+    urgent = banded_job("interactive")
     await insert_jobs(store, [urgent])
     now = [time.time()]
     tick = Tick(make_config(heartbeat_ttl_s=60.0, assign_grace_s=1.0), pool, None, clock=lambda: now[0])
@@ -305,7 +285,7 @@ async def test_a_preempted_run_must_be_seen_to_stop_before_its_job_is_placed_aga
 
     # Room elsewhere: the victim still waits, though a later job takes the room.
     assert east_holder.job_id in await store.job_finish_batch("tpu-east", [(east_holder.job_id, 1, 0, False)])
-    later = job("batch")
+    later = banded_job("batch")
     await insert_jobs(store, [later])
     assert [j for j, _, _ in (await tick.run_once(full=False)).assigned] == [later.job_id]
     assert (await store.job_get(started.job_id)).state is JobState.QUEUED
@@ -328,9 +308,9 @@ async def test_a_preempted_run_must_be_seen_to_stop_before_its_job_is_placed_aga
 async def test_a_peer_no_longer_configured_never_keeps_a_preempted_job_waiting(pool):
     store = Store(pool)
     await advertise_cpus(store, cpus=1)
-    victim = job("batch")
-    await running(store, [victim])
-    await insert_jobs(store, [job("interactive")])
+    victim = banded_job("batch")
+    await start_in_order(store, [victim])
+    await insert_jobs(store, [banded_job("interactive")])
     await (await tick_for(pool)).run_once(full=False)
     assert (await store.job_get(victim.job_id)).stopping_on == PEER
     # gpu-west leaves the configuration; once such owners count as lost, its wait ends.

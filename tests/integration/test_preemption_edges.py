@@ -14,16 +14,18 @@ from irisfed.services.common.store import Store
 from irisfed.shared.bands import band_rank
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import Move
-from tests.infra.factories import assign_jobs, insert_jobs, make_job
-from tests.integration.test_preemption import PEER, advertise_cpus, history, running, tick_for
+from tests.infra.factories import (
+    advertise_cpus,
+    assign_jobs,
+    banded_job,
+    insert_jobs,
+    make_job,
+    start_in_order,
+    tick_for,
+)
+from tests.infra.probes import history_of
 
-
-def job(band: str = "interactive", cpu: int = 1, user: str = "default", job_id: str | None = None, **fields):
-    made = make_job(resources={"cpu": cpu}, band=band, **({"job_id": job_id} if job_id else {}), **fields)
-    made = msgspec.structs.replace(made, band=band_rank(band))
-    if user != "default":
-        made = msgspec.structs.replace(made, user_id=user, job_id=f"{user}:{made.job_id}")
-    return made
+PEER = "gpu-west"
 
 
 async def test_an_assigned_victim_that_ran_before_holds_its_room_since_its_new_assignment(pool):
@@ -33,15 +35,15 @@ async def test_an_assigned_victim_that_ran_before_holds_its_room_since_its_new_a
     (no work lost), not a job that has been running since."""
     store = Store(pool)
     await advertise_cpus(store, cpus=2)
-    again = job("batch")
-    await running(store, [again])  # epoch 1, started now
+    again = banded_job("batch")
+    await start_in_order(store, [again])  # epoch 1, started now
     async with store.transaction() as tx:  # its peer was lost: back to the queue, epoch 2
         assert await tx.job_move(Move(again.job_id, JobState.RUNNING, JobState.QUEUED, 1, actor="tick",
                                       owner_peer_id=None, new_epoch=2, reason="requeued")) is not None
-    working = job("batch")
-    await running(store, [working])  # started after `again`'s first run
+    working = banded_job("batch")
+    await start_in_order(store, [working])  # started after `again`'s first run
     await assign_jobs(store, [again], PEER, epoch=2)  # assigned again (epoch 3), not started
-    urgent = job("interactive")
+    urgent = banded_job("interactive")
     await insert_jobs(store, [urgent])
 
     result = await (await tick_for(pool)).run_once(full=False)
@@ -58,10 +60,10 @@ async def test_a_preempting_job_dropped_by_its_quota_recheck_frees_no_quota_for_
     store = Store(pool)
     await advertise_cpus(store, PEER, cpus=1)
     await advertise_cpus(store, "tpu-east", cpus=1)
-    mine = job("batch", user="alice")
-    await running(store, [mine])  # alice's batch job fills gpu-west
-    first = job("interactive", user="alice", priority=10)  # placed first: on tpu-east, free
-    second = job("interactive", user="alice")  # gpu-west is full: preempts alice's batch job
+    mine = banded_job("batch", user="alice")
+    await start_in_order(store, [mine])  # alice's batch job fills gpu-west
+    first = banded_job("interactive", user="alice", priority=10)  # placed first: on tpu-east, free
+    second = banded_job("interactive", user="alice")  # gpu-west is full: preempts alice's batch job
     await insert_jobs(store, [first, second])
     tick = await tick_for(pool, users=[{"id": "alice", "quota": {"cpu": 3}}])
     real_lock = Store.job_quota_lock
@@ -69,7 +71,7 @@ async def test_a_preempting_job_dropped_by_its_quota_recheck_frees_no_quota_for_
 
     async def a_router_commits_first(self, users, wait_s):
         if not raced:  # a LOCAL job of alice's (2 cpu) committed by a router since the tick's snapshot
-            local = job("interactive", cpu=2, user="alice")
+            local = banded_job("interactive", cpu=2, user="alice")
             await insert_jobs(Store(pool), [local])
             await assign_jobs(Store(pool), [local], "home")
             raced.append(local.job_id)
@@ -90,21 +92,21 @@ async def test_many_long_victim_ids_are_recorded_whole_and_read_back_whole(pool)
     one, each victim's row names it, nothing is cut, and the CLI reads them all back."""
     store = Store(pool)
     await advertise_cpus(store, cpus=40, slots=40)
-    victims = [job("batch", job_id=f"v{i:02d}" + "x" * 125) for i in range(40)]
+    victims = [banded_job("batch", job_id=f"v{i:02d}" + "x" * 125) for i in range(40)]
     assert all(len(v.job_id) == 128 for v in victims)
-    await running(store, victims)
-    urgent = job("production", cpu=40, user="alice", job_id="u" + "y" * 127)
+    await start_in_order(store, victims)
+    urgent = banded_job("production", cpu=40, user="alice", job_id="u" + "y" * 127)
     await insert_jobs(store, [urgent])
 
     result = await (await tick_for(pool, users=[{"id": "alice", "max_band": "production"}])).run_once(full=False)
 
     assert sorted(v.job_id for v in result.preempted) == sorted(v.job_id for v in victims)
-    placed = (await history(pool, urgent.job_id))[-1]
+    placed = (await history_of(pool, urgent.job_id))[-1]
     assert placed[:2] == ("queued", "assigned")
     named = placed[2].removeprefix("placed; preempted ").split(", ")
     assert sorted(named) == sorted(v.job_id for v in victims) and len(placed[2]) > 40 * 128
     for v in victims:
-        assert (await history(pool, v.job_id))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
+        assert (await history_of(pool, v.job_id))[-1] == ("running", "queued", f"preempted by {urgent.job_id}")
         assert (await store.job_get(v.job_id)).reason == f"preempted by {urgent.job_id}"
     entries = await store.changelog_list_for_job(urgent.job_id)
     assert sorted(views.preempted_for(entries[-1])) == sorted(v.job_id for v in victims)
@@ -124,8 +126,8 @@ async def test_a_dropped_preemption_whose_victim_holds_what_its_backend_no_longe
     await advertise_cpus(store, cpus=1)
     holder = make_job(resources={"cpu": 1, "memory_mb": 512}, band="batch")
     holder = msgspec.structs.replace(holder, band=band_rank("batch"))
-    await running(store, [holder])
-    urgent = job("interactive")
+    await start_in_order(store, [holder])
+    urgent = banded_job("interactive")
     await insert_jobs(store, [urgent])
     tick = await tick_for(pool)
     real_lock = Store.job_lock_victims

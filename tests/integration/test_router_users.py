@@ -14,13 +14,6 @@ from tests.infra.routers import RouterThread
 USERS = [{"id": "alice", "quota": {"slots": 3}}, {"id": "bob"}]
 
 
-def _ask(router: RouterThread, subject: str, body: dict, timeout: float = 10) -> bytes:
-    async def ask() -> bytes:
-        return (await router.client.request(f"{router.prefix}.{subject}", json.dumps(body).encode(),
-                                            timeout=timeout)).data
-    return router.run(ask())
-
-
 def _home(router: RouterThread, slots: int = 50) -> Store:
     store = Store(router.pool)
     router.run(advertise(store, "home", slots=slots, device_type="cpu"))
@@ -32,7 +25,7 @@ def test_local_jobs_past_the_quota_wait_queued_and_repeat_their_first_reply(data
     router = RouterThread(database_url, servers.nats_url, users=USERS)
     try:
         store = _home(router)
-        first = [_ask(router, "submit.alice", {"job_id": f"q{i}", "command": ["true"]}) for i in range(5)]
+        first = [router.reply_to("submit.alice", {"job_id": f"q{i}", "command": ["true"]}) for i in range(5)]
         replies = [json.loads(raw) for raw in first]
         assert [(r["job_id"], r["disposition"], r["state"]) for r in replies] == [
             ("q0", "local", "assigned"), ("q1", "local", "assigned"), ("q2", "local", "assigned"),
@@ -43,11 +36,11 @@ def test_local_jobs_past_the_quota_wait_queued_and_repeat_their_first_reply(data
         assert job.explanation["wait"] == "quota" and job.explanation["rule"] == replies[3]["reason"]
         # A resubmission gets the first reply again, byte for byte but `duplicate`.
         for raw, i in ((first[0], 0), (first[3], 3)):
-            again = _ask(router, "submit.alice", {"job_id": f"q{i}", "command": ["true"]})
+            again = router.reply_to("submit.alice", {"job_id": f"q{i}", "command": ["true"]})
             assert again == raw.replace(b'"duplicate":false', b'"duplicate":true')
         # Bob has no quota; the default user neither.
-        assert json.loads(_ask(router, "submit.bob", {"command": ["true"]}))["state"] == "assigned"
-        assert json.loads(_ask(router, "submit", {"command": ["true"]}))["state"] == "assigned"
+        assert json.loads(router.reply_to("submit.bob", {"command": ["true"]}))["state"] == "assigned"
+        assert json.loads(router.reply_to("submit", {"command": ["true"]}))["state"] == "assigned"
     finally:
         router.close()
 
@@ -83,29 +76,29 @@ def test_subjects_decide_the_user_and_peers_notices_are_not_requests(database_ur
     try:
         store = _home(router)
         for subject in ("submit", "submit.alice", "submit.bob"):
-            assert json.loads(_ask(router, subject, {"job_id": "same", "command": ["true"]}))["job_id"] == "same"
+            assert json.loads(router.reply_to(subject, {"job_id": "same", "command": ["true"]}))["job_id"] == "same"
         rows = router.run(store.job_list(None, 10))
         assert sorted((r.job_id, r.user_id) for r in rows) == [
             ("alice:same", "alice"), ("bob:same", "bob"), ("same", "default")]
-        refused = json.loads(_ask(router, "cancel.alice", {"job_id": "nope"}))
+        refused = json.loads(router.reply_to("cancel.alice", {"job_id": "nope"}))
         assert refused["error"] == {"code": "not_found", "message": "no job 'nope'"}
-        forbidden = json.loads(_ask(router, "submit.carol", {"command": ["true"]}))
+        forbidden = json.loads(router.reply_to("submit.carol", {"command": ["true"]}))
         assert forbidden["error"]["code"] == "forbidden"
         # A request on a peer's cancel-notice subject (P.cancel.home) gets no answer and changes nothing.
         try:
-            _ask(router, "cancel.home", {"job_id": "same"}, timeout=1)
+            router.reply_to("cancel.home", {"job_id": "same"}, timeout=1)
         except Exception as exc:  # noqa: BLE001 - no responder, or no reply in time
             assert "timeout" in type(exc).__name__.lower() or "responders" in type(exc).__name__.lower()
         else:
             raise AssertionError("the router answered a peer's cancel-notice subject")
         assert not router.run(store.job_get("same")).cancel_requested
         # The operator subject takes stored ids, and names the operator.
-        reply = json.loads(_ask(router, "operator.cancel", {"job_id": "bob:same", "by": "web"}))
+        reply = json.loads(router.reply_to("operator.cancel", {"job_id": "bob:same", "by": "web"}))
         assert reply["job_id"] == "bob:same"
         assert router.run(store.job_get("bob:same")).cancel_requested_by == "operator (web)"
         for bad in ({"job_id": "same", "by": "Web Ops"}, {"job_id": "bob:same", "user": "bob"},
                     {"job_id": "bob::same"}):
-            assert json.loads(_ask(router, "operator.cancel", bad))["error"]["code"] == "invalid_request"
+            assert json.loads(router.reply_to("operator.cancel", bad))["error"]["code"] == "invalid_request"
     finally:
         router.close()
 
@@ -140,6 +133,6 @@ def test_a_reply_subject_inside_the_federation_is_never_answered(database_url, s
                    for data in heard), heard
         assert router.run(store.job_list(None, 10)) == []
         # The same requests with an inbox of their own are answered.
-        assert json.loads(_ask(router, "submit.alice", {"job_id": "f1", "command": ["true"]}))["job_id"] == "f1"
+        assert json.loads(router.reply_to("submit.alice", {"job_id": "f1", "command": ["true"]}))["job_id"] == "f1"
     finally:
         router.close()

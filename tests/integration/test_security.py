@@ -1,6 +1,5 @@
 """Least privilege on NATS: each role may touch only its own subjects."""
 
-import asyncio
 import json
 
 import nats
@@ -8,31 +7,10 @@ import pytest
 
 from irisfed.cli import main
 from irisfed.services.common.nats_auth import object_store_rights, role_permissions
-from irisfed.tooling.servers import start_secured_nats
-
-PEERS = ("gpu-west", "tpu-east")
-
-
-@pytest.fixture
-def secured_nats(tmp_path):
-    server, auth = start_secured_nats(tmp_path / "nats", "irisfed", PEERS, auth_dir=tmp_path / "auth")
-    yield auth, server
-    server.stop()
-
-
-async def _connect(auth, server, role, errors):
-    async def on_error(exc):
-        errors.append(str(exc))
-    return await nats.connect(auth.url(server.url, role), error_cb=on_error, allow_reconnect=False)
+from tests.infra.secured_nats import connected, until
 
 
 async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nats):
-    auth, server = secured_nats
-    errors: list[str] = []
-    router = await _connect(auth, server, "router", errors)
-    tick = await _connect(auth, server, "tick", errors)
-    spy = await _connect(auth, server, "agent-gpu-west", errors)
-    victim = await _connect(auth, server, "agent-tpu-east", errors)
     heard, stolen, delivered, killed = [], [], [], []
 
     async def on_heartbeat(msg):
@@ -47,7 +25,8 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
     async def on_kill(msg):
         killed.append(msg.data)
 
-    try:
+    async with connected(secured_nats, "router", "tick", "agent-gpu-west", "agent-tpu-east") as (
+            errors, router, tick, spy, victim):
         await router.subscribe("irisfed.heartbeat.*", cb=on_heartbeat)
         await victim.subscribe("irisfed.assign.tpu-east", cb=on_delivered)
         await victim.subscribe("irisfed.cancel.tpu-east", cb=on_kill)
@@ -60,44 +39,25 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
         await tick.publish("irisfed.assign.tpu-east", b"job-1")
         await tick.publish("irisfed.cancel.tpu-east", b"preempted-1")  # the tick's preemption kill
         await tick.flush()
-
-        async def settled():
-            while not (delivered and killed and heard and len(errors) >= 2):
-                await asyncio.sleep(0.02)
-        await asyncio.wait_for(settled(), timeout=10)
+        await until(lambda: delivered and killed and heard and len(errors) >= 2)
         assert heard == ["irisfed.heartbeat.gpu-west"]  # the spoofed heartbeat never arrived
         assert delivered == [b"job-1"] and stolen == []
         assert killed == [b"preempted-1"]
         assert any('publish to "irisfed.heartbeat.tpu-east"' in e for e in errors)
         assert any('subscription to "irisfed.assign.tpu-east"' in e for e in errors)
-    finally:
-        for client in (router, tick, spy, victim):
-            await client.close()
 
 
 async def test_producers_can_only_ask(secured_nats):
-    auth, server = secured_nats
-    errors: list[str] = []
-    producer = await _connect(auth, server, "producer", errors)
-    try:
+    async with connected(secured_nats, "producer") as (errors, producer):
         await producer.publish("irisfed.assign.gpu-west", b"forged")
         await producer.subscribe("irisfed.events.*")
         await producer.flush()
-
-        async def refused():
-            while len(errors) < 2:
-                await asyncio.sleep(0.02)
-        await asyncio.wait_for(refused(), timeout=10)
+        await until(lambda: len(errors) >= 2)
         assert any("publish" in e for e in errors) and any("subscription" in e for e in errors)
-    finally:
-        await producer.close()
 
 
 async def test_the_web_user_reads_events_and_may_only_ask_for_a_cancel(secured_nats):
-    auth, server = secured_nats
-    errors: list[str] = []
-    web = await _connect(auth, server, "web", errors)
-    try:
+    async with connected(secured_nats, "web") as (errors, web):
         await web.subscribe("irisfed.events.*")
         await web.subscribe("irisfed.heartbeat.*")
         await web.publish("irisfed.operator.cancel", b"{}")  # allowed: what an operator's cancel sends
@@ -107,16 +67,10 @@ async def test_the_web_user_reads_events_and_may_only_ask_for_a_cancel(secured_n
             await web.publish(forged, b"forged")
         await web.subscribe("irisfed.assign.*")
         await web.flush()
-
-        async def refused():
-            while len(errors) < 7:
-                await asyncio.sleep(0.02)
-        await asyncio.wait_for(refused(), timeout=10)
+        await until(lambda: len(errors) >= 7)
         assert not any('"irisfed.operator.cancel"' in e or "events.*" in e or "heartbeat.*" in e for e in errors), errors
         assert any('publish to "irisfed.cancel"' in e for e in errors)
         assert any('subscription to "irisfed.assign.*"' in e for e in errors)
-    finally:
-        await web.close()
 
 
 async def test_wrong_password_is_refused(secured_nats):
@@ -131,8 +85,8 @@ def test_permissions_table_per_role():
     agent_objects = object_store_rights("acme", ("default", "alice"), write=("outputs",), peers=("gpu",))
     agent_logs = ("$JS.API.DIRECT.GET.acme-logs__gpu", "$JS.API.DIRECT.GET.acme-logs__gpu.>",
                   "$JS.API.STREAM.PURGE.acme-logs__gpu", "acme.logs.gpu.>")  # its own peer's log stream only
-    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.fetch.gpu", *agent_objects,
-                                          *agent_logs)
+    assert roles["agent-gpu"].publish == ("acme.heartbeat.gpu", "acme.events.*", "acme.uevents.>", "acme.fetch.gpu",
+                                          *agent_objects, *agent_logs)
     assert roles["agent-gpu"].subscribe == ("acme.assign.gpu", "acme.cancel.gpu", "_INBOX_agent-gpu.>")
     # An agent's buckets are its own peer's outputs: no workspace, no other peer's.
     assert all("-outputs" in r and r.endswith(("__gpu", "__gpu.>")) for r in agent_objects if "acme-" in r)
@@ -163,12 +117,13 @@ def test_permissions_table_per_role():
     assert not any(r.startswith(("$O.", "$JS.API.STREAM.PURGE")) for r in roles["router"].publish)
     assert {"_INBOX_agent-gpu.>", "_INBOX_agent-cpu.>"} <= set(roles["router"].publish)
     assert "acme.fetch.*" in roles["router"].subscribe
-    # A user may ask only for itself, and read only its own replies: no log stream, no
-    # event, its jobs only through the router's reads.
+    # A user may ask only for itself, and read only its own replies and its own jobs'
+    # events: no log stream, its jobs only through the router's reads.
     assert roles["user-alice"].publish[:3] == ("acme.submit.alice", "acme.cancel.alice", "acme.read.*.alice")
-    assert not any("logs" in r or "events" in r for r in roles["user-alice"].publish + roles["user-alice"].subscribe)
+    assert not any("logs" in r or "events" in r for r in roles["user-alice"].publish)
     assert {"acme.read.>", "acme.operator.read.*"} <= set(roles["router"].subscribe)
-    assert roles["user-alice"].subscribe == ("_INBOX_user-alice.>",)
+    assert roles["user-alice"].subscribe == ("acme.uevents.alice.>", "_INBOX_user-alice.>")
+    assert roles["producer"].subscribe == ("acme.uevents.default.>", "_INBOX_producer.>")
     assert not roles["user-alice"].allow_responses
     assert {"acme.submit.*", "acme.cancel.*", "acme.operator.cancel"} <= set(roles["router"].subscribe)
     assert "acme.operator.cancel" in roles["operator"].publish

@@ -1,4 +1,4 @@
-"""The Slurm batch script (``slurm_text.batch_script``) run by a real shell, as Slurm
+"""The Slurm batch script (``slurm_script.batch_script``) run by a real shell, as Slurm
 runs it: hostile values and arguments reach the command literally, the script records
 the start and the exit status before it ends with that status, a SIGTERM from Slurm is
 recorded as -15, and nothing runs when the start cannot be recorded."""
@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from irisfed.services.peer_agent.backends.slurm_text import (
-    EXIT_STATUS_FILE,
-    STARTED_MARKER,
-    batch_script,
-)
+from irisfed.services.peer_agent.backends.slurm_script import batch_script
+from irisfed.services.peer_agent.backends.slurm_text import EXIT_STATUS_FILE, STARTED_MARKER
 
 HOSTILE = {
     "SUBST": "$(touch {pwned})",

@@ -21,24 +21,17 @@ from irisfed.services.peer_agent.backends import (
     RunSpec,
     SubprocessBackend,
 )
+from tests.infra.probes import alive, returns
 from tests.infra.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def start_ticks(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
-async def _is(value):
-    return value
 
 
 @pytest.fixture
@@ -57,16 +50,6 @@ def strangers():
         if process.poll() is None:
             process.kill()
         process.wait()
-
-
-@pytest.fixture
-def launched():
-    """Process groups launched through a backend, killed by PID if a test leaves one."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if alive(pid):
-            os.killpg(pid, signal.SIGKILL)
 
 
 async def test_runs_are_listed_until_they_end_even_by_a_new_backend_object(tmp_path, launched):
@@ -156,4 +139,4 @@ async def test_an_agent_killed_between_marking_and_learning_the_pid_still_finds_
     (tmp_path / ".live" / "job.epoch-4.json").write_text(json.dumps({"job_id": "job", "epoch": 4}))
     assert await backend.list_runs() == [LiveRun("job", 4, str(process.pid))]
     assert await backend.kill_run(LiveRun("job", 4, str(process.pid)))
-    await wait_for(lambda: _is(process.poll() is not None), "the run to die")
+    await wait_for(lambda: returns(process.poll() is not None), "the run to die")

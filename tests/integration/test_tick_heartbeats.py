@@ -11,15 +11,8 @@ from irisfed.services.common.store import Store
 from irisfed.services.tick.service import Tick
 from irisfed.shared.messages import BackendAd, Capacity, Heartbeat, encoder
 from irisfed.tooling.invariants import assert_changelog_replays
-from tests.infra.factories import (
-    Msg,
-    advertise,
-    assign_jobs,
-    insert_jobs,
-    make_config,
-    make_job,
-    start_jobs,
-)
+from tests.infra.factories import Msg, advertise, insert_jobs, make_config, make_job, start_all
+from tests.infra.probes import returns
 from tests.infra.waiting import wait_for
 
 TPU = {"constraints": [{"key": "device_type", "op": "eq", "value": "tpu"}]}
@@ -28,13 +21,6 @@ TPU = {"constraints": [{"key": "device_type", "op": "eq", "value": "tpu"}]}
 def heartbeat(peer_id: str, seq: int, device: str = "gpu", free: int = 4, ttl_s: float = 1.5) -> Heartbeat:
     return Heartbeat(peer_id, seq, datetime.now(UTC), ttl_s,
                      [BackendAd("main", {"device_type": [device]}, Capacity(4, free))], run_id="r1")
-
-
-async def _running(store: Store, jobs: list, peer: str) -> None:
-    """Insert ``jobs`` and take them to running on ``peer`` (batched, with their changelog)."""
-    await insert_jobs(store, jobs)
-    await assign_jobs(store, jobs, peer)
-    await start_jobs(store, jobs, peer)
 
 
 async def test_a_forged_heartbeat_does_not_make_another_peer_reachable(pool, servers, subject_prefix):
@@ -54,7 +40,7 @@ async def test_a_forged_heartbeat_does_not_make_another_peer_reachable(pool, ser
         await agent_nc.publish(config.subjects.heartbeat("gpu-west"), encoder.encode(forged))
         await agent_nc.publish(config.subjects.heartbeat("gpu-west"), encoder.encode(heartbeat("gpu-west", 1)))
         await agent_nc.flush()
-        await wait_for(lambda: _async("gpu-west" in tick.view.reachable_ids()), "gpu-west's own heartbeat")
+        await wait_for(lambda: returns("gpu-west" in tick.view.reachable_ids()), "gpu-west's own heartbeat")
         await tick.run_once()
         await tick.persist_heartbeats()
         assert "tpu-east" not in tick.view.reachable_ids()
@@ -69,15 +55,11 @@ async def test_a_forged_heartbeat_does_not_make_another_peer_reachable(pool, ser
         await service_nc.close()
 
 
-async def _async(value):
-    return value
-
-
 async def test_grace_counts_from_the_last_heartbeat_not_from_the_jobs_last_update(pool):
     store = Store(pool)
     await advertise(store, "gpu-west", slots=4, ttl_s=1.5)
     job = make_job(max_retries=1)
-    await _running(store, [job], "gpu-west")
+    await start_all(store, [job], "gpu-west")
     # It has been running for an hour: its row was last updated then.
     await pool.execute("UPDATE jobs SET updated_at = now() - interval '1 hour' WHERE job_id = $1", job.job_id)
     now = [time.time()]
@@ -102,8 +84,8 @@ async def test_owners_never_heard_are_judged_from_the_ticks_start_with_the_confi
     # started, with the configured TTL, then get the grace like anyone else.
     store = Store(pool)
     silent, orphan = make_job(max_retries=1), make_job(max_retries=1)
-    await _running(store, [silent], "tpu-east")
-    await _running(store, [orphan], "gone-east")
+    await start_all(store, [silent], "tpu-east")
+    await start_all(store, [orphan], "gone-east")
     await pool.execute("UPDATE jobs SET updated_at = now() - interval '1 hour'")
     now = [time.time()]
     tick = Tick(make_config(assign_grace_s=5), pool, None, clock=lambda: now[0])
@@ -122,7 +104,7 @@ async def test_a_wall_clock_jump_on_the_tick_host_does_not_requeue(pool):
     store = Store(pool)
     await advertise(store, "gpu-west", slots=4, ttl_s=1.5, seq=1)
     job = make_job(max_retries=1)
-    await _running(store, [job], "gpu-west")
+    await start_all(store, [job], "gpu-west")
     now = [time.time()]
     tick = Tick(make_config(assign_grace_s=0.001), pool, None, clock=lambda: now[0])
     await tick.refresh_view()
@@ -140,8 +122,8 @@ async def test_pinned_jobs_on_a_lost_peer_do_not_starve_recovery(pool):
     await advertise(store, "gpu-west", slots=4000, ttl_s=1.5)
     pinned = [make_job(pin="gpu-west") for _ in range(1000)]
     unpinned = [make_job(max_retries=1) for _ in range(1100)]  # more than one batch
-    await _running(store, pinned, "gpu-west")
-    await _running(store, unpinned, "gpu-west")
+    await start_all(store, pinned, "gpu-west")
+    await start_all(store, unpinned, "gpu-west")
     now = [time.time()]
     tick = Tick(make_config(assign_grace_s=0.001), pool, None, clock=lambda: now[0])
     await tick.refresh_view()
@@ -176,19 +158,19 @@ async def test_a_heartbeat_that_changes_nothing_does_not_trigger_a_placement_pas
         await wait_for(heard, f"heartbeat {seq} heard", interval=0.5)
         # A wake-up set by that heartbeat is cleared by the loop in the same step that
         # starts (and counts) the pass it causes: once it is clear, the count is final.
-        await wait_for(lambda: _async(not tick.wake.is_set()), "the tick loop idle")
+        await wait_for(lambda: returns(not tick.wake.is_set()), "the tick loop idle")
 
     try:
         await tick.start()
         await hear(1, free=2)  # gpu-west appears: worth a pass
-        await wait_for(lambda: _async(tick.passes == 1), "the pass for gpu-west appearing")
+        await wait_for(lambda: returns(tick.passes == 1), "the pass for gpu-west appearing")
         for seq in (2, 3, 4):
             await hear(seq, free=2)  # nothing changed
         assert tick.passes == 1
         await hear(5, free=1)  # fuller: nothing more can be placed
         assert tick.passes == 1
         await hear(6, free=3)  # slots freed: worth a pass
-        await wait_for(lambda: _async(tick.passes == 2), "the pass for freed slots")
+        await wait_for(lambda: returns(tick.passes == 2), "the pass for freed slots")
     finally:
         await tick.close()
         await agent_nc.close()

@@ -35,6 +35,15 @@ def counting_claims(tick: Tick) -> list[tuple[str, ...]]:
     return claims
 
 
+async def placed_with_one_claim(store: Store, tick: Tick, job) -> None:
+    """``job`` submitted, the next pass places it and claims once, for its user alone."""
+    claims = counting_claims(tick)
+    await insert_jobs(store, [job])
+    result = await tick.run_once()
+    assert [job_id for job_id, _, _ in result.assigned] == [job.job_id]
+    assert claims == [(job.user_id,)]
+
+
 async def test_users_new_since_the_last_pass_are_claimed_in_the_same_pass(pool):
     store, tick = await users_tick(pool, slots=50)
     await insert_jobs(store, [user_job("alice", f"a{i}") for i in range(3)])
@@ -54,11 +63,7 @@ async def test_a_queue_whose_shape_held_costs_one_claim(pool):
     store, tick = await users_tick(pool, slots=50)
     await insert_jobs(store, [user_job("alice", "x0")])
     await tick.run_once()
-    claims = counting_claims(tick)
-    await insert_jobs(store, [user_job("alice", "x1")])
-    result = await tick.run_once()
-    assert [job_id for job_id, _, _ in result.assigned] == ["alice:x1"]
-    assert claims == [("alice",)]
+    await placed_with_one_claim(store, tick, user_job("alice", "x1"))
 
 
 async def test_a_band_that_rose_since_the_last_pass_reads_its_victims(pool):
@@ -92,11 +97,7 @@ async def test_a_pass_over_an_empty_queue_keeps_the_guess_for_the_next_submit(po
     await tick.run_once()
     assert (await tick.run_once()).assigned == []  # the queue is empty
     assert tick.queue_shape.users == ("alice",)
-    claims = counting_claims(tick)
-    await insert_jobs(store, [user_job("alice", "next")])
-    result = await tick.run_once()
-    assert [job_id for job_id, _, _ in result.assigned] == ["alice:next"]
-    assert claims == [("alice",)]
+    await placed_with_one_claim(store, tick, user_job("alice", "next"))
 
 
 async def test_idle_passes_read_no_victims_and_no_usage(pool):

@@ -9,29 +9,12 @@ from __future__ import annotations
 import html
 import re
 
-import msgspec
-
 from irisfed.services.common.store import Store
-from irisfed.shared.bands import band_rank
 from irisfed.shared.explain import explanation
-from tests.infra.factories import assign_jobs, insert_jobs, start_jobs
-from tests.infra.web import client_for, job_ids, running_web, user_job
+from tests.infra.factories import assign_jobs, insert_jobs, preempt, start_jobs, user_job
+from tests.infra.web import client_for, job_ids, running_web
 
 USERS = [{"id": "alice", "max_band": "production"}, {"id": "bob", "max_band": "batch"}]
-
-
-def banded(user: str, job_id: str, band: str, **fields):
-    job = user_job(user, job_id, band=band, **fields)
-    return msgspec.structs.replace(job, band=band_rank(band))
-
-
-async def preempt(store: Store, victims: list, preemptor, peer: str = "gpu-west") -> None:
-    """The tick's commit: preempt the running ``victims`` for ``preemptor`` and place it."""
-    async with store.transaction() as tx:
-        assert await tx.job_lock_victims([(v.job_id, "running", 1, peer) for v in victims])
-        assert await tx.job_preempt_batch([(v.job_id, "running", 1, peer, preemptor.job_id) for v in victims])
-        detail = "placed; preempted " + ", ".join(v.job_id for v in victims)
-        assert await tx.job_assign_batch([(preemptor.job_id, 0, peer, "main")], {preemptor.job_id: detail})
 
 
 def row_of(page: str, job_id: str) -> str:
@@ -44,11 +27,11 @@ def text_of(fragment: str) -> str:
 
 async def test_jobs_and_job_pages_show_bands_preemptions_and_who_preempted(pool, nats_client, subject_prefix):
     store = Store(pool)
-    victims = [banded("bob", "batch-1", "batch"), banded("bob", "batch-2", "batch")]
+    victims = [user_job("bob", "batch-1", band="batch"), user_job("bob", "batch-2", band="batch")]
     await insert_jobs(store, victims)
     await assign_jobs(store, victims, "gpu-west")
     await start_jobs(store, victims, "gpu-west")
-    urgent = banded("alice", "urgent-1", "production", max_preemptions=5)
+    urgent = user_job("alice", "urgent-1", band="production", max_preemptions=5)
     await insert_jobs(store, [urgent, user_job("default", "plain-1")])
     await preempt(store, victims, urgent)
 
@@ -94,7 +77,7 @@ async def test_jobs_and_job_pages_show_bands_preemptions_and_who_preempted(pool,
 
 async def test_a_waiting_jobs_cannot_preempt_is_on_its_page(pool, nats_client, subject_prefix):
     store = Store(pool)
-    waiting = banded("bob", "batch-9", "batch")
+    waiting = user_job("bob", "batch-9", band="batch")
     await insert_jobs(store, [waiting])
     rule = "no_free_capacity: gpu-west is full; cannot preempt: gpu-west runs only production jobs"
     await store.job_explain_batch([(waiting.job_id, explanation("tick", rule), rule)])
@@ -107,7 +90,7 @@ async def test_a_waiting_jobs_cannot_preempt_is_on_its_page(pool, nats_client, s
 async def test_a_hostile_preemptor_in_a_history_is_escaped(pool, nats_client, subject_prefix):
     """Only the tick writes these rows, but the page never trusts a stored string."""
     store = Store(pool)
-    victim = banded("bob", "batch-1", "batch")
+    victim = user_job("bob", "batch-1", band="batch")
     await insert_jobs(store, [victim])
     hostile = '<script>alert(1)</script>"><img src=x onerror=alert(1)>'
     await pool.execute(

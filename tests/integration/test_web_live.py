@@ -17,8 +17,8 @@ from irisfed.cli.admin import web_answers
 from irisfed.services.common.store import Store
 from irisfed.services.router.service import Router
 from irisfed.services.web.security import CONTENT_SECURITY_POLICY, SESSION_COOKIE
-from tests.infra.factories import insert_jobs, make_config, make_job
-from tests.infra.web import TOKEN, client_for, csrf_of, log_in, running_web, user_job
+from tests.infra.factories import insert_jobs, make_config, make_job, user_job
+from tests.infra.web import TOKEN, client_for, csrf_of, log_in, running_web
 
 WAIT_S = 30  # the longest any step may take before the test fails (never a timing assertion)
 

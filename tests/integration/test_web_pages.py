@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 
 import pytest
@@ -22,7 +22,7 @@ from tests.infra.factories import (
     make_job,
     start_jobs,
 )
-from tests.infra.web import client_for, job_ids, running_web
+from tests.infra.web import assert_shows, client_for, job_ids, ok_page, running_web
 
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "';alert(1);//", "{{7*7}}"]
 
@@ -343,12 +343,10 @@ async def test_the_explanation_of_a_queued_job_is_shown(client, pool):
 async def test_served_under_a_root_path_with_or_without_the_prefix(pool, nats_client, subject_prefix):
     async with running_web(pool, nats_client, subject_prefix, root_path="/irisfed") as web, client_for(web) as client:
         for path in ("/irisfed/jobs", "/jobs"):
-            page = await client.get(path)
-            assert page.status_code == 200, path
-            assert 'data-events="/irisfed/events"' in page.text
-            assert 'href="/irisfed/static/app.css?v=' in page.text
-            assert 'action="/irisfed/jobs"' in page.text
-            assert 'href="/jobs' not in page.text and 'href="/"' not in page.text
+            page = await ok_page(client, path)
+            assert_shows(page, 'data-events="/irisfed/events"', 'href="/irisfed/static/app.css?v=',
+                         'action="/irisfed/jobs"')
+            assert 'href="/jobs' not in page and 'href="/"' not in page
         assert (await client.get("/irisfed/static/app.js")).status_code == 200
         login = await client.get("/irisfed/login")
         assert "irisfed_login_csrf" in login.headers["set-cookie"]
@@ -441,3 +439,66 @@ async def test_every_page_works_as_the_read_only_web_role(database_url, pool, ro
             await Store(web_pool).job_request_cancel(job.job_id)  # it cannot write
     finally:
         await web_pool.close()
+
+
+async def test_a_job_page_shows_its_run_contract_its_runs_and_a_stop_under_way(client, pool):
+    """docs/design.md §3.7: the time limit, grace and failure retries asked; how many runs
+    and why each ran again; a cancelled running job's grace end."""
+    store = Store(pool)
+    job = make_job(time_limit_s=1800, grace_s=90, max_failure_retries=2, max_retries=1)
+    await insert_jobs(store, [job])
+    await assign_jobs(store, [job], "gpu-west")
+    await store.job_start_batch("gpu-west", [(job.job_id, 1, None, "started")])
+    await store.db.execute("UPDATE jobs SET attempts = 3, failures = 1, restarts = 1 WHERE job_id = $1", job.job_id)
+    await store.job_request_cancel(job.job_id)
+    page = (await client.get(f"/jobs/{job.job_id}")).text
+    assert "time limit 30m, grace 1m30s, failure retries 2" in page
+    assert "3 runs: again after 1 failure (of 2 allowed), 1 agent restart; infrastructure retries 0 of 1" in page
+    until = (await store.job_get(job.job_id)).cancel_requested_at + timedelta(seconds=90)
+    assert f'data-testid="job-stopping">stopping (grace until <time datetime="{until.isoformat()}"' in page
+
+
+async def test_a_job_page_links_its_dependencies_and_dependents(client, pool):
+    """docs/design.md §3.8: what a job waits for and what waits for it, each with its
+    state and condition, each a link to its own page."""
+    import msgspec
+
+    from irisfed.services.router.dependencies import insert_with_dependencies
+    from irisfed.services.router.plan import plan_new_job, route
+    from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
+    from irisfed.shared.messages import SubmitRequest
+
+    store = Store(pool)
+    first = make_job()
+    await insert_jobs(store, [first])
+    request = msgspec.convert({"command": ["true"], "job_id": "waiter",
+                               "after": [{"job_id": first.job_id, "when": "any"}]}, SubmitRequest)
+    job, reply = plan_new_job(request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="test"), "home", None),
+                              "waiter")
+    await insert_with_dependencies(store, request, job, reply, "default")
+    page = (await client.get("/jobs/waiter")).text
+    assert 'data-testid="job-after"' in page and f'href="/jobs/{first.job_id}"' in page
+    assert "(queued; must end)" in page
+    page = (await client.get(f"/jobs/{first.job_id}")).text
+    assert 'data-testid="job-dependents"' in page and 'href="/jobs/waiter"' in page
+
+
+async def test_an_arrays_id_opens_a_page_of_its_jobs(client, pool):
+    """docs/design.md §3.8: the base id of an array names all its jobs on the dashboard."""
+    import msgspec
+
+    from irisfed.services.router.arrays import insert_array
+    from irisfed.services.router.plan import route
+    from irisfed.shared.federation.router import SubmitDisposition, SubmitPlan
+    from irisfed.shared.messages import SubmitRequest
+
+    request = msgspec.convert({"command": ["true"], "job_id": "grid", "array": 3, "array_parallel": 1},
+                              SubmitRequest)
+    await insert_array(Store(pool), request, route(SubmitPlan(SubmitDisposition.QUEUE, reason="test"), "home", None),
+                       "grid", "default")
+    response = await client.get("/jobs/grid")
+    assert response.status_code == 200
+    page = response.text
+    assert 'data-testid="array-counts">3 jobs: 3 queued<' in page
+    assert [f'href="/jobs/grid_{i}"' in page for i in range(3)] == [True] * 3
+    assert (await client.get("/jobs/grid_9")).status_code == 404

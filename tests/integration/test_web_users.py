@@ -9,15 +9,29 @@ from __future__ import annotations
 import html
 import json
 import re
-from datetime import UTC, datetime
 
 import msgspec
 import pytest
 
 from irisfed.services.common.store import Store
 from irisfed.shared.explain import explanation
-from tests.infra.factories import assign_jobs, insert_jobs, make_job, start_jobs
-from tests.infra.web import client_for, job_ids, running_web, user_ids, user_job, user_row
+from tests.infra.factories import (
+    advertise_resources,
+    assign_jobs,
+    insert_jobs,
+    make_job,
+    start_all,
+    user_job,
+)
+from tests.infra.web import (
+    assert_shows,
+    client_for,
+    job_ids,
+    ok_page,
+    running_web,
+    user_ids,
+    user_row,
+)
 
 HOSTILE_USER = "<script>alert(1)</script>"
 HOSTILE_RESOURCE = '"><img src=x onerror=alert(1)>'
@@ -31,18 +45,6 @@ USERS = [
 def next_link(html: str) -> str | None:
     found = re.search(r'<a href="([^"]+)" data-testid="next-page"', html)
     return found.group(1).replace("&amp;", "&") if found else None
-
-
-async def advertise_backends(store: Store, peer_id: str, slots: int, resources: dict) -> None:
-    backends = [{"name": "main", "attributes": {}, "capacity": {"total": slots, "free": slots},
-                 "resources": {k: {"total": v, "free": v} for k, v in resources.items()}}]
-    await store.peer_heartbeat_upsert(peer_id, "run-1", 1, backends, 60.0, datetime.now(UTC))
-
-
-async def running(store: Store, jobs: list, peer: str = "gpu-west") -> None:
-    await insert_jobs(store, jobs)
-    await assign_jobs(store, jobs, peer)
-    await start_jobs(store, jobs, peer)
 
 
 # ---------------------------------------------------------------- the Jobs page
@@ -103,13 +105,9 @@ async def test_a_users_job_has_its_page_under_its_stored_id(pool, nats_client, s
     await insert_jobs(store, [job, make_job(job_id="train-1")])  # the default user's train-1: another job
     async with running_web(pool, nats_client, subject_prefix, users=USERS) as web, client_for(web) as client:
         for path in ("/jobs/alice:train-1", "/jobs/alice%3Atrain-1"):
-            page = await client.get(path)
-            assert page.status_code == 200, path
-            assert '<span data-testid="job-id">alice:train-1</span>' in page.text
-            assert 'data-testid="job-user" data-user-id="alice"' in page.text
-            assert '<code data-testid="job-sent-id">train-1</code>' in page.text
-            assert 'hx-get="/jobs/alice:train-1"' in page.text and 'data-live-job="alice:train-1"' in page.text
-            assert 'href="/jobs?user=alice"' in page.text
+            assert_shows(await ok_page(client, path), '<span data-testid="job-id">alice:train-1</span>',
+                         'data-testid="job-user" data-user-id="alice"', '<code data-testid="job-sent-id">train-1</code>',
+                         'hx-get="/jobs/alice:train-1"', 'data-live-job="alice:train-1"', 'href="/jobs?user=alice"')
         plain = (await client.get("/jobs/train-1")).text
         assert 'data-testid="job-user" data-user-id="default"' in plain and "job-sent-id" not in plain
         for hostile in ("alice:%3Cscript%3E", "Alice:train-1", "alice:bob:train-1", ":train-1", "alice:",
@@ -152,18 +150,18 @@ async def test_a_job_page_names_who_asked_for_its_cancel_and_a_quota_wait(pool, 
 async def test_the_users_page_shows_usage_against_quotas_weights_and_shares(pool, nats_client, subject_prefix):
     store = Store(pool)
     # What the federation advertises: slots 12, cpu 20, gpu 4, memory 64.0 GiB.
-    await advertise_backends(store, "gpu-west", 8, {"cpu": 16, "gpu": 4, "memory_mb": 65536})
-    await advertise_backends(store, "home", 4, {"cpu": 4})
+    await advertise_resources(store, "gpu-west", {"cpu": 16, "gpu": 4, "memory_mb": 65536}, slots=8)
+    await advertise_resources(store, "home", {"cpu": 4}, slots=4)
     alice_live = [user_job("alice", f"gpu-{i}", resources={"gpu": 1, "cpu": 1.5}) for i in range(2)]
-    await running(store, alice_live[:1])
+    await start_all(store, alice_live[:1])
     await insert_jobs(store, alice_live[1:])
     await assign_jobs(store, alice_live[1:], "gpu-west")  # assigned, not running yet: live all the same
     await insert_jobs(store, [user_job("alice", "gpu-2", resources={"gpu": 1})])  # queued
-    await running(store, [user_job("bob", "cpu-1", resources={"cpu": 3})], "home")
-    await running(store, [make_job(job_id="plain-1")], "home")  # the default user: one cpu
-    await running(store, [user_job("dave", "old-1", resources={"gpu": 1})])  # dave: no longer configured
+    await start_all(store, [user_job("bob", "cpu-1", resources={"cpu": 3})], "home")
+    await start_all(store, [make_job(job_id="plain-1")], "home")  # the default user: one cpu
+    await start_all(store, [user_job("dave", "old-1", resources={"gpu": 1})])  # dave: no longer configured
     done = user_job("carol", "done-1")
-    await running(store, [done])
+    await start_all(store, [done])
     await store.job_finish_batch("gpu-west", [(done.job_id, 1, 0, False)])  # ended: holds nothing
 
     async with running_web(pool, nats_client, subject_prefix, users=USERS) as web, client_for(web) as client:
@@ -221,7 +219,7 @@ async def test_the_users_page_without_users_or_reachable_peers(pool, nats_client
     async with running_web(pool, nats_client, subject_prefix) as web, client_for(web) as client:
         page = (await client.get("/users")).text
         assert 'data-testid="no-users"' in page and "nothing (no peer reachable)" in page
-        await running(Store(pool), [make_job(job_id="plain-1")])
+        await start_all(Store(pool), [make_job(job_id="plain-1")])
         web.federation.users.expire()
         page = (await client.get("/users")).text
         assert user_ids(page) == ["default"]
@@ -234,7 +232,7 @@ async def test_hostile_users_and_resources_are_shown_escaped(pool, nats_client, 
     store = Store(pool)
     job = msgspec.structs.replace(user_job("alice", "odd-1"), job_id="odd-1", user_id=HOSTILE_USER,
                                   resources_json=json.dumps({HOSTILE_RESOURCE: 2, "cpu": 1}))
-    await running(store, [job])
+    await start_all(store, [job])
     async with running_web(pool, nats_client, subject_prefix, users=USERS) as web, client_for(web) as client:
         pages = {path: (await client.get(path)).text for path in ("/users", "/jobs", "/jobs/odd-1")}
         for path, html in pages.items():
@@ -252,13 +250,13 @@ async def test_hostile_users_and_resources_are_shown_escaped(pool, nats_client, 
 
 
 async def test_the_users_page_works_as_the_read_only_web_role(database_url, pool, roles, nats_client,
-                                                             subject_prefix):
+                                                              subject_prefix):
     from urllib.parse import quote, urlsplit, urlunsplit
 
     from irisfed.services.common import db as dbmod
 
     store = Store(pool)
-    await running(store, [user_job("alice", "gpu-1", resources={"gpu": 1})])
+    await start_all(store, [user_job("alice", "gpu-1", resources={"gpu": 1})])
     parts = urlsplit(database_url)
     host = parts.netloc.rsplit("@", 1)[-1]
     url = urlunsplit(parts._replace(netloc=f"irisfed_svc_web:{quote(roles['irisfed_svc_web'], safe='')}@{host}"))

@@ -6,9 +6,11 @@ is stored, and the peer's run folders (and its cache) before the outputs are rea
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import tarfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -61,13 +63,18 @@ async def router(pool, nats_client, subject_prefix):
     await router.close()
 
 
-async def agent_for(pool, nc, prefix: str, root: Path, *, nodes=(), **config) -> PeerAgent:
+@contextlib.asynccontextmanager
+async def agent_for(pool, nc, prefix: str, root: Path, *, nodes=(), **config) -> AsyncIterator[PeerAgent]:
+    """A started gpu-west agent (subprocess backend, work folder ``root``); closed at the end."""
     spec = BackendSpec("main", "subprocess", {}, 8, {}, nodes=nodes)
     agent = PeerAgent(make_config(subject_prefix=prefix, **config), pool, nc,
                       AgentSettings(peer_id="gpu-west", backends=(spec,), work_root=root,
                                     reconcile_interval_s=0.05, report_linger_s=0.0))
     await agent.start()
-    return agent
+    try:
+        yield agent
+    finally:
+        await agent.close()
 
 
 def producer_folder(tmp_path: Path) -> Path:
@@ -96,12 +103,9 @@ async def test_a_job_runs_in_its_workspace_and_its_outputs_outlive_the_peer(pool
     workspace, sent = await store_workspace(nats_client, subject_prefix, folder)
     assert sent
     shutil.rmtree(folder)  # the producer's copy is gone as soon as the submit could go
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    job = make_job(command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(workspace))
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        job = make_job(command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(workspace))
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     row = await store.job_get(job.job_id)
     assert (row.state, row.exit_code) == (JobState.SUCCEEDED, 0), row.reason
     run_dir = tmp_path / "peer" / "gpu-west" / job.job_id / "epoch-1"
@@ -122,14 +126,11 @@ async def test_one_digest_is_stored_once_and_fetched_once_per_peer(pool, nats_cl
     first, sent_first = await store_workspace(nats_client, subject_prefix, folder)
     second, sent_second = await store_workspace(nats_client, subject_prefix, folder)
     assert first == second and (sent_first, sent_second) == (True, False)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    jobs = [make_job(command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(first)) for _ in range(3)]
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        jobs = [make_job(command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(first)) for _ in range(3)]
         for job in jobs:
             await run_job(store, agent, job)
         assert agent.workspaces.fetches == 1
-    finally:
-        await agent.close()
     for job in jobs:
         assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
         # Each run had its own copy: what one run wrote into its folder no other saw.
@@ -143,13 +144,10 @@ async def test_each_task_of_a_gang_runs_in_its_own_copy_and_keeps_its_outputs_ap
     folder = producer_folder(tmp_path)
     workspace, _ = await store_workspace(nats_client, subject_prefix, folder)
     shutil.rmtree(folder)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer",
-                            nodes=(NodeSpec(2, {"cpu": 1}, {}),))
-    job = make_job(command=[sys.executable, "train.py"], replicas=2, workspace=msgspec.to_builtins(workspace))
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer",
+                         nodes=(NodeSpec(2, {"cpu": 1}, {}),)) as agent:
+        job = make_job(command=[sys.executable, "train.py"], replicas=2, workspace=msgspec.to_builtins(workspace))
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
     shutil.rmtree(tmp_path / "peer")
     outputs = await store.job_outputs_list(job.job_id)
@@ -178,13 +176,10 @@ async def test_a_hostile_workspace_fails_the_job_and_writes_nothing_outside(pool
     data = HOSTILE[case]
     digest, size, _ = await buckets.put_workspace(data)
     peer = tmp_path / "peer"
-    agent = await agent_for(pool, nats_client, subject_prefix, peer)
-    before = {p for p in tmp_path.rglob("*")}
-    job = make_job(command=["touch", "ran"], workspace={"digest": digest, "size": size}, max_retries=3)
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, peer) as agent:
+        before = {p for p in tmp_path.rglob("*")}
+        job = make_job(command=["touch", "ran"], workspace={"digest": digest, "size": size}, max_retries=3)
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     row = await store.job_get(job.job_id)
     assert row.state is JobState.FAILED
     assert row.reason.startswith("workspace refused: ") and case in row.reason
@@ -202,12 +197,9 @@ async def test_bytes_not_their_digest_fail_the_job_naming_it(pool, nats_client, 
     forged = archive(member("train.py", data=b"print(2)\n"))
     bucket = await nats_client.jetstream().object_store(f"{subject_prefix}-workspaces")
     await bucket.put(workspace_object(digest), forged)  # the store's own chunk digest is right
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    job = make_job(command=["true"], workspace={"digest": digest, "size": len(forged)})
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        job = make_job(command=["true"], workspace={"digest": digest, "size": len(forged)})
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     row = await store.job_get(job.job_id)
     assert row.state is JobState.FAILED and digest in row.reason and "other bytes" in row.reason
 
@@ -219,28 +211,22 @@ async def test_a_workspace_deleted_while_its_job_waits_fails_it_naming_the_diges
     job = make_job(command=["true"], workspace={"digest": digest, "size": size})
     await insert_jobs(store, [job])
     assert await buckets.delete_workspace(digest)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
         await assign_jobs(store, [job], "gpu-west")
         await agent.reconcile()
         await wait_for(lambda: in_state(store, job.job_id, JobState.FAILED), "the job to fail")
-    finally:
-        await agent.close()
     row = await store.job_get(job.job_id)
     assert row.reason == f"workspace {digest} is no longer in the object store"
 
 
 async def test_outputs_over_the_cap_are_listed_as_left_out(pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", max_output_mb=1)
-    script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]\n'
-              'for n in ("a.bin", "b.bin", "c.bin"): open(os.path.join(d, n), "wb").write(b"x" * 400_000)\n'
-              'os.symlink("/etc/passwd", os.path.join(d, "link"))\n')
-    job = make_job(command=[sys.executable, "-c", script])
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", max_output_mb=1) as agent:
+        script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]\n'
+                  'for n in ("a.bin", "b.bin", "c.bin"): open(os.path.join(d, n), "wb").write(b"x" * 400_000)\n'
+                  'os.symlink("/etc/passwd", os.path.join(d, "link"))\n')
+        job = make_job(command=[sys.executable, "-c", script])
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
     outputs = await store.job_outputs_list(job.job_id)
     assert [(o.name, o.stored) for o in outputs] == [("a.bin", True), ("b.bin", True), ("c.bin", False),
@@ -251,14 +237,11 @@ async def test_outputs_over_the_cap_are_listed_as_left_out(pool, nats_client, su
 
 async def test_a_failed_run_keeps_its_outputs(pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    script = ('import os, sys; open(os.path.join(os.environ["IRISFED_OUTPUT_DIR"], "crash.log"), "w")'
-              '.write("boom"); sys.exit(3)')
-    job = make_job(command=[sys.executable, "-c", script], max_retries=0)
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        script = ('import os, sys; open(os.path.join(os.environ["IRISFED_OUTPUT_DIR"], "crash.log"), "w")'
+                  '.write("boom"); sys.exit(3)')
+        job = make_job(command=[sys.executable, "-c", script], max_retries=0)
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     assert (await store.job_get(job.job_id)).exit_code == 3
     assert await at_peer.get_output(job.job_id, 1, 0, "crash.log") == b"boom"
 
@@ -269,12 +252,9 @@ async def test_a_users_job_runs_its_own_buckets_workspace_and_stores_outputs_the
     folder = producer_folder(tmp_path)
     workspace, _ = await store_workspace(nats_client, subject_prefix, folder, user="alice")
     assert await ObjectStore(nats_client, subject_prefix).has_workspace(workspace.digest) is None
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", users=[{"id": "alice"}])
-    job = user_job("alice", "train-1", command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(workspace))
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer", users=[{"id": "alice"}]) as agent:
+        job = user_job("alice", "train-1", command=[sys.executable, "train.py"], workspace=msgspec.to_builtins(workspace))
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     assert job.job_id == "alice:train-1" and (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
     alices = ObjectStore(nats_client, subject_prefix, user="alice", peer="gpu-west")
     assert await alices.get_output(job.job_id, 1, 0, "result.txt") == b"TOKENS task=-"
@@ -284,19 +264,16 @@ async def test_a_users_job_runs_its_own_buckets_workspace_and_stores_outputs_the
 async def test_an_output_name_too_long_for_the_store_is_left_out_and_the_agent_stays_connected(
         pool, nats_client, subject_prefix, buckets, at_peer, tmp_path):
     store = Store(pool)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]; deep = os.path.join(d, *["é" * 120] * 8)\n'
-              'os.makedirs(os.path.dirname(deep)); open(deep, "w").write("x")\n'
-              'open(os.path.join(d, "fine.txt"), "w").write("ok")\n')
-    job = make_job(command=[sys.executable, "-c", script])
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        script = ('import os; d = os.environ["IRISFED_OUTPUT_DIR"]; deep = os.path.join(d, *["é" * 120] * 8)\n'
+                  'os.makedirs(os.path.dirname(deep)); open(deep, "w").write("x")\n'
+                  'open(os.path.join(d, "fine.txt"), "w").write("ok")\n')
+        job = make_job(command=[sys.executable, "-c", script])
         await run_job(store, agent, job)
         assert agent.nc.is_connected
         after = make_job(command=["true"])  # the agent goes on taking work
         await run_job(store, agent, after)
         assert (await store.job_get(after.job_id)).state is JobState.SUCCEEDED
-    finally:
-        await agent.close()
     outputs = await store.job_outputs_list(job.job_id)
     assert [(o.name.startswith("é"), o.stored, o.note) for o in outputs] == [
         (False, True, ""), (True, False, "its name is too long for the object store")]
@@ -312,11 +289,10 @@ async def test_a_gang_holds_its_cached_workspace_until_it_ends(pool, nats_client
     flag = tmp_path / "go"
     (folder / "wait.py").write_text(f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n")
     workspace, _ = await store_workspace(nats_client, subject_prefix, folder)
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer",
-                            nodes=(NodeSpec(2, {"cpu": 1}, {}),))
-    job = make_job(command=[sys.executable, "wait.py"], replicas=2, workspace=msgspec.to_builtins(workspace))
-    key = ("default", workspace.digest)
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer",
+                         nodes=(NodeSpec(2, {"cpu": 1}, {}),)) as agent:
+        job = make_job(command=[sys.executable, "wait.py"], replicas=2, workspace=msgspec.to_builtins(workspace))
+        key = ("default", workspace.digest)
         await insert_jobs(store, [job])
         await assign_jobs(store, [job], "gpu-west")
         await agent.reconcile()
@@ -325,8 +301,6 @@ async def test_a_gang_holds_its_cached_workspace_until_it_ends(pool, nats_client
         flag.write_text("go")
         await wait_for(lambda: _ended(store, job.job_id), "the gang to end")
         await wait_for(lambda: returns(agent.workspaces.entries[key].holders == 0), "the gang to let it go")
-    finally:
-        await agent.close()
     assert (await store.job_get(job.job_id)).state is JobState.SUCCEEDED
 
 
@@ -334,12 +308,9 @@ async def test_a_run_that_fails_to_launch_leaves_no_workspace_copy(pool, nats_cl
                                                                      tmp_path):
     store = Store(pool)
     workspace, _ = await store_workspace(nats_client, subject_prefix, producer_folder(tmp_path))
-    agent = await agent_for(pool, nats_client, subject_prefix, tmp_path / "peer")
-    job = make_job(command=["irisfed-no-such-program"], max_retries=0, workspace=msgspec.to_builtins(workspace))
-    try:
+    async with agent_for(pool, nats_client, subject_prefix, tmp_path / "peer") as agent:
+        job = make_job(command=["irisfed-no-such-program"], max_retries=0, workspace=msgspec.to_builtins(workspace))
         await run_job(store, agent, job)
-    finally:
-        await agent.close()
     row = await store.job_get(job.job_id)
     assert row.state is JobState.FAILED, row.reason
     run_dir = tmp_path / "peer" / "gpu-west" / job.job_id / "epoch-1"

@@ -20,6 +20,9 @@ from irisfed.services.peer_agent.plan import (
     outcome_unknown_move,
     plan_leftovers,
     plan_reconcile,
+    run_contract,
+    stopped_move,
+    time_limit_reason,
 )
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow, OwnedJob
@@ -171,18 +174,18 @@ def test_free_slots_count_runs_and_pending():
 # ---------------------------------------------------------------- lost runs
 
 
-def test_an_orphan_is_requeued_under_the_next_epoch_while_retries_remain():
+def test_an_orphan_is_requeued_under_the_next_epoch_spending_no_retry():
     move = orphan_move("gpu-west", owned("j", epoch=4), job_row(attempts=1, max_retries=1))
     assert (move.from_state, move.to_state, move.epoch, move.new_epoch, move.owner_peer_id) == \
         (JobState.RUNNING, JobState.QUEUED, 4, 5, None)
-    assert move.reason == "agent on gpu-west restarted while running it; retrying"
-    assert move.actor == "gpu-west"
+    assert move.reason == "agent on gpu-west restarted while running it; running again (no retry spent)"
+    assert move.actor == "gpu-west" and move.no_fault
 
 
-def test_an_orphan_out_of_retries_fails_and_a_cancelled_one_is_killed():
-    failed = orphan_move("gpu-west", owned("j"), job_row(attempts=2, max_retries=1))
-    assert (failed.to_state, failed.owner_peer_id, failed.reason) == (
-        JobState.FAILED, "gpu-west", "agent on gpu-west restarted while running it; no retries left")
+def test_an_orphan_out_of_retries_still_runs_again_and_a_cancelled_one_is_killed():
+    # Its agent's restart is no fault of the job (docs/design.md §3.7): no retry needed.
+    again = orphan_move("gpu-west", owned("j"), job_row(attempts=2, max_retries=0))
+    assert (again.to_state, again.owner_peer_id, again.no_fault) == (JobState.QUEUED, None, True)
     killed = orphan_move("gpu-west", owned("j", cancel_requested=True), job_row(attempts=1, max_retries=5))
     assert (killed.to_state, killed.reason) == (JobState.KILLED, "cancelled while its agent was down")
     asked = msgspec.structs.replace(job_row(attempts=1, max_retries=5), cancel_requested_by="user alice")
@@ -222,3 +225,46 @@ def test_a_run_whose_outcome_its_engine_lost_fails_and_is_never_retried():
     assert failed.actor == "p"
     killed = outcome_unknown_move("p", "j", 3, why, cancelled=True)
     assert (killed.to_state, killed.new_epoch, killed.reason) == (JobState.KILLED, None, why)
+
+
+# ---------------------------------------------------------------- the run contract (docs/design.md §3.7)
+
+
+def test_a_job_names_its_grace_and_time_limit_else_the_agent_default_and_none():
+    assert run_contract({"command": ["x"]}, 7.0) == (7.0, None)
+    assert run_contract({"grace_s": 0, "time_limit_s": 1800}, 7.0) == (0.0, 1800.0)
+
+
+def test_a_time_limit_reason_reads_as_the_flag_was_written():
+    assert [time_limit_reason(s) for s in (90, 1800, 7200, 5400, 2.5)] == [
+        "time limit 1m30s reached", "time limit 30m reached", "time limit 2h reached",
+        "time limit 1h30m reached", "time limit 2.5s reached"]
+
+
+def test_a_run_stopped_at_its_time_limit_fails_keeping_its_exit_code():
+    move = stopped_move("p", "j", 3, "time limit 30m reached", -15)
+    assert (move.from_state, move.to_state, move.epoch, move.new_epoch, move.owner_peer_id, move.exit_code,
+            move.reason) == (JobState.RUNNING, JobState.FAILED, 3, None, "p", -15, "time limit 30m reached")
+
+
+def test_failure_retries_and_restarts_spend_no_infrastructure_retry():
+    # attempts 4 = the first run + one failure retry + one restart + one infrastructure retry
+    row = msgspec.structs.replace(job_row(attempts=4, max_retries=1), failures=1, restarts=1)
+    assert launch_error_move("p", "j", 1, "boom", row).to_state is JobState.FAILED  # its one retry spent
+    row = msgspec.structs.replace(job_row(attempts=3, max_retries=1), failures=1, restarts=1)
+    assert launch_error_move("p", "j", 1, "boom", row).to_state is JobState.QUEUED
+
+
+def test_an_orphan_past_its_free_restarts_spends_a_retry_and_one_past_its_time_limit_fails():
+    from datetime import timedelta
+
+    from irisfed.shared.retry import MAX_FREE_RESTARTS
+
+    worn = msgspec.structs.replace(job_row(attempts=MAX_FREE_RESTARTS + 1, max_retries=0), restarts=MAX_FREE_RESTARTS)
+    move = orphan_move("p", owned("j"), worn)
+    assert (move.to_state, move.no_fault) == (JobState.FAILED, False)
+    assert move.reason.endswith(f"(past {MAX_FREE_RESTARTS} restarts that spend no retry); no retries left")
+    limited = msgspec.structs.replace(job_row(), spec={"time_limit_s": 60})
+    late = orphan_move("p", owned("j", epoch=3), limited, limited.started_at + timedelta(seconds=61))
+    assert (late.to_state, late.new_epoch, late.reason) == (JobState.FAILED, None, "time limit 1m reached")
+    assert orphan_move("p", owned("j"), limited, limited.started_at + timedelta(seconds=59)).to_state is JobState.QUEUED

@@ -161,6 +161,23 @@ def test_web_section_is_registered_and_in_quick_runs():
     assert "web" in SECTIONS and "web" in chosen_sections(True, set(SECTIONS))
 
 
+def test_stops_section_runs_after_logs_in_quick_runs_and_judges_only_what_it_timed():
+    from irisfed.bench.run import SECTIONS, chosen_sections
+    from irisfed.bench.stops import device_figure, stop_figures
+
+    names = list(SECTIONS)
+    assert names.index("stops") == names.index("logs") + 1
+    assert "stops" in chosen_sections(True, set(SECTIONS))
+    killed, term = stop_figures([0.012] * 8, [0.010] * 8, 8)
+    assert (killed.value, killed.ratio, term.ratio, term.met) == (10.0, None, 1.2, True)
+    assert stop_figures([0.030] * 3, [0.010] * 8, 8)[1].met is None  # most rounds untimed: not judged
+    assert stop_figures([0.030] * 8, [0.010] * 8, 8)[1].met is False
+    row = device_figure([1.02, 1.04], [1.0, 1.0], 300, "")
+    assert round(row.value, 6) == 3.0 and row.met is True
+    assert device_figure([1.2], [1.0], 300, "").met is False
+    assert device_figure([1.0], [1.0], 300, "batch g0: 3 submits refused").met is None
+
+
 def test_dashboard_responses_say_their_server_time():
     """The header the web section reads (services.web.app._Timed)."""
 

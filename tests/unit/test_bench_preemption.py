@@ -18,15 +18,8 @@ from irisfed.bench.preemption import (
     dispatch_figure,
     tick_figure,
 )
-from irisfed.bench.report import (
-    Bench,
-    Profile,
-    headline,
-    is_headline,
-    load_results,
-    markdown,
-    write_json,
-)
+from irisfed.bench.report import Bench, Profile, markdown
+from tests.infra.bench_reports import reported
 
 
 def run(*ms: float) -> Run:
@@ -97,11 +90,7 @@ def test_the_section_runs_in_quick_runs_and_its_rows_reach_the_report(tmp_path):
     bench.add(dispatch_figure(run(100, 120, 140), run(40, 50, 60), 3, [], []))
     bench.add(tick_figure([0.9, 1.2, 1.0], [0.5, 0.6, 0.55], 10_000, 100, 200, [200] * 3, [200] * 3))
     bench.add(dispatch_figure(Run(0, 0.0, []), run(50), 0, [], []))  # not judged, its value NaN
-    out = tmp_path / "quick.json"
-    write_json(bench, out)
-    doc = load_results(out.read_text(), str(out))
-    assert [f["name"] for f in doc["figures"] if is_headline(f)] == [f.name for f in bench.figures]
-    table = headline(doc, "bench/results/quick.json")
+    out, doc, table = reported(bench, tmp_path)
     assert "| preemption | tick pass preempting for 200 queued, 10,000 running × 100 peers | 1,000 ms |" in table
     assert "≤ 2× not preempting | yes |" in table and "≤ 3× idle | not judged |" in table
     assert "not judged" in markdown(doc)

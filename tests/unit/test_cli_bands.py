@@ -8,10 +8,8 @@ where and when), the BAND column of ``irisfed jobs``, ``explain``'s ``cannot pre
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -29,29 +27,11 @@ from irisfed.shared.lifecycle import JobState
 from irisfed.shared.messages import DryRunPlacement, DryRunReply, PeerVerdictMsg
 from irisfed.shared.records import JobListRow
 from tests.infra import rows
+from tests.infra.cli_runs import bare_environment
+from tests.infra.terminal import HOSTILE, assert_safe, capture
 
-HOSTILE = "[bold]x[/]:smile:\tFAKE\nrow\r\x1b[31m\u202eevil"
 MODES = ("table", "plain")  # what `submit` prints in (a terminal, else plain)
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-
-
-def capture(mode: str, draw) -> str:
-    """What ``draw(out)`` prints in ``mode`` (a wide truecolor terminal for tables)."""
-    console = Console(file=io.StringIO(), width=400, force_terminal=True, color_system="truecolor")
-    out = views.Out(mode, wide=True, console_=console)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        draw(out)
-    return console.file.getvalue() + printed.getvalue()
-
-
-def assert_safe(text: str, mode: str) -> None:
-    """The hostile value shows, literally, and cannot drive the terminal or fake a line."""
-    assert "\x1b[31m" not in text and "\u202e" not in text and "\r" not in text, repr(text)
-    assert "\\x1b[31m" in text and "\\u202e" in text
-    assert "[bold]x[/]:smile:" in text and "😄" not in text
-    if mode != "table":
-        assert not any(line.startswith(("FAKE", "row")) for line in text.splitlines()), text
 
 
 def at(seconds: float) -> datetime:
@@ -78,9 +58,7 @@ def preempted_history(by: str = "alice:urgent-1", detail_tail: str = "", to_stat
 def submit(monkeypatch, tmp_path, capsys):
     """``submit(*flags, reply=...)`` → (exit code, stdout, stderr, the body sent) of
     ``irisfed submit *flags -- true`` answered with ``reply`` (a dict, as the router's JSON)."""
-    for name in [n for n in os.environ if n.startswith("IRISFED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+    bare_environment(monkeypatch, tmp_path)
 
     def run(*flags: str, reply: dict | None = None) -> tuple[int, str, str, dict | None]:
         sent: list[dict] = []
@@ -212,7 +190,7 @@ def test_a_dry_run_reject_exits_3_as_a_submits_does(submit):
 def test_a_dry_run_error_exits_1_with_the_routers_message(submit):
     code, out, err, _ = submit("--band", "production", "--dry-run",
                                reply={"error": {"code": "forbidden", "message": "band production is above bob's "
-                                                                                  "max_band interactive"}})
+                                                "max_band interactive"}})
     assert (code, out) == (1, "")
     assert err == "irisfed: forbidden: band production is above bob's max_band interactive\n"
 
@@ -387,7 +365,7 @@ def test_build_submit_takes_band_max_preemptions_and_dry_run():
     request = build_submit(["true"], job_id="j", band="batch", max_preemptions=0, dry_run=True)
     assert (request.band, request.max_preemptions, request.dry_run) == ("batch", 0, True)
     assert build_submit(["true"], job_id="j") == build_submit(["true"], job_id="j", band="interactive",
-                                                               max_preemptions=100)
+                                                              max_preemptions=100)
     with pytest.raises(InvalidRequestError, match="band"):
         build_submit(["true"], band="urgent")
     with pytest.raises(InvalidRequestError, match="max_preemptions"):

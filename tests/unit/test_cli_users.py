@@ -19,10 +19,8 @@ from irisfed.shared.explain import explanation
 from irisfed.shared.lifecycle import JobState
 from tests.infra import rows
 from tests.infra.factories import make_config
+from tests.infra.terminal import HOSTILE, assert_safe, capture
 
-# Tabs and line breaks would fake rows in plain and TSV output; ESC and bidi controls
-# would drive the terminal; brackets and colons would be rich markup and emoji.
-HOSTILE = "[bold]x[/]:smile:\tFAKE\nrow\r\x1b[31m\u202eevil"
 MODES = ("table", "plain", "tsv")
 
 
@@ -40,27 +38,6 @@ def gpu_west(**overrides):
 HELD = {"alice": {"slots": 2, "gpu": 2, "cpu": 3000}, "carol": {"slots": 1, "cpu": 500}}
 COUNTS = {"alice": {"queued": 3, "assigned": 1, "running": 1}, "carol": {"running": 1}, "dave": {"queued": 1}}
 TOTALS = {"slots": 10, "gpu": 4, "cpu": 16000}
-
-
-def capture(mode: str, draw) -> str:
-    """What ``draw(out)`` prints in ``mode`` (a wide truecolor terminal for tables)."""
-    console = Console(file=io.StringIO(), width=400, force_terminal=True, color_system="truecolor")
-    out = views.Out(mode, wide=True, console_=console)
-    import contextlib
-
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        draw(out)
-    return console.file.getvalue() + printed.getvalue()
-
-
-def assert_safe(text: str, mode: str) -> None:
-    """The hostile value shows, literally, and cannot drive the terminal or fake a row."""
-    assert "\x1b[31m" not in text and "\u202e" not in text and "\r" not in text, repr(text)
-    assert "\\x1b[31m" in text and "\\u202e" in text
-    assert "[bold]x[/]:smile:" in text and "😄" not in text
-    if mode != "table":
-        assert not any(line.startswith(("FAKE", "row")) for line in text.splitlines()), text
 
 
 # ---------------------------------------------------------------- federation totals
@@ -286,6 +263,12 @@ def test_job_reads_take_stored_ids_and_refuse_others(monkeypatch, capsys):
                 return []
 
             async def job_outputs_list(self, job_id):
+                return []
+
+            async def job_dependencies_of(self, job_id):
+                return []
+
+            async def job_dependents_of(self, job_id):
                 return []
 
         return await read(Store())

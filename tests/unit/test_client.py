@@ -21,11 +21,11 @@ from irisfed.client import (
     Servers,
     UnavailableError,
     UnknownPeerError,
-    _answer_or_error,
     error_for,
     new_job_id,
     resolve_servers,
 )
+from irisfed.connection import answer_or_error as _answer_or_error
 from irisfed.jobs import build_submit, checked_submit, constraint_wire
 from irisfed.shared.constraints import Constraint, ConstraintOp
 from irisfed.shared.errors import ErrorCode, InvalidRequest, Unavailable

@@ -102,20 +102,21 @@ def _check_sound_url_file(path: Path, what: str, kind: str) -> None:
             assert "@" in parts.netloc and not parts.query, f"{what}: {path.name}: member {member!r}"
 
 
+def _run_refused_or_sound(config: Path, tmp_path: Path, capsys, flag: str, url: str, kind: str) -> None:
+    """``compose-secrets FLAG URL`` is refused, or writes sound ``kind`` URL files."""
+    out = tmp_path / "secrets"
+    code = _run(config, out, flag, url)
+    _check_refused_or_sound(code, out, capsys.readouterr().err, f"{flag} {url!r}", kind)
+
+
 @pytest.mark.parametrize("url", list(HOSTILE_DATABASE_URLS.values()), ids=list(HOSTILE_DATABASE_URLS))
 def test_a_hostile_database_url_is_refused_or_written_soundly(config, tmp_path, capsys, url):
-    out = tmp_path / "secrets"
-    code = _run(config, out, "--database-url", url)
-    err = capsys.readouterr().err
-    _check_refused_or_sound(code, out, err, f"--database-url {url!r}", "database")
+    _run_refused_or_sound(config, tmp_path, capsys, "--database-url", url, "database")
 
 
 @pytest.mark.parametrize("url", list(HOSTILE_NATS_URLS.values()), ids=list(HOSTILE_NATS_URLS))
 def test_a_hostile_nats_url_is_refused_or_written_soundly(config, tmp_path, capsys, url):
-    out = tmp_path / "secrets"
-    code = _run(config, out, "--nats-url", url)
-    err = capsys.readouterr().err
-    _check_refused_or_sound(code, out, err, f"--nats-url {url!r}", "nats")
+    _run_refused_or_sound(config, tmp_path, capsys, "--nats-url", url, "nats")
 
 
 @pytest.mark.parametrize("flag", ["--database-url", "--nats-url"])

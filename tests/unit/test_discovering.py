@@ -28,6 +28,7 @@ from irisfed.shared.federation.router import (
     SubmitDisposition,
     judge_peer,
 )
+from irisfed.shared.holds import explain_waiting
 from irisfed.shared.messages import (
     BackendAd,
     Capacity,
@@ -36,8 +37,9 @@ from irisfed.shared.messages import (
     decode_internal,
     encoder,
 )
-from irisfed.shared.placement import QueuedJob, assign_queued, explain_waiting
+from irisfed.shared.placement import assign_queued
 from irisfed.shared.resources import Amount, as_resources
+from irisfed.shared.rooms import QueuedJob
 from tests.infra import rows
 from tests.infra.factories import make_config
 

@@ -20,8 +20,9 @@ from irisfed.shared.constraints import Constraint, ConstraintOp
 from irisfed.shared.fair_share import FairShareRun
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.federation.router import PeerVerdict, SubmitDisposition, SubmitPlan
+from irisfed.shared.holds import Waiting
 from irisfed.shared.messages import DryRunPlacement, SubmitReply, SubmitRequest, decode_request
-from irisfed.shared.placement import PlacementRun, Waiting
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.preemption import NO_LOWER_BAND, Candidate, VictimPool
 from irisfed.shared.resources import Amount, Resources
 from irisfed.shared.users import QUOTA, UserConfig, UserTable

@@ -5,8 +5,9 @@ from hypothesis import strategies as st
 
 from irisfed.shared.fair_share import FairShareRun, federation_totals, within_quota
 from irisfed.shared.federation.peer import Backend, FederationPeer
-from irisfed.shared.placement import Placement, PlacementRun, QueuedJob
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.resources import Amount, Resources
+from irisfed.shared.rooms import Placement, QueuedJob
 from irisfed.shared.users import QUOTA, UserConfig, UserTable, quota_units
 
 NOW = 100.0

@@ -8,9 +8,10 @@ from __future__ import annotations
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
 from irisfed.shared.nodes import parse_node_groups
-from irisfed.shared.placement import PlacementRun, QueuedJob
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.preemption import Candidate, VictimPool
 from irisfed.shared.resources import Amount, Resources
+from irisfed.shared.rooms import QueuedJob
 
 NOW = 1000.0
 BATCH, INTERACTIVE = 0, 1

@@ -13,8 +13,9 @@ from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.federation.router import PeerRouter, RoutingRequest, SubmitDisposition
 from irisfed.shared.messages import SubmitRequest, decode_request
 from irisfed.shared.nodes import Gang, NodePool, parse_node_groups
-from irisfed.shared.placement import PlacementRun, QueuedJob
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.resources import Amount, Resources
+from irisfed.shared.rooms import QueuedJob
 
 NOW = 1000.0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from irisfed.services.peer_agent.service import node_group
+from irisfed.services.peer_agent.advertise import node_group
 from irisfed.shared.messages import BackendAd, Capacity, ResourceAmount
 from irisfed.shared.nodes import (
     MAX_NODE_GROUPS,

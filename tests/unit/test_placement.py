@@ -1,6 +1,7 @@
 from irisfed.shared.constraints import Constraint, ConstraintOp
 from irisfed.shared.federation.peer import Backend, FederationPeer
-from irisfed.shared.placement import QueuedJob, assign_queued, free_slots
+from irisfed.shared.placement import assign_queued
+from irisfed.shared.rooms import QueuedJob, free_slots
 
 NOW = 500.0
 GPU = (Constraint("device_type", ConstraintOp.EQ, "gpu"),)
@@ -135,8 +136,9 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from irisfed.shared.placement import Hold, add_usage, explain_waiting  # noqa: E402
+from irisfed.shared.holds import explain_waiting  # noqa: E402
 from irisfed.shared.resources import Amount, Resources  # noqa: E402
+from irisfed.shared.rooms import Hold, add_usage  # noqa: E402
 
 
 def sized_peer(peer_id, name="main", slots=100, reachable=True, attributes=None, **resources):
@@ -480,52 +482,51 @@ def queues(draw, peer_ids):
     return jobs
 
 
+def reachable_offers(peers):
+    """``((peer, backend), backend, offered)`` of each backend of a peer reachable at NOW,
+    ``offered`` its units per resource (name → (total, free))."""
+    from irisfed.shared.resources import offer_units
+
+    for peer in peers:
+        if peer.is_reachable(NOW):
+            for b in peer.backends:
+                yield (peer.peer_id, b.name), b, offer_units(b.resources)
+
+
 def free_at_start(peers, live, used):
     """Per (peer, backend): free slots, and free units per resource (None: the backend advertises none)."""
-    from irisfed.shared.resources import offer_units, to_units
+    from irisfed.shared.resources import to_units
 
     free = {}
-    for peer in peers:
-        if not peer.is_reachable(NOW):
-            continue
-        for b in peer.backends:
-            key = (peer.peer_id, b.name)
-            offered = offer_units(b.resources)
-            if not offered:
-                units = None
-            elif used is not None:  # what live jobs use (none when not named) comes off the totals
-                units = {n: max(0, t - to_units(n, used.get(key, {}).get(n, 0))) for n, (t, _) in offered.items()}
-            else:
-                units = {n: f for n, (_, f) in offered.items()}
-            free[key] = (max(0, b.total - live.get(key, 0)), units)
+    for key, b, offered in reachable_offers(peers):
+        if not offered:
+            units = None
+        elif used is not None:  # what live jobs use (none when not named) comes off the totals
+            units = {n: max(0, t - to_units(n, used.get(key, {}).get(n, 0))) for n, (t, _) in offered.items()}
+        else:
+            units = {n: f for n, (_, f) in offered.items()}
+        free[key] = (max(0, b.total - live.get(key, 0)), units)
     return free
 
 
-@given(st.data())
-@settings(max_examples=100, deadline=None)
-def test_placements_never_exceed_what_is_free_in_any_dimension(data):
+def draw_placement(data):
+    """A federation, its queue and a policy, and what live jobs use or None (not named)."""
     peers, live, used = data.draw(federations())
     jobs = data.draw(queues([p.peer_id for p in peers]))
     policy = data.draw(st.sampled_from(["pack", "spread"]))
-    use_used = data.draw(st.booleans())
-    placed, waiting = assign_queued(jobs, peers, live, NOW, used=used if use_used else None, policy=policy)
-    assert sorted([p.job_id for p in placed] + [w.job_id for w in waiting]) == sorted(j.job_id for j in jobs)
-    free = free_at_start(peers, live, used if use_used else None)
-    by_id = {j.job_id: j for j in jobs}
+    return peers, live, used if data.draw(st.booleans()) else None, jobs, policy
+
+
+def assert_within_free(placements, by_id, free):
+    """Per backend, ``placements`` take no more slots, nor units of any resource, than ``free``."""
     taken: dict = {}
-    for p in placed:
+    for p in placements:
         key = (p.peer_id, p.backend)
         assert key in free, "placed on an unreachable or unknown backend"
         slots_taken, units_taken = taken.setdefault(key, [0, {}])
         taken[key][0] += 1
         for name, amount in by_id[p.job_id].resources.units:
             units_taken[name] = units_taken.get(name, 0) + amount
-        j = by_id[p.job_id]
-        backend = next(b for peer in peers if peer.peer_id == p.peer_id for b in peer.backends if b.name == p.backend)
-        if j.pinned_peer_id:
-            assert p.peer_id == j.pinned_peer_id
-        else:
-            assert all(c.holds_for(backend.attributes) for c in j.constraints)
     for key, (slots_taken, units_taken) in taken.items():
         slots_free, units_free = free[key]
         assert slots_taken <= slots_free
@@ -534,23 +535,36 @@ def test_placements_never_exceed_what_is_free_in_any_dimension(data):
                 assert amount <= units_free.get(name, 0), (key, name)
 
 
+@given(st.data())
+@settings(max_examples=100, deadline=None)
+def test_placements_never_exceed_what_is_free_in_any_dimension(data):
+    peers, live, used, jobs, policy = draw_placement(data)
+    placed, waiting = assign_queued(jobs, peers, live, NOW, used=used, policy=policy)
+    assert sorted([p.job_id for p in placed] + [w.job_id for w in waiting]) == sorted(j.job_id for j in jobs)
+    free = free_at_start(peers, live, used)
+    by_id = {j.job_id: j for j in jobs}
+    assert_within_free(placed, by_id, free)
+    for p in placed:
+        j = by_id[p.job_id]
+        backend = next(b for peer in peers if peer.peer_id == p.peer_id for b in peer.backends if b.name == p.backend)
+        if j.pinned_peer_id:
+            assert p.peer_id == j.pinned_peer_id
+        else:
+            assert all(c.holds_for(backend.attributes) for c in j.constraints)
+
+
 def reference_placement(jobs, peers, live, used, policy):
     """A slow, obvious implementation of the documented ranking (no holds), to check the heaps against."""
-    from irisfed.shared.resources import offer_units, to_units
+    from irisfed.shared.resources import to_units
 
     sign = 1.0 if policy == "pack" else -1.0
     state = {}
-    for peer in peers:
-        if not peer.is_reachable(NOW):
-            continue
-        for b in peer.backends:
-            key = (peer.peer_id, b.name)
-            offered = offer_units(b.resources)
-            total = {n: t for n, (t, _) in offered.items()}
-            free = ({n: t - to_units(n, used.get(key, {}).get(n, 0)) for n, t in total.items()}
-                    if used is not None else {n: f for n, (_, f) in offered.items()})
-            state[key] = {"b": b, "slots": max(0, b.total - live.get(key, 0)), "total": total, "free": free,
-                          "legacy": not offered}
+    for key, b, offered in reachable_offers(peers):
+        total = {n: t for n, (t, _) in offered.items()}
+        free = ({n: t - to_units(n, used.get(key, {}).get(n, 0)) for n, t in total.items()}
+                if used is not None else {n: f for n, (_, f) in offered.items()})
+        state[key] = {"b": b, "slots": max(0, b.total - live.get(key, 0)), "total": total, "free": free,
+                      "legacy": not offered}
     out = []
     for j in jobs:
         units = j.resources.units
@@ -632,7 +646,8 @@ def test_a_job_is_never_blocked_by_its_own_hold():
 
 # ---------------------------------------------------------------- one run, many batches (PlacementRun)
 
-from irisfed.shared.placement import Placement, PlacementRun  # noqa: E402
+from irisfed.shared.placement import PlacementRun  # noqa: E402
+from irisfed.shared.rooms import Placement  # noqa: E402
 
 
 def split(draw, jobs):
@@ -644,10 +659,7 @@ def split(draw, jobs):
 @given(st.data())
 @settings(max_examples=80, deadline=None)
 def test_a_run_placed_in_batches_places_exactly_what_one_call_does(data):
-    peers, live, used = data.draw(federations())
-    jobs = data.draw(queues([p.peer_id for p in peers]))
-    policy = data.draw(st.sampled_from(["pack", "spread"]))
-    used = used if data.draw(st.booleans()) else None
+    peers, live, used, jobs, policy = draw_placement(data)
     held_once: dict = {}
     placed, waiting = assign_queued(jobs, peers, live, NOW, used=used, policy=policy, reservations=held_once)
     held_run: dict = {}
@@ -751,10 +763,7 @@ def test_after_releases_a_batch_places_as_a_fresh_run_with_what_was_kept(data):
 @given(st.data())
 @settings(max_examples=100, deadline=None)
 def test_placements_never_exceed_what_is_free_across_batches_and_releases(data):
-    peers, live, used = data.draw(federations())
-    jobs = data.draw(queues([p.peer_id for p in peers]))
-    policy = data.draw(st.sampled_from(["pack", "spread"]))
-    used = used if data.draw(st.booleans()) else None
+    peers, live, used, jobs, policy = draw_placement(data)
     run = PlacementRun(peers, live, NOW, used=used, policy=policy)
     free = free_at_start(peers, live, used)
     by_id = {j.job_id: j for j in jobs}
@@ -767,19 +776,6 @@ def test_placements_never_exceed_what_is_free_across_batches_and_releases(data):
             lost = data.draw(st.sampled_from(kept))
             run.release(lost, by_id[lost.job_id].resources)
             kept.remove(lost)
-        taken: dict = {}
-        for p in kept:
-            key = (p.peer_id, p.backend)
-            assert key in free
-            slots_taken, units_taken = taken.setdefault(key, [0, {}])
-            taken[key][0] += 1
-            for name, amount in by_id[p.job_id].resources.units:
-                units_taken[name] = units_taken.get(name, 0) + amount
-        for key, (slots_taken, units_taken) in taken.items():
-            slots_free, units_free = free[key]
-            assert slots_taken <= slots_free
-            if units_free is not None:
-                for name, amount in units_taken.items():
-                    assert amount <= units_free.get(name, 0), (key, name)
+        assert_within_free(kept, by_id, free)
     assert run.has_room() == any(slots - sum(1 for p in kept if (p.peer_id, p.backend) == key) > 0
                                  for key, (slots, _) in free.items())

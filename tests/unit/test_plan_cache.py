@@ -47,12 +47,19 @@ def test_a_change_of_shape_or_a_returning_peer_drops_the_decision():
     assert router._route(GPU_JOB).plan.disposition == "queue"
 
 
-def test_regaining_the_control_plane_redecides():
+def gpu_west_heard_at_990_and_gone_at(now_s: float) -> Router:
+    """A router that heard gpu-west at 990 s (TTL 6 s) and, at ``now_s``, holds it gone:
+    a GPU job is rejected."""
     now = [980.0]
     router = make_router(now)
     router.view.apply_heartbeat(heartbeat("gpu-west", 1), received_at=990.0)
-    now[0] = 996.5
-    assert router._route(GPU_JOB).plan.disposition == "reject"  # heard 6.5 s ago, TTL 6 s
+    now[0] = now_s
+    assert router._route(GPU_JOB).plan.disposition == "reject"
+    return router
+
+
+def test_regaining_the_control_plane_redecides():
+    router = gpu_west_heard_at_990_and_gone_at(996.5)  # heard 6.5 s ago, TTL 6 s
     router.view.mark_healthy()  # NATS back: peers get a full TTL from now
     assert router._route(GPU_JOB).plan.disposition == "queue"
 
@@ -60,10 +67,6 @@ def test_regaining_the_control_plane_redecides():
 def test_a_peer_back_through_a_lagging_row_redecides():
     # Postgres rows carry their own (older) receive time: the gap to the previous
     # advertisement can be under the TTL although that one had already expired.
-    now = [980.0]
-    router = make_router(now)
-    router.view.apply_heartbeat(heartbeat("gpu-west", 1), received_at=990.0)
-    now[0] = 997.0
-    assert router._route(GPU_JOB).plan.disposition == "reject"  # expired at 996
+    router = gpu_west_heard_at_990_and_gone_at(997.0)  # expired at 996
     router.view.apply_heartbeat(heartbeat("gpu-west", 2), received_at=995.0)  # reachable until 1001
     assert router._route(GPU_JOB).plan.disposition == "queue"

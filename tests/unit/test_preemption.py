@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from irisfed.shared.bands import may_preempt
 from irisfed.shared.fair_share import FairShareRun
 from irisfed.shared.federation.peer import Backend, FederationPeer
-from irisfed.shared.placement import PlacementRun, QueuedJob
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.preemption import (
     LOWEST_BAND,
     NO_LOWER_BAND,
@@ -17,6 +17,7 @@ from irisfed.shared.preemption import (
     choose_victims,
 )
 from irisfed.shared.resources import Amount, Resources
+from irisfed.shared.rooms import QueuedJob
 from irisfed.shared.users import QUOTA, UserConfig, UserTable
 
 NOW = 100.0

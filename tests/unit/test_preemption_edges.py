@@ -19,9 +19,10 @@ from irisfed.services.peer_agent.service import PeerAgent
 from irisfed.shared.errors import InvalidRequest
 from irisfed.shared.federation.peer import Backend, FederationPeer
 from irisfed.shared.messages import CancelNotice, SubmitRequest, decode_request, encoder
-from irisfed.shared.placement import PlacementRun, QueuedJob
+from irisfed.shared.placement import PlacementRun
 from irisfed.shared.preemption import Candidate, VictimPool, choose_victims
 from irisfed.shared.resources import Amount, Resources, as_resources
+from irisfed.shared.rooms import QueuedJob
 
 NOW = 100.0
 BATCH, INTERACTIVE, PRODUCTION = 0, 1, 2

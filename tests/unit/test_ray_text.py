@@ -1,10 +1,11 @@
-"""What the ray backend says to and reads from the Ray Jobs API (``ray_text``): names,
-quoting, resources, outcomes, the cluster's capacity and nodes, and a gang's driver
-(``ray_gang``: what it prints, read back). Pure (the entrypoint run through a real shell
-is tests/integration/test_ray_entrypoint_shell.py; gangs on a real cluster are
-tests/engines/test_ray_gangs.py); the cluster status samples were captured from a real
-head (ray 2.60, 2 CPUs, ``{"TPU": 4}``), idle and while a job held 1 CPU, 1 TPU and 512
-MiB, and the node samples from a head with three worker raylets, one of them dead."""
+"""What the ray backend says to and reads from the Ray Jobs API (``ray_text``,
+``ray_capacity``, ``ray_gang_text``): names, quoting, resources, outcomes, the cluster's
+capacity and nodes, and a gang's driver (``ray_gang``: what it prints, read back). Pure
+(the entrypoint run through a real shell is tests/integration/test_ray_entrypoint_shell.py;
+gangs on a real cluster are tests/engines/test_ray_gangs.py); the cluster status samples
+were captured from a real head (ray 2.60, 2 CPUs, ``{"TPU": 4}``), idle and while a job
+held 1 CPU, 1 TPU and 512 MiB, and the node samples from a head with three worker
+raylets, one of them dead."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 
 from irisfed.services.peer_agent import backends
 from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
+from irisfed.services.peer_agent.backends import ray_capacity as capacity
 from irisfed.services.peer_agent.backends import ray_gang as driver
+from irisfed.services.peer_agent.backends import ray_gang_text as gang_text
 from irisfed.services.peer_agent.backends import ray_text as text
 
 MIB = 1024 * 1024
@@ -156,7 +159,7 @@ def test_cpu_is_always_given_because_ray_counts_an_unnamed_one_as_none() -> None
 
 
 def test_extended_resources_take_the_name_discovery_saw() -> None:
-    report = text.cluster_report(BIG)
+    report = capacity.cluster_report(BIG)
     assert report.ray_names == {"fpga.xilinx": "FPGA.Xilinx"}
     kwargs = text.submit_resources({"cpu": 1, "fpga.xilinx": 2}, report.ray_names)
     assert kwargs["entrypoint_resources"] == {"FPGA.Xilinx": 2}
@@ -171,7 +174,7 @@ def test_extended_resources_take_the_name_discovery_saw() -> None:
     ({}, None), ({"cpu": 2, "tpu": 4, "memory_mb": 23298}, None), ({"cpu": 0, "tpu": 1}, None),
 ])
 def test_a_request_no_node_could_hold_is_named(request_: dict, named: str | None) -> None:
-    problem = text.too_big(request_, text.cluster_report(BUSY))  # totals count, not what is free now
+    problem = text.too_big(request_, capacity.cluster_report(BUSY))  # totals count, not what is free now
     if named is None:
         assert problem is None
     else:
@@ -179,13 +182,13 @@ def test_a_request_no_node_could_hold_is_named(request_: dict, named: str | None
 
 
 def test_a_request_must_fit_one_node_not_the_sum_of_them() -> None:
-    report = text.cluster_report(BIG)
+    report = capacity.cluster_report(BIG)
     assert text.too_big({"cpu": 8, "gpu": 4}, report) is None
     assert "largest Ray node has gpu=4 (8 in the whole cluster)" in text.too_big({"gpu": 5}, report)
     assert "no single Ray node has all of cpu=1, fpga.xilinx=1, gpu=1" in text.too_big(
         {"cpu": 1, "gpu": 1, "fpga.xilinx": 1}, report)
     # Without per-node totals the cluster's are all there is.
-    flat = text.cluster_report(status_payload(BIG["data"]["clusterStatus"]["loadMetricsReport"]["usage"]))
+    flat = capacity.cluster_report(status_payload(BIG["data"]["clusterStatus"]["loadMetricsReport"]["usage"]))
     assert flat.nodes == []
     assert text.too_big({"cpu": 1, "gpu": 5}, flat) is None
 
@@ -258,7 +261,7 @@ def test_a_job_that_has_not_ended_has_no_exit_code() -> None:
 
 
 def test_an_idle_head_reports_its_totals_free() -> None:
-    report = text.cluster_report(IDLE)
+    report = capacity.cluster_report(IDLE)
     assert report.discovered == Discovered(
         attributes={"device_type": ["tpu"]},
         resources={"cpu": (2.0, 2.0), "tpu": (4.0, 4.0), "memory_mb": (23298.0, 23298.0)},
@@ -270,12 +273,12 @@ def test_an_idle_head_reports_its_totals_free() -> None:
 
 
 def test_what_a_running_job_holds_is_not_free() -> None:
-    resources = text.cluster_report(BUSY).discovered.resources
+    resources = capacity.cluster_report(BUSY).discovered.resources
     assert resources == {"cpu": (2.0, 1.0), "tpu": (4.0, 3.0), "memory_mb": (23298.0, 22786.0)}
 
 
 def test_gpus_accelerator_types_and_custom_resources_are_discovered() -> None:
-    report = text.cluster_report(BIG)
+    report = capacity.cluster_report(BIG)
     assert report.discovered.attributes == {"device_type": ["gpu"], "device_variant": ["a100"]}
     # Never advertised: node:*, accelerator_type:*, the object store, placement group
     # bookkeeping, names that are not irisfed resource names.
@@ -286,20 +289,20 @@ def test_gpus_accelerator_types_and_custom_resources_are_discovered() -> None:
 
 
 def test_gpu_and_tpu_together_and_neither() -> None:
-    both = text.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 1], "TPU": [0, 8]}))
+    both = capacity.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 1], "TPU": [0, 8]}))
     assert both.discovered.attributes == {"device_type": ["gpu", "tpu"]}
-    neither = text.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 0]}))
+    neither = capacity.cluster_report(status_payload({"CPU": [0, 4], "GPU": [0, 0]}))
     assert neither.discovered.attributes == {"device_type": ["cpu"]}
     assert neither.discovered.resources["gpu"] == (0.0, 0.0)
 
 
 def test_a_resource_used_beyond_its_total_has_none_free() -> None:
-    report = text.cluster_report(status_payload({"CPU": [3.0, 2.0]}))
+    report = capacity.cluster_report(status_payload({"CPU": [3.0, 2.0]}))
     assert report.discovered.resources == {"cpu": (2.0, 0.0)}
 
 
 def test_names_that_collide_once_lower_cased_keep_the_first() -> None:
-    report = text.cluster_report(status_payload({"CPU": [0, 1], "TPU": [0, 4], "tpu": [0, 9], "cpu": [0, 7]}))
+    report = capacity.cluster_report(status_payload({"CPU": [0, 1], "TPU": [0, 4], "tpu": [0, 9], "cpu": [0, 7]}))
     assert report.discovered.resources == {"cpu": (1.0, 1.0), "tpu": (4.0, 4.0)}
     assert report.ray_names == {"tpu": "TPU"}
 
@@ -310,7 +313,7 @@ def test_names_that_collide_once_lower_cased_keep_the_first() -> None:
 ])
 def test_an_answer_without_a_resource_report_is_an_error(payload: dict) -> None:
     with pytest.raises(ValueError, match="resource report"):
-        text.cluster_report(payload)
+        capacity.cluster_report(payload)
 
 
 # ------------------------------------------------------------------ nodes
@@ -335,7 +338,7 @@ def nodes_payload(*entries: dict) -> dict:
         "result": list(entries), "partial_failure_warning": "", "warnings": None}}}
 
 
-def cluster(busy_b: bool = False) -> text.ClusterReport:
+def cluster(busy_b: bool = False) -> capacity.ClusterReport:
     """A head (TPU, no labels), two alike workers of rack r1 (B running a 1-CPU task when
     ``busy_b``), a dead worker of rack r2 and one just joined that the resource report
     has not seen yet."""
@@ -343,7 +346,7 @@ def cluster(busy_b: bool = False) -> text.ClusterReport:
     by_node = {HEAD_ID: IDLE_USAGE, WORKER_A: WORKER_USAGE, WORKER_B: b_usage, DEAD: WORKER_USAGE}
     # The summed report still counts the dead worker (it does for a while), not the new one.
     usage = {"CPU": [1.0 if busy_b else 0.0, 5.0], "TPU": [0.0, 4.0], "memory": [0.0, 3072.0 * MIB]}
-    return text.cluster_report(status_payload(usage, by_node), nodes_payload(
+    return capacity.cluster_report(status_payload(usage, by_node), nodes_payload(
         node_entry(WORKER_A, labels={"rack": "r1"}), node_entry(HEAD_ID, head=True, totals={"CPU": 2.0}),
         node_entry(DEAD, "DEAD", {"rack": "r2"}), node_entry(WORKER_B, labels={"rack": "r1"}),
         node_entry(NEW, labels={"rack": "r3", "ray.io/tpu-worker-id": "0"})))
@@ -376,15 +379,15 @@ def test_a_busy_node_is_a_group_of_its_own() -> None:
 
 
 def test_labels_that_name_one_node_alone_are_not_attributes() -> None:
-    assert text.node_attributes({"ray.io/node-id": "n1", "ray.io/tpu-worker-id": "3", "ray.io/tpu-slice-name": "s",
-                                 "rack": "r1", "bad": 7}) == {"ray.io/tpu-slice-name": ["s"], "rack": ["r1"]}
-    assert text.node_attributes(None) == {}
+    assert capacity.node_attributes({"ray.io/node-id": "n1", "ray.io/tpu-worker-id": "3", "ray.io/tpu-slice-name": "s",
+                                     "rack": "r1", "bad": 7}) == {"ray.io/tpu-slice-name": ["s"], "rack": ["r1"]}
+    assert capacity.node_attributes(None) == {}
 
 
 @pytest.mark.parametrize("payload", [{}, {"data": {"result": None}}, {"data": {"result": {"result": "x"}}}])
 def test_a_node_list_that_is_not_one_is_an_error(payload: dict) -> None:
     with pytest.raises(ValueError, match="node list"):
-        text.cluster_report(IDLE, payload)
+        capacity.cluster_report(IDLE, payload)
 
 
 # ------------------------------------------------------------------ gangs
@@ -392,36 +395,36 @@ def test_a_node_list_that_is_not_one_is_an_error(payload: dict) -> None:
 
 def test_a_gang_needs_enough_nodes_that_each_hold_a_task_sharing_one_label_value() -> None:
     report = cluster(busy_b=True)  # by totals: what is busy now does not count
-    assert text.gang_problem({"cpu": 1}, 4, "", report) is None  # head, A, B and the new one
-    assert text.gang_problem({"cpu": 1}, 2, "rack", report) is None  # A and B
-    assert text.gang_problem({"cpu": 1}, 3, "rack", report) == (
+    assert gang_text.gang_problem({"cpu": 1}, 4, "", report) is None  # head, A, B and the new one
+    assert gang_text.gang_problem({"cpu": 1}, 2, "rack", report) is None  # A and B
+    assert gang_text.gang_problem({"cpu": 1}, 3, "rack", report) == (
         "the gang needs 3 Ray nodes sharing one rack that can each hold cpu=1; the cluster has 2: "
         "Ray would keep it waiting until its start timeout")
-    assert "needs 2 Ray nodes that can each hold cpu=1, tpu=1; the cluster has 1" in text.gang_problem(
+    assert "needs 2 Ray nodes that can each hold cpu=1, tpu=1; the cluster has 1" in gang_text.gang_problem(
         {"cpu": 1, "tpu": 1}, 2, "", report)
-    assert "the cluster has 1" in text.gang_problem({"cpu": 2}, 2, "", report)  # only the head has 2
-    assert "sharing one zone" in text.gang_problem({"cpu": 1}, 2, "zone", report)  # no node has that label
-    flat = text.cluster_report(status_payload({"CPU": [0, 4]}))  # a head that reports no nodes: cannot tell
-    assert text.gang_problem({"cpu": 1}, 9, "", flat) is None
+    assert "the cluster has 1" in gang_text.gang_problem({"cpu": 2}, 2, "", report)  # only the head has 2
+    assert "sharing one zone" in gang_text.gang_problem({"cpu": 1}, 2, "zone", report)  # no node has that label
+    flat = capacity.cluster_report(status_payload({"CPU": [0, 4]}))  # a head that reports no nodes: cannot tell
+    assert gang_text.gang_problem({"cpu": 1}, 9, "", flat) is None
 
 
 def test_a_task_is_a_bundle_in_rays_names() -> None:
-    assert text.gang_bundle({}) == {"CPU": 1}
-    assert text.gang_bundle({"cpu": 0.5, "gpu": 1, "memory_mb": 512, "tpu": 4, "fpga.xilinx": 1},
-                            {"fpga.xilinx": "FPGA.Xilinx"}) == {
+    assert gang_text.gang_bundle({}) == {"CPU": 1}
+    assert gang_text.gang_bundle({"cpu": 0.5, "gpu": 1, "memory_mb": 512, "tpu": 4, "fpga.xilinx": 1},
+                                 {"fpga.xilinx": "FPGA.Xilinx"}) == {
         "CPU": 0.5, "GPU": 1, "memory": 512 * MIB, "TPU": 4, "FPGA.Xilinx": 1}
     with pytest.raises(ValueError, match="bundle cannot be empty"):
-        text.gang_bundle({"cpu": 0})
+        gang_text.gang_bundle({"cpu": 0})
 
 
 def test_a_gangs_run_travels_verbatim_beside_its_driver() -> None:
     import json
 
     env = {"HOSTILE": "$HOME ${HOME} 'q' `x`", "not-a-shell-name": "v"}
-    payload = text.driver_payload("print('driver')\n")
-    env_vars = text.gang_env(["sh", "-c", "echo $1", "sh", "$(x)"], env, "job-1", 3, 2, {"CPU": 1}, "rack", 30.0,
-                             payload)
-    assert set(env_vars) == {driver.SPEC_VARIABLE, text.DRIVER_VARIABLE, "IRISFED_JOB_ID", "IRISFED_EPOCH"}
+    payload = gang_text.driver_payload("print('driver')\n")
+    env_vars = gang_text.gang_env(["sh", "-c", "echo $1", "sh", "$(x)"], env, "job-1", 3, 2, {"CPU": 1}, "rack",
+                                  30.0, payload)
+    assert set(env_vars) == {driver.SPEC_VARIABLE, gang_text.DRIVER_VARIABLE, "IRISFED_JOB_ID", "IRISFED_EPOCH"}
     assert "$" not in env_vars[driver.SPEC_VARIABLE]  # nothing for Ray to expand
     spec = json.loads(base64.b64decode(env_vars[driver.SPEC_VARIABLE]))
     assert spec == {"command": ["sh", "-c", "echo $1", "sh", "$(x)"], "replicas": 2, "bundle": {"CPU": 1},
@@ -429,20 +432,20 @@ def test_a_gangs_run_travels_verbatim_beside_its_driver() -> None:
                     "env": {**env, "IRISFED_JOB_ID": "job-1", "IRISFED_EPOCH": "3", "IRISFED_NUM_TASKS": "2"}}
     import zlib
 
-    assert zlib.decompress(base64.b64decode(env_vars[text.DRIVER_VARIABLE])) == b"print('driver')\n"
+    assert zlib.decompress(base64.b64decode(env_vars[gang_text.DRIVER_VARIABLE])) == b"print('driver')\n"
     with pytest.raises(ValueError, match="at most"):
-        text.gang_env(["true"], {"BIG": "x" * text.ENV_MAX_CHARS}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
+        gang_text.gang_env(["true"], {"BIG": "x" * text.ENV_MAX_CHARS}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
     with pytest.raises(ValueError, match="NUL"):
-        text.gang_env(["true"], {"A": "\0"}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
+        gang_text.gang_env(["true"], {"A": "\0"}, "j", 1, 2, {"CPU": 1}, "", 30.0, payload)
 
 
 def test_the_gang_entrypoint_runs_the_driver_from_its_variable_with_the_nodes_python() -> None:
     import shlex
 
-    words = shlex.split(text.gang_entrypoint("/opt/ray/bin/python3"))
+    words = shlex.split(gang_text.gang_entrypoint("/opt/ray/bin/python3"))
     assert words[:3] == ["exec", "/opt/ray/bin/python3", "-c"]
     compile(words[3], "bootstrap", "exec")  # valid Python
-    assert text.DRIVER_VARIABLE in words[3] and "sys.path[0]==''" in words[3]
+    assert gang_text.DRIVER_VARIABLE in words[3] and "sys.path[0]==''" in words[3]
 
 
 def test_a_gang_carries_its_size_in_its_metadata() -> None:
@@ -478,22 +481,22 @@ def test_a_gangs_log_is_split_back_into_each_tasks_output_byte_for_byte() -> Non
         + driver.gang_line("end", {"exit": 3, "lost": "", "killed": False, "states": ["succeeded", "failed"],
                                    "codes": [0, 3], "nodes": ["n0", "n1"]})
     )
-    read = text.read_gang_log(log, 2)
+    read = gang_text.read_gang_log(log, 2)
     assert read.started == ["n0", "n1"]
     assert read.end["exit"] == 3 and read.end["states"] == ["succeeded", "failed"]
     assert read.outputs == {(0, "out"): "hello\nworld\n\n", (0, "err"): "no newline at the end",
                             (1, "err"): "oops\n", (1, "out"): sneaky + "x" * (driver.MAX_PIECE + 5) + "\ntail"}
-    assert text.gang_started(log) == ["n0", "n1"]
-    assert text.gang_started(log.split(driver.GANG_MARK + " started")[0]) is None
-    assert text.read_gang_log(driven((5, "out", "not one of ours\n")), 2).outputs == {}
+    assert gang_text.gang_started(log) == ["n0", "n1"]
+    assert gang_text.gang_started(log.split(driver.GANG_MARK + " started")[0]) is None
+    assert gang_text.read_gang_log(driven((5, "out", "not one of ours\n")), 2).outputs == {}
 
 
 def gang_state(status: str, code: int | None = None, message: str = "") -> text.JobState:
     return text.JobState(status, code, None, message)
 
 
-def end_line(**fields) -> text.GangLog:
-    return text.GangLog(["n0", "n1"], {"exit": 0, "lost": "", "killed": False, **fields})
+def end_line(**fields) -> gang_text.GangLog:
+    return gang_text.GangLog(["n0", "n1"], {"exit": 0, "lost": "", "killed": False, **fields})
 
 
 @pytest.mark.parametrize("state, log, kill_requested, code", [
@@ -501,29 +504,29 @@ def end_line(**fields) -> text.GangLog:
     (gang_state("FAILED", 3), end_line(exit=3), False, 3),
     (gang_state("FAILED", 137), end_line(exit=-9), False, -9),  # the task's own code, not the driver's status
     (gang_state("STOPPED"), end_line(killed=True), True, KILLED_EXIT_CODE),
-    (gang_state("STOPPED"), text.GangLog(), True, KILLED_EXIT_CODE),  # stopped before the driver said anything
-    (gang_state("STOPPED"), text.GangLog(), False, KILLED_EXIT_CODE),  # whoever stopped it
-    (gang_state("FAILED"), text.GangLog(), True, KILLED_EXIT_CODE),
+    (gang_state("STOPPED"), gang_text.GangLog(), True, KILLED_EXIT_CODE),  # stopped before the driver said anything
+    (gang_state("STOPPED"), gang_text.GangLog(), False, KILLED_EXIT_CODE),  # whoever stopped it
+    (gang_state("FAILED"), gang_text.GangLog(), True, KILLED_EXIT_CODE),
     (gang_state("FAILED", 3), None, False, 3),  # the log could not be read: the driver's status stands in
     (gang_state("SUCCEEDED", 0), None, False, 0),
 ])
 def test_a_gangs_exit_code_is_its_drivers_word(state, log, kill_requested: bool, code: int) -> None:
-    assert text.gang_exit_code(state, log, kill_requested) == code
+    assert gang_text.gang_exit_code(state, log, kill_requested) == code
 
 
 @pytest.mark.parametrize("state, log, start_timed_out, why", [
     (gang_state("FAILED", 1), end_line(lost="task 1 on node n1 failed in Ray (NodeDiedError: ...)"), "",
      "NodeDiedError"),
     (gang_state("FAILED", 1), end_line(lost="its 2 tasks did not all start within 30s"), "", "did not all start"),
-    (gang_state("STOPPED"), text.GangLog(), "its 2 tasks did not all start within 30s (the Ray job was PENDING)",
+    (gang_state("STOPPED"), gang_text.GangLog(), "its 2 tasks did not all start within 30s (the Ray job was PENDING)",
      "PENDING"),
-    (gang_state("FAILED", 1, "Traceback ... ModuleNotFoundError: No module named 'ray'"), text.GangLog(), "",
+    (gang_state("FAILED", 1, "Traceback ... ModuleNotFoundError: No module named 'ray'"), gang_text.GangLog(), "",
      "without saying how its tasks did: Traceback"),
-    (gang_state("FAILED", None, "Job supervisor actor failed"), text.GangLog(), "", "supervisor"),
+    (gang_state("FAILED", None, "Job supervisor actor failed"), gang_text.GangLog(), "", "supervisor"),
 ])
 def test_a_gang_lost_by_its_infrastructure_is_lost(state, log, start_timed_out: str, why: str) -> None:
     with pytest.raises(RunLost, match=why):
-        text.gang_exit_code(state, log, False, start_timed_out)
+        gang_text.gang_exit_code(state, log, False, start_timed_out)
 
 
 def test_the_driver_speaks_the_backends_task_states_and_exit_statuses() -> None:
@@ -545,6 +548,60 @@ def test_a_gang_drivers_end_calls_every_cancelled_task_still_marked_running_kill
     gang.cancelled = {0: 0.0, 2: 0.0}
     gang.finished = {0, 1, 2}
     gang.end()
-    said = text.read_gang_log(capsys.readouterr().out, 3)
+    said = gang_text.read_gang_log(capsys.readouterr().out, 3)
     assert said.end["states"] == ["killed", "failed", "killed"]
     assert said.end["exit"] == 3
+
+
+# ------------------------------------------------------------------ stopping (docs/design.md §3.7)
+
+
+@pytest.mark.parametrize("grace_s, gang, seconds", [
+    (30, False, "30"),  # the default grace
+    (10.5, False, "11"),  # whole seconds, up: Ray reads it with int()
+    (0, False, "0"),
+    (600, False, "600"),
+    (30, True, "45"),  # a gang's driver: the grace, then its own forced cancels and its end line
+])
+def test_rays_stop_timeout_for_a_job_is_its_grace(grace_s: float, gang: bool, seconds: str) -> None:
+    assert text.stop_env(grace_s, gang) == {"RAY_JOB_STOP_WAIT_TIME_S": seconds}
+    assert text.stop_wait_s(grace_s, gang) == int(seconds)
+
+
+def test_a_submission_sets_rays_stop_timeout_and_a_gangs_driver_gets_the_grace(tmp_path) -> None:
+    import json
+
+    from irisfed.services.peer_agent.backends import RunSpec
+    from irisfed.services.peer_agent.backends.ray import RayBackend
+
+    backend = SimpleNamespace(run_dir=lambda job_id, epoch: tmp_path / job_id / f"epoch-{epoch}", python="python3")
+    report = capacity.ClusterReport(Discovered())
+    single = RayBackend._submission(backend, RunSpec("j", 1, ["true"], grace_s=12), report)
+    assert single["runtime_env"]["env_vars"][text.STOP_WAIT_VARIABLE] == "12"
+    # The job's own variable of that name travels encoded: it cannot shorten its grace.
+    forged = RayBackend._submission(backend, RunSpec("j", 1, ["true"], env={text.STOP_WAIT_VARIABLE: "1"}), report)
+    assert forged["runtime_env"]["env_vars"][text.STOP_WAIT_VARIABLE] == "30"
+
+    gang = RayBackend._submission(backend, RunSpec("g", 1, ["true"], replicas=2, grace_s=12), report)
+    env_vars = gang["runtime_env"]["env_vars"]
+    assert env_vars[text.STOP_WAIT_VARIABLE] == str(12 + int(text.GANG_STOP_MARGIN_S))
+    assert json.loads(base64.b64decode(env_vars[driver.SPEC_VARIABLE]))["grace_s"] == 12
+
+
+def test_a_gangs_driver_forces_a_tasks_cancel_only_once_its_grace_has_passed() -> None:
+    import queue
+    import time
+
+    cancels: list[tuple[int, bool]] = []
+    ray = SimpleNamespace(cancel=lambda generator, force: cancels.append((generator, force)))
+    gang = driver.Driver({"replicas": 1, "start_timeout_s": 60, "grace_s": 20}, ray=ray, events=queue.Queue())
+    gang.announced = True
+    gang.generators = [0]
+    gang.cancelled = {0: time.monotonic() - 20 - driver.FORCE_AFTER_S + 2}  # its command has its grace, and more
+    gang.check_times()
+    assert cancels == [] and gang.finished == set()
+    gang.cancelled = {0: time.monotonic() - 20 - driver.FORCE_AFTER_S - 1}
+    gang.check_times()
+    assert cancels == [(0, True)]
+    assert driver.Driver({"replicas": 1, "start_timeout_s": 60}, ray=None, events=queue.Queue()).grace_s == \
+        driver.TERM_GRACE_S  # a run submitted without one

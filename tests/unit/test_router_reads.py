@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from irisfed.services.router.reads import OTHERS_JOB, as_users, scoped_job_id, scrub
+from irisfed.services.router.reads import as_users, scoped_job_id
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import ChangelogEntry
+from irisfed.shared.seen import OTHERS_JOB, scrub
 
 
 def test_a_user_names_only_its_own_jobs():

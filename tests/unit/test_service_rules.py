@@ -84,7 +84,7 @@ def test_defaults_are_valid_and_field_names_stay():
     settings = AgentSettings("p", (BackendSpec("main"),))
     assert (settings.work_root, settings.heartbeat_interval_s, settings.heartbeat_ttl_s,
             settings.reconcile_interval_s, settings.kill_grace_s, settings.simulated_duration_s,
-            settings.report_linger_s) == (Path(".irisfed/work"), 2.0, 6.0, 2.0, 5.0, 0.0, 0.01)
+            settings.report_linger_s) == (Path(".irisfed/work"), 2.0, 6.0, 2.0, 30.0, 0.0, 0.01)
     assert BackendSpec("main") == BackendSpec("main", "subprocess", {}, 4)
 
 

@@ -1,4 +1,5 @@
-"""What the Slurm backend reads from and writes to Slurm (services/peer_agent/backends/slurm_text.py).
+"""What the Slurm backend reads from and writes to Slurm (services/peer_agent/backends/:
+``slurm_text.py``, ``slurm_nodes.py`` and ``slurm_script.py``).
 
 Sample lines are real answers of the Slurm 22.05 test cluster (tooling/engines/slurm.py).
 """
@@ -11,50 +12,56 @@ from collections import Counter
 import pytest
 
 from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, TaskStatus
-from irisfed.services.peer_agent.backends.slurm_text import (
-    EXIT_STATUS_FILE,
-    STARTED_MARKER,
-    GangFile,
-    Outcome,
-    ScriptError,
-    SlurmJob,
-    TaskRecord,
-    batch_script,
+from irisfed.services.peer_agent.backends.slurm_nodes import (
     capacity,
-    choose_run,
-    comment_for,
-    default_partition,
     expand_hostlist,
     feature_attribute,
-    forgotten_outcome,
-    gang_args,
-    gang_batch_script,
-    gang_file_text,
     gang_misfit,
-    gang_outcome,
-    gang_tasks,
-    group_constraint,
-    job_name,
     misfit,
     node_groups,
     node_usable,
-    outcome,
-    output_path,
     parse_features,
-    parse_gang_file,
     parse_gres,
-    parse_job_name,
     parse_nodes,
+    tres_gres,
+)
+from irisfed.services.peer_agent.backends.slurm_script import (
+    GangFile,
+    ScriptError,
+    batch_script,
+    gang_args,
+    gang_batch_script,
+    gang_file_text,
+    group_constraint,
+    output_path,
+    parse_gang_file,
+    resource_args,
+    shell_word,
+    slurm_request,
+    task_script,
+    term_commands,
+    time_limit_args,
+)
+from irisfed.services.peer_agent.backends.slurm_text import (
+    EXIT_STATUS_FILE,
+    STARTED_MARKER,
+    Outcome,
+    SlurmJob,
+    TaskRecord,
+    choose_run,
+    comment_for,
+    default_partition,
+    forgotten_outcome,
+    gang_outcome,
+    gang_tasks,
+    job_name,
+    outcome,
+    parse_job_name,
     parse_scontrol_line,
     parse_scontrol_lines,
     parse_squeue,
     parse_squeue_line,
-    resource_args,
     sbatch_job_id,
-    shell_word,
-    slurm_request,
-    task_script,
-    tres_gres,
 )
 
 NODE_IDLE = (
@@ -497,6 +504,41 @@ def test_gang_args_are_one_task_a_node_with_each_task_s_resources() -> None:
     assert gang_args(4, request) == ["--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "-c", "2", "--mem=2048",
                                      "--gres=gpu:1"]
     assert gang_args(2, {"cpu": 1, "memory_mb": 1024}, "[rack:a|rack=b]")[-1] == "--constraint=[rack:a|rack=b]"
+
+
+# ---------------------------------------------------------------- time limit and stop (docs/design.md §3.7)
+
+
+@pytest.mark.parametrize("time_limit_s, grace_s, args", [
+    (None, 30, []),  # no limit: none in Slurm either (a partition's own may still apply)
+    (90, 30, ["--time=3"]),  # ceil(120 / 60) + 1
+    (1800, 30, ["--time=32"]),  # ceil(1830 / 60) + 1
+    (7200, 600, ["--time=131"]),  # ceil(7800 / 60) + 1
+    (60, 0, ["--time=2"]),  # exactly a minute: no minute more for float noise
+    (1, 0, ["--time=2"]),
+])
+def test_a_time_limit_is_a_slurm_time_a_little_past_the_agent_s_own_stop(
+        time_limit_s: float | None, grace_s: float, args: list[str]) -> None:
+    assert time_limit_args(time_limit_s, grace_s) == args
+
+
+def test_a_stop_sends_sigterm_alone_to_the_batch_shell_and_its_children_or_to_a_gang_s_shell_and_tasks() -> None:
+    # A single run: the shell and the command under it (a single run has no job steps).
+    assert term_commands("12", gang=False) == [["scancel", "--signal=TERM", "--full", "12"]]
+    # A gang: its shell, then its steps (its tasks); never --full, which reaches srun, and
+    # srun turns a SIGTERM into SIGKILL for every task.
+    assert term_commands("12", gang=True) == [["scancel", "--signal=TERM", "--batch", "12"],
+                                              ["scancel", "--signal=TERM", "12"]]
+    assert not any("--full" in command for command in term_commands("12", gang=True))
+
+
+def test_a_run_slurm_timed_out_is_the_job_s_failure_not_a_loss() -> None:
+    ended = outcome("TIMEOUT", 15, "12", KILLED_EXIT_CODE)  # squeue exit_code 15: ExitCode=0:15
+    assert ended == Outcome(-15) and not ended.lost and not ended.unknown
+    # Stopped by the agent within its grace, the batch shell ends by SIGTERM itself:
+    # FAILED 0:15, killed like a cancel.
+    assert outcome("FAILED", 15, "12", KILLED_EXIT_CODE) == outcome("CANCELLED", 9, "12", KILLED_EXIT_CODE) == \
+        Outcome(KILLED_EXIT_CODE)
 
 
 def test_group_constraint_is_a_matching_or_of_the_key_s_features() -> None:

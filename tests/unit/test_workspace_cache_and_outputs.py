@@ -23,7 +23,8 @@ from irisfed.shared.messages import SubmitRequest, decode_request
 from irisfed.shared.workspace import digest_of
 from irisfed.transfer import Output, local_path
 from tests.infra.archives import archive, member
-from tests.infra.waiting import holds, wait_for
+from tests.infra.probes import returns
+from tests.infra.waiting import wait_for
 
 MIB = 1024 * 1024
 
@@ -233,7 +234,7 @@ async def test_a_tree_is_unpacked_while_its_bytes_arrive_and_named_only_once_ver
 
     async def fetch(digest: str, user: str, job, sink) -> None:
         sink(data[:len(data) // 2])
-        half = await wait_for(lambda: holds(_partial_with(tmp_path, "first.bin")), "the first member to be unpacked")
+        half = await wait_for(lambda: returns(_partial_with(tmp_path, "first.bin")), "the first member to be unpacked")
         assert not final.exists()  # not named before the rest came and was checked
         assert (half / "first.bin").stat().st_size > 0
         sink(data[len(data) // 2:])
@@ -270,7 +271,7 @@ async def test_a_fetch_failing_midway_leaves_nothing_and_raises_its_own_error(tm
     cache = await WorkspaceCache(tmp_path, broken, max_bytes=MIB, max_files=10, max_unpacked_bytes=MIB).open()
     with pytest.raises(StoreUnavailable, match="the router went away"):
         await cache.acquire(digest_of(data))
-    await wait_for(lambda: holds(_leftovers(tmp_path) == []), "the unpacking thread to drop its partial folder")
+    await wait_for(lambda: returns(_leftovers(tmp_path) == []), "the unpacking thread to drop its partial folder")
     assert cache.fetches == 0 and cache.entries == {}
 
 

@@ -36,7 +36,15 @@ in ``seq`` order, no user's live jobs ever held more than its quota); preemption
 (§6.11: only strictly lower bands, never production, on the peer where the preempting
 job is placed in the same transaction, never more victims than needed, the victim's
 epoch bumped and no write of its old run after it, the victim queued again or ended
-with a reason, never lost; see ``checks``); and no publish or subscribe refused by
+with a reason, never lost; see ``checks``); dependencies (§6.16, from the changelog in
+``seq`` order: no dependent went live before each dependency ended as its condition
+asks; one whose dependency ended breaking it ended ``unschedulable``; none left queued
+with every dependency ended; see ``checks``); arrays (§3.8, from the changelog in
+``seq`` order: never more of an array's elements live at once than its
+``array_parallel``, every array whole, none left with an element held while a slot is
+free; see ``checks``); devices (§6.17: no device index of a
+node held by two live job processes at once, from their agents' run records; see
+``RunWatcher``); and no publish or subscribe refused by
 the NATS server to any client (a service whose role lacks a subject it uses).
 
 Bands: most jobs are ``batch``, some ``interactive``, a few ``production`` (alice's
@@ -44,6 +52,18 @@ Bands: most jobs are ``batch``, some ``interactive``, a few ``production`` (alic
 ``forbidden``). Every schedule has at least one ``squeeze``: one kind of work's peers
 filled with batch jobs, then sent that kind of work of a higher band, which preempts.
 The summary counts preemptions (by how the victims ended) and the schedules with any.
+
+Pipelines (§3.8): one step of every schedule, and some submit steps, also send one
+user's chain of 2-4 jobs, each ``after`` the one before on ``ok``, ``any`` or
+``failed`` (its first job failing half the time), so dependents run, and others end
+``unschedulable``. The summary counts the chains, their edges, and the dependents
+started and ended so.
+
+Arrays (§3.8): one step of every schedule, and some submit steps, also send one user's
+array of 3-6 jobs, at most 1-3 live at once, some of its elements failing; some wait
+for a job sent just before them, some have a job ``after`` their base id, and some are
+cancelled by their base id while they run. The summary counts the arrays, their
+elements, and the array that came nearest its limit (most live at once / limit).
 
 ``ChaosSettings.restricted_roles`` runs the services on their own Postgres login
 roles (``irisfed db-roles``: row-level security) instead of the owner.

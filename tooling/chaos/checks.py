@@ -14,6 +14,18 @@ preempted for it; none of them could have been spared; the victim's epoch moved 
 one, no write of its old run follows, and it is queued again (or failed past its
 ``max_preemptions``, killed when a cancel was stored), never lost; ``jobs.preemptions``
 counts its preemptions.
+
+Dependencies (invariant 16, ``dependency_violations``): replaying the changelog in
+``seq`` order, no dependent went live before each of its dependencies' terminal rows,
+and each of those ends met its condition; a dependency that ended breaking its
+condition ended its (still waiting) dependent ``unschedulable``, and nothing ended
+``unschedulable`` for a dependency that had not; no job is left queued with every
+dependency ended, and a queued job's ``deps_pending`` counts exactly those not ended.
+
+Arrays (§3.8, ``array_violations``): every array has exactly its ``size`` elements
+``<id>_0`` .. ``<id>_<size-1>``; replaying the changelog in ``seq`` order, never more of
+its elements live (assigned or running first seen, terminal row not yet) than its
+``array_parallel``; and none of them is left queued and held while a slot is free.
 """
 
 from __future__ import annotations
@@ -40,8 +52,10 @@ from irisfed.tooling.chaos.workload import SENT_BY_LABEL
 from irisfed.tooling.chaos.world import CONVERGE_TIMEOUT_S, DOWN_SLACK_S, HEARTBEAT_TTL_S
 from irisfed.tooling.invariants import (
     advertised_resources,
+    array_replay_violations,
     banded_jobs,
     changelog_violations,
+    dependency_replay_violations,
     gang_replay_violations,
     identity_violations,
     job_holdings,
@@ -120,6 +134,13 @@ async def converge_and_check(database_url: str, result: ScheduleResult, acked: M
         violations.extend(gangs)
         result.gangs_requeued = await pool.fetchval(
             "SELECT count(*) FROM (SELECT job_id FROM job_tasks GROUP BY job_id HAVING count(DISTINCT epoch) > 1) g")
+        dependencies, counts = await dependency_replay_violations(pool)
+        violations.extend(dependencies)
+        result.dependency_edges, result.dependents_started = counts.edges, counts.started
+        result.dependents_unschedulable = counts.unschedulable
+        arrays, array_counts = await array_replay_violations(pool)
+        violations.extend(arrays)
+        result.array_elements, result.array_peaks = array_counts.elements, list(array_counts.peaks)
         if ledger is not None:
             identities = await job_identities(pool, SENT_BY_LABEL)
             violations.extend(identity_violations(identities, ledger.sent, ledger.foreign_cancels,

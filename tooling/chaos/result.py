@@ -29,6 +29,20 @@ class ScheduleResult:
     gangs_requeued: int = 0  # gangs that ran under more than one epoch (requeued whole)
     workspace_runs: int = 0  # real runs that started in their job's workspace (invariant 14)
     logs_read: int = 0  # succeeded runs' output read back whole through the router (invariant 15)
+    pipelines: int = 0  # chains of jobs waiting for each other sent (invariant 16)
+    # Their edges (job_dependencies rows), dependents that started (each dependency met
+    # first) and dependents ended unschedulable for a dependency that could not be met.
+    dependency_edges: int = 0
+    dependents_started: int = 0
+    dependents_unschedulable: int = 0
+    # Arrays (§3.8): those acknowledged, jobs sent after an array's base id, base-id
+    # cancels sent; the elements Postgres holds, and each array's peak as (most live at
+    # once, its limit), from the changelog.
+    arrays: int = 0
+    array_dependents: int = 0
+    array_cancels: int = 0
+    array_elements: int = 0
+    array_peaks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def preemptions(self) -> int:
@@ -105,6 +119,49 @@ class ChaosSummary:
         return sum(r.logs_read for r in self.results)
 
     @property
+    def pipelines(self) -> int:
+        return sum(r.pipelines for r in self.results)
+
+    @property
+    def dependency_edges(self) -> int:
+        return sum(r.dependency_edges for r in self.results)
+
+    @property
+    def dependents_started(self) -> int:
+        return sum(r.dependents_started for r in self.results)
+
+    @property
+    def dependents_unschedulable(self) -> int:
+        return sum(r.dependents_unschedulable for r in self.results)
+
+    @property
+    def arrays(self) -> int:
+        return sum(r.arrays for r in self.results)
+
+    @property
+    def array_elements(self) -> int:
+        return sum(r.array_elements for r in self.results)
+
+    @property
+    def array_dependents(self) -> int:
+        return sum(r.array_dependents for r in self.results)
+
+    @property
+    def array_cancels(self) -> int:
+        return sum(r.array_cancels for r in self.results)
+
+    @property
+    def most_live(self) -> tuple[int, int]:
+        """(most live at once, limit) of the array that came nearest its limit (over it:
+        a violation); (0, 0) without arrays."""
+        return most_live([peak for r in self.results for peak in r.array_peaks])
+
+    @property
+    def arrays_full(self) -> int:
+        """Arrays that had as many elements live at once as their limit allows."""
+        return sum(1 for r in self.results for most, limit in r.array_peaks if most >= limit)
+
+    @property
     def violations(self) -> list[str]:
         return [f"schedule {r.index}: {v}" for r in self.results for v in r.violations]
 
@@ -123,4 +180,14 @@ class ChaosSummary:
                 f"{self.preempting_schedules}/{len(self.results)} schedules forbidden={self.forbidden_bands} "
                 f"| gangs: runs={self.gang_runs} requeued={self.gangs_requeued} "
                 f"| workspaces: runs={self.workspace_runs} | logs: read={self.logs_read} "
+                f"| pipelines: sent={self.pipelines} edges={self.dependency_edges} "
+                f"started={self.dependents_started} unschedulable={self.dependents_unschedulable} "
+                f"| arrays: sent={self.arrays} elements={self.array_elements} most_live={'/'.join(map(str, self.most_live))} "
+                f"full={self.arrays_full} after={self.array_dependents} cancelled={self.array_cancels} "
                 f"| faults by kind: {kinds or 'none'}")
+
+
+def most_live(peaks: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of arrays' (most live at once, limit), the one with the highest share of its limit
+    (then the most live); (0, 0) for none."""
+    return max(peaks, key=lambda peak: (peak[0] / peak[1] if peak[1] else 0, peak[0]), default=(0, 0))

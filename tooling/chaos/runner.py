@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from irisfed.services.common import db as dbmod
-from irisfed.tooling.chaos.result import ChaosSummary
+from irisfed.tooling.chaos.result import ChaosSummary, most_live
 from irisfed.tooling.chaos.schedule import Schedule
 from irisfed.tooling.chaos.world import Servers, create_roles
 
@@ -56,7 +56,11 @@ def run_chaos(settings: ChaosSettings, say: Callable[[str], None] = print) -> Ch
             fenced = f" fenced={result.fenced_overlaps}" if result.fenced_overlaps else ""
             full = f" quotas_full={','.join(result.quotas_reached)}" if result.quotas_reached else ""
             say(f"  schedule {index}: faults={result.faults} ({kinds}) jobs={result.jobs} runs={result.runs}"
-                f" preemptions={result.preemptions}{fenced}{full} "
+                f" preemptions={result.preemptions} pipelines={result.pipelines} (edges={result.dependency_edges}"
+                f" started={result.dependents_started} unschedulable={result.dependents_unschedulable})"
+                f" arrays={result.arrays} (elements={result.array_elements}"
+                f" most_live={'/'.join(map(str, most_live(result.array_peaks)))})"
+                f"{fenced}{full} "
                 f"{status} ({time.monotonic() - started:.1f}s, converged in {result.converge_s:.1f}s)")
             if os.environ.get("IRISFED_CHAOS_TIMING"):  # where the schedule's wall time went
                 say("    " + " ".join(f"{name}={s:.2f}" for name, s in result.phases))

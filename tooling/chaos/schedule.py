@@ -15,6 +15,18 @@ the peers of one kind of work with batch jobs, then sends that kind of work of a
 higher band (interactive, or production from a user allowed it): it finds no room
 and preempts. Now and then a user sends a band above its ``max_band``: it must be
 answered ``forbidden`` and write nothing.
+
+Pipelines (§3.8): one step of every schedule, and some submit steps, also send one
+user's chain of jobs waiting for each other (workload.pipeline_edges), each sent once
+what it waits for is acknowledged (a job whose dependency never was is not sent);
+invariant 16 is checked from the changelog at the end (checks, ``dependency_violations``).
+
+Arrays (§3.8): one step of every schedule, and some submit steps, also send one user's
+array (workload.array_body): now and then after a job sent just before it, now and then
+followed by a job ``after`` its base id, and now and then cancelled by its base id a
+moment later. Each element is acknowledged with the array (its stored id waited for and
+checked like any job's); at the end no array had more than its limit live at once and
+none was left with an element stranded (checks, ``array_violations``).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -51,7 +64,24 @@ from irisfed.tooling.chaos.faults import Faults, actions_for, quiet
 from irisfed.tooling.chaos.logs_check import check_shipped_logs
 from irisfed.tooling.chaos.result import ScheduleResult
 from irisfed.tooling.chaos.watcher import RunWatcher
-from irisfed.tooling.chaos.workload import WORKSPACE_P, WORKSPACE_TOKEN, draw_band, job_body
+from irisfed.tooling.chaos.workload import (
+    ARRAY_KINDS,
+    ARRAY_MIN_S,
+    ARRAY_PARALLEL,
+    ARRAY_SIZES,
+    EARLIER_P,
+    PIPELINE_FAILS_P,
+    PIPELINE_HEAD_FAILS_P,
+    PIPELINE_LENGTHS,
+    WHENS,
+    WORKSPACE_P,
+    WORKSPACE_TOKEN,
+    array_body,
+    array_exit_codes,
+    draw_band,
+    job_body,
+    pipeline_edges,
+)
 from irisfed.tooling.chaos.world import (
     MAX_BAND,
     PEERS,
@@ -88,6 +118,32 @@ SQUEEZE_URGENT = (DEFAULT_USER, DEFAULT_USER, "alice", "bob")
 # The gang a squeeze's urgent work may be, by what the squeeze filled.
 GANG_SQUEEZES = {"tpu": "gang:tpu", "gpu-b": "gang:gpu-b"}
 GANG_URGENT_P = 0.4
+PIPELINE_P = 0.3  # a submit step also sends one user's pipeline (and one step of every schedule does)
+
+# A pipeline as drawn: (user, body without ``after``, what it waits for: (index in the
+# chain, when), and (job_id, when) of earlier jobs of that user), in sending order.
+Pipeline = list[tuple[str, dict, list[tuple[int, str]], list[tuple[str, str]]]]
+ARRAY_P = 0.25  # a submit step also sends one user's array (and one step of every schedule does)
+ARRAY_AFTER_P = 0.3  # the array waits for a job sent just before it
+ARRAY_DEPENDENT_P = 0.4  # a job is sent after the array's base id
+ARRAY_CANCEL_P = 0.3  # the array is cancelled by its base id, this long after its submit:
+ARRAY_CANCEL_AFTER_S = (0.5, 3.0)
+
+
+@dataclass(frozen=True)
+class DrawnArray:
+    """An array as drawn: whose, its body (workload.array_body), the job it waits for
+    (its body and ``when``; None: none), the job sent ``after`` its base id (likewise)
+    and how long after its submit it is cancelled by its base id (None: never)."""
+
+    user: str
+    body: dict
+    head: tuple[dict, str] | None
+    dependent: tuple[dict, str] | None
+    cancel_after_s: float | None
+
+    def element_ids(self) -> list[str]:
+        return [f"{self.body['job_id']}_{i}" for i in range(self.body["array"])]
 
 
 class Schedule:
@@ -164,8 +220,16 @@ class Schedule:
             if self.servers.ha and self.steps > 1:
                 ha_at = (squeeze_at + 1 + self.rng.randrange(self.steps - 1)) % self.steps
                 ha_fault = "failover_postgres" if self.index % 2 == 0 else "kill_nats_node"
+            # One step of every schedule also sends a pipeline (invariant 16), whatever the draw.
+            pipeline_at = self.rng.randrange(self.steps) if self.steps else -1
+            # And one sends an array (at most K of its jobs live at once), whatever the draw.
+            array_at = self.rng.randrange(self.steps) if self.steps else -1
             for index in range(self.steps):
                 forced = "squeeze" if index == squeeze_at else ha_fault if index == ha_at else None
+                if index == pipeline_at:
+                    await self._send_pipeline(self._draw_pipeline())
+                if index == array_at:
+                    await self._send_array(self._draw_array())
                 action = await self.step(forced)
                 phase(f"step:{action}")
                 self._restart_exited()
@@ -203,7 +267,12 @@ class Schedule:
                 jobs = [self._new_job(user=user) for _ in range(rng.randint(3, 4))]
             else:
                 jobs = [self._new_job() for _ in range(rng.randint(1, 4))]
-            await asyncio.gather(*(self._send(user, body) for user, body in jobs))
+            # Drawn before anything is sent, so the draw does not depend on timing.
+            pipelines = [self._draw_pipeline()] if rng.random() < PIPELINE_P else []
+            arrays = [self._draw_array()] if rng.random() < ARRAY_P else []
+            await asyncio.gather(*(self._send(user, body) for user, body in jobs),
+                                 *(self._send_pipeline(pipeline) for pipeline in pipelines),
+                                 *(self._send_array(array) for array in arrays))
             if rng.random() < FORGED_USER_P:
                 await self._send_forged_user()
             if self.acked and rng.random() < FOREIGN_AFTER_SUBMIT_P:
@@ -280,24 +349,110 @@ class Schedule:
         await self._send(*self._new_job(kind, pin, min_s))
 
     def _new_job(self, kind: str | None = None, pin: str | None = None, min_s: float = 0.0,
-                 user: str | None = None, band: str | None = None) -> tuple[str, dict]:
+                 user: str | None = None, band: str | None = None, fails: bool | None = None) -> tuple[str, dict]:
         """A new job of ``user`` (drawn when None) and that user, of ``band`` (drawn when
-        None); recorded as sent at once."""
+        None), exiting 1 when ``fails`` (None: drawn); recorded as sent at once."""
         rng = self.rng
         user = user or rng.choice(SUBMITTERS)
         band = band or draw_band(rng, user)
         self.result.jobs += 1
         job_id = f"s{self.index}-j{self.result.jobs}-{rng.randrange(1 << 20):x}"
         if rng.random() < SHARED_ID_P:  # an id another user sent: the same id, another job
+            # (never an array's element id ``<base>_<i>``: an array of this user's named
+            # ``<base>`` later would find its element's id taken)
             mine = {i for u, i in self.ledger.sent if u == user}
-            theirs = sorted({i for u, i in self.ledger.sent if u != user} - mine)
+            theirs = sorted({i for u, i in self.ledger.sent if u != user and "_" not in i} - mine)
             if theirs:
                 job_id = rng.choice(theirs)
         self.ledger.sent.add((user, job_id))
-        body = job_body(rng, job_id, self.run_log, kind, pin, min_s, user, band)
+        body = job_body(rng, job_id, self.run_log, kind, pin, min_s, user, band, fails)
         if self.workspaces and rng.random() < WORKSPACE_P:
             body["workspace"] = self.workspaces[user][0]
         return user, body
+
+    def _draw_pipeline(self) -> Pipeline:
+        """One user's chain of jobs waiting for each other (workload.pipeline_edges): its
+        first fails half the time, and now and then waits for an earlier acknowledged job
+        of that user too (likely ended: the submit settles it at once)."""
+        rng = self.rng
+        user = rng.choice(SUBMITTERS)
+        edges = pipeline_edges(rng, rng.choice(PIPELINE_LENGTHS))
+        earlier = sorted(job_id for stored, (owner, job_id) in self.ledger.owner_of.items()
+                         if owner == user and stored in self.acked)
+        pipeline: Pipeline = []
+        for i, needs in enumerate(edges):
+            fails = rng.random() < (PIPELINE_HEAD_FAILS_P if i == 0 else PIPELINE_FAILS_P)
+            _, body = self._new_job(user=user, fails=fails)
+            also = [(rng.choice(earlier), rng.choice(WHENS))] if i == 0 and earlier and rng.random() < EARLIER_P \
+                else []
+            pipeline.append((user, body, needs, also))
+        return pipeline
+
+    async def _send_pipeline(self, pipeline: Pipeline) -> None:
+        """Send a pipeline in order, each job once what it waits for was acknowledged (one
+        whose dependency never was is not sent: its submit would name no job)."""
+        acked: list[bool] = []
+        for user, body, needs, also in pipeline:
+            if not all(acked[i] for i, _ in needs):
+                acked.append(False)
+                continue
+            after = [{"job_id": pipeline[i][1]["job_id"], "when": when} for i, when in needs]
+            after += [{"job_id": job_id, "when": when} for job_id, when in also]
+            acked.append(await self._send(user, {**body, "after": after}))
+        self.result.pipelines += 1
+
+    def _draw_array(self) -> DrawnArray:
+        """One user's array (workload.array_body) of a kind of work that runs, each element
+        failing now and then; now and then after a job of that user sent just before it
+        (failing half the time), with a job after its base id, and cancelled a moment
+        after its submit. Its elements' ids are recorded as sent at once."""
+        rng = self.rng
+        user = rng.choice(SUBMITTERS)
+        size, parallel = rng.choice(ARRAY_SIZES), rng.choice(ARRAY_PARALLEL)
+        codes = array_exit_codes(rng, size)
+        head = None
+        if rng.random() < ARRAY_AFTER_P:
+            head = (self._new_job(user=user, fails=rng.random() < PIPELINE_HEAD_FAILS_P)[1], rng.choice(WHENS))
+        _, body = self._new_job(rng.choice(ARRAY_KINDS), min_s=ARRAY_MIN_S, user=user, fails="1" in codes)
+        dependent = (self._new_job(user=user)[1], rng.choice(WHENS)) if rng.random() < ARRAY_DEPENDENT_P else None
+        cancel_after_s = rng.uniform(*ARRAY_CANCEL_AFTER_S) if rng.random() < ARRAY_CANCEL_P else None
+        drawn = DrawnArray(user, array_body(body, codes, parallel), head, dependent, cancel_after_s)
+        self.ledger.sent.update((user, element) for element in drawn.element_ids())
+        return drawn
+
+    async def _send_array(self, drawn: DrawnArray) -> None:
+        """Send the job the array waits for (if any; the array is not sent unless that was
+        acknowledged), the array, the job after its base id, and its cancel."""
+        user, body = drawn.user, drawn.body
+        if drawn.head is not None:
+            head, when = drawn.head
+            if not await self._send(user, head):
+                return
+            body = {**body, "after": [{"job_id": head["job_id"], "when": when}]}
+        if not await self._send(user, body):
+            return
+        self.result.arrays += 1
+        base = body["job_id"]
+        if drawn.dependent is not None:
+            dependent, when = drawn.dependent
+            if await self._send(user, {**dependent, "after": [{"job_id": base, "when": when}]}):
+                self.result.array_dependents += 1
+        if drawn.cancel_after_s is not None:
+            await asyncio.sleep(drawn.cancel_after_s)
+            await self._cancel_array(user, base, drawn.element_ids())
+
+    async def _cancel_array(self, user: str, base: str, elements: list[str]) -> None:
+        """``user`` cancels its array ``base`` by that id: every element (§3.8)."""
+        self.result.array_cancels += 1
+        self.ledger.own_cancels.update(stored_job_id(user, element) for element in elements)
+        reply = await self._request("cancel", {"job_id": base}, user)
+        code = (reply or {}).get("error", {}).get("code")
+        if reply is not None and code is not None and code != ErrorCode.UNAVAILABLE:
+            self.result.violations.append(f"{stored_job_id(user, base)}: {user} cancelled its array {base!r} "
+                                          f"and was answered {reply}")
+        elif reply is not None and code is None and reply.get("job_id") != base:
+            self.result.violations.append(f"{stored_job_id(user, base)}: {user} cancelled its array {base!r}, "
+                                          f"the reply names {reply.get('job_id')!r}")
 
     async def _squeeze(self) -> None:
         """Fill the peers of one kind of work with batch jobs; once they are placed, send
@@ -337,7 +492,9 @@ class Schedule:
             self.result.violations.append(f"{stored_job_id(user, job_id)}: {user} (max_band {MAX_BAND[user]}) "
                                           f"asked band production and was answered {reply} (expected forbidden)")
 
-    async def _send(self, user: str, body: dict) -> None:
+    async def _send(self, user: str, body: dict) -> bool:
+        """Submit ``body`` as ``user`` (up to three tries on no answer or ``unavailable``);
+        whether it was acknowledged."""
         job_id = body["job_id"]
         stored = stored_job_id(user, job_id)
         over = over_whole_quota(self.users.get(user), as_resources(body.get("resources") or None).units,
@@ -350,19 +507,21 @@ class Schedule:
             if "error" in reply:
                 self.result.violations.append(f"{stored}: unexpected error {reply['error']}")
                 break
-            self.acked.setdefault(stored, reply)
-            if "workspace" in body:
-                self.tokens.setdefault(stored, self.workspaces[user][1])
-            else:
-                self.tokens.setdefault(stored, "-")
-            self.ledger.owner_of[stored] = (user, job_id)
+            # An array's reply acknowledges each of its jobs (§3.8): each is waited for.
+            jobs = [f"{job_id}_{i}" for i in range(body["array"])] if "array" in body else [job_id]
+            for one in jobs:
+                self.acked.setdefault(stored_job_id(user, one), reply)
+                self.tokens.setdefault(stored_job_id(user, one),
+                                       self.workspaces[user][1] if "workspace" in body else "-")
+                self.ledger.owner_of[stored_job_id(user, one)] = (user, one)
             if reply.get("job_id") != job_id:
                 self.result.violations.append(f"{stored}: {user} sent job_id {job_id!r}, the reply names "
                                               f"{reply.get('job_id')!r}")
             if over is not None and (reply.get("disposition") != "reject" or "quota" not in reply.get("reason", "")):
                 self.result.violations.append(f"{stored}: asks more than {user}'s whole quota ({over}) but was "
                                               f"answered {reply.get('disposition')}: {reply.get('reason')!r}")
-            break
+            return True
+        return False
 
     async def _send_forged_user(self) -> None:
         """A body naming another user: decoded strictly, it must be refused and write nothing

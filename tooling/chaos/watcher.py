@@ -1,11 +1,14 @@
-"""The double-run check: which real job processes are alive, sampled in a thread."""
+"""The double-run check: which real job processes are alive, sampled in a thread; and,
+from the agents' run records, which device indices those hold (invariant 17)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from irisfed.tooling.chaos.world import FENCING_WINDOW_S, SAMPLE_PERIOD_S, live_state
@@ -24,6 +27,36 @@ class _Run:
     gone_at: float | None = None
     ended: bool = False  # it wrote its "end" line: it ran to its end, it was not killed
     token: str = "-"  # the workspace token its folder held ("-": none)
+    cwd: str = ""  # where it started: its run folder, or the workspace copy in it
+    node: str = ""
+    devices: dict[str, list[int]] | None = None  # from its agent's run.json (None: not read yet)
+    label: str = field(default="", repr=False)
+
+
+def held_twice(holders: Iterable[tuple[str, str, Mapping[str, Sequence[int]], str]]) -> dict[tuple, list[str]]:
+    """Invariant 17 at one moment: each (peer, node, resource, index) that two or more of
+    the live runs ``holders`` — (peer, node, devices, run) each — hold, and by which runs."""
+    by_index: dict[tuple, list[str]] = defaultdict(list)
+    for peer, node, devices, run in holders:
+        for name, indices in devices.items():
+            for index in indices:
+                by_index[(peer, node, name, index)].append(run)
+    return {where: sorted(runs) for where, runs in by_index.items() if len(runs) > 1}
+
+
+def recorded_devices(cwd: str, pid: int) -> tuple[str, dict[str, list[int]]] | None:
+    """The node and devices the agent recorded for process ``pid`` started in ``cwd``
+    (``run.json`` in its run folder: ``cwd`` or, for a workspace copy, its parent);
+    None until that record is written."""
+    for folder in (Path(cwd), Path(cwd).parent):
+        try:
+            record = json.loads((folder / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("pid") == pid:
+            devices = record.get("devices")
+            return str(record.get("node", "")), devices if isinstance(devices, dict) else {}
+    return None
 
 
 class RunWatcher:
@@ -50,6 +83,8 @@ class RunWatcher:
         self.offset = 0
         self.runs: dict[int, _Run] = {}
         self.overlaps: dict[tuple[str, int, int], list[float]] = {}  # (job, old, new) → [first, last]
+        # (peer, node, resource, index, runs) held by more than one live run → [first, last] seen
+        self.device_clashes: dict[tuple, list[float]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="chaos-run-watcher", daemon=True)
@@ -82,7 +117,8 @@ class RunWatcher:
                 except (ValueError, IndexError):
                     peer = "?"
                 self.runs[int(parts[3])] = _Run(parts[1], int(parts[2]), peer, int(parts[3]), now, now,
-                                                token=parts[5] if len(parts) >= 6 else "-")
+                                                token=parts[5] if len(parts) >= 6 else "-", cwd=parts[4],
+                                                label=f"{parts[1]} epoch {parts[2]} (pid {parts[3]})")
             elif len(parts) >= 4 and parts[0] == "end" and int(parts[3]) in self.runs:
                 self.runs[int(parts[3])].ended = True
 
@@ -100,11 +136,20 @@ class RunWatcher:
                     continue
                 run.last_seen = now
                 live[run.job_id].add(run.epoch)
+                if run.devices is None:
+                    found = recorded_devices(run.cwd, run.pid)
+                    if found is not None:
+                        run.node, run.devices = found
             for job_id, epochs in live.items():
                 newest = max(epochs)
                 for old in epochs - {newest}:
                     seen = self.overlaps.setdefault((job_id, old, newest), [now, now])
                     seen[1] = now
+            holders = [(r.peer_id, r.node, r.devices, r.label) for r in self.runs.values()
+                       if r.gone_at is None and r.devices]
+            for where, runs in held_twice(holders).items():
+                seen = self.device_clashes.setdefault((*where, tuple(runs)), [now, now])
+                seen[1] = now
 
     def live_on(self, peer_id: str) -> bool:
         with self._lock:
@@ -146,6 +191,10 @@ class RunWatcher:
                                 f"epoch {new} ran on {newer} (fencing window {FENCING_WINDOW_S:.1f}s)")
             else:
                 fenced += 1
+        # No device index of a node held by two live runs at once (invariant 17).
+        for (peer, node, name, index, runs), (first, last) in sorted(self.device_clashes.items()):
+            problems.append(f"{peer}/{node}: {name} {index} held by {' and '.join(runs)} at once "
+                            f"(for ~{last - first + SAMPLE_PERIOD_S:.2f}s; invariant 17)")
         # One run (job, epoch) on one peer: a gang's tasks too (invariant 12).
         peers_of: dict[tuple[str, int], set[str]] = defaultdict(set)
         for run in self.runs.values():

@@ -38,7 +38,8 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def group_members(pgid: int) -> list[int]:
-    """PIDs of the live processes in process group ``pgid`` (read from /proc)."""
+    """PIDs of the live (not zombie, not dead) processes in process group ``pgid`` (read
+    from /proc)."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +51,7 @@ def group_members(pgid: int) -> list[int]:
         # Fields after the command (which may hold spaces and parentheses):
         # state ppid pgrp ...
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
 

@@ -5,7 +5,8 @@ backend's own threads (``CALL_THREADS``) with a timeout, so a slow or silent hea
 stalls the agent's loop nor takes the threads the rest of the agent uses; the client
 is made on first use (making it asks the head its version) and ``ray`` is imported
 only here (it is an optional extra). ``tooling/engines/ray.py`` records how the
-API behaves; ``ray_text.py`` holds the pure mapping both ways.
+API behaves; ``ray_text.py``, ``ray_gang_text.py`` and ``ray_capacity.py`` hold the pure
+mapping both ways, ``ray_run.py`` the handle on a run (its log tail, its outcome).
 
 - Launch submits ``irisfed-<job_id>-e<epoch>`` with metadata naming our peer, job
   and epoch (peers sharing a cluster never list, adopt or kill each other's jobs) and
@@ -29,8 +30,11 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
   or the head no longer lists it (a restarted head forgets every job).
 - Kill is ``stop_job``; Ray ignores it while the job is PENDING (the command
   would start once resources free up), so the poller asks again at every poll
-  until the job ends. Ray gives a running job SIGTERM, then SIGKILL after
-  RAY_JOB_STOP_WAIT_TIME_S (3 s) whatever ``grace_s`` says.
+  until the job ends. Ray gives a running job SIGTERM (its entrypoint's process
+  and every descendant it has then), then SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S``
+  (3 s by default), which its job supervisor reads from the job's runtime env: each
+  submission sets it to the run's grace (``ray_text.stop_env``; a gang's, longer, as
+  its driver gives each task's command the grace itself: ``ray_gang.py``).
 - A submit whose answer was lost (a timeout) may have created the job all the
   same; it is then a run the agent does not know, which its next leftover scan
   (``list_runs``) finds and kills.
@@ -39,7 +43,7 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
   (``ray_gang.py``, shipped zlib+base64 in the job's runtime env and run by the head's
   ``python3``) that places one task a node in a ``STRICT_SPREAD`` placement group and
   prints what happens; the backend reads that back from the job's log
-  (``ray_text.read_gang_log``). ``started`` is set once the log of the RUNNING job
+  (``ray_gang_text.read_gang_log``). ``started`` is set once the log of the RUNNING job
   holds the driver's ``started`` line: one ``get_job_logs`` per poll for each gang
   that is running and has not started yet (the job's status alone says only that the
   driver runs; its metadata cannot change). The end: the driver's ``end`` line says
@@ -49,11 +53,11 @@ API behaves; ``ray_text.py`` holds the pure mapping both ways.
   whose driver has not said its tasks run ``GANG_START_GRACE_S`` after its start
   timeout (a job Ray keeps PENDING) is stopped and lost. A gang the cluster could
   never hold (too few alive nodes whose totals hold a task, sharing one ``group_by``
-  label value) is refused at launch (``ray_text.gang_problem``).
+  label value) is refused at launch (``ray_gang_text.gang_problem``).
 - Discovery: ``GET /api/cluster_status`` (totals and free, cluster-wide and per node
   in ``usageByNode``) then ``GET /api/v0/nodes`` (which nodes are alive, their labels),
   in one of the backend's threads; alive nodes grouped with their labels as
-  attributes (``ray_text.cluster_report``). Measured on a head and three worker
+  attributes (``ray_capacity.cluster_report``). Measured on a head and three worker
   raylets (ray 2.60, 2 loaded cores): 3.1 KB in 3-6 ms and 1.4 KB in 3-11 ms; the
   dashboard's ``/nodes?view=summary`` has no free amounts and is 13 KB a node. A node
   the resource report (refreshed every few seconds) has not seen yet offers nothing
@@ -89,22 +93,22 @@ from typing import Any
 
 from irisfed.services.common.log import EventLogger
 from irisfed.services.peer_agent.backends import (
+    ray_gang,
+)
+from irisfed.services.peer_agent.backends import ray_gang_text as gang_text
+from irisfed.services.peer_agent.backends import ray_text as text
+from irisfed.services.peer_agent.backends.contract import (
     DEFAULT_POLL_INTERVAL_S,
     OUTPUT_FOLDER,
-    TASK_KILLED,
-    TASK_LOST,
-    TASK_PENDING,
-    TASK_RUNNING,
     WORKSPACE_FOLDER,
     Discovered,
     LaunchError,
     LiveRun,
-    RunLost,
     RunSpec,
-    TaskStatus,
-    ray_gang,
 )
-from irisfed.services.peer_agent.backends import ray_text as text
+from irisfed.services.peer_agent.backends.devices import RESOURCES_VARIABLE, resources_json
+from irisfed.services.peer_agent.backends.ray_capacity import ClusterReport, cluster_report
+from irisfed.services.peer_agent.backends.ray_run import _RayGang, _RayRun
 from irisfed.shared.errors import ConfigError
 from irisfed.shared.workspace import copy_tree
 
@@ -121,13 +125,8 @@ CALL_THREADS = 4
 NONCE_FILE = "ray-submission"
 # The most nodes one ``/api/v0/nodes`` answer lists (the state API's own cap: 10,000).
 NODES_LIMIT = 10_000
-# A gang's driver enforces its start timeout itself, from its own start; the backend
-# stops a gang whose driver has not said its tasks run this long after that timeout
-# (a job Ray keeps PENDING, a driver that hangs) and counts it lost. Room for the
-# driver to start, import Ray and join the cluster on a busy node.
-GANG_START_GRACE_S = 60.0
 # The driver's source, read once: what every gang's job runs (ray_gang.py).
-_DRIVER_PAYLOAD = text.driver_payload(inspect.getsource(ray_gang))
+_DRIVER_PAYLOAD = gang_text.driver_payload(inspect.getsource(ray_gang))
 
 
 def _make_client(address: str, timeout_s: float) -> Any:
@@ -204,233 +203,6 @@ def _recorded_nonce(run_dir: Path) -> str | None:
         return "" if run_dir.is_dir() else None
 
 
-def _text_length(path: Path) -> int:
-    """How many characters of a job's log ``path`` holds (0: none)."""
-    try:
-        return len(path.read_bytes().decode("utf-8", "replace"))
-    except OSError:
-        return 0
-
-
-def _append(path: Path, text: str) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(text)
-
-
-def _write_outputs(run_dir: Path, stdout: str, stderr: str,
-                   tasks: dict[int, tuple[str, str]] | None = None, tailed: bool = False) -> None:
-    """The run's ``stdout``/``stderr``, and each gang task's in ``task-<i>/``. ``tailed``:
-    ``stdout`` already holds the start of the log (followed while it ran): only the rest
-    is added (the log only grows), so what was shipped stays as it is."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    have = _text_length(run_dir / "stdout") if tailed else 0
-    if tailed and len(stdout) >= have:
-        _append(run_dir / "stdout", stdout[have:])
-    else:
-        (run_dir / "stdout").write_text(stdout)
-    (run_dir / "stderr").write_text(stderr)
-    for index, (task_out, task_err) in (tasks or {}).items():
-        task_dir = run_dir / f"task-{index}"
-        task_dir.mkdir(exist_ok=True)
-        (task_dir / "stdout").write_text(task_out)
-        (task_dir / "stderr").write_text(task_err)
-
-
-class _RayRun:
-    """One Ray job, followed by its backend's poller until it ends."""
-
-    def __init__(self, backend: RayBackend, submission_id: str, job_id: str, epoch: int) -> None:
-        self.backend = backend
-        self.submission_id = submission_id
-        self.job_id = job_id
-        self.epoch = epoch
-        self.log_dir = backend.log_dir(job_id, epoch)
-        self.kill_requested = False
-        self.since_poll = 0  # polls started before it was followed cannot have listed it
-        self.ended = asyncio.Event()
-        self.state: text.JobState | None = None
-        self.lost = ""  # why the run was lost, when the poller knows it was
-        self.forgotten = False  # the head no longer has the job (nor its logs)
-        self._result: tuple[str, int] | None = None  # (why lost, exit code), settled once
-        self._settling = asyncio.Lock()
-        self._tail: asyncio.Task | None = None  # follows the log into stdout while it runs
-
-    def end(self, state: text.JobState | None = None, forgotten: str = "") -> None:
-        """It ended as ``state`` says, or the head ``forgotten`` it (why)."""
-        self.state, self.lost, self.forgotten = state, forgotten, bool(forgotten)
-        self.ended.set()
-
-    async def wait(self) -> int:
-        self.backend.follow(self)
-        if self.tails and self._tail is None and not self.ended.is_set():
-            self._tail = asyncio.ensure_future(self._follow_log())
-        await self.ended.wait()
-        async with self._settling:
-            if self._result is None:
-                if self._tail is not None:
-                    self._tail.cancel()
-                    with contextlib.suppress(BaseException):
-                        await self._tail
-                self._result = await self._settle()
-        lost, code = self._result
-        if lost:
-            raise RunLost(lost)
-        return code
-
-    async def kill(self, grace_s: float) -> None:
-        """Ask Ray to stop the job (again at every poll until it ends) and wait up to
-        ``grace_s`` for it to end."""
-        if self.ended.is_set():
-            return
-        self.kill_requested = True
-        self.backend.follow(self)
-        await self.backend.stop(self.submission_id)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.ended.wait(), timeout=grace_s)
-
-    tails = True  # its log is followed into stdout while it runs (a gang's comes at its end)
-
-    async def _follow_log(self) -> None:
-        """The Jobs API's log tail into ``stdout`` as the job writes (the agent ships it
-        from there); what the file holds already (an agent before this one followed it)
-        is not written again. Ends when the job does, or is cancelled."""
-        path = Path(self.log_dir) / "stdout"
-        try:
-            client = await self.backend._connect()
-            skip = await asyncio.to_thread(_text_length, path)
-            self.backend.engine_calls["tail_job_logs"] += 1
-            async for chunk in client.tail_job_logs(self.submission_id):
-                if skip >= len(chunk):
-                    skip -= len(chunk)
-                    continue
-                chunk, skip = chunk[skip:], 0
-                await asyncio.to_thread(_append, path, chunk)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the log comes whole at the end all the same
-            log.info("ray_log_tail_ended", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
-
-    def outcome(self, logs: str | None) -> int:
-        """The exit code of the ended job (``logs``: its log, None when unreadable);
-        raises ``RunLost``."""
-        assert self.state is not None
-        return text.exit_code(self.state, self.kill_requested)
-
-    def task_outputs(self, logs: str) -> dict[int, tuple[str, str]]:
-        """Each task's (stdout, stderr) to write apart: none for a single task."""
-        return {}
-
-    async def _settle(self) -> tuple[str, int]:
-        """Once: the job's logs into ``stdout`` (``stderr`` says what went wrong, if
-        anything), and its outcome: (why it was lost or "", exit code)."""
-        logs: str | None = None
-        problem = ""
-        if not self.forgotten:  # a forgotten job has no logs left
-            try:
-                logs = await self.backend.call("get_job_logs", self.submission_id)
-            except Exception as exc:  # noqa: BLE001 - the outcome matters more than the logs
-                problem = f"irisfed: could not fetch the Ray job's logs: {exc!r}\n"
-                log.warning("ray_logs_unavailable", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
-        lost, code = self.lost, 0
-        if not lost:
-            try:
-                code = self.outcome(logs)
-            except RunLost as exc:
-                lost = str(exc)
-        stderr = (f"irisfed: run lost: {lost}\n" if lost else "") + problem
-        try:
-            await asyncio.to_thread(_write_outputs, Path(self.log_dir), logs or "", stderr,
-                                    self.task_outputs(logs or ""), self.tails)
-        except OSError as exc:
-            log.warning("ray_logs_not_written", job_id=self.job_id, epoch=self.epoch, error=repr(exc))
-        return lost, code
-
-
-class _RayGang(_RayRun):
-    """A gang's Ray job: its driver (ray_gang.py) runs ``replicas`` tasks, one a node.
-    ``started`` is set once the driver's log says every task runs (the poller reads
-    the log of a RUNNING gang until it does); the outcome, each task's state, node and
-    exit code, and each task's output come from the log once the job ended."""
-
-    tails = False  # its tasks' output is split out of the driver's log at the end
-
-    def __init__(self, backend: RayBackend, submission_id: str, job_id: str, epoch: int, replicas: int,
-                 start_timeout_s: float, submitted_at: float) -> None:
-        super().__init__(backend, submission_id, job_id, epoch)
-        self.replicas = replicas
-        self.start_timeout_s = start_timeout_s
-        self.submitted_at = submitted_at  # wall clock (time.time()): Ray's start_time when adopted
-        self.started = asyncio.Event()
-        self.nodes: list[str | None] = [None] * replicas
-        self.start_timed_out = ""  # why the backend stopped it before its tasks all ran
-        self.gang_log: text.GangLog | None = None
-
-    def start_overdue(self, now: float) -> bool:
-        return not self.started.is_set() and now > self.submitted_at + self.start_timeout_s + GANG_START_GRACE_S
-
-    def saw_start(self, nodes: list[str | None]) -> None:
-        self.nodes = (list(nodes) + [None] * self.replicas)[:self.replicas]
-        self.started.set()
-
-    def outcome(self, logs: str | None) -> int:
-        assert self.state is not None
-        if logs is not None:
-            self.gang_log = text.read_gang_log(logs, self.replicas)
-            if self.gang_log.started is not None and not self.started.is_set():
-                self.saw_start(self.gang_log.started)
-        return text.gang_exit_code(self.state, self.gang_log if logs is not None else None, self.kill_requested,
-                                   self.start_timed_out)
-
-    def task_outputs(self, logs: str) -> dict[int, tuple[str, str]]:
-        gang_log = self.gang_log or text.read_gang_log(logs, self.replicas)
-        return {index: (gang_log.outputs.get((index, "out"), ""), gang_log.outputs.get((index, "err"), ""))
-                for index in range(self.replicas)}
-
-    def tasks(self) -> list[TaskStatus]:
-        """Each task as the driver last said: pending until ``started``, then running,
-        then as its ``end`` line says (running ones of a run lost without one: lost)."""
-        end = self.gang_log.end if self.gang_log is not None else None
-        states = [TASK_RUNNING if self.started.is_set() else TASK_PENDING] * self.replicas
-        codes: list[int | None] = [None] * self.replicas
-        nodes = list(self.nodes)
-        if end is not None:
-            states = _listed(end.get("states"), self.replicas, states)
-            codes = _listed(end.get("codes"), self.replicas, codes)
-            nodes = _listed(end.get("nodes"), self.replicas, nodes)
-        elif self._result is not None and self._result[0]:  # lost, and the driver did not say how
-            states = [TASK_LOST if state == TASK_RUNNING else state for state in states]
-        elif self._result is not None:  # stopped before the driver said how
-            states = [TASK_KILLED if state == TASK_RUNNING else state for state in states]
-        return [TaskStatus(i, nodes[i], states[i], codes[i], str(Path(self.log_dir) / f"task-{i}"))
-                for i in range(self.replicas)]
-
-    async def look_for_start(self) -> None:
-        """Read the log of the RUNNING job for the driver's ``started`` line (a failure
-        is only logged: asked again at the next poll)."""
-        try:
-            logs = await self.backend.call("get_job_logs", self.submission_id)
-        except Exception as exc:  # noqa: BLE001 - asked again at the next poll
-            log.warning("ray_gang_log_unavailable", submission_id=self.submission_id, error=repr(exc))
-            return
-        nodes = text.gang_started(logs)
-        if nodes is not None and not self.started.is_set():
-            self.saw_start(nodes)
-
-    async def give_up_start(self, status: str) -> None:
-        """Its tasks did not all start in time: stop the job (again at every poll until
-        it ends); it is lost."""
-        self.start_timed_out = (f"its {self.replicas} tasks did not all start within {self.start_timeout_s:g}s "
-                                f"(the Ray job was {status} {GANG_START_GRACE_S:g}s after that)")
-        log.warning("ray_gang_start_overdue", submission_id=self.submission_id, why=self.start_timed_out)
-        self.kill_requested = True
-        await self.backend.stop(self.submission_id)
-
-
-def _listed(values: Any, length: int, default: list) -> list:
-    """``values`` when it is a list of ``length`` items (a driver's ``end`` line), else ``default``."""
-    return list(values) if isinstance(values, list) and len(values) == length else default
-
-
 RAY_IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"  # ray._private.ray_constants
 
 
@@ -462,7 +234,7 @@ class RayBackend:
         self._discovery: asyncio.Future[Discovered] | None = None  # the one in flight
         self._runs: dict[str, _RayRun] = {}  # followed, by submission id
         self._poller: asyncio.Task[None] | None = None
-        self._report: text.ClusterReport | None = None
+        self._report: ClusterReport | None = None
         # Importing Ray takes about a second of CPU holding the GIL: done here, while the
         # agent starts and before its first heartbeat, not inside the first launch, where
         # it would starve the event loop (and its heartbeats) of a running agent.
@@ -537,7 +309,7 @@ class RayBackend:
             raise LaunchError(str(exc)) from None
         problem = text.too_big(spec.resources, report)
         if problem is None and spec.replicas > 1:
-            problem = text.gang_problem(spec.resources, spec.replicas, spec.group_by, report)
+            problem = gang_text.gang_problem(spec.resources, spec.replicas, spec.group_by, report)
         if problem is not None:
             raise LaunchError(problem)
         try:
@@ -573,19 +345,24 @@ class RayBackend:
         gang = (spec.replicas, spec.start_timeout_s) if spec.replicas > 1 else None
         return self.track(submission_id, spec.job_id, spec.epoch, gang, submitted_at)
 
-    def _submission(self, spec: RunSpec, report: text.ClusterReport) -> dict[str, Any]:
+    def _submission(self, spec: RunSpec, report: ClusterReport) -> dict[str, Any]:
         """``submit_job``'s entrypoint, runtime env and resources for ``spec``: the command
         itself, or for a gang the driver, which holds nothing (its tasks' placement group
-        does). Raises ValueError for what cannot be passed."""
-        env = {**spec.env, "IRISFED_OUTPUT_DIR": str(self.run_dir(spec.job_id, spec.epoch).resolve() / OUTPUT_FOLDER)}
+        does). Raises ValueError for what cannot be passed. Either way the runtime env
+        sets Ray's stop timeout for this job to its grace (``ray_text.stop_env``)."""
+        env = {**spec.env, "IRISFED_OUTPUT_DIR": str(self.run_dir(spec.job_id, spec.epoch).resolve() / OUTPUT_FOLDER),
+               RESOURCES_VARIABLE: resources_json(spec.resources)}  # devices: Ray binds num_gpus' own
         if spec.replicas <= 1:
             return {"entrypoint": text.entrypoint(spec.command, env),
-                    "runtime_env": {"env_vars": text.job_env(env, spec.job_id, spec.epoch)},
+                    "runtime_env": {"env_vars": {**text.job_env(env, spec.job_id, spec.epoch),
+                                                 **text.stop_env(spec.grace_s)}},
                     **text.submit_resources(spec.resources, report.ray_names)}
-        bundle = text.gang_bundle(spec.resources, report.ray_names)
-        env_vars = text.gang_env(spec.command, env, spec.job_id, spec.epoch, spec.replicas, bundle,
-                                 spec.group_by, spec.start_timeout_s, _DRIVER_PAYLOAD)
-        return {"entrypoint": text.gang_entrypoint(self.python), "runtime_env": {"env_vars": env_vars},
+        bundle = gang_text.gang_bundle(spec.resources, report.ray_names)
+        env_vars = gang_text.gang_env(spec.command, env, spec.job_id, spec.epoch, spec.replicas, bundle,
+                                      spec.group_by, spec.start_timeout_s, _DRIVER_PAYLOAD,
+                                      grace_s=spec.grace_s)
+        env_vars.update(text.stop_env(spec.grace_s, gang=True))
+        return {"entrypoint": gang_text.gang_entrypoint(self.python), "runtime_env": {"env_vars": env_vars},
                 "entrypoint_num_cpus": 0}
 
     async def _submitted_anyway(self, spec: RunSpec, submission_id: str, failure: Exception) -> _RayRun | None:
@@ -747,7 +524,7 @@ class RayBackend:
         self.engine_calls["nodes"] += 1
         status, nodes = await asyncio.wait_for(
             self._in_thread(_cluster_payloads, self.address, self.call_timeout_s), timeout=self.call_timeout_s)
-        self._report = text.cluster_report(status, nodes)
+        self._report = cluster_report(status, nodes)
         return self._report.discovered
 
     async def close(self) -> None:

@@ -7,7 +7,8 @@ imports only the standard library at its top and Ray inside ``main``, and what i
 Ray travels by value (cloudpickle pickles what ``__main__`` defines).
 
 Given the run in ``SPEC_VARIABLE`` (base64 of JSON: ``command``, ``env``, ``replicas``,
-``bundle`` in Ray's resource names, ``group_by``, ``start_timeout_s``), it:
+``bundle`` in Ray's resource names, ``group_by``, ``start_timeout_s`` and, when given,
+``grace_s``), it:
 
 1. makes a placement group of ``replicas`` bundles, each one task's resources, with
    ``STRICT_SPREAD`` (one task a node); with ``group_by`` KEY, the ``topology_strategy``
@@ -19,12 +20,13 @@ Given the run in ``SPEC_VARIABLE`` (base64 of JSON: ``command``, ``env``, ``repl
    output as it comes and its exit status; ``started`` is printed once every task's
    command runs;
 3. one fate: a task exiting non-zero → the others are cancelled (their commands get
-   SIGTERM, SIGKILL after ``TERM_GRACE_S``) and the driver ends with that exit code; a
+   SIGTERM, SIGKILL after the run's ``grace_s``, ``TERM_GRACE_S`` without one:
+   docs/design.md §3.7) and the driver ends with that exit code; a
    task that Ray failed (node died, worker crashed) or whose command could not start,
    or tasks not all running in time → the others are cancelled and the run is *lost*;
    SIGTERM (``stop_job``) → every task is cancelled (killed).
 
-What it prints (the job's log, which the backend splits: ray_text.read_gang_log):
+What it prints (the job's log, which the backend splits: ray_gang_text.read_gang_log):
 
 - ``irisfed-task I out| TEXT``: a line of task I's stdout (``err``: stderr); ``~``
   instead of ``|``: no newline followed TEXT (a last line, or a piece of a long one);
@@ -56,11 +58,13 @@ PIECE_END = "~"  # no newline followed
 # A task's state, as backends.TASK_* (the driver may not import irisfed; a unit test
 # keeps them equal).
 PENDING, RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "pending", "running", "succeeded", "failed", "killed", "lost"
-# A cancelled task's command gets SIGTERM, then SIGKILL this much later: well inside
-# Ray's 3 s between stop_job's SIGTERM to the driver and its SIGKILL.
+# A cancelled task's command gets SIGTERM, then SIGKILL this much later, when the run
+# names no grace of its own (``grace_s``; the backend sets Ray's time between stop_job's
+# SIGTERM to the driver and its SIGKILL to that grace and more: ray_text.stop_env).
 TERM_GRACE_S = 1.0
-# A task cancelled politely (KeyboardInterrupt in its worker) that has not ended by then
-# is cancelled by force (its worker killed); one still not ended after as long is given up.
+# A task cancelled politely (KeyboardInterrupt in its worker) that has not ended this
+# long after its grace is cancelled by force (its worker killed); one still not ended
+# after as long again is given up.
 FORCE_AFTER_S = 5.0
 # How long a task's output may wait before it is sent: one yield (an object in Ray's
 # store) per TEXT_FLUSH_S or per TEXT_CHUNK characters, not one per line.
@@ -119,10 +123,11 @@ def pick_coordinator() -> str:
     return f"{ray.util.get_node_ip_address()}:{port}"
 
 
-def run_task(index: int, command: list, env: dict, coordinator_box: list):
+def run_task(index: int, command: list, env: dict, coordinator_box: list, grace_s: float = TERM_GRACE_S):
     """One task (a Ray streaming generator): yields ``{"node"}`` and ``{"pid"}`` once its
     command runs (``{"error"}`` when it cannot start), then ``{"out", "err"}`` pieces of
-    its output, then ``{"exit"}``. Cancelled (KeyboardInterrupt), it kills its command."""
+    its output, then ``{"exit"}``. Cancelled (KeyboardInterrupt), it stops its command:
+    SIGTERM to its process group, SIGKILL ``grace_s`` later if it has not ended."""
     import codecs
     import os
     import queue
@@ -195,7 +200,7 @@ def run_task(index: int, command: list, env: dict, coordinator_box: list):
         if process.poll() is None:  # cancelled: its command goes with it
             kill_group(signal.SIGTERM)
             try:
-                process.wait(timeout=TERM_GRACE_S)
+                process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 kill_group(signal.SIGKILL)
                 process.wait()
@@ -213,6 +218,7 @@ class Driver:
         self.events = events
         self.replicas = int(spec["replicas"])
         self.deadline = time.monotonic() + float(spec["start_timeout_s"])
+        self.grace_s = max(0.0, float(spec.get("grace_s", TERM_GRACE_S)))
         self.states = [PENDING] * self.replicas
         self.codes: list = [None] * self.replicas
         self.nodes: list = [None] * self.replicas
@@ -320,7 +326,7 @@ class Driver:
             self.generators.append(task.options(
                 **options, max_retries=0, num_returns="streaming", name=f"irisfed-task-{index}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
-            ).remote(index, list(self.spec["command"]), dict(self.spec["env"]), [coordinator]))
+            ).remote(index, list(self.spec["command"]), dict(self.spec["env"]), [coordinator], self.grace_s))
         for index, generator in enumerate(self.generators):
             threading.Thread(target=self.relay, args=(index, generator), daemon=True).start()
 
@@ -360,10 +366,10 @@ class Driver:
         for index, asked in list(self.cancelled.items()):
             if index in self.finished:
                 continue
-            if index not in self.forced and now - asked > FORCE_AFTER_S:
+            if index not in self.forced and now - asked > self.grace_s + FORCE_AFTER_S:
                 self.forced.add(index)
                 self.cancel(index, force=True)
-            elif now - asked > 2 * FORCE_AFTER_S:
+            elif now - asked > self.grace_s + 2 * FORCE_AFTER_S:
                 self.finished.add(index)  # given up: Ray kills the job's workers when the driver exits
 
     def task_said(self, index: int, item: dict) -> None:

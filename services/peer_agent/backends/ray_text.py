@@ -1,4 +1,5 @@
-"""What the ``ray`` backend says to and reads from the Ray Jobs API. Pure, no I/O.
+"""What the ``ray`` backend says to and reads from the Ray Jobs API about a run. Pure,
+no I/O.
 
 - Names: each run is the Ray job ``irisfed-<job_id>-e<epoch>`` (its submission id),
   tagged with metadata naming our peer, job and epoch; a job whose metadata names
@@ -10,35 +11,33 @@
   its resources as Ray's entrypoint resources (``submit_resources``). Ray never
   refuses a job it can never run (it waits PENDING, then fails it after 15
   minutes): ``too_big`` says so before submitting.
+- Stopping: Ray's stop timeout for the job, its grace (``stop_env``).
 - Outcomes: a terminal Ray job → its exit code, or ``RunLost`` when Ray's own
   machinery failed it (``exit_code``).
-- Capacity: ``GET /api/cluster_status`` and ``GET /api/v0/nodes`` → ``Discovered``,
-  its nodes grouped (``cluster_report``).
-- Gangs: the driver's job (``ray_gang.py``: its source, its run in one variable, a
-  bootstrap entrypoint), a placement group bundle per task (``gang_bundle``), whether
-  the cluster could ever hold the gang (``gang_problem``), and its log read back: the
-  ``started`` line, the ``end`` line and each task's output (``read_gang_log``,
-  ``gang_exit_code``).
 
-See tooling/engines/ray.py for the measured behaviour of the API these follow.
+What the cluster has (``GET /api/cluster_status``, ``GET /api/v0/nodes``) is read by
+``ray_capacity.py``; a gang's driver job and its log by ``ray_gang_text.py``. See
+tooling/engines/ray.py for the measured behaviour of the API these follow.
 """
 
 from __future__ import annotations
 
 import base64
 import hmac
-import json
+import math
 import re
 import shlex
-import zlib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from irisfed.services.peer_agent.backends import KILLED_EXIT_CODE, Discovered, RunLost
 from irisfed.services.peer_agent.backends import ray_gang as driver
-from irisfed.shared.nodes import group_nodes
-from irisfed.shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, SLOTS, fmt_amount
+from irisfed.services.peer_agent.backends.contract import (
+    KILLED_EXIT_CODE,
+    RunLost,
+)
+from irisfed.services.peer_agent.backends.ray_capacity import MIB, TPU, ClusterReport
+from irisfed.shared.resources import CPU, GPU, MEMORY_MB, fmt_amount
 
 PREFIX = "irisfed-"
 META_PEER, META_JOB, META_EPOCH = "irisfed_peer", "irisfed_job", "irisfed_epoch"
@@ -48,18 +47,11 @@ META_NONCE = "irisfed_nonce"
 # A gang's run (more than one task): how many, and its start timeout (for adoption).
 META_TASKS, META_START_TIMEOUT = "irisfed_tasks", "irisfed_start_timeout_s"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
-MIB = 1024 * 1024
-TPU = "tpu"
 # The longest part of a Ray message quoted in a RunLost (Ray's messages carry up to
 # 20,000 characters of log tail).
 MESSAGE_CHARS = 500
 
 _SUBMISSION_RE = re.compile(r"^irisfed-(.+)-e(\d+)$")
-_NAME_RE = re.compile(RESOURCE_NAME_PATTERN)
-# Ray's own resources besides CPU, GPU and memory: never advertised.
-_NOT_ADVERTISED = frozenset({"objectStoreMemory", "object_store_memory"})
-# Our names Ray's custom resources may not take (they are Ray's built-in ones, or reserved).
-_RESERVED = frozenset({CPU, GPU, MEMORY_MB, SLOTS, "memory"})
 
 
 # ------------------------------------------------------------------ names
@@ -271,182 +263,31 @@ def already_exists(error: BaseException) -> bool:
     return "already exists" in str(error)
 
 
-# ------------------------------------------------------------------ gangs
+# ------------------------------------------------------------------ stopping (docs/design.md §3.7)
 
 
-# The driver (ray_gang.py) travels in one variable, zlib then base64 (about 9 KB): the
-# entrypoint is a bootstrap that decodes and runs it, because Ray echoes the entrypoint
-# into the job's log and ``message``, and ``list_jobs`` answers with every job's
-# entrypoint. ``''`` (the current folder, where ``-c`` puts it) leaves ``sys.path``
-# first: the head's folder may hold a ``ray`` folder (Ray's temp dir) that ``import
-# ray`` would take for Ray.
-DRIVER_VARIABLE = "IRISFED_GANG_DRIVER"
-_BOOTSTRAP = (
-    "import base64,os,sys,zlib\n"
-    "if sys.path and sys.path[0]=='':del sys.path[0]\n"
-    f"exec(compile(zlib.decompress(base64.b64decode(os.environ['{DRIVER_VARIABLE}'])),'irisfed-gang-driver','exec'))\n"
-)
+# Ray's job supervisor reads this from its own environment, which holds the job's
+# ``runtime_env.env_vars``: for that job alone, the seconds between ``stop_job``'s
+# SIGTERM (to the entrypoint's process and every descendant it has then) and its
+# SIGKILL, a whole number (3 when unset). Ray 2.60, job_supervisor.py.
+STOP_WAIT_VARIABLE = "RAY_JOB_STOP_WAIT_TIME_S"
+# A gang's driver, stopped, cancels its tasks (each command: SIGTERM, SIGKILL a grace
+# later), forces a cancel not done ``FORCE_AFTER_S`` after that and gives it up as long
+# again, then prints its end line: Ray waits that much longer before it SIGKILLs the driver.
+GANG_STOP_MARGIN_S = 2 * driver.FORCE_AFTER_S + 5
 
 
-def driver_payload(source: str) -> str:
-    """The driver's source as ``DRIVER_VARIABLE`` carries it."""
-    return base64.b64encode(zlib.compress(source.encode(), 9)).decode()
+def stop_wait_s(grace_s: float, gang: bool = False) -> int:
+    """``STOP_WAIT_VARIABLE``'s seconds for a run with this grace: the grace, whole
+    seconds up (a gang's: with ``GANG_STOP_MARGIN_S`` more, for its driver)."""
+    return math.ceil(max(0.0, grace_s) + (GANG_STOP_MARGIN_S if gang else 0) - 1e-9)
 
 
-def gang_entrypoint(python: str = "python3") -> str:
-    """The shell line of a gang's Ray job: the node's ``python`` runs the driver."""
-    return f"exec {shlex.quote(python)} -c {shlex.quote(_BOOTSTRAP)}"
-
-
-def gang_bundle(request: Mapping[str, float], ray_names: Mapping[str, str] | None = None) -> dict[str, float]:
-    """One task's placement group bundle in Ray's names: ``CPU`` (1 when not asked, as
-    everywhere in irisfed), ``GPU``, ``memory`` (bytes) and custom resources. Raises
-    ValueError for a task asking nothing (Ray refuses an empty bundle)."""
-    asked = submit_resources(request, ray_names)
-    bundle = {"CPU": asked["entrypoint_num_cpus"], "GPU": asked.get("entrypoint_num_gpus", 0),
-              "memory": asked.get("entrypoint_memory", 0), **asked.get("entrypoint_resources", {})}
-    bundle = {name: amount for name, amount in bundle.items() if amount}
-    if not bundle:
-        raise ValueError("a gang's task asks for no resource at all, and a Ray placement group "
-                         "bundle cannot be empty")
-    return bundle
-
-
-def gang_env(command: Sequence[str], env: Mapping[str, str], job_id: str, epoch: int, replicas: int,
-             bundle: Mapping[str, float], group_by: str, start_timeout_s: float, payload: str) -> dict[str, str]:
-    """``runtime_env.env_vars`` of a gang's job: the driver (``payload``) and its run,
-    base64 of JSON (no ``$`` for Ray to expand; the job's variables reach each task
-    verbatim, with ``IRISFED_JOB_ID``, ``IRISFED_EPOCH`` and ``IRISFED_NUM_TASKS``; the
-    driver adds the task's own). Raises ValueError for what cannot be passed, or
-    when it all passes ``ENV_MAX_CHARS`` (Ray hands the runtime env to every worker it
-    starts as one argument)."""
-    _check(command, env)
-    task_env = {**env, "IRISFED_JOB_ID": job_id, "IRISFED_EPOCH": str(epoch), "IRISFED_NUM_TASKS": str(replicas)}
-    spec = {"command": list(command), "env": task_env, "replicas": replicas, "bundle": dict(bundle),
-            "group_by": group_by, "start_timeout_s": start_timeout_s}
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-    if len(encoded) + len(payload) > ENV_MAX_CHARS:
-        raise ValueError(f"the job's command and environment are {len(encoded)} characters once encoded for "
-                         f"Ray; with the gang's driver ({len(payload)}) at most {ENV_MAX_CHARS} fit (Ray "
-                         "passes them to a process as one argument)")
-    return {driver.SPEC_VARIABLE: encoded, DRIVER_VARIABLE: payload, "IRISFED_JOB_ID": job_id,
-            "IRISFED_EPOCH": str(epoch)}
-
-
-def gang_problem(request: Mapping[str, float], replicas: int, group_by: str, report: ClusterReport) -> str | None:
-    """Why Ray could never start a gang of ``replicas`` tasks each asking ``request``:
-    too few alive nodes whose totals hold one task (sharing one value of the node label
-    ``group_by``); None when enough could, or the head reports no nodes."""
-    if not report.nodes:
-        return None
-    asked = {name: amount for name, amount in request.items() if amount}
-    asked[CPU] = request.get(CPU, 1)
-    fitting = [node for node in report.nodes
-               if all(amount <= node.resources.get(name, (0.0, 0.0))[0] + 1e-9 for name, amount in asked.items()
-                      if amount)]
-    if group_by:
-        per_value: dict[str, int] = {}
-        for node in fitting:
-            for value in node.attributes.get(group_by, []):
-                per_value[value] = per_value.get(value, 0) + 1
-        most = max(per_value.values(), default=0)
-    else:
-        most = len(fitting)
-    if most >= replicas:
-        return None
-    task = ", ".join(f"{name}={fmt_amount(amount)}" for name, amount in sorted(asked.items()) if amount)
-    shared = f" sharing one {group_by}" if group_by else ""
-    return (f"the gang needs {replicas} Ray nodes{shared} that can each hold {task}; the cluster has "
-            f"{most}: Ray would keep it waiting until its start timeout")
-
-
-@dataclass(frozen=True)
-class GangLog:
-    """A gang's job log read back: the ``started`` line's nodes (None: not there), the
-    ``end`` line's fields (None: not there) and each task's output, ``{(index, "out" or
-    "err"): text}``."""
-
-    started: list[str | None] | None = None
-    end: dict[str, Any] | None = None
-    outputs: dict[tuple[int, str], str] = field(default_factory=dict)
-
-
-_TASK_LINE = re.compile(rf"^{re.escape(driver.TASK_MARK)} (\d+) (out|err)([{re.escape(driver.LINE_END)}"
-                        rf"{re.escape(driver.PIECE_END)}]) (.*)$")
-_GANG_LINE = re.compile(rf"^{re.escape(driver.GANG_MARK)} (started|end) (\{{.*\}})$")
-
-
-def _gang_fields(line: str) -> tuple[str, dict] | None:
-    match = _GANG_LINE.match(line)
-    if match is None:
-        return None
-    try:
-        fields = json.loads(match.group(2))
-    except ValueError:
-        return None
-    return (match.group(1), fields) if isinstance(fields, dict) else None
-
-
-def gang_started(log: str) -> list[str | None] | None:
-    """The nodes of the ``started`` line of a gang's log (every task runs), None before it."""
-    for line in log.splitlines():
-        found = _gang_fields(line)
-        if found is not None and found[0] == "started":
-            nodes = found[1].get("nodes")
-            return list(nodes) if isinstance(nodes, list) else []
-    return None
-
-
-def read_gang_log(log: str, replicas: int) -> GangLog:
-    """What a gang's driver said in its job's log: each task's stdout and stderr put back
-    together (a ``|`` line had a newline, a ``~`` piece did not), and its ``started`` and
-    ``end`` lines. Every other line (Ray's own) is ignored."""
-    started, end = None, None
-    pieces: dict[tuple[int, str], list[str]] = {}
-    for line in log.split("\n"):
-        match = _TASK_LINE.match(line)
-        if match is not None:
-            index = int(match.group(1))
-            if index < replicas:
-                text = match.group(4) + ("\n" if match.group(3) == driver.LINE_END else "")
-                pieces.setdefault((index, match.group(2)), []).append(text)
-            continue
-        found = _gang_fields(line)
-        if found is None:
-            continue
-        if found[0] == "started" and started is None:
-            nodes = found[1].get("nodes")
-            started = list(nodes) if isinstance(nodes, list) else []
-        elif found[0] == "end":
-            end = found[1]
-    return GangLog(started, end, {key: "".join(parts) for key, parts in pieces.items()})
-
-
-def gang_exit_code(state: JobState, log: GangLog | None, kill_requested: bool = False,
-                   start_timed_out: str = "") -> int:
-    """A gang's exit code once its Ray job ended, read from its driver's ``end`` line:
-    0 when every task succeeded, else the first failing task's code; ``KILLED_EXIT_CODE``
-    when it was stopped. Raises ``RunLost`` when the driver said the run was lost (a
-    task's node died, a task could not start, not all started in time), when the
-    backend stopped it for not starting in time (``start_timed_out`` says why), and
-    when the driver ended without an ``end`` line though nobody stopped it (it never
-    ran, or Ray failed it). ``log`` None (the log could not be read): the driver's own
-    exit status stands in for the first failing task's."""
-    end = log.end if log is not None else None
-    if end is not None and not end.get("killed"):
-        if end.get("lost"):
-            raise RunLost(str(end["lost"]))
-        return int(end.get("exit") or 0)
-    if start_timed_out:
-        raise RunLost(start_timed_out)
-    if state.status == "STOPPED" or (end is not None and end.get("killed")):
-        return KILLED_EXIT_CODE
-    if log is None:
-        return exit_code(state, kill_requested)
-    if state.status == "FAILED" and kill_requested:
-        return KILLED_EXIT_CODE
-    message = (state.message or "no message").strip()[:MESSAGE_CHARS]
-    raise RunLost(f"the gang's driver ended ({state.status}) without saying how its tasks did: {message}")
+def stop_env(grace_s: float, gang: bool = False) -> dict[str, str]:
+    """What goes in a job's ``runtime_env.env_vars`` so that Ray's ``stop_job`` gives it
+    its grace (``stop_wait_s``) before SIGKILL. The job's own variables travel encoded
+    (``job_env``): none of them can change it."""
+    return {STOP_WAIT_VARIABLE: str(stop_wait_s(grace_s, gang))}
 
 
 # ------------------------------------------------------------------ outcomes
@@ -510,180 +351,3 @@ def forgotten(sub_id: str) -> str:
     """Why a run is lost whose Ray job the head no longer lists (a restarted head
     forgets every job)."""
     return f"the Ray head no longer knows job {sub_id} (restarted, or the job was deleted)"
-
-
-# ------------------------------------------------------------------ capacity
-
-
-# Node labels that name one node alone: advertised, they would make every node a group
-# of its own (and a heartbeat of 1,000 nodes 1,000 entries).
-PER_NODE_LABELS = frozenset({"ray.io/node-id", "ray.io/tpu-worker-id"})
-
-
-@dataclass(frozen=True)
-class RayNode:
-    """One alive node of a Ray cluster: its labels as attributes (``{key: [value]}``) and
-    each resource's (total, free) under our names."""
-
-    node_id: str
-    attributes: dict[str, list[str]] = field(default_factory=dict)
-    resources: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-    def totals(self) -> dict[str, float]:
-        return {name: total for name, (total, _free) in self.resources.items()}
-
-
-@dataclass(frozen=True)
-class ClusterReport:
-    """What a Ray cluster has: ``discovered`` (summed over nodes, and its node groups),
-    each alive node (``nodes``), and Ray's name of each extended resource
-    (``ray_names``: ``{"tpu": "TPU"}``)."""
-
-    discovered: Discovered
-    nodes: list[RayNode] = field(default_factory=list)
-    ray_names: dict[str, str] = field(default_factory=dict)
-
-
-def _our_name(ray_resource: str) -> str | None:
-    """Our name of a Ray resource, None for one that is never advertised: Ray's
-    bookkeeping (``node:<ip>``, ``accelerator_type:<type>``, object store memory,
-    placement group ``<name>_group_<id>`` resources) and names that are not valid
-    irisfed resource names once lower-cased."""
-    if ray_resource == "CPU":
-        return CPU
-    if ray_resource == "GPU":
-        return GPU
-    if ray_resource == "memory":
-        return MEMORY_MB
-    if (ray_resource in _NOT_ADVERTISED or ray_resource.startswith(("node:", "accelerator_type:"))
-            or "_group_" in ray_resource):
-        return None
-    name = ray_resource.lower()
-    if name in _RESERVED or not _NAME_RE.match(name):
-        return None
-    return name
-
-
-def _pairs(usage: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
-    """``{ray name: (used, total)}``, dropping entries that are not two numbers."""
-    pairs = {}
-    for name, value in usage.items():
-        try:
-            used, total = (float(v) for v in value)
-        except (TypeError, ValueError):
-            continue
-        pairs[name] = (used, total)
-    return pairs
-
-
-def _named(pairs: Mapping[str, tuple[float, float]],
-           ray_names: dict[str, str]) -> dict[str, tuple[float, float]]:
-    """``{our name: (total, free)}``; memory in whole MiB. The first Ray name (sorted)
-    of a lower-cased name wins (``TPU`` over ``tpu``)."""
-    named: dict[str, tuple[float, float]] = {}
-    for ray_resource in sorted(pairs):
-        name = _our_name(ray_resource)
-        if name is None or (name in named):
-            continue
-        used, total = pairs[ray_resource]
-        free = max(0.0, total - used)
-        if name == MEMORY_MB:
-            total, free = float(int(total // MIB)), float(int(free // MIB))
-        named[name] = (total, free)
-        if name not in (CPU, GPU, MEMORY_MB):
-            ray_names.setdefault(name, ray_resource)
-    return named
-
-
-def node_attributes(labels: Any) -> dict[str, list[str]]:
-    """A node's labels as attributes, but those naming one node alone (``PER_NODE_LABELS``)."""
-    if not isinstance(labels, Mapping):
-        return {}
-    return {str(key): [str(value)] for key, value in sorted(labels.items())
-            if key not in PER_NODE_LABELS and isinstance(value, str)}
-
-
-def _alive_nodes(listed: Iterable[Any], by_node: Mapping[str, Any], ray_names: dict[str, str]) -> list[RayNode]:
-    """The nodes the state API says are ALIVE: labels from it, (total, free) from the
-    resource report's ``usageByNode``. A node not in that report yet (it refreshes every
-    few seconds) offers nothing free until it is."""
-    nodes = []
-    for entry in listed:
-        if not isinstance(entry, Mapping) or entry.get("state") != "ALIVE" or not entry.get("node_id"):
-            continue
-        node_id = str(entry["node_id"])
-        usage = by_node.get(node_id)
-        if isinstance(usage, Mapping):
-            resources = _named(_pairs(usage), ray_names)
-        else:
-            totals = entry.get("resources_total") if isinstance(entry.get("resources_total"), Mapping) else {}
-            resources = {name: (total, 0.0) for name, (total, _free) in _named(
-                _pairs({name: (0.0, amount) for name, amount in totals.items()}), ray_names).items()}
-        nodes.append(RayNode(node_id, node_attributes(entry.get("labels")), resources))
-    return nodes
-
-
-def _summed(nodes: Iterable[RayNode]) -> dict[str, tuple[float, float]]:
-    """Every node's (total, free) added up, per resource."""
-    summed: dict[str, tuple[float, float]] = {}
-    for node in nodes:
-        for name, (total, free) in node.resources.items():
-            had_total, had_free = summed.get(name, (0.0, 0.0))
-            summed[name] = (had_total + total, had_free + free)
-    return summed
-
-
-def node_list(payload: Mapping[str, Any]) -> list[Any]:
-    """The nodes of a ``GET /api/v0/nodes`` answer; raises ValueError for any other answer."""
-    try:
-        listed = payload["data"]["result"]["result"]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"the Ray node list holds no nodes ({exc!r} missing)") from None
-    if not isinstance(listed, list):
-        raise ValueError("the Ray node list holds no nodes")
-    return listed
-
-
-def cluster_report(payload: Mapping[str, Any], nodes_payload: Mapping[str, Any] | None = None) -> ClusterReport:
-    """A ``GET /api/cluster_status`` answer (and the ``GET /api/v0/nodes`` one) → what the
-    cluster has.
-
-    Resources: cpu, gpu, memory_mb (whole MiB) and every custom resource whose
-    lower-cased name is a valid irisfed resource name (``TPU`` → ``tpu``), each as
-    (total, free = total − used). Attributes: ``device_type`` ``gpu`` and/or ``tpu``
-    when the cluster has any, else ``cpu``; ``device_variant`` the lower-cased
-    ``accelerator_type:<type>`` names (``a100``). Nodes: each alive node, its labels as
-    attributes (``node_attributes``) and its resources, grouped into
-    ``discovered.nodes`` (shared.nodes.group_nodes), and the resources are their sum;
-    without ``nodes_payload``, every node of the resource report, without attributes,
-    and the resources its cluster-wide sum. Raises ``ValueError`` when the
-    answer holds no resource report (the head's first one comes some seconds after it
-    starts) or the node list is not one.
-    """
-    try:
-        metrics = payload["data"]["clusterStatus"]["loadMetricsReport"]
-        usage = metrics["usage"]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"the Ray cluster status holds no resource report ({exc!r} missing)") from None
-    pairs = _pairs(usage or {})
-    if "CPU" not in pairs:
-        raise ValueError("the Ray cluster status holds no resource report yet")
-    ray_names: dict[str, str] = {}
-    resources = _named(pairs, ray_names)
-    by_node = metrics.get("usageByNode") or {}
-    if nodes_payload is None:
-        nodes = [RayNode(str(node_id), {}, _named(_pairs(node_usage), ray_names))
-                 for node_id, node_usage in by_node.items() if isinstance(node_usage, Mapping)]
-    else:
-        nodes = _alive_nodes(node_list(nodes_payload), by_node, ray_names)
-        # The summed report keeps a dead node's resources for a while (seen: 10 s and more
-        # after its raylet was killed): the alive nodes' sum is the cluster now.
-        resources = _summed(nodes)
-    device_type = [kind for kind in (GPU, TPU) if resources.get(kind, (0, 0))[0] > 0] or [CPU]
-    attributes = {"device_type": device_type}
-    variants = sorted({name.removeprefix("accelerator_type:").lower() for name, (_, total) in pairs.items()
-                       if name.startswith("accelerator_type:") and total > 0})
-    if variants:
-        attributes["device_variant"] = variants
-    groups = group_nodes((node.attributes, node.resources) for node in nodes)
-    return ClusterReport(Discovered(attributes, resources, groups), nodes, ray_names)

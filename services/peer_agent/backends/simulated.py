@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from irisfed.services.peer_agent.backends import (
+from irisfed.services.peer_agent.backends.contract import (
     KILLED_EXIT_CODE,
     TASK_FAILED,
     TASK_KILLED,

@@ -2,7 +2,8 @@
 ``scontrol`` and ``scancel`` (on PATH; the cluster is the one ``SLURM_CONF`` in the
 agent's environment names, or the host's).
 
-How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
+How a run maps to Slurm (formats and parsing in ``slurm_text.py``, ``slurm_nodes.py``
+and ``slurm_script.py``; the handle on a run and its run folder in ``slurm_run.py``):
 
 - the job ``irisfed-<job_id>-e<epoch>`` with comment ``irisfed:<peer_id>``: the
   name finds a run again after an agent restart (``list_runs``, ``adopt``,
@@ -18,7 +19,11 @@ How a run maps to Slurm (formats and parsing in ``slurm_text.py``):
   Slurm's own settings), which ``--export=ALL`` hands to the job: the agent's own
   variables (database and NATS credentials) never reach a job;
 - resources as ``-c`` (whole cpus), ``--mem`` (``DEFAULT_MEMORY_MB_PER_CPU`` per
-  cpu when the job names no memory) and ``--gres``.
+  cpu when the job names no memory) and ``--gres``;
+- a time limit as ``--time``, a backstop a little past the agent's own stop
+  (``slurm_script.time_limit_args``); a stop (``kill``) as SIGTERM alone to the job's
+  processes (``scancel --signal=TERM``: ``slurm_script.term_commands``), then a plain
+  ``scancel`` when the job has not ended ``grace_s`` later (docs/design.md §3.7).
 
 Status: one background task asks ``squeue --me -t all`` once per poll interval
 about every run it follows, however many there are (``squeue``'s ``exit_code``
@@ -36,11 +41,11 @@ work, and is never run again); only a run that never started is lost (retried).
 Capacity (``discover``): one ``scontrol show node -o -d`` call, kept to the nodes
 whose ``Partitions`` name the partition (so nodes added to it later count without
 a restart): totals, attributes, and each node's resources and features as node
-groups (``slurm_text.node_groups``); the nodes are kept to refuse, before ``sbatch``,
+groups (``slurm_nodes.node_groups``); the nodes are kept to refuse, before ``sbatch``,
 a job no single node could ever hold, or a gang no set of nodes could.
 
 Gangs (``RunSpec.replicas`` > 1): one batch job of N nodes, one task each
-(``slurm_text.gang_args``; ``group_by`` KEY as ``--constraint=[KEY:v1|KEY:v2...]``,
+(``slurm_script.gang_args``; ``group_by`` KEY as ``--constraint=[KEY:v1|KEY:v2...]``,
 Slurm's "matching OR": all nodes share one of the values), whose script runs the
 tasks as one ``srun --kill-on-bad-exit=1`` step, each through a wrapper that records
 its node and exit code in ``task-<i>/`` of the run folder. The handle's ``started``
@@ -54,18 +59,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
-import shutil
-import stat
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 
 from irisfed.services.common.log import EventLogger
-from irisfed.services.peer_agent.backends import (
+from irisfed.services.peer_agent.backends.contract import (
     DEFAULT_POLL_INTERVAL_S,
     KILLED_EXIT_CODE,
     OUTPUT_FOLDER,
@@ -76,54 +77,62 @@ from irisfed.services.peer_agent.backends import (
     RunLost,
     RunOutcomeUnknown,
     RunSpec,
-    TaskStatus,
 )
-from irisfed.services.peer_agent.backends.slurm_text import (
-    EXIT_STATUS_FILE,
+from irisfed.services.peer_agent.backends.devices import RESOURCES_VARIABLE, resources_json
+from irisfed.services.peer_agent.backends.slurm_nodes import (
+    Node,
+    capacity,
+    gang_misfit,
+    misfit,
+    node_groups,
+    parse_nodes,
+)
+from irisfed.services.peer_agent.backends.slurm_run import (
+    _Followed,
+    _fresh_copy,
+    _gang_of,
+    _result,
+    _SlurmRun,
+    _task_view,
+    read_gang_file,
+    read_task_records,
+    run_evidence,
+)
+from irisfed.services.peer_agent.backends.slurm_script import (
     GANG_FILE,
-    SQUEUE_FORMAT,
-    STARTED_MARKER,
     TASK_SCRIPT,
     GangFile,
-    Node,
-    Outcome,
     ScriptError,
-    SlurmJob,
-    TaskRecord,
     batch_script,
-    capacity,
-    choose_run,
-    comment_for,
-    default_partition,
-    expand_hostlist,
-    forgotten_outcome,
     gang_args,
     gang_batch_script,
     gang_file_text,
-    gang_misfit,
-    gang_outcome,
-    gang_tasks,
     group_constraint,
-    job_name,
-    misfit,
-    node_groups,
-    outcome,
     output_path,
-    parse_gang_file,
-    parse_nodes,
+    resource_args,
+    slurm_request,
+    task_script,
+    term_commands,
+    time_limit_args,
+)
+from irisfed.services.peer_agent.backends.slurm_text import (
+    SQUEUE_FORMAT,
+    Outcome,
+    SlurmJob,
+    TaskRecord,
+    choose_run,
+    comment_for,
+    default_partition,
+    gang_outcome,
+    job_name,
+    outcome,
     parse_scontrol_line,
     parse_scontrol_lines,
     parse_squeue,
-    resource_args,
     sbatch_job_id,
-    slurm_request,
-    task_script,
 )
-from irisfed.services.peer_agent.backends.subprocess import (
-    PASSED_THROUGH_ENV,
-)
+from irisfed.services.peer_agent.backends.subprocess import PASSED_THROUGH_ENV
 from irisfed.shared.resources import CPU
-from irisfed.shared.workspace import copy_tree
 
 log = EventLogger("peer-agent")
 
@@ -136,6 +145,10 @@ DEFAULT_MEMORY_MB_PER_CPU = 1024
 COMMAND_TIMEOUT_S = 30.0
 # Polls in a row that must miss a run before it counts as forgotten by Slurm.
 MISSES_BEFORE_LOST = 2
+# The longest ``scancel --signal`` may take before the run is cancelled outright: Slurm
+# signals only running jobs, and ``scancel`` retries one in a transitional state (pending,
+# configuring, completing) for ~95 s (Slurm 22.05, measured) before it gives up.
+SIGNAL_TIMEOUT_S = 10.0
 
 
 # Slurm's own settings (SLURM_CONF, SBATCH_ACCOUNT ...) the clients read from their
@@ -154,155 +167,6 @@ def client_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 class SlurmError(Exception):
     """A Slurm command failed or did not answer; the message says which and why."""
-
-
-# The most of a marker file read: an exit code or a job id fits many times over.
-MARKER_MAX_BYTES = 64
-
-
-def read_marker(path: Path) -> str | None:
-    """The text of a marker the batch script wrote (its first ``MARKER_MAX_BYTES``);
-    None when there is none; ``""`` when something else is there (a symlink, a FIFO,
-    a folder: the job's own doing), which still shows the run started. Never follows
-    a symlink nor blocks. Other OSErrors (folder unreadable, file system away)
-    propagate: the caller cannot tell, and asks again later."""
-    return _read_marker(path)[0]
-
-
-def _read_marker(path: Path) -> tuple[str | None, int]:
-    """``read_marker``'s text, and when the marker was last written (ns; 0: unknown)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, 0
-    except OSError:
-        if os.path.lexists(path):
-            return "", 0
-        raise
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            return "", 0
-        return os.read(fd, MARKER_MAX_BYTES).decode(errors="replace"), status.st_mtime_ns
-    finally:
-        os.close(fd)
-
-
-def _fresh_copy(workspace: Path, dest: Path) -> None:
-    """A run's own copy of its workspace at ``dest`` (a copy left half made by an earlier
-    start of the same run is replaced)."""
-    if os.path.lexists(dest):
-        shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    copy_tree(workspace, dest)
-
-
-def read_task_records(run_dir: Path, replicas: int) -> tuple[TaskRecord, ...]:
-    """What each task of a gang left in ``run_dir/task-<i>`` (file I/O: call it in a
-    thread); OSError when a folder cannot be read."""
-    run_dir = run_dir.resolve()
-    records = []
-    for index in range(replicas):
-        folder = run_dir / f"task-{index}"
-        started = read_marker(folder / STARTED_MARKER)
-        exit_status, ended_ns = _read_marker(folder / EXIT_STATUS_FILE)
-        records.append(TaskRecord(started, exit_status, ended_ns))
-    return tuple(records)
-
-
-def read_gang_file(run_dir: Path) -> GangFile | None:
-    """A run folder's ``GANG_FILE`` (file I/O: call it in a thread); None: not a gang."""
-    return parse_gang_file(read_marker(run_dir.resolve() / GANG_FILE))
-
-
-def run_evidence(slurm_id: str, run_dir: Path) -> Outcome:
-    """How a run Slurm forgot ended, from its run folder (file I/O: call it in a thread)."""
-    run_dir = run_dir.resolve()
-    return forgotten_outcome(slurm_id, read_marker(run_dir / STARTED_MARKER),
-                             read_marker(run_dir / EXIT_STATUS_FILE), str(run_dir))
-
-
-def _gang_of(spec: RunSpec) -> GangFile | None:
-    """What a gang's run folder records of it at launch (None: not a gang)."""
-    if spec.replicas <= 1:
-        return None
-    return GangFile(spec.replicas, spec.start_timeout_s, time.time() + spec.start_timeout_s)
-
-
-def _result(ended: Outcome) -> int | RunLost | RunOutcomeUnknown:
-    if ended.exit_code is not None:
-        return ended.exit_code
-    return RunOutcomeUnknown(ended.unknown) if ended.unknown else RunLost(ended.lost)
-
-
-@dataclass(eq=False)
-class _Followed:
-    """A Slurm job this backend follows, shared by every handle on it: its outcome (set
-    by the poller) and what the polls saw of it."""
-
-    done: asyncio.Future[int]
-    run_dir: Path
-    log_dir: str
-    replicas: int = 1
-    start_by: float | None = None  # a gang: the loop time its tasks must run by (its start timeout)
-    start_timeout_s: float = 0.0
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    nodes: list[str] = field(default_factory=list)  # the job's NodeList, once Slurm allocated it
-    tasks: list[TaskStatus] | None = None  # settled: each task's end
-    timed_out: str = ""  # set when it was cancelled for not starting in time: why
-    misses: int = 0  # polls in a row that did not list it
-
-    def saw(self, job: SlurmJob) -> None:
-        if job.nodes and not self.nodes:
-            self.nodes = expand_hostlist(job.nodes)
-        if job.live and job.started:
-            self.started.set()  # Slurm runs the batch script once every node is allocated
-
-    def overdue(self, job: SlurmJob, now: float) -> bool:
-        """A gang Slurm has not started by its start timeout (and was not cancelled for it yet)."""
-        return self.start_by is not None and not job.started and now >= self.start_by and not self.timed_out
-
-
-class _SlurmRun:
-    """A Slurm job this backend follows: ``wait`` resolves when a poll sees it end. A
-    gang's tasks (``tasks()``) and ``started`` (Slurm runs it) come from the same polls."""
-
-    def __init__(self, backend: SlurmBackend, slurm_id: str, followed: _Followed) -> None:
-        self.backend = backend
-        self.slurm_id = slurm_id
-        self.followed = followed
-        self.log_dir = followed.log_dir
-        self.done = followed.done
-        self.started = followed.started
-
-    def tasks(self) -> list[TaskStatus]:
-        """Each task: its node, state and exit code (pending, then running once Slurm runs
-        the job; how each ended once it ended), its log folder."""
-        followed = self.followed
-        if followed.tasks is not None:
-            return list(followed.tasks)
-        return _task_view(followed, None, ())
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self.done)  # a cancelled waiter leaves the run followed
-
-    async def kill(self, grace_s: float) -> None:
-        """``scancel`` (SIGTERM, then SIGKILL after the cluster's KillWait, not ``grace_s``);
-        returns once a poll sees the job end. Nothing to do for a run that has ended."""
-        if not self.done.done():
-            await self.backend.scancel(self.slurm_id)
-        await asyncio.wait({self.done})
-
-
-def _task_view(followed: _Followed, ended: Outcome | None, records: Sequence[TaskRecord]) -> list[TaskStatus]:
-    """``gang_tasks`` of a followed run; a single-task run is its one task, its log the run folder."""
-    if followed.replicas > 1:
-        return gang_tasks(followed.replicas, followed.started.is_set(), ended, records, followed.nodes,
-                          followed.log_dir)
-    single = (TaskRecord(None, str(ended.exit_code) if ended and ended.exit_code is not None else None),)
-    [task] = gang_tasks(1, followed.started.is_set(), ended, single, followed.nodes, followed.log_dir)
-    return [dataclasses.replace(task, log_path=followed.log_dir)]
-
 
 class SlurmBackend:
     """Runs each (job, epoch) as one Slurm batch job in ``partition`` (default: the
@@ -339,8 +203,10 @@ class SlurmBackend:
 
     # ------------------------------------------------------------ commands
 
-    async def _run(self, *args: str) -> str:
-        """Run one Slurm command; its stdout. SlurmError when it fails or hangs."""
+    async def _run(self, *args: str, timeout_s: float | None = None) -> str:
+        """Run one Slurm command; its stdout. SlurmError when it fails or hangs (takes more
+        than ``timeout_s``, default ``command_timeout_s``)."""
+        timeout_s = self.command_timeout_s if timeout_s is None else timeout_s
         self.engine_calls[args[0]] += 1
         try:
             process = await asyncio.create_subprocess_exec(
@@ -349,13 +215,13 @@ class SlurmBackend:
         except OSError as exc:
             raise SlurmError(f"cannot run {args[0]}: {exc.strerror or exc}") from exc
         try:
-            out, err = await asyncio.wait_for(process.communicate(), timeout=self.command_timeout_s)
+            out, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
         except (TimeoutError, asyncio.CancelledError) as exc:  # never leave a command behind
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
             if isinstance(exc, TimeoutError):
-                raise SlurmError(f"{args[0]} did not answer within {self.command_timeout_s:g} s") from None
+                raise SlurmError(f"{args[0]} did not answer within {timeout_s:g} s") from None
             raise
         if process.returncode != 0:
             what = " ".join(arg for arg in args[:3] if not arg.startswith("-"))  # "sbatch", "scancel 12"
@@ -370,6 +236,22 @@ class SlurmBackend:
 
     async def scancel(self, slurm_id: str) -> None:
         await self._run("scancel", slurm_id)
+
+    async def terminate(self, slurm_id: str, gang: bool) -> bool:
+        """SIGTERM alone to a running job's processes (``slurm_script.term_commands``, in
+        order, stopping at the first Slurm refuses); whether the first was sent. Slurm
+        refuses a job that ended, retries one still pending or completing (each call is
+        cut at ``SIGNAL_TIMEOUT_S``), or may not answer: the caller then cancels it
+        outright."""
+        sent = False
+        for command in term_commands(slurm_id, gang):
+            try:
+                await self._run(*command, timeout_s=min(SIGNAL_TIMEOUT_S, self.command_timeout_s))
+            except SlurmError as exc:
+                log.debug("slurm_signal_not_sent", slurm_job=slurm_id, error=str(exc))
+                break
+            sent = True
+        return sent
 
     async def _partition(self) -> str:
         """The partition runs go to: the one configured (checked to exist), else the default."""
@@ -408,6 +290,8 @@ class SlurmBackend:
                         # irisfed retries elsewhere; Slurm's own requeue (after a node failure,
                         # JobRequeue=1 by default) would run the command again in the same folder.
                         "--no-requeue",
+                        # The agent enforces the time limit; Slurm's is a backstop, a little later.
+                        *time_limit_args(spec.time_limit_s, spec.grace_s),
                         *shape, str(script))
                 except SlurmError as exc:
                     # sbatch may fail (or time out) after slurmctld took the job ("Socket
@@ -479,7 +363,8 @@ class SlurmBackend:
         fresh copy of it (each task's own, for a gang) on the cluster's shared filesystem."""
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
-        env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch)})
+        env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch),
+                    RESOURCES_VARIABLE: resources_json(spec.resources)})  # devices: --gres, bound by Slurm
         run_dir = self.run_dir(spec.job_id, spec.epoch).resolve()
         if gang is None:
             env["IRISFED_OUTPUT_DIR"] = str(run_dir / OUTPUT_FOLDER)
@@ -656,7 +541,9 @@ class SlurmBackend:
         if not await self._ran(chosen):
             return None  # a refused submission is no run: the job is handed back and retried
         gang = await asyncio.to_thread(read_gang_file, self.run_dir(run.job_id, run.epoch))
-        return self.follow(chosen.slurm_id, run.job_id, run.epoch, gang)
+        handle = self.follow(chosen.slurm_id, run.job_id, run.epoch, gang)
+        handle.followed.saw(chosen)  # before the first poll: a kill right away knows whether it runs
+        return handle
 
     async def _from_folder(self, job_id: str, epoch: int) -> _SlurmRun | None:
         """A handle settled from (job, epoch)'s run folder; None when it never started.

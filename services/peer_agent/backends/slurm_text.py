@@ -1,40 +1,38 @@
-"""What the Slurm backend writes to and reads from Slurm's commands. Pure: no I/O.
+"""What the Slurm backend reads from Slurm's answers about its runs, and how a run
+ended. Pure: no I/O.
 
 Kept apart from ``slurm.py`` (which runs the commands) so that every format and
 every decision about a Slurm answer is unit-tested from sample lines. The formats
-are those of Slurm 22.05, measured in ``tooling/engines/slurm.py``'s docstring:
+are those of Slurm 22.05, measured in ``tooling/engines/slurm.py``'s docstring. What
+the backend hands ``sbatch`` and ``scancel`` (options, the batch script, a gang's task
+wrapper) is ``slurm_script.py``; the nodes ``scontrol show node`` lists, and whether a
+job fits them, ``slurm_nodes.py``.
 
 - a run is the Slurm job named ``irisfed-<job_id>-e<epoch>`` whose comment is
   ``irisfed:<peer_id>``: the name says which run it is, the comment whose it is
   (peers sharing one cluster never touch each other's runs);
+- ``scontrol show ... -o`` answers are one ``KEY=VALUE ...`` line each
+  (``parse_scontrol_line``);
 - jobs are listed (and polled) with ``squeue -O`` (``SQUEUE_FORMAT``): id, state,
   wait status (``exit_code``, as ``wait(2)`` encodes it: ``768`` is exit 3, ``9``
-  SIGKILL), name and comment, ``|``-separated, the free-text comment last;
-- nodes come from ``scontrol show node -o -d``: one ``KEY=VALUE ...`` line each;
-  each node's resources (total, free) and its features as attributes
-  (``feature_attribute``) make the heartbeat's node groups (``node_groups``);
+  SIGKILL), name and comment, ``|``-separated, the free-text comment last; a job's
+  state says how it ended (``outcome``);
 - the batch script records in the run folder that the run started
-  (``STARTED_MARKER``), sets the job's environment, runs its command without ever
-  letting the shell interpret a value (each word single-quoted) and records its
-  exit code (``EXIT_STATUS_FILE``): once Slurm forgot a job, that folder alone says
-  how the run ended (``forgotten_outcome``);
-- a gang is one batch job of N nodes, one task each (``gang_args``), whose script
-  (``gang_batch_script``) runs ``srun --kill-on-bad-exit=1`` over a task wrapper
-  (``task_script``) that records each task's node and exit code in ``task-<i>/``:
-  the gang's outcome and its tasks come from those records (``gang_outcome``,
-  ``gang_tasks``).
+  (``STARTED_MARKER``) and its command's exit code (``EXIT_STATUS_FILE``): once
+  Slurm forgot a job, that folder alone says how the run ended
+  (``forgotten_outcome``);
+- a gang's outcome and its tasks come from what each task's wrapper recorded in
+  ``task-<i>/`` (``gang_outcome``, ``gang_tasks``).
 """
 
 from __future__ import annotations
 
-import math
 import re
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
-from irisfed.services.peer_agent.backends import (
+from irisfed.services.peer_agent.backends.contract import (
     KILLED_EXIT_CODE,
     TASK_FAILED,
     TASK_KILLED,
@@ -44,8 +42,6 @@ from irisfed.services.peer_agent.backends import (
     TASK_SUCCEEDED,
     TaskStatus,
 )
-from irisfed.shared.nodes import group_nodes
-from irisfed.shared.resources import CPU, GPU, MEMORY_MB, RESOURCE_NAME_PATTERN, fmt_amount
 
 NAME_PREFIX = "irisfed-"
 COMMENT_PREFIX = "irisfed:"
@@ -57,22 +53,6 @@ SQUEUE_FORMAT = "JobID:|,State:|,exit_code:|,NodeList:|,Reason:|,Name:|,Comment:
 # job id), and how its command ended (an exit code). Names a job is unlikely to use.
 STARTED_MARKER = "irisfed-started"
 EXIT_STATUS_FILE = "irisfed-exit-status"
-# A gang's run folder also holds: its task wrapper, what the agent needs to follow it
-# after a restart (``GangFile``), and a folder per task, ``task-<i>``, with the task's
-# ``stdout``/``stderr``, its ``STARTED_MARKER`` (holding its node's name) and its
-# ``EXIT_STATUS_FILE``.
-TASK_SCRIPT = "task.sh"
-GANG_FILE = "irisfed-gang"
-# The port task 0 may listen on: BASE + the Slurm job id modulo SPAN. Below Linux's
-# ephemeral range (32768 and up), so never taken by an outgoing connection; two gangs
-# on one node share it only when their job ids are SPAN apart (documented).
-COORDINATOR_PORT_BASE = 20000
-COORDINATOR_PORT_SPAN = 10000
-# The most tasks a gang may have (docs/design.md §3.4: replicas 1-4096).
-MAX_GANG_TASKS = 4096
-# The environment a gang's task gets from its wrapper: ours, never the job's own.
-TASK_ENV = ("IRISFED_TASK_INDEX", "IRISFED_NUM_TASKS", "IRISFED_COORDINATOR", "IRISFED_NODE",
-            "IRISFED_OUTPUT_DIR")
 
 # JobState values that may still change (`squeue` %T, `scontrol` JobState).
 LIVE_STATES = frozenset({
@@ -87,21 +67,6 @@ TERMINAL_STATES = USER_ENDED_STATES | LOST_STATES | {"COMPLETED", "CANCELLED"}
 # Live states in which a job's tasks do not run yet: a gang still in one of them after
 # its start timeout is cancelled (and lost). CONFIGURING: nodes still booting.
 NOT_STARTED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
-
-# Node state words (`State=IDLE+DRAIN`, `DOWN*`) of a node that runs nothing new.
-UNUSABLE_NODE_STATES = frozenset({
-    "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "INVAL", "NOT_RESPONDING",
-    "FUTURE", "UNKNOWN",
-})
-
-_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RESOURCE_NAME = re.compile(RESOURCE_NAME_PATTERN)
-_COUNT = re.compile(r"(\d+)([KMG]?)")
-_COUNT_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-
-
-class ScriptError(ValueError):
-    """A job that cannot be written as a batch script; the message says why."""
 
 
 # ---------------------------------------------------------------- scontrol lines
@@ -162,11 +127,6 @@ def sbatch_job_id(stdout: str) -> str:
     if not job_id.isdigit():
         raise ValueError(f"sbatch answered {stdout.strip()!r}, not a job id")
     return job_id
-
-
-def output_path(path: str) -> str:
-    """A path as ``sbatch -o/-e`` takes it literally (``%`` starts a pattern there)."""
-    return path.replace("%", "%%")
 
 
 # ---------------------------------------------------------------- squeue lines
@@ -299,477 +259,6 @@ def _exit_code(text: str) -> int | None:
         return None
     code = int(word)
     return code if -64 <= code <= 255 else None
-
-
-# ---------------------------------------------------------------- GRES
-
-
-def parse_gres(text: str) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """``gpu:h100:4(S:0-1),fpga:2`` → ({"gpu": 4, "fpga": 2}, {"gpu": ["h100"]}).
-
-    Reads ``Gres`` and ``GresUsed`` alike (``gpu:h100:2(IDX:0-1)``); ``(null)`` and
-    ``N/A`` are none. A count may carry a K/M/G suffix; no count means 1.
-    """
-    counts: dict[str, int] = {}
-    types: dict[str, list[str]] = {}
-    for item in _split_outside_parens(text):
-        parts = re.sub(r"\(.*?\)", "", item).strip().split(":")
-        name = parts[0]
-        if not name or name in ("(null)", "N/A"):
-            continue
-        count_match = _COUNT.fullmatch(parts[-1]) if len(parts) > 1 else None
-        count = int(count_match.group(1)) * _COUNT_SCALE[count_match.group(2)] if count_match else 1
-        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and count_match is None) else ""
-        counts[name] = counts.get(name, 0) + count
-        if kind and kind not in types.setdefault(name, []):
-            types[name].append(kind)
-    return counts, {name: kinds for name, kinds in types.items() if kinds}
-
-
-def _split_outside_parens(text: str) -> list[str]:
-    return _split_outside(text, "(", ")")
-
-
-def _split_outside(text: str, opening: str, closing: str) -> list[str]:
-    """``text`` split at the commas outside ``opening``...``closing`` pairs."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {opening: 1, closing: -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item for item in items if item.strip()]
-
-
-# ---------------------------------------------------------------- nodes
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node as ``scontrol show node -o -d`` reports it, in irisfed resource names."""
-
-    name: str
-    partitions: tuple[str, ...]
-    usable: bool  # not down, drained, failed, invalid or not responding
-    total: dict[str, float]
-    used: dict[str, float]
-    gpu_types: tuple[str, ...] = ()
-    features: tuple[str, ...] = ()  # AvailableFeatures, as Slurm spells them
-
-    def free(self) -> dict[str, float]:
-        """What is not allocated, per resource; nothing on a node that runs nothing new."""
-        return {name: max(0, amount - self.used.get(name, 0)) if self.usable else 0
-                for name, amount in self.total.items()}
-
-    def attributes(self) -> dict[str, list[str]]:
-        """Its features as attributes (``feature_attribute``): what a gang's ``group_by`` names."""
-        attributes: dict[str, list[str]] = {}
-        for feature in self.features:
-            key, value = feature_attribute(feature)
-            if value not in attributes.setdefault(key, []):
-                attributes[key].append(value)
-        return attributes
-
-
-def node_usable(state: str) -> bool:
-    """Whether a node in ``State=...`` (``IDLE+DRAIN``, ``DOWN*``) may run new jobs."""
-    if not state or "*" in state:  # `*`: the node does not respond
-        return False
-    return not any(word in UNUSABLE_NODE_STATES for word in state.split("+"))
-
-
-def parse_node(fields: Mapping[str, str]) -> Node:
-    """A node of ``scontrol show node -o -d`` (one parsed line)."""
-    gres, gpu_types = parse_gres(fields.get("Gres", ""))
-    # GresUsed comes with `-d`; without it, AllocTRES names GRES only where the cluster
-    # accounts for them (AccountingStorageTRES=gres/gpu).
-    gres_used = (parse_gres(fields["GresUsed"])[0] if "GresUsed" in fields
-                 else tres_gres(fields.get("AllocTRES", "")))
-    total: dict[str, float] = {CPU: _int(fields.get("CPUTot", "0")),
-                               MEMORY_MB: _int(fields.get("RealMemory", "0"))}
-    used: dict[str, float] = {CPU: _int(fields.get("CPUAlloc", "0")),
-                              MEMORY_MB: _int(fields.get("AllocMem", "0"))}
-    for name, count in gres.items():
-        if name == GPU or (_RESOURCE_NAME.fullmatch(name) and name not in total):
-            total[name] = count
-            used[name] = gres_used.get(name, 0)
-    partitions = tuple(p for p in fields.get("Partitions", "").split(",") if p)
-    return Node(fields.get("NodeName", ""), partitions, node_usable(fields.get("State", "")),
-                total, used, tuple(gpu_types.get(GPU, ())), parse_features(fields.get("AvailableFeatures", "")))
-
-
-def tres_gres(text: str) -> dict[str, int]:
-    """GRES counts of a TRES list: ``cpu=1,mem=1G,gres/gpu=2,gres/gpu:h100=2`` →
-    ``{"gpu": 2}`` (a typed count repeats its untyped one, so only untyped ones count)."""
-    counts: dict[str, int] = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key.startswith("gres/") and ":" not in key and value.isdigit():
-            counts[key[len("gres/"):]] = int(value)
-    return counts
-
-
-# Characters of Slurm's constraint syntax (``--constraint``): a feature holding one
-# cannot be named in a constraint, so it is advertised as nothing.
-_CONSTRAINT_SYNTAX = frozenset("&|[]()*,! ")
-
-
-def parse_features(text: str) -> tuple[str, ...]:
-    """``AvailableFeatures`` (``rack:a,ssd``; ``(null)`` when none) as a tuple of features,
-    those a constraint could not name left out."""
-    return tuple(f for f in text.split(",") if f and f != "(null)" and not set(f) & _CONSTRAINT_SYNTAX)
-
-
-FEATURE_KEY = "feature"
-
-
-def feature_attribute(feature: str) -> tuple[str, str]:
-    """The attribute a node feature stands for: ``KEY:VALUE`` and ``KEY=VALUE`` (Slurm
-    22.05 takes both in ``Features=``) are attribute KEY with VALUE, split at the first
-    ``:`` or ``=``; any other feature is a value of the attribute ``feature``."""
-    match = re.fullmatch(r"([^:=]+)[:=](.+)", feature)
-    return (match.group(1), match.group(2)) if match else (FEATURE_KEY, feature)
-
-
-def parse_nodes(text: str) -> list[Node]:
-    """Every node of a ``scontrol show node -o -d`` answer."""
-    return [parse_node(fields) for fields in parse_scontrol_lines(text) if "NodeName" in fields]
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What a set of nodes has: each resource's (total, free), GPU types, node shapes."""
-
-    resources: dict[str, tuple[float, float]] = field(default_factory=dict)
-    gpu_types: list[str] = field(default_factory=list)
-    shapes: list[dict[str, float]] = field(default_factory=list)  # each node's total
-
-    def attributes(self) -> dict[str, list[str]]:
-        """``device_type`` (gpu when any node has a GPU, else cpu) and ``device_variant``
-        (the GPU types)."""
-        has_gpu = self.resources.get(GPU, (0, 0))[0] > 0
-        attributes = {"device_type": [GPU if has_gpu else CPU]}
-        if self.gpu_types:
-            attributes["device_variant"] = list(self.gpu_types)
-        return attributes
-
-
-def capacity(nodes: Iterable[Node]) -> Capacity:
-    """Sum of the nodes' resources. Unusable nodes count in the total, never as free."""
-    totals: dict[str, float] = {}
-    free: dict[str, float] = {}
-    gpu_types: list[str] = []
-    shapes = []
-    for node in nodes:
-        shapes.append(dict(node.total))
-        spare = node.free()
-        for name, amount in node.total.items():
-            totals[name] = totals.get(name, 0) + amount
-            free[name] = free.get(name, 0) + spare[name]
-        gpu_types += [kind for kind in node.gpu_types if kind not in gpu_types]
-    return Capacity({name: (totals[name], free[name]) for name in totals}, sorted(gpu_types), shapes)
-
-
-def node_groups(nodes: Iterable[Node]) -> list[dict]:
-    """The heartbeat's node groups (shared.nodes.group_nodes): each node's features as
-    attributes and each resource's (total, free) on it, identical nodes counted together."""
-    return group_nodes((node.attributes(), {name: (amount, node.free()[name]) for name, amount in node.total.items()})
-                       for node in nodes)
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """The node names of a Slurm hostlist, in order: ``gn[1-3,5],vm`` → gn1 gn2 gn3 gn5
-    vm; ``r[1-2]n[01-02]`` → r1n01 r1n02 r2n01 r2n02 (zero padding kept). Empty text,
-    ``(null)`` and ``None``: no nodes. Malformed ranges are kept as written."""
-    if not text or text in ("(null)", "None", "N/A"):
-        return []
-    names: list[str] = []
-    for item in _split_outside(text, "[", "]"):
-        parts: list[list[str]] = []
-        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
-            if literal:
-                parts.append([literal])
-            if ranges:
-                parts.append(_expand_ranges(ranges))
-        expanded = [""]
-        for options in parts:
-            expanded = [head + option for head in expanded for option in options]
-        names += [name for name in expanded if name]
-    return names
-
-
-def _expand_ranges(text: str) -> list[str]:
-    values = []
-    for piece in text.split(","):
-        low, sep, high = piece.partition("-")
-        if sep and low.isdigit() and high.isdigit() and int(low) <= int(high):
-            values += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
-        else:
-            values.append(piece)
-    return values
-
-
-# ---------------------------------------------------------------- what a run asks
-
-
-def slurm_request(resources: Mapping[str, float], memory_mb_per_cpu: int) -> dict[str, int]:
-    """What Slurm is asked for a job's normalised resources: whole cpus (at least 1),
-    memory_mb (``memory_mb_per_cpu`` per cpu when the job names none), GRES counts."""
-    cpus = max(1, math.ceil(float(resources.get(CPU, 1)) - 1e-9))
-    memory = int(resources.get(MEMORY_MB, 0)) or memory_mb_per_cpu * cpus
-    request = {CPU: cpus, MEMORY_MB: memory}
-    request.update({name: int(amount) for name, amount in sorted(resources.items())
-                    if name not in (CPU, MEMORY_MB) and amount > 0})
-    return request
-
-
-def resource_args(request: Mapping[str, int]) -> list[str]:
-    """``sbatch`` options for a ``slurm_request``: ``-c``, ``--mem``, ``--gres``."""
-    args = ["-c", str(request[CPU]), f"--mem={request[MEMORY_MB]}"]
-    gres = [f"{name}:{amount}" for name, amount in request.items() if name not in (CPU, MEMORY_MB)]
-    if gres:
-        args.append("--gres=" + ",".join(gres))
-    return args
-
-
-def misfit(request: Mapping[str, int], shapes: Sequence[Mapping[str, float]], partition: str) -> str | None:
-    """Why no single node of ``partition`` (its ``shapes``) can ever hold ``request``;
-    None when one can."""
-    if any(all(shape.get(name, 0) >= amount for name, amount in request.items()) for shape in shapes):
-        return None
-    if not shapes:
-        return f"Slurm partition {partition} has no nodes"
-    over = [f"{name}: asked {fmt_amount(amount)}, the largest node has "
-            f"{fmt_amount(max(shape.get(name, 0) for shape in shapes))}"
-            for name, amount in request.items() if all(shape.get(name, 0) < amount for shape in shapes)]
-    if over:
-        return f"the job does not fit one node of Slurm partition {partition}: " + "; ".join(over)
-    asked = ", ".join(f"{name}={fmt_amount(amount)}" for name, amount in request.items())
-    return f"no single node of Slurm partition {partition} has {asked} together"
-
-
-def gang_args(replicas: int, request: Mapping[str, int], constraint: str = "") -> list[str]:
-    """``sbatch`` options for a gang of ``replicas`` tasks, each asking ``request``: one
-    task per node (``--nodes=N --ntasks=N --ntasks-per-node=1``), so the per-node
-    ``--mem`` and ``--gres`` of ``resource_args`` are per task, as ``-c`` is."""
-    args = [f"--nodes={replicas}", f"--ntasks={replicas}", "--ntasks-per-node=1", *resource_args(request)]
-    return args + ([f"--constraint={constraint}"] if constraint else [])
-
-
-def group_constraint(key: str, nodes: Iterable[Node]) -> str | None:
-    """Slurm's "matching OR" over every feature of ``nodes`` that stands for attribute
-    ``key``: ``[rack:a|rack:b]`` — all of a job's nodes have the same one of them
-    (sbatch(1), ``--constraint``). None when no node has such a feature."""
-    features = sorted({feature for node in nodes for feature in node.features
-                       if feature_attribute(feature)[0] == key})
-    return "[" + "|".join(features) + "]" if features else None
-
-
-def gang_misfit(request: Mapping[str, int], replicas: int, group_by: str, nodes: Sequence[Node],
-                partition: str) -> str | None:
-    """Why ``nodes`` (a partition's) can never hold ``replicas`` tasks of ``request``, one a
-    node, sharing one value of ``group_by`` when it names one; None when they can."""
-    fitting = [node for node in nodes if all(node.total.get(name, 0) >= amount for name, amount in request.items())]
-    if group_by:
-        by_value: dict[str, int] = {}
-        for node in fitting:
-            for value in node.attributes().get(group_by, []):
-                by_value[value] = by_value.get(value, 0) + 1
-        most = max(by_value.values(), default=0)
-    else:
-        most = len(fitting)
-    if most >= replicas:
-        return None
-    asked = ", ".join(f"{name}={fmt_amount(amount)}" for name, amount in request.items())
-    sharing = f" sharing one {group_by} (its node features {group_by}:VALUE)" if group_by else ""
-    return (f"the gang needs {replicas} nodes of Slurm partition {partition} with {asked}{sharing}: "
-            f"it has at most {most}")
-
-
-# ---------------------------------------------------------------- the batch script
-
-
-def shell_word(value: str) -> str:
-    """``value`` as one shell word the shell never interprets. A carriage return is
-    written as ``$(printf '\\r')`` (sbatch refuses scripts holding ``\\r\\n``)."""
-    return "\"$(printf '\\r')\"".join(shlex.quote(part) for part in value.split("\r"))
-
-
-def batch_script(command: Sequence[str], env: Mapping[str, str], run_dir: str, workdir: str = "") -> str:
-    """A ``/bin/sh`` batch script that records in ``run_dir`` that the run started,
-    sets ``env``, runs ``command`` and records its exit code there.
-
-    ``STARTED_MARKER`` (Slurm's job id) is written first; the command is not run
-    when it cannot be. Names that are shell identifiers are exported; any other
-    name goes through ``env -- 'NAME=VALUE' ... command`` (as does a program whose
-    name starts with ``-``); the program's name then must not hold ``=``, or env
-    would take it for a variable. The command is ``exec``ed in a subshell (a
-    program, never a shell builtin; the shell's trap is reset there), as the
-    shell's child, so that the shell outlives it and writes ``EXIT_STATUS_FILE``
-    (tmp file, then ``mv``: a reader sees all of it or nothing): its exit status,
-    or ``-15`` when the job got SIGTERM (``scancel``, the time limit: Slurm signals
-    every process of the job, in no set order, so the command gets it too; a
-    command that sh says ended by SIGTERM, 143, counts the same). The shell then
-    ends as the command did, or by SIGTERM itself, so Slurm still says COMPLETED,
-    FAILED, CANCELLED or TIMEOUT with the same status as before (a command killed
-    by another signal exits ``128 + N``, as sh reports it). The shell's own
-    words use builtins, ``command -p`` and quoted expansions only, so the job's
-    ``PATH`` or ``IFS`` cannot change them. No job-controlled text is on a line
-    before the first command, so no value can be read as an ``#SBATCH`` directive.
-    ``workdir``: the folder the command runs in (its workspace's copy), entered in the
-    command's subshell so the shell's own files stay in ``run_dir``.
-    Raises ScriptError for what cannot be passed.
-    """
-    exports, run = _job_lines(command, env, workdir)
-    folder = run_dir.rstrip("/") or "/"
-    started, status = (shell_word(f"{folder}/{name}") for name in (STARTED_MARKER, EXIT_STATUS_FILE))
-    status_tmp = shell_word(f"{folder}/{EXIT_STATUS_FILE}.tmp")
-    lines = ["#!/bin/sh",
-             "# Written by the irisfed peer agent: a start marker, the job's environment, its command, its exit.",
-             f"printf '%s\\n' \"${{SLURM_JOB_ID-}}\" > {started} || {{ printf 'irisfed: cannot write %s: "
-             f"the command was not run\\n' {started} >&2; exit 1; }}"]
-    return "\n".join(lines + exports + _run_and_record(run, status, status_tmp)) + "\n"
-
-
-def _job_lines(command: Sequence[str], env: Mapping[str, str], workdir: str = "") -> tuple[list[str], str]:
-    """The ``export`` lines of ``env`` and the line that runs ``command`` (batch_script's
-    rules), in ``workdir`` when one is given; ScriptError for what cannot be passed."""
-    if not command:
-        raise ScriptError("the job has no command")
-    words = [*command, *env, *env.values()]
-    if any("\0" in word for word in words):
-        raise ScriptError("a NUL character cannot be passed to a job (command or environment)")
-    bad = [name for name in env if not name or "=" in name]
-    if bad:
-        raise ScriptError(f"environment variable name {bad[0]!r} is empty or holds '='")
-    exports = [f"export {name}={shell_word(value)}" for name, value in env.items() if _SHELL_NAME.fullmatch(name)]
-    others = [f"{name}={value}" for name, value in env.items() if not _SHELL_NAME.fullmatch(name)]
-    if others or command[0].startswith("-"):  # sh would take neither for a command, env does
-        if "=" in command[0]:
-            why = (f"the environment names {others[0].split('=')[0]!r}, not a shell name" if others
-                   else "it starts with '-'")
-            raise ScriptError(f"the program {command[0]!r} holds '=' and must be started through env "
-                              f"({why}), which would read it as a variable")
-        run = " ".join(["exec /usr/bin/env --", *map(shell_word, others), *map(shell_word, command)])
-    else:  # exec in a subshell: a program, never a builtin of the same name (echo, kill ...)
-        run = " ".join(["exec", *map(shell_word, command)])
-    if "\0" in workdir:
-        raise ScriptError("a NUL character cannot be in a working directory")
-    enter = f"cd -- {shell_word(workdir)} && " if workdir else ""
-    return exports, f"({enter}{run})"
-
-
-def _run_and_record(run: str, status: str, status_tmp: str) -> list[str]:
-    """Run the line ``run`` as the shell's child and record how it ended in ``status``
-    (batch_script's rules). After the exports: a job variable of the same name cannot
-    preset these."""
-    return ["irisfed_signal=", "trap 'irisfed_signal=15' TERM", run, "irisfed_status=$?",
-            # Killed by SIGTERM (sh says 143) is Slurm's TERM whichever process it reached first.
-            '[ "$irisfed_status" != 143 ] || irisfed_signal=15',
-            'irisfed_code=$irisfed_status',
-            '[ -z "$irisfed_signal" ] || irisfed_code=-$irisfed_signal',
-            f"printf '%s\\n' \"$irisfed_code\" > {status_tmp} && command -p mv -f {status_tmp} {status}",
-            '[ -z "$irisfed_signal" ] || { trap - TERM; kill -s TERM "$$"; }',
-            'exit "$irisfed_status"']
-
-
-# ---------------------------------------------------------------- a gang's scripts
-
-
-def gang_batch_script(run_dir: str, replicas: int, cpus_per_task: int) -> str:
-    """The batch script of a gang: records the run's start in ``run_dir`` as
-    ``batch_script`` does, then runs all ``replicas`` tasks as one job step, ``srun
-    --kill-on-bad-exit=1`` over ``run_dir``'s ``TASK_SCRIPT`` (a task exiting non-zero
-    makes Slurm end its siblings: SIGTERM, then SIGKILL after KillWait), and records
-    srun's exit status. The step's shape is spelled out rather than read from the
-    ``SLURM_*`` variables srun inherits. The job's own environment is set by each task's
-    wrapper, never here, so none of it can change how srun runs (``SLURM_NTASKS``...);
-    ``srun`` is found on the agent's ``PATH``, which the job inherits."""
-    folder = run_dir.rstrip("/") or "/"
-    started, status = (shell_word(f"{folder}/{name}") for name in (STARTED_MARKER, EXIT_STATUS_FILE))
-    status_tmp = shell_word(f"{folder}/{EXIT_STATUS_FILE}.tmp")
-    step = (f"(exec srun --kill-on-bad-exit=1 --nodes={replicas} --ntasks={replicas} --ntasks-per-node=1 "
-            f"--cpus-per-task={cpus_per_task} /bin/sh {shell_word(f'{folder}/{TASK_SCRIPT}')})")
-    lines = ["#!/bin/sh",
-             "# Written by the irisfed peer agent: a start marker, the gang's tasks as one srun step, its exit.",
-             f"printf '%s\\n' \"${{SLURM_JOB_ID-}}\" > {started} || {{ printf 'irisfed: cannot write %s: "
-             f"the tasks were not run\\n' {started} >&2; exit 1; }}"]
-    return "\n".join(lines + _run_and_record(step, status, status_tmp)) + "\n"
-
-
-def task_script(command: Sequence[str], env: Mapping[str, str], run_dir: str, workspace: bool = False) -> str:
-    """The wrapper srun runs as each task of a gang, on the task's node: it enters
-    ``run_dir/task-<i>`` (``i`` = ``SLURM_PROCID``; made when missing: the task's working
-    directory), sends its output to ``stdout`` and ``stderr`` there, records its node
-    (``SLURMD_NODENAME``) in ``STARTED_MARKER`` — the task is not run when it cannot —
-    sets the task's variables, then ``env`` (the job's, without ``TASK_ENV`` names), runs
-    ``command`` and records its exit code as ``batch_script`` does (-15: Slurm's SIGTERM).
-    A task that got Slurm's SIGTERM itself then exits 0 (srun ends with the highest exit
-    code of its tasks: a sibling's 143 would hide the failed task's code); one whose
-    command alone died by SIGTERM exits 143, a failure.
-
-    ``IRISFED_TASK_INDEX`` = ``SLURM_PROCID``, ``IRISFED_NUM_TASKS`` = ``SLURM_NTASKS``,
-    ``IRISFED_NODE`` = ``SLURMD_NODENAME``, ``IRISFED_COORDINATOR`` =
-    ``SLURM_LAUNCH_NODE_IPADDR`` (the address srun runs from: the batch host, the
-    allocation's first node, where task 0 runs) and a port of ``COORDINATOR_PORT_BASE``
-    + the job id modulo ``COORDINATOR_PORT_SPAN``. They are set before the job's own
-    variables, from Slurm's, so the job cannot change them. Paths after the ``cd`` are
-    relative: a job variable cannot redirect them. ``IRISFED_OUTPUT_DIR`` is the task
-    folder's ``outputs`` (made here); with ``workspace`` the command runs in the task
-    folder's ``workspace`` (the agent copied it there before submitting).
-    """
-    exports, run = _job_lines(command, {name: value for name, value in env.items() if name not in TASK_ENV},
-                              "workspace" if workspace else "")
-    folder = shell_word(run_dir.rstrip("/") or "/")
-    task_dir = '"task-${SLURM_PROCID-}"'
-    port = f"$(({COORDINATOR_PORT_BASE} + ${{SLURM_JOB_ID:-0}} % {COORDINATOR_PORT_SPAN}))"
-    lines = ["#!/bin/sh",
-             "# Written by the irisfed peer agent: one task of a gang, run by srun on its node: its folder,",
-             "# output and start marker, the task's and the job's environment, its command, its exit.",
-             f"cd {folder} && command -p mkdir -p {task_dir} && cd {task_dir} || {{ printf 'irisfed: cannot enter "
-             f"%s: the task was not run\\n' {task_dir} >&2; exit 1; }}",
-             "exec >stdout 2>stderr",
-             f"printf '%s\\n' \"${{SLURMD_NODENAME-}}\" > {STARTED_MARKER} || {{ printf 'irisfed: cannot write %s: "
-             f"the task was not run\\n' {STARTED_MARKER} >&2; exit 1; }}",
-             'export IRISFED_TASK_INDEX="${SLURM_PROCID-}" IRISFED_NUM_TASKS="${SLURM_NTASKS-}" '
-             'IRISFED_NODE="${SLURMD_NODENAME-}"',
-             f'export IRISFED_COORDINATOR="${{SLURM_LAUNCH_NODE_IPADDR-}}:{port}"',
-             'command -p mkdir -p outputs && export IRISFED_OUTPUT_DIR="$PWD/outputs"']
-    status_tmp = f"{EXIT_STATUS_FILE}.tmp"
-    ending = ["irisfed_signal=", "trap 'irisfed_signal=15' TERM", run, "irisfed_status=$?",
-              'irisfed_code=$irisfed_status',
-              # Killed by SIGTERM (sh says 143), or this shell got it: Slurm's TERM, recorded as -15.
-              '[ "$irisfed_status" != 143 ] && [ -z "$irisfed_signal" ] || irisfed_code=-15',
-              f"printf '%s\\n' \"$irisfed_code\" > {status_tmp} && command -p mv -f {status_tmp} {EXIT_STATUS_FILE}",
-              # Slurm ended the step (a sibling failed, a cancel, the time limit): the gang's fate
-              # is decided there, so srun hears 0 from this task and its own exit code stays the
-              # failed sibling's (srun exits with the highest of its tasks', 128 + N for a signal).
-              '[ -z "$irisfed_signal" ] || exit 0',
-              'exit "$irisfed_status"']
-    return "\n".join(lines + exports + ending) + "\n"
-
-
-class GangFile(NamedTuple):
-    """What a restarted agent needs to follow a gang (its run folder's ``GANG_FILE``):
-    its task count, its start timeout, and, as a Unix time, when its tasks must run by."""
-
-    replicas: int
-    start_timeout_s: float
-    start_by: float
-
-
-def gang_file_text(gang: GangFile) -> str:
-    return f"{gang.replicas} {gang.start_timeout_s:.3f} {gang.start_by:.3f}\n"
-
-
-def parse_gang_file(text: str | None) -> GangFile | None:
-    """A ``GANG_FILE``'s text (None: no file) → GangFile; None for anything else."""
-    number = r"([0-9]{1,12}(?:\.[0-9]{1,6})?)"
-    match = re.fullmatch(rf"\s*([0-9]{{1,5}}) {number} {number}\s*", text or "")
-    if match is None or not 1 <= int(match.group(1)) <= MAX_GANG_TASKS:
-        return None
-    return GangFile(int(match.group(1)), float(match.group(2)), float(match.group(3)))
 
 
 # ---------------------------------------------------------------- a gang's outcome and tasks

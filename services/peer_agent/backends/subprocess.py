@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from irisfed.services.peer_agent.backends import (
+from irisfed.services.peer_agent.backends.contract import (
     KILLED_EXIT_CODE,
     OUTPUT_FOLDER,
     TASK_FAILED,
@@ -28,18 +30,37 @@ from irisfed.services.peer_agent.backends import (
     TASK_RUNNING,
     TASK_SUCCEEDED,
     WORKSPACE_FOLDER,
+    CommandNotStarted,
     LaunchError,
     LiveRun,
     RunLost,
     RunSpec,
     TaskStatus,
 )
+from irisfed.services.peer_agent.backends.devices import (
+    RESOURCES_VARIABLE,
+    parse_devices,
+    resources_json,
+)
 from irisfed.services.peer_agent.backends.nodes import LocalNodes
 from irisfed.shared.workspace import copy_tree
+
+# What exec says of a command that cannot run as given: the job's own failure (§3.7).
+COMMAND_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR,
+                            errno.ELOOP, errno.ENAMETOOLONG, errno.E2BIG})
+
+_EXIT = re.compile(r"exit (-?\d+)")  # a run's ``exit`` file when its own end was seen
 
 # Only these of the agent's own variables reach a job: the agent's environment
 # holds database and NATS credentials that jobs must never see.
 PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of process group ``pgid`` (nothing: nothing happens)."""
+    if _process_group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def _process_group_alive(pgid: int) -> bool:
@@ -95,12 +116,15 @@ class _RunRecord:
     start_ticks: int = 0  # /proc/<pid>/stat field 22
     boot_id: str = ""
     task: int = -1  # a gang's task index (-1: a single-task run)
+    node: str = ""  # the configured node it runs on
+    devices: dict[str, list[int]] = field(default_factory=dict)  # the indices it holds there (absent: none)
 
     @classmethod
     def parse(cls, text: str) -> _RunRecord:
         raw = json.loads(text)
         return cls(str(raw["job_id"]), int(raw["epoch"]), int(raw.get("pid", 0)),
-                   int(raw.get("start_ticks", 0)), str(raw.get("boot_id", "")), int(raw.get("task", -1)))
+                   int(raw.get("start_ticks", 0)), str(raw.get("boot_id", "")), int(raw.get("task", -1)),
+                   str(raw.get("node", "")), parse_devices(raw.get("devices")))
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -120,10 +144,15 @@ class _ProcessRun:
         self.record = record
         self.node = node
         self.holds_node = holds_node  # a single-task run: its node's room is given back when it ends
+        self.term_at: float | None = None  # when SIGTERM was sent (once per run: docs/design.md §3.7)
 
     def _ended(self, exit_code: int) -> None:
+        # The run is its process group: what its leader left running (a child in the
+        # background) goes with it, before its room and devices are given back.
+        _kill_group(self.process.pid)
         if self.backend is not None and self.record is not None:
-            self.backend.mark_ended(self.record, f"exit {exit_code}")
+            how = f"stopped with its agent (exit {exit_code})" if self.backend.stopping else f"exit {exit_code}"
+            self.backend.mark_ended(self.record, how)
             if self.holds_node:
                 self.backend.nodes.release((self.record.job_id, self.record.epoch))
 
@@ -133,20 +162,34 @@ class _ProcessRun:
         return code
 
     async def kill(self, grace_s: float) -> None:
+        """SIGTERM once (a second stop of the same run waits out what is left of the first
+        one's grace instead), then SIGKILL when the grace is over."""
         pgid = self.process.pid  # start_new_session: the group id is the leader's pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
+        now = asyncio.get_running_loop().time()
+        if self.term_at is None:
+            self.term_at = now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.process.wait(), timeout=grace_s)
+            await asyncio.wait_for(self.process.wait(), timeout=max(0.0, self.term_at + grace_s - now))
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
             await self.process.wait()
-        # Children that ignored SIGTERM may outlive the leader.
-        if _process_group_alive(pgid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        self._ended(self.process.returncode)
+        self._ended(self.process.returncode)  # children that ignored SIGTERM go too
+
+
+class _EndedRun:
+    """A run that ended while no agent watched it, its exit code recorded (``adopt``)."""
+
+    def __init__(self, exit_code: int, log_dir: str) -> None:
+        self.exit_code, self.log_dir = exit_code, log_dir
+
+    async def wait(self) -> int:
+        return self.exit_code
+
+    async def kill(self, grace_s: float) -> None:
+        return None
 
 
 class _GangRun:
@@ -188,12 +231,16 @@ class _GangRun:
                     self.states[index] = TASK_RUNNING
             except LaunchError as exc:
                 await self._kill_all(0.0)
+                failed = isinstance(exc, CommandNotStarted)  # the job's command: its own failure
                 for index in range(self.spec.replicas):
-                    self.states[index] = TASK_KILLED if index < len(self.runs) else TASK_LOST
+                    self.states[index] = (TASK_KILLED if index < len(self.runs)
+                                          else TASK_FAILED if failed and index == len(self.runs) else TASK_LOST)
+                if failed:
+                    raise CommandNotStarted(f"task {len(self.runs)}: {exc}") from exc
                 raise RunLost(f"task {len(self.runs)} could not start: {exc}") from exc
             self.started.set()
             if self.killed:  # a kill that came while the tasks were starting
-                await self._kill_all(0.0)
+                await self._kill_all(self.spec.grace_s)
             return await self._one_fate()
         finally:
             self.backend.nodes.release(key)
@@ -219,8 +266,8 @@ class _GangRun:
                 self.states[index] = (TASK_KILLED if self.killed or failed is not None and code < 0
                                       else TASK_SUCCEEDED if code == 0 else TASK_FAILED)
                 if code != 0 and failed is None and not self.killed:
-                    failed = code  # one fate: the others are killed
-                    await self._kill_all(0.0, except_index=index)
+                    failed = code  # one fate: the others are stopped, with the job's grace
+                    await self._kill_all(self.spec.grace_s, except_index=index)
         if self.killed:
             return KILLED_EXIT_CODE
         return failed if failed is not None else 0
@@ -282,8 +329,12 @@ class SubprocessBackend:
         self.index = work_root / self.INDEX
         self.boot_id = _boot_id()
         self.nodes = nodes if nodes is not None else LocalNodes((), {})
+        self.stopping = False  # its agent is stopping: the runs it stops record no outcome of their own
         # Processes this backend object started and has not yet seen end (pid 0: starting).
         self._active: dict[tuple[str, int, int], _RunRecord] = {}
+        # Whether the live index was read since this object was made: until then a run an
+        # earlier agent left may hold device indices that ``nodes`` does not know of.
+        self._scanned = False
 
     def run_dir(self, job_id: str, epoch: int, task: int = -1) -> Path:
         base = self.work_root / job_id / f"epoch-{epoch}"
@@ -329,11 +380,20 @@ class SubprocessBackend:
             self._marker(record.job_id, record.epoch, record.task).unlink()
 
     async def launch(self, spec: RunSpec) -> _ProcessRun | _GangRun:
+        if not self._scanned:
+            await self.list_runs()  # devices that runs left by an earlier agent still hold
         if spec.replicas > 1:
             return _GangRun(self, spec)
-        node = self.nodes.place_one((spec.job_id, spec.epoch), spec.resources)
+        key = (spec.job_id, spec.epoch)
+        node = self.nodes.place_one(key, spec.resources)
         try:
-            run = await self._start(spec, -1, {"IRISFED_NODE": node})
+            missing = self.nodes.missing_devices(key)
+            if missing:  # placed on a view a heartbeat old: never bound to a held device
+                raise LaunchError("no node here has that many devices free now ("
+                                  + ", ".join(f"{n} more {name}" for name, n in sorted(missing.items()))
+                                  + " than are free on the roomiest); handed back to be placed again")
+            devices, device_vars = self.nodes.binding(key)
+            run = await self._start(spec, -1, {"IRISFED_NODE": node, **device_vars}, node, devices)
         except BaseException:
             self.nodes.release((spec.job_id, spec.epoch))
             raise
@@ -342,27 +402,33 @@ class SubprocessBackend:
 
     async def start_task(self, spec: RunSpec, index: int, node: str, coordinator: str) -> _ProcessRun:
         """Start task ``index`` of a gang on ``node`` (its environment: docs/design.md §3.4)."""
+        devices, device_vars = self.nodes.binding((spec.job_id, spec.epoch), index)
         run = await self._start(spec, index, {
             "IRISFED_TASK_INDEX": str(index), "IRISFED_NUM_TASKS": str(spec.replicas),
-            "IRISFED_COORDINATOR": coordinator, "IRISFED_NODE": node})
+            "IRISFED_COORDINATOR": coordinator, "IRISFED_NODE": node, **device_vars}, node, devices)
         run.node = node
         return run
 
-    async def _start(self, spec: RunSpec, task: int, extra_env: dict[str, str]) -> _ProcessRun:
+    async def _start(self, spec: RunSpec, task: int, extra_env: dict[str, str], node: str = "",
+                     devices: dict[str, list[int]] | None = None) -> _ProcessRun:
         run_dir = self.run_dir(spec.job_id, spec.epoch, task)
         env = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         env.update(spec.env)
         env.update({"IRISFED_JOB_ID": spec.job_id, "IRISFED_EPOCH": str(spec.epoch),
                     "IRISFED_OUTPUT_DIR": str((run_dir / OUTPUT_FOLDER).resolve())})
-        env.update(extra_env)
-        record = _RunRecord(spec.job_id, spec.epoch, boot_id=self.boot_id, task=task)
+        env[RESOURCES_VARIABLE] = resources_json(spec.resources)
+        env.update(extra_env)  # after the job's own: its device variables cannot be overridden
+        record = _RunRecord(spec.job_id, spec.epoch, boot_id=self.boot_id, task=task, node=node,
+                            devices=dict(devices or {}))
         self._active[record.key] = record
+        spawning = False
         try:
             out, err, cwd = await asyncio.to_thread(_open_outputs, run_dir, spec.workspace)
             try:
                 # Marked live before it exists: an agent killed right after the start
                 # still leaves a trace its next run follows (by the run's environment).
                 await asyncio.to_thread(self._mark_live, record)
+                spawning = True
                 process = await asyncio.create_subprocess_exec(
                     *spec.command, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
                     stdout=out, stderr=err, start_new_session=True,
@@ -374,7 +440,9 @@ class SubprocessBackend:
             self._active.pop(record.key, None)
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self._marker(spec.job_id, spec.epoch, task).unlink)
-            raise LaunchError(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from exc
+            # The command itself (not found, not executable): the job's failure, not ours.
+            error = CommandNotStarted if spawning and exc.errno in COMMAND_ERRNOS else LaunchError
+            raise error(f"cannot start {spec.command[0]!r}: {exc.strerror or exc}") from exc
         try:
             stat = _proc_stat(process.pid)  # our unreaped child: readable even if it ended
             record = replace(record, pid=process.pid, start_ticks=stat[1] if stat else 0)
@@ -392,19 +460,41 @@ class SubprocessBackend:
     # ------------------------------------------------------------ runs left behind
 
     async def list_runs(self) -> list[LiveRun]:
-        return await asyncio.to_thread(self._list_runs)
+        live, alive = await asyncio.to_thread(self._list_runs)
+        # Back on the event loop (``nodes`` is never touched from a thread): the devices of
+        # processes earlier agents left are held exactly while they are seen alive.
+        self.nodes.leftovers_alive([(record.key, record.node, record.devices) for record in alive])
+        self._scanned = True
+        return live
 
-    async def adopt(self, run: LiveRun) -> None:
-        """Never: a process another agent run started is not our child, so its exit
-        code cannot be learned; the agent kills it (every task of a gang) and hands the
-        job back."""
-        return None
+    async def adopt(self, run: LiveRun) -> _EndedRun | None:
+        """A single-task run that ended, its exit code written in its folder before its
+        agent died, has that outcome (reported as if watched: never run again). Any other
+        is never adopted: a process another agent run started is not our child, so its
+        exit code cannot be learned; the agent kills it (every task of a gang) and hands
+        the job back. A run an agent stopped because it was itself stopping wrote no
+        exit code (``stopping``): it is handed back too."""
+        code = await asyncio.to_thread(self._recorded_exit, run.job_id, run.epoch)
+        return None if code is None else _EndedRun(code, self.log_dir(run.job_id, run.epoch))
+
+    def _recorded_exit(self, job_id: str, epoch: int) -> int | None:
+        if self._marker(job_id, epoch).exists():
+            return None  # not seen to end
+        try:
+            match = _EXIT.fullmatch((self.run_dir(job_id, epoch) / "exit").read_text().strip())
+        except OSError:
+            return None
+        return int(match.group(1)) if match else None
 
     async def kill_run(self, run: LiveRun) -> bool:
-        return await asyncio.to_thread(self._kill_recorded, run.job_id, run.epoch)
+        killed = await asyncio.to_thread(self._kill_recorded, run.job_id, run.epoch)
+        self.nodes.release_leftovers(run.job_id, run.epoch)
+        return killed
 
     async def kill_leftover(self, job_id: str, epoch: int) -> bool:
-        return await asyncio.to_thread(self._kill_leftover, job_id, epoch)
+        killed = await asyncio.to_thread(self._kill_leftover, job_id, epoch)
+        self.nodes.release_leftovers(job_id, epoch)
+        return killed
 
     async def discover(self) -> None:
         return None  # advertises its configuration (--resource, --attr, --node)
@@ -428,13 +518,15 @@ class SubprocessBackend:
             os.killpg(pid, signal.SIGKILL)
         return True
 
-    def _list_runs(self) -> list[LiveRun]:
+    def _list_runs(self) -> tuple[list[LiveRun], list[_RunRecord]]:
+        """The live runs, and the records of those an earlier agent started that live."""
         self._index_unrecorded_runs_once()
         live: dict[tuple[str, int], LiveRun] = {}
+        alive: list[_RunRecord] = []
         try:
             markers = sorted(self.index.glob("*.json"))
         except OSError:
-            return []
+            return [], []
         for marker in markers:
             try:
                 record = _RunRecord.parse(marker.read_text())
@@ -454,7 +546,8 @@ class SubprocessBackend:
                 self.mark_ended(record, "ended while no agent watched it")
                 continue
             live.setdefault((record.job_id, record.epoch), LiveRun(record.job_id, record.epoch, str(pid)))
-        return list(live.values())
+            alive.append(record)
+        return list(live.values()), alive
 
     def _alive_pid(self, record: _RunRecord) -> int | None:
         """The pid of the recorded process if it still runs, else None."""
