@@ -21,6 +21,7 @@ from tests.engines.fixtures import (  # noqa: F401 - session engines for every t
     slurm_time_limited_run,
 )
 from tests.infra.provision import Servers, provision_servers, with_database
+from tests.infra.reports import pytest_runtest_makereport  # noqa: F401 - a hook for the whole suite
 
 # Shared, noisy machines: no per-example deadlines, no "generation is slow" failures.
 settings.register_profile(
