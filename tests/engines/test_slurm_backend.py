@@ -556,6 +556,29 @@ async def test_a_stopped_run_gets_sigterm_and_its_grace_and_slurm_a_time_limit_p
     _assert_stopped(slurm_job(slurm_env, ignores.slurm_id), within_grace=False)
 
 
+async def test_a_run_stopped_before_any_poll_saw_it_run_still_gets_its_grace(
+    slurm_env: SlurmCluster, tmp_path: Path, peer_id: str,
+) -> None:
+    """A cancel right after the run started, before the backend's poll noticed: its start
+    marker says it runs, so it gets SIGTERM and its grace, not a cancel at once."""
+    backend = SlurmBackend(tmp_path / "unpolled", peer_id, poll_interval_s=3600)  # polls only when asked
+    try:
+        handle = await backend.launch(_spec(CHECKPOINTS, grace_s=10))
+        await eventually(lambda: asyncio.to_thread((Path(handle.log_dir) / "ready").exists),
+                         "the command to trap SIGTERM")
+        assert backend.polls == 0
+        stopping = asyncio.ensure_future(handle.kill(grace_s=10))
+        while not stopping.done():  # the end is seen by a poll: ask for them
+            await asyncio.wait({stopping}, timeout=POLL_S)
+            await backend.poll()
+        await stopping
+        assert await run_ended(handle) == KILLED_EXIT_CODE
+        assert (Path(handle.log_dir) / "ckpt").read_text() == "checkpoint\n"
+        _assert_stopped(slurm_job(slurm_env, handle.slurm_id), within_grace=True)
+    finally:
+        await backend.close()
+
+
 async def test_a_run_stopped_before_slurm_runs_it_is_cancelled_at_once(backend: SlurmBackend,
                                                                        slurm_env: SlurmCluster) -> None:
     """Slurm signals only running jobs: a pending one is cancelled without waiting its grace."""

@@ -190,10 +190,11 @@ class _SlurmRun:
     async def kill(self, grace_s: float) -> None:
         """SIGTERM to the job's processes (``slurm_script.term_commands``), then, unless a
         poll saw the job end within ``grace_s``, a plain ``scancel`` (SIGTERM again,
-        SIGKILL after the cluster's KillWait: CANCELLED). A job the polls have not seen
-        run yet (Slurm signals only running jobs), or one Slurm would not signal, gets the
-        ``scancel`` at once. Either way the run ends -15, killed
-        (``slurm_text.outcome``), unless it ended by itself first. A second kill sends no
+        SIGKILL after the cluster's KillWait: CANCELLED). A job not running yet (Slurm
+        signals only running jobs: neither a poll nor, for a single run, its start marker
+        says it runs), or one Slurm would not signal, gets the ``scancel`` at once.
+        Either way the run ends -15, killed (``slurm_text.outcome``), unless it ended by
+        itself first. A second kill sends no
         second SIGTERM: it waits for the first one's ``scancel``. Returns once a poll sees
         the job end. Nothing to do for a run that has ended."""
         followed, loop = self.followed, asyncio.get_running_loop()
@@ -201,6 +202,9 @@ class _SlurmRun:
             return
         if followed.stop_at is None:
             followed.stop_at = loop.time() + max(0.0, grace_s)
+            if not followed.started.is_set() and followed.replicas == 1 and await asyncio.to_thread(
+                    (followed.run_dir / STARTED_MARKER).exists):
+                followed.started.set()  # its batch script ran since the last poll: Slurm runs it
             if (grace_s <= 0 or not followed.started.is_set()
                     or not await self.backend.terminate(self.slurm_id, followed.replicas > 1)):
                 followed.stop_at = loop.time()
