@@ -55,6 +55,8 @@ DEMO_PEERS = (
 )
 
 RESTART_BACKOFF_S = 2.0
+READY_TIMEOUT_S = 60.0  # how long `up` waits for every peer's first heartbeat before saying ready
+READY_POLL_S = 0.2
 WEB_PORT = 8080  # the dashboard's port when free (else any free one, printed)
 NATS_PORT = 4222  # NATS's own default, so clients find it; else any free port, printed
 
@@ -156,6 +158,12 @@ def _up(args: argparse.Namespace) -> int:
         pids_file = state / "pids.json"
         # Every PID we started, so tests and operators can check they are gone.
         pids_file.write_text(json.dumps(supervisor.pids()))
+        # "ready" means a submit is judged against every peer: before their first
+        # heartbeats the router would answer "no peer can host it", final for that job id.
+        unheard = asyncio.run(_await_ready(operator_url, config))
+        if unheard:
+            print(f"irisfed up: not heard from yet after {READY_TIMEOUT_S:.0f} s: {', '.join(unheard)} "
+                  f"(see {state / 'logs'}); jobs only they can host are rejected until they report", flush=True)
         # Passwords stay in connect.json (0600), never on the screen or in a captured log.
         print(f"irisfed up: ready. NATS {redact(nats_url)}  Postgres {redact(db_url)}", flush=True)
         print(f"  submit:  irisfed submit -- echo hello      (or from any NATS client on "
@@ -226,6 +234,39 @@ async def _supervise(supervisor: Supervisor, db_url: str,
     finally:
         await pool.close()
     return 0
+
+
+async def _await_ready(nats_url: str, config: FederationConfig) -> list[str]:
+    """Wait until the router judges submits against every configured peer (their first
+    heartbeats heard): a dry run of ``true`` answered with every peer judged, or placed
+    locally. The peers still unheard at READY_TIMEOUT_S (empty: all heard)."""
+    from irisfed.client import Client, Retry
+    from irisfed.errors import IrisfedClientError
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    unheard = list(config.peer_ids)
+    client = None
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if client is None:
+                    client = await Client.connect(nats_url, prefix=config.subject_prefix, timeout=2.0,
+                                                  retry=Retry(attempts=1))
+                reply = await client.submit(["true"], dry_run=True)
+            except IrisfedClientError:  # NATS or the router not answering yet
+                reply = None
+            if reply is not None:
+                if reply.disposition == "local":
+                    return []
+                judged = {verdict.peer_id for verdict in reply.verdicts}
+                unheard = [peer for peer in config.peer_ids if peer not in judged]
+                if not unheard:
+                    return []
+            await asyncio.sleep(READY_POLL_S)
+        return unheard
+    finally:
+        if client is not None:
+            await client.close()
 
 
 def _restart_dead(supervisor: Supervisor) -> bool:

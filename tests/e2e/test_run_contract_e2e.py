@@ -189,11 +189,9 @@ def test_ctrl_c_of_irisfed_up_then_up_again_runs_the_job_again_spending_no_retry
 
     first = up()
     try:
-        for _ in range(100):  # the router needs a moment
-            sent = cli("submit", "--id", "long-one", "--max-retries", "0", "--", "sleep", "300")
-            if sent.returncode == 0:
-                break
-            time.sleep(0.2)
+        # `up` says ready once the router judges submits against every peer: the first
+        # submit is placed (before the peers' heartbeats it would be rejected for good).
+        sent = cli("submit", "--id", "long-one", "--max-retries", "0", "--", "sleep", "300")
         assert sent.returncode == 0, sent.stdout + sent.stderr
         job_when(lambda job: job["state"] == "running")
     finally:
