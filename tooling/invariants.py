@@ -567,8 +567,8 @@ def gang_violations(changelog: Iterable[Any], replicas: Mapping[str, int], tasks
 
     - all or none: a run (job, epoch) with task rows has exactly one per task, 0..N-1;
       a single-task job has none;
-    - one peer: every task of a run on the peer that ran it (its ``running`` row's),
-      each on a node of its own;
+    - one peer: every task of a run on the peer that ran it (its ``running`` row's, or
+      for a run its agent never accepted its ``assigned`` row's), each on a node of its own;
     - one fate: a run its agent ended (the row leaving ``running`` at that epoch is the
       peer's own) left no task pending or running; a run with a failed task did not
       end ``succeeded``; a job that succeeded has every task of its last run succeeded.
@@ -593,9 +593,13 @@ def gang_violations(changelog: Iterable[Any], replicas: Mapping[str, int], tasks
         if indexes != list(range(n)):
             problems.append(f"{where}: tasks {indexes} recorded of its {n} (all or none)")
         rows = history.get(job_id, [])
-        ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.RUNNING.value), None)
+        # The run's anchor: its ``running`` row; a gang whose tasks ended before its agent
+        # could accept it (Postgres away meanwhile, a task failing at once) has only the
+        # ``assigned`` row naming the peer its agent started them on.
+        ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.RUNNING.value), None) \
+            or next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.ASSIGNED.value), None)
         if ran is None:
-            problems.append(f"{where}: tasks recorded but the job never ran at this epoch")
+            problems.append(f"{where}: tasks recorded but the job was never placed at this epoch")
             continue
         peers = {t.peer_id for t in listed}
         if peers != {ran.peer_id}:

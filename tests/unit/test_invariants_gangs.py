@@ -84,7 +84,24 @@ def test_task_rows_of_a_single_task_job_or_a_run_that_never_ran():
         "s: epoch 1: task rows for a single-task job"]
     queued_only = [row(1, "g", None, Q, epoch=0, actor="router")]
     assert gang_violations(queued_only, {"g": 4}, tasks()) == [
-        "g: epoch 1: tasks recorded but the job never ran at this epoch"]
+        "g: epoch 1: tasks recorded but the job was never placed at this epoch"]
+
+
+def _never_accepted(end=Q):
+    """A gang placed on tpu whose tasks ended before its agent could accept it (Postgres
+    away meanwhile): the agent records them, then ends the assigned job itself."""
+    return [row(1, "g", None, Q, epoch=0, actor="router"), row(2, "g", Q, A, "tpu", 1),
+            row(3, "g", A, end, None if end is Q else "tpu", 2 if end is Q else 1, actor="tpu")]
+
+
+def test_tasks_of_a_run_its_agent_never_accepted_answer_to_its_assignment():
+    ended = tasks(states=("failed", "killed", "killed", "killed"))
+    assert gang_violations(_never_accepted(), {"g": 4}, ended) == []
+    assert gang_violations(_never_accepted(F), {"g": 4}, ended) == []
+    [elsewhere] = gang_violations(_never_accepted(), {"g": 4}, tasks(peer="gpu-a", states=("killed",) * 4))
+    assert "tasks on gpu-a but the job ran on tpu" in elsewhere
+    [alive] = gang_violations(_never_accepted(F), {"g": 4}, tasks(states=("failed", "running", "killed", "killed")))
+    assert alive == "g: epoch 1: ended failed by tpu with tasks [1] still running"
 
 
 def test_quota_replay_counts_every_task_of_a_gang():
