@@ -596,11 +596,16 @@ def gang_violations(changelog: Iterable[Any], replicas: Mapping[str, int], tasks
         # The run's anchor: its ``running`` row; a gang whose tasks ended before its agent
         # could accept it (Postgres away meanwhile, a task failing at once) has only the
         # ``assigned`` row naming the peer its agent started them on.
-        ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.RUNNING.value), None) \
-            or next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.ASSIGNED.value), None)
+        ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.RUNNING.value), None)
         if ran is None:
-            problems.append(f"{where}: tasks recorded but the job was never placed at this epoch")
-            continue
+            ran = next((r for r in rows if r.epoch == epoch and _state(r.to_state) == JobState.ASSIGNED.value), None)
+            if ran is None:
+                problems.append(f"{where}: tasks recorded but the job was never placed at this epoch")
+                continue
+            # Never accepted: its agent records such a run's tasks only once they ended.
+            alive = sorted(t.task_index for t in listed if t.state in _TASK_LIVE)
+            if alive:
+                problems.append(f"{where}: tasks {alive} recorded live though the gang never ran (never accepted)")
         peers = {t.peer_id for t in listed}
         if peers != {ran.peer_id}:
             problems.append(f"{where}: tasks on {', '.join(sorted(peers))} but the job ran on {ran.peer_id} "

@@ -35,6 +35,7 @@ from irisfed.shared.config import (
 )
 from irisfed.shared.postgres import with_database
 from irisfed.shared.redact import redact
+from irisfed.shared.users import DEFAULT_USER
 from irisfed.tooling.federation import LocalFederation, Peer, Supervisor, nats_role, write_config
 from irisfed.tooling.ha import start_nats_cluster, start_patroni
 from irisfed.tooling.servers import free_port, port_is_free, start_postgres, start_secured_nats
@@ -57,6 +58,8 @@ DEMO_PEERS = (
 RESTART_BACKOFF_S = 2.0
 READY_TIMEOUT_S = 60.0  # how long `up` waits for every peer's first heartbeat before saying ready
 READY_POLL_S = 0.2
+# A constraint no backend meets (no backend advertises the key): every heard peer judges it.
+READY_PROBE = {"key": "irisfed-ready-probe", "op": "exists"}
 WEB_PORT = 8080  # the dashboard's port when free (else any free one, printed)
 NATS_PORT = 4222  # NATS's own default, so clients find it; else any free port, printed
 
@@ -160,7 +163,7 @@ def _up(args: argparse.Namespace) -> int:
         pids_file.write_text(json.dumps(supervisor.pids()))
         # "ready" means a submit is judged against every peer: before their first
         # heartbeats the router would answer "no peer can host it", final for that job id.
-        unheard = asyncio.run(_await_ready(operator_url, config))
+        unheard = asyncio.run(_await_ready(operator_url, config, state))
         if unheard:
             print(f"irisfed up: not heard from yet after {READY_TIMEOUT_S:.0f} s: {', '.join(unheard)} "
                   f"(see {state / 'logs'}); jobs only they can host are rejected until they report", flush=True)
@@ -236,37 +239,32 @@ async def _supervise(supervisor: Supervisor, db_url: str,
     return 0
 
 
-async def _await_ready(nats_url: str, config: FederationConfig) -> list[str]:
-    """Wait until the router judges submits against every configured peer (their first
-    heartbeats heard): a dry run of ``true`` answered with every peer judged, or placed
-    locally. The peers still unheard at READY_TIMEOUT_S (empty: all heard)."""
+async def _await_ready(nats_url: str, config: FederationConfig, state: Path) -> list[str]:
+    """Wait until the router has heard every configured peer: a dry run it can never
+    place (``READY_PROBE``: no backend advertises that key) is answered with a verdict
+    for every peer, none of them ``unreachable`` (never heard). The peers still unheard
+    at READY_TIMEOUT_S (empty: all heard). A dry run writes nothing."""
     from irisfed.client import Client, Retry
-    from irisfed.errors import IrisfedClientError
+    from irisfed.errors import UnavailableError
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     unheard = list(config.peer_ids)
-    client = None
-    try:
+    # The operator asks as the default user, whatever IRISFED_USER this shell exports.
+    async with Client.connect(nats_url, prefix=config.subject_prefix, state_dir=state, user=DEFAULT_USER,
+                              timeout=2.0, retry=Retry(attempts=1)) as client:
         while time.monotonic() < deadline:
             try:
-                if client is None:
-                    client = await Client.connect(nats_url, prefix=config.subject_prefix, timeout=2.0,
-                                                  retry=Retry(attempts=1))
-                reply = await client.submit(["true"], dry_run=True)
-            except IrisfedClientError:  # NATS or the router not answering yet
+                reply = await client.submit(["true"], constraints=[READY_PROBE], dry_run=True)
+            except UnavailableError:  # the router not answering yet
                 reply = None
             if reply is not None:
-                if reply.disposition == "local":
-                    return []
-                judged = {verdict.peer_id for verdict in reply.verdicts}
-                unheard = [peer for peer in config.peer_ids if peer not in judged]
+                verdicts = reply.verdicts or reply.waiting_verdicts
+                heard = {verdict.peer_id for verdict in verdicts if verdict.code != "unreachable"}
+                unheard = [peer for peer in config.peer_ids if peer not in heard]
                 if not unheard:
                     return []
             await asyncio.sleep(READY_POLL_S)
-        return unheard
-    finally:
-        if client is not None:
-            await client.close()
+    return unheard
 
 
 def _restart_dead(supervisor: Supervisor) -> bool:

@@ -100,8 +100,15 @@ def test_tasks_of_a_run_its_agent_never_accepted_answer_to_its_assignment():
     assert gang_violations(_never_accepted(F), {"g": 4}, ended) == []
     [elsewhere] = gang_violations(_never_accepted(), {"g": 4}, tasks(peer="gpu-a", states=("killed",) * 4))
     assert "tasks on gpu-a but the job ran on tpu" in elsewhere
-    [alive] = gang_violations(_never_accepted(F), {"g": 4}, tasks(states=("failed", "running", "killed", "killed")))
-    assert alive == "g: epoch 1: ended failed by tpu with tasks [1] still running"
+    live = tasks(states=("failed", "running", "pending", "killed"))
+    assert gang_violations(_never_accepted(F), {"g": 4}, live) == [
+        "g: epoch 1: tasks [1, 2] recorded live though the gang never ran (never accepted)",
+        "g: epoch 1: ended failed by tpu with tasks [1, 2] still pending/running"]
+    # Taken back by the tick (its agent away): live rows of a never-accepted run all the same.
+    taken_back = [row(1, "g", None, Q, epoch=0, actor="router"), row(2, "g", Q, A, "tpu", 1),
+                  row(3, "g", A, Q, None, 2, actor="tick")]
+    assert gang_violations(taken_back, {"g": 4}, tasks(states=("running",) * 4)) == [
+        "g: epoch 1: tasks [0, 1, 2, 3] recorded live though the gang never ran (never accepted)"]
 
 
 def test_quota_replay_counts_every_task_of_a_gang():

@@ -58,6 +58,9 @@ class _Backend(Protocol):
 
 # The most of a marker file read: an exit code or a job id fits many times over.
 MARKER_MAX_BYTES = 64
+# The longest a stop waits to read a run's start marker (a shared file system away):
+# then it takes the run for not started, as before any poll saw it run.
+MARKER_READ_TIMEOUT_S = 2.0
 
 
 def read_marker(path: Path) -> str | None:
@@ -201,10 +204,10 @@ class _SlurmRun:
         if self.done.done():
             return
         if followed.stop_at is None:
-            followed.stop_at = loop.time() + max(0.0, grace_s)
-            if not followed.started.is_set() and followed.replicas == 1 and await asyncio.to_thread(
-                    (followed.run_dir / STARTED_MARKER).exists):
+            if grace_s > 0 and not followed.started.is_set() and followed.replicas == 1 \
+                    and await self._marked_started():
                 followed.started.set()  # its batch script ran since the last poll: Slurm runs it
+            followed.stop_at = loop.time() + max(0.0, grace_s)
             if (grace_s <= 0 or not followed.started.is_set()
                     or not await self.backend.terminate(self.slurm_id, followed.replicas > 1)):
                 followed.stop_at = loop.time()
@@ -212,6 +215,19 @@ class _SlurmRun:
         if not self.done.done():
             await self.backend.scancel(self.slurm_id)
         await asyncio.wait({self.done})
+
+
+    async def _marked_started(self) -> bool:
+        """Whether this job's batch script wrote its start marker (Slurm's job id: a
+        marker of an earlier submission to the same folder is not this job's). A folder
+        unreadable or slower than ``MARKER_READ_TIMEOUT_S`` says no: a stop never waits
+        on a file system."""
+        try:
+            text = await asyncio.wait_for(asyncio.to_thread(read_marker, self.followed.run_dir / STARTED_MARKER),
+                                          MARKER_READ_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            return False
+        return text is not None and text.strip() == self.slurm_id
 
 
 def _task_view(followed: _Followed, ended: Outcome | None, records: Sequence[TaskRecord]) -> list[TaskStatus]:
