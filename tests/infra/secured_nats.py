@@ -53,9 +53,15 @@ async def connected(secured, *roles: str):
             await client.close()
 
 
-async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll ``predicate()`` every 20 ms until it is true (``TimeoutError`` after ``timeout``)."""
+async def until(predicate: Callable[[], object], timeout: float = 30.0,
+                what: Callable[[], object] | None = None) -> None:
+    """Poll ``predicate()`` every 20 ms until it is true; after ``timeout`` seconds an
+    ``AssertionError`` that shows ``what()`` (what was seen so far)."""
     async def poll():
         while not predicate():
             await asyncio.sleep(0.02)
-    await asyncio.wait_for(poll(), timeout)
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        seen = what() if what is not None else None
+        raise AssertionError(f"not true after {timeout:.0f} s; seen: {seen!r}") from None

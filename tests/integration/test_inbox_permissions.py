@@ -31,7 +31,7 @@ async def test_a_producer_cannot_read_another_clients_replies(secured_nats):
         await spy.flush()
         reply = await asker.request("irisfed.cancel", b"{}", timeout=5)
         assert reply.data == b"private answer"
-        await until(lambda: sum("subscription" in e for e in errors) >= 3)
+        await until(lambda: sum("subscription" in e for e in errors) >= 3, what=lambda: errors)
         await asyncio.sleep(0.2)
         assert overheard == []  # the spy heard nothing of the operator's reply
         assert any('subscription to "_inbox.>"' in e.lower() for e in errors)
@@ -54,7 +54,7 @@ async def test_each_requesting_user_may_subscribe_only_to_its_own_inbox(secured_
         await asyncio.sleep(0.2)
         assert errors == []
         await producer.subscribe("_INBOX_agent-home.>")
-        await until(lambda: errors)
+        await until(lambda: errors, what=lambda: errors)
         assert "subscription" in errors[0]
 
 

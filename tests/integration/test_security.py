@@ -39,7 +39,8 @@ async def test_a_peer_cannot_pose_as_another_or_read_its_assignments(secured_nat
         await tick.publish("irisfed.assign.tpu-east", b"job-1")
         await tick.publish("irisfed.cancel.tpu-east", b"preempted-1")  # the tick's preemption kill
         await tick.flush()
-        await until(lambda: delivered and killed and heard and len(errors) >= 2)
+        await until(lambda: delivered and killed and heard and len(errors) >= 2,
+                    what=lambda: {"delivered": delivered, "killed": killed, "heard": heard, "errors": errors})
         assert heard == ["irisfed.heartbeat.gpu-west"]  # the spoofed heartbeat never arrived
         assert delivered == [b"job-1"] and stolen == []
         assert killed == [b"preempted-1"]
@@ -52,7 +53,7 @@ async def test_producers_can_only_ask(secured_nats):
         await producer.publish("irisfed.assign.gpu-west", b"forged")
         await producer.subscribe("irisfed.events.*")
         await producer.flush()
-        await until(lambda: len(errors) >= 2)
+        await until(lambda: len(errors) >= 2, what=lambda: errors)
         assert any("publish" in e for e in errors) and any("subscription" in e for e in errors)
 
 
@@ -67,7 +68,7 @@ async def test_the_web_user_reads_events_and_may_only_ask_for_a_cancel(secured_n
             await web.publish(forged, b"forged")
         await web.subscribe("irisfed.assign.*")
         await web.flush()
-        await until(lambda: len(errors) >= 7)
+        await until(lambda: len(errors) >= 7, what=lambda: errors)
         assert not any('"irisfed.operator.cancel"' in e or "events.*" in e or "heartbeat.*" in e for e in errors), errors
         assert any('publish to "irisfed.cancel"' in e for e in errors)
         assert any('subscription to "irisfed.assign.*"' in e for e in errors)
