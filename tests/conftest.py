@@ -20,6 +20,7 @@ from tests.engines.fixtures import (  # noqa: F401 - session engines for every t
     slurm_cluster,
     slurm_time_limited_run,
 )
+from tests.infra.groups import write_group_suffixes
 from tests.infra.provision import Servers, provision_servers, with_database
 from tests.infra.reports import pytest_runtest_makereport  # noqa: F401 - a hook for the whole suite
 
@@ -40,6 +41,19 @@ LAYERS = ("unit", "integration", "e2e", "engines", "browser", "chaos")
 # needing a session engine run on one worker per engine, so each engine starts once a run
 # (the tests of one group also run one at a time: they share the engine's nodes).
 ENGINE_GROUPS = {"slurm_cluster": "slurm", "ray_head": "ray", "chromium": "browser", "patroni": "patroni"}
+# A fixture named ``...engine`` parametrised ``["slurm", "ray"]`` reaches its engine's
+# fixture at run time (tests/infra/engine_peers.py's ``engine_for``, which checks the
+# group), out of sight of ``fixturenames``.
+ENGINE_PARAMS = {"slurm": "slurm", "ray": "ray"}
+
+
+def engine_group(item) -> str | None:
+    """The xdist group of the session engine ``item`` uses, if any."""
+    group = next((ENGINE_GROUPS[name] for name in ENGINE_GROUPS if name in item.fixturenames), None)
+    if group is None and hasattr(item, "callspec"):
+        group = next((ENGINE_PARAMS[value] for name, value in item.callspec.params.items()
+                      if name.endswith("engine") and isinstance(value, str) and value in ENGINE_PARAMS), None)
+    return group
 
 
 def pytest_configure(config):
@@ -52,9 +66,10 @@ def pytest_configure(config):
             signal.signal(sig, handler)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        group = next((ENGINE_GROUPS[name] for name in ENGINE_GROUPS if name in item.fixturenames), None)
+        group = engine_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
         try:
@@ -63,6 +78,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in LAYERS:
             item.add_marker(folder)
+    write_group_suffixes(config, items)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from nats.js import api
 from nats.js import errors as js_errors
 
 from irisfed.services.common.objects import (
+    _NO_PEERS_FOR_PLACEMENT,
     _STREAM_NAME_IN_USE,
     MAX_REPLICAS,
     NATS_AWAY,
@@ -63,6 +64,9 @@ async def ensure_log_streams(nc: Client, prefix: str, peers: Iterable[str], repl
                 try:
                     await js.add_stream(config)
                 except js_errors.BadRequestError as exc:
+                    if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
+                        raise StoreUnavailable(f"creating log stream {name} failed: the NATS cluster has fewer than "
+                                               f"{replicas} nodes ready for its replicas yet") from exc
                     if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
                         raise
                 continue

@@ -48,6 +48,7 @@ MAX_REPLICAS = 3
 CHUNKS_PER_GET = 32  # chunks a read asks for at once (nats-py's chunks are 128 KiB: 4 MiB)
 MIN_RATE = 1024 * 1024  # bytes/s a put is given beyond timeout_s: 1 MiB/s, a slow link's worst
 _STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
+_NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: no suitable peers for placement (too few nodes current)
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
@@ -239,8 +240,11 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
                                                storage=api.StorageType.FILE, replicas=replicas)
                 try:
                     await js.create_object_store(name, config=config)
-                except js_errors.BadRequestError as exc:  # a concurrent call created it first
-                    if exc.err_code != _STREAM_NAME_IN_USE:
+                except js_errors.BadRequestError as exc:
+                    if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
+                        raise StoreUnavailable(f"creating bucket {name} failed: the NATS cluster has fewer than "
+                                               f"{replicas} nodes ready for its replicas yet") from exc
+                    if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
                         raise
                 continue
             if ttl is not None and info.config.max_age != ttl:

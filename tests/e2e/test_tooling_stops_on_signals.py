@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,11 +88,17 @@ def naming(folder: Path) -> list[str]:
     return left
 
 
-def _stop_mid_run(tmp_path: Path, args: list[str], ready: tuple[str, ...], sig: int) -> None:
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(scratch, 0o777)  # Postgres runs as its own user under it
+@pytest.fixture
+def scratch():
+    """The run's TMPDIR: a folder of /tmp's own, which Postgres (its own user) reaches
+    whatever the permissions of pytest's folders above ``tmp_path``."""
+    folder = Path(tempfile.mkdtemp(prefix="irisfed-stops-", dir="/tmp"))
+    os.chmod(folder, 0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop_mid_run(tmp_path: Path, scratch: Path, args: list[str], ready: tuple[str, ...], sig: int) -> None:
     env = {**os.environ, "TMPDIR": str(scratch)}
     out = (tmp_path / "out.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "irisfed.cli", *args], cwd=tmp_path, env=env,
@@ -129,13 +137,13 @@ def _stop_mid_run(tmp_path: Path, args: list[str], ready: tuple[str, ...], sig: 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_chaos_stopped_by_a_signal_leaves_no_process_behind(tmp_path, sig):
-    _stop_mid_run(tmp_path, ["chaos", "--schedules", "50", "--seed", "7"],
+def test_chaos_stopped_by_a_signal_leaves_no_process_behind(tmp_path, scratch, sig):
+    _stop_mid_run(tmp_path, scratch, ["chaos", "--schedules", "50", "--seed", "7"],
                   ("nats-server", "postgres", "irisfed.services.router", "irisfed.services.tick",
                    "irisfed.services.peer_agent"), sig)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_bench_stopped_by_a_signal_leaves_no_process_behind(tmp_path, sig):
-    _stop_mid_run(tmp_path, ["bench", "--quick", "--sections", "dispatch"],
+def test_bench_stopped_by_a_signal_leaves_no_process_behind(tmp_path, scratch, sig):
+    _stop_mid_run(tmp_path, scratch, ["bench", "--quick", "--sections", "dispatch"],
                   ("nats-server", "postgres", "irisfed.services.router", "irisfed.services.tick"), sig)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from irisfed.tooling.engines.slurm import parse_scontrol_line
 from tests.infra.configs import make_peer
+from tests.infra.groups import groups_of
 from tests.infra.waiting import wait_for
 
 SPARE = "gpu-east"  # somewhere else to run, started only when a test needs it
@@ -109,7 +110,12 @@ def ray_engine(head) -> Engine:
 
 
 def engine_for(request) -> Engine:
-    """The engine peer of a fixture parametrised ``params=["slurm", "ray"]``."""
+    """The engine peer of a fixture parametrised ``params=["slurm", "ray"]``. The test must
+    be in its engine's xdist group (tests/conftest.py ``engine_group``): a worker outside
+    it would start a second cluster of that engine, which then idles beside the first
+    for the rest of the run."""
+    groups = groups_of(request.node)
+    assert groups == [request.param], f"{request.node.nodeid} is in xdist groups {groups}, not {request.param!r}"
     if request.param == "slurm":
         return slurm_engine(request.getfixturevalue("slurm_cluster"))
     return ray_engine(request.getfixturevalue("ray_head"))

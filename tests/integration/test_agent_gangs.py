@@ -57,10 +57,12 @@ async def test_a_gang_is_running_only_once_its_tasks_all_run(pool, nats_client, 
         hogs = [gang(seconds=30) for _ in range(2)]  # both slices busy
         waiting = gang(seconds=0.1)
         await insert_jobs(store, [*hogs, waiting])
-        await assign_jobs(store, [*hogs, waiting], "gpu-west")
+        await assign_jobs(store, hogs, "gpu-west")
         await agent.reconcile()
         for hog in hogs:
             await wait_for(lambda hog=hog: _is_running(store, hog.job_id), "a hog gang to run")
+        await assign_jobs(store, [waiting], "gpu-west")  # given once both hogs hold their slices
+        await agent.reconcile()
         assert await state_of(store, waiting.job_id) is JobState.ASSIGNED  # launched, waiting for nodes
         assert await store.job_tasks_list(waiting.job_id) == []
         (ad,) = agent.advertisement()

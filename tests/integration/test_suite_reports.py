@@ -45,7 +45,8 @@ def _run_inner(tmp_path: Path, conftest: str, *options: str) -> subprocess.Compl
     (tmp_path / "test_inner.py").write_text(INNER_TESTS)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *options, str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--basetemp", str(tmp_path / "inner-tmp"), *options,
+         str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
 

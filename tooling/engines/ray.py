@@ -119,6 +119,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
@@ -141,6 +142,8 @@ INSTALL_HINT = "pip install 'ray[default]'"
 # A generous bound on a hang of a slow shared machine, not an expectation (the head
 # was ready in 11-25 s on a busy 2-core machine).
 START_TIMEOUT_S = 120.0
+WORKER_START_ATTEMPTS = 3  # a worker raylet that missed Ray's 30 s registration is started again
+HEAD_START_ATTEMPTS = 2  # likewise a head (its workers' attempts are theirs)
 # The object store is not what the tests exercise: keep it small (Ray's minimum is 75 MB).
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 WORKER_OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -259,14 +262,31 @@ class RayHead:
 
     def start_workers(self, specs: Sequence[RayWorkerSpec], timeout: float = START_TIMEOUT_S) -> list[RayWorker]:
         """Start a worker raylet per spec (all at once), joined to this head; return once
-        every one is alive and in the head's resource report."""
+        every one is alive and in the head's resource report. A worker whose ``ray start``
+        exits first is started again (WORKER_START_ATTEMPTS in all, within ``timeout``):
+        Ray gives a raylet a fixed 30 s to register with the GCS, which a loaded machine
+        can miss."""
         if self.process is None or self.folder is None or self.temp_dir is None:
             raise EngineError("workers can only join a head this process started")
         started = [self._spawn_worker(spec) for spec in specs]
         self.workers.extend(started)
-        wait_until(lambda: self._joined(started), f"{len(started)} Ray worker(s) to join", timeout,
-                   [self.process, *(worker.process for worker in started)])
-        return started
+        deadline = time.monotonic() + timeout
+        for attempt in range(1, WORKER_START_ATTEMPTS + 1):
+            try:
+                wait_until(lambda: self._joined(started), f"{len(started)} Ray worker(s) to join",
+                           max(1.0, deadline - time.monotonic()),
+                           [self.process, *(worker.process for worker in started)])
+                return started
+            except EngineError:
+                exited = [worker for worker in started if not worker.process.running()]
+                if attempt == WORKER_START_ATTEMPTS or not exited or not self.process.running() \
+                        or time.monotonic() >= deadline:
+                    raise
+                for worker in exited:
+                    worker.process.stop(signal.SIGKILL, timeout=STOP_GRACE_S)  # what it left behind
+                    again = self._spawn_worker(worker.spec, attempt + 1)
+                    self.workers[self.workers.index(worker)] = started[started.index(worker)] = again
+        raise AssertionError("unreachable")
 
     def replace_worker(self, worker: RayWorker, timeout: float = START_TIMEOUT_S) -> RayWorker:
         """Stop ``worker`` (what is left of it) and start another like it in its place."""
@@ -277,7 +297,7 @@ class RayHead:
         (new,) = self.start_workers([worker.spec], timeout)
         return new
 
-    def _spawn_worker(self, spec: RayWorkerSpec) -> RayWorker:
+    def _spawn_worker(self, spec: RayWorkerSpec, attempt: int = 1) -> RayWorker:
         assert self.folder is not None and self.temp_dir is not None
         node_manager_port, *others = _free_ports(6, self.ports)
         args = [
@@ -294,10 +314,12 @@ class RayHead:
             args += ["--labels", ",".join(f"{key}={value}" for key, value in spec.labels.items())]
         # A temp dir of its own: raylets sharing one pick their socket names (raylet.N)
         # by looking at what is there, and two starting at once took the same one.
-        temp_dir = _short_temp_dir(self.folder / f"ray-{spec.name}")
+        # Each attempt its own folder and log (a failed attempt's log stays to read).
+        suffix = "" if attempt == 1 else f"-{attempt}"
+        temp_dir = _short_temp_dir(self.folder / f"ray-{spec.name}{suffix}")
         self.worker_temp_dirs.append(temp_dir)
         args += ["--temp-dir", str(temp_dir)]
-        log = self.folder / f"ray-worker-{spec.name}.log"
+        log = self.folder / f"ray-worker-{spec.name}{suffix}.log"
         process = spawn(f"ray worker {spec.name}", args, log, env=_cluster_env(self.tag, self.temp_dir),
                         cwd=self.folder)
         return RayWorker(spec, process, node_manager_port)
@@ -430,6 +452,10 @@ def _cluster_env(tag: str, temp_dir: Path) -> dict[str, str]:
     return env
 
 
+class _HeadExited(EngineError):
+    """The head's ``ray start`` exited while it started (Ray's own start timed out)."""
+
+
 def start_ray(
     folder: Path, *, num_cpus: int = 2, resources: dict[str, float] | None = None,
     job_start_timeout_s: float | None = None, timeout: float = START_TIMEOUT_S,
@@ -446,11 +472,28 @@ def start_ray(
     ``job_start_timeout_s`` sets RAY_JOB_START_TIMEOUT_SECONDS on the head: how long
     a job waits PENDING for its entrypoint resources before Ray fails it (Ray's
     default is 900 s).
+
+    A head whose ``ray start`` exits while it starts (Ray gives its raylet a fixed 30 s
+    to register, which a loaded machine can miss) is started again, in
+    ``folder/attempt-N``, HEAD_START_ATTEMPTS in all.
     """
     available = ray_available()
     if not available:
         raise EngineError(available.reason)
     resources = {"TPU": 4} if resources is None else resources
+    for attempt in range(1, HEAD_START_ATTEMPTS + 1):
+        try:
+            return _start_ray_once(folder if attempt == 1 else folder / f"attempt-{attempt}", num_cpus=num_cpus,
+                                   resources=resources, job_start_timeout_s=job_start_timeout_s, timeout=timeout,
+                                   workers=workers)
+        except _HeadExited:
+            if attempt == HEAD_START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_ray_once(folder: Path, *, num_cpus: int, resources: dict[str, float], job_start_timeout_s: float | None,
+                    timeout: float, workers: Sequence[RayWorkerSpec]) -> RayHead:
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     temp_dir = _short_temp_dir(folder / "ray")
@@ -494,10 +537,12 @@ def start_ray(
             head.start_workers(workers, timeout)
         return head
     except BaseException as exc:
+        exited = not process.running()
         head.stop()
         if isinstance(exc, EngineError):
             logs = [folder / "ray-head.log", *(worker.process.log_path for worker in head.workers)]
-            raise EngineError(f"{exc}\n" + "\n".join(log_tail(log) for log in logs)) from None
+            raise (_HeadExited if exited else EngineError)(
+                f"{exc}\n" + "\n".join(log_tail(log) for log in logs)) from None
         raise
 
 

@@ -1,0 +1,47 @@
+"""Groups for pytest-xdist's ``--dist loadgroup``: the tests of one group run on one
+worker, one at a time, so a session engine (Slurm, Ray, Chromium, Patroni) starts once
+a run, not once per worker that happens to get one of its tests.
+
+xdist's scheduler reads a test's group from an ``@group`` suffix of its node id, which
+xdist 3.8's worker writes to ``item._nodeid``. pytest 9.2 keeps a node's id in
+``item._id`` (a ``NodeId``), so that suffix never shows and every group is silently
+spread over the workers: each then started its own Ray cluster, four at once on two
+cores, and Ray's 30 s raylet registration timed out. ``write_group_suffixes`` writes
+the suffix where this pytest reads it (an id already carrying it is left alone, so an
+xdist that does it right makes this a no-op); ``worker_of`` lets a test check it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+
+def groups_of(item: pytest.Item) -> list[str]:
+    """The xdist groups ``item`` is marked with, sorted (xdist joins them with ``_``)."""
+    return sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                   for mark in item.iter_markers("xdist_group")})
+
+
+def write_group_suffixes(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker running ``--dist loadgroup``, give each grouped item's node id
+    its ``@group`` suffix (as xdist means to)."""
+    if not config.getoption("loadgroup", False):
+        return
+    for item in items:
+        names = groups_of(item)
+        ident = getattr(item, "_id", None)
+        if not names or ident is None:  # no group, or a pytest whose ids xdist writes itself
+            continue
+        suffix = "@" + "_".join(names)
+        if item.nodeid.endswith(suffix):
+            continue
+        grouped = dataclasses.replace(ident)  # the same path, names and params...
+        object.__setattr__(grouped, "_str_cache", f"{item.nodeid}{suffix}")  # ...shown with the suffix
+        item._id = grouped
+
+
+def worker_of() -> str:
+    """The xdist worker running this test (``gw0``...), or ``main`` without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
