@@ -20,7 +20,7 @@ from tests.engines.fixtures import (  # noqa: F401 - session engines for every t
     slurm_cluster,
     slurm_time_limited_run,
 )
-from tests.infra.groups import write_group_suffixes
+from tests.infra.groups import GroupSuffixes
 from tests.infra.provision import Servers, provision_servers, with_database
 from tests.infra.reports import pytest_runtest_makereport  # noqa: F401 - a hook for the whole suite
 
@@ -64,9 +64,10 @@ def pytest_configure(config):
     for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, handler)
+    config.pluginmanager.register(GroupSuffixes(), "irisfed-group-suffixes")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into node ids
+@pytest.hookimpl(tryfirst=True)  # the groups marked before xdist's own hook reads them
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = engine_group(item)
@@ -78,7 +79,6 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in LAYERS:
             item.add_marker(folder)
-    write_group_suffixes(config, items)
 
 
 @pytest.fixture(scope="session")

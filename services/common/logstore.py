@@ -65,8 +65,9 @@ async def ensure_log_streams(nc: Client, prefix: str, peers: Iterable[str], repl
                     await js.add_stream(config)
                 except js_errors.BadRequestError as exc:
                     if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
-                        raise StoreUnavailable(f"creating log stream {name} failed: the NATS cluster has fewer than "
-                                               f"{replicas} nodes ready for its replicas yet") from exc
+                        raise StoreUnavailable(f"creating log stream {name} failed: the NATS cluster does not have "
+                                               f"{replicas} nodes ready for its replicas (still starting, or "
+                                               f"fewer nodes)") from exc
                     if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
                         raise
                 continue

@@ -242,8 +242,9 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
                     await js.create_object_store(name, config=config)
                 except js_errors.BadRequestError as exc:
                     if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
-                        raise StoreUnavailable(f"creating bucket {name} failed: the NATS cluster has fewer than "
-                                               f"{replicas} nodes ready for its replicas yet") from exc
+                        raise StoreUnavailable(f"creating bucket {name} failed: the NATS cluster does not have "
+                                               f"{replicas} nodes ready for its replicas (still starting, or "
+                                               f"fewer nodes)") from exc
                     if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
                         raise
                 continue

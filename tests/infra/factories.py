@@ -32,7 +32,9 @@ def make_config(**overrides) -> FederationConfig:
 
 def make_job(disposition: str = "queue", pin: str = "", **request_fields) -> NewJob:
     """A job row as the router would build it (default: an unpinned queued job)."""
-    body = {"command": ["true"], "job_id": f"job-{next(_ids)}", **request_fields}
+    # Zero-padded: jobs stored in one transaction share a submit time and tie on the id's
+    # text order, which is then their creation order ("job-10" < "job-9" would not be).
+    body = {"command": ["true"], "job_id": f"job-{next(_ids):06d}", **request_fields}
     request = msgspec.convert(body, SubmitRequest)
     plan = SubmitPlan(SubmitDisposition(disposition), pinned_peer_id=pin, reason="test")
     job, _ = plan_new_job(request, route(plan, "home", None), body["job_id"])

@@ -7,15 +7,16 @@ xdist 3.8's worker writes to ``item._nodeid``. pytest 9.2 keeps a node's id in
 ``item._id`` (a ``NodeId``), so that suffix never shows and every group is silently
 spread over the workers: each then started its own Ray cluster, four at once on two
 cores, and Ray's 30 s raylet registration timed out. ``write_group_suffixes`` writes
-the suffix where this pytest reads it (an id already carrying it is left alone, so an
-xdist that does it right makes this a no-op); ``worker_of`` lets a test check it."""
+the suffix where this pytest reads it, last of the collection hooks (an id already
+carrying it is left alone, so an xdist that does it right makes this a no-op);
+``worker_of`` lets a test check it."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
+from _pytest.nodeid import NodeId
 
 
 def groups_of(item: pytest.Item) -> list[str]:
@@ -37,11 +38,19 @@ def write_group_suffixes(config: pytest.Config, items: list[pytest.Item]) -> Non
         suffix = "@" + "_".join(names)
         if item.nodeid.endswith(suffix):
             continue
-        grouped = dataclasses.replace(ident)  # the same path, names and params...
-        object.__setattr__(grouped, "_str_cache", f"{item.nodeid}{suffix}")  # ...shown with the suffix
-        item._id = grouped
+        # Parsed from the suffixed text, as the controller parses a report's id: the ids
+        # then compare equal on both sides (``--lf`` finds a grouped test it recorded).
+        item._id = NodeId.parse(f"{item.nodeid}{suffix}")
 
 
 def worker_of() -> str:
     """The xdist worker running this test (``gw0``...), or ``main`` without xdist."""
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+class GroupSuffixes:
+    """``write_group_suffixes`` as the last collection hook (tests/conftest.py registers it)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        write_group_suffixes(config, items)

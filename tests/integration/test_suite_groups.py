@@ -13,7 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 INNER_CONFTEST = '''
 import pytest
 
-from tests.infra.groups import write_group_suffixes
+from tests.infra.groups import GroupSuffixes
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(GroupSuffixes(), "irisfed-group-suffixes")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -21,7 +25,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.name.startswith("test_engine_"):
             item.add_marker(pytest.mark.xdist_group("engine"))
-    write_group_suffixes(config, items)
 '''
 
 INNER_TESTS = '''
@@ -66,3 +69,37 @@ def test_a_groups_tests_all_run_on_one_worker_and_the_others_spread(tmp_path):
     engine = {workers[f"engine-{i}"] for i in range(6)}
     assert len(engine) == 1 and engine <= {"gw0", "gw1"}, workers
     assert "@engine" in done.stdout  # the scheduler saw the group in the node ids
+
+
+FAILING_TESTS = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_engine_(i):
+    assert i != 1, "the one failure"
+
+
+def test_free():
+    pass
+"""
+
+
+def test_last_failed_reruns_a_grouped_test_it_recorded(tmp_path):
+    (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
+    (tmp_path / "test_inner.py").write_text(FAILING_TESTS)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+
+    def run(*options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-c", os.devnull,
+             "--rootdir", str(tmp_path), "-o", f"cache_dir={tmp_path / 'cache'}",
+             "--basetemp", str(tmp_path / "inner-tmp"), *options, str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    first = run()
+    assert "1 failed, 3 passed" in first.stdout, first.stdout + first.stderr
+    again = run("--lf")  # only the recorded failure runs: not the whole file again
+    assert again.stdout.splitlines()[-1].startswith("1 failed in"), again.stdout
+    assert "test_engine_[1]@engine" in again.stdout, again.stdout
+

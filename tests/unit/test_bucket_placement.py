@@ -54,5 +54,5 @@ async def test_too_few_nodes_ready_is_the_store_starting_and_is_tried_again(only
 
 @pytest.mark.parametrize("only", ["", "logs"], ids=["buckets", "log-streams"])
 async def test_too_few_nodes_ready_without_waiting_says_so(only):
-    with pytest.raises(StoreUnavailable, match="fewer than 3 nodes ready"):
+    with pytest.raises(StoreUnavailable, match="does not have 3 nodes ready"):
         await ensure_buckets(_Cluster(refusals=1, only=only), "t", replicas=3, peers=["gpu-west"], wait_s=0)

@@ -486,9 +486,11 @@ def start_ray(
             return _start_ray_once(folder if attempt == 1 else folder / f"attempt-{attempt}", num_cpus=num_cpus,
                                    resources=resources, job_start_timeout_s=job_start_timeout_s, timeout=timeout,
                                    workers=workers)
-        except _HeadExited:
+        except _HeadExited as exc:
             if attempt == HEAD_START_ATTEMPTS:
                 raise
+            print(f"ray head start {attempt} of {HEAD_START_ATTEMPTS} failed; starting it again: "
+                  f"{str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")
 
 
@@ -538,9 +540,9 @@ def _start_ray_once(folder: Path, *, num_cpus: int, resources: dict[str, float],
         return head
     except BaseException as exc:
         exited = not process.running()
+        logs = [folder / "ray-head.log", *(worker.process.log_path for worker in head.workers)]  # stop() forgets them
         head.stop()
         if isinstance(exc, EngineError):
-            logs = [folder / "ray-head.log", *(worker.process.log_path for worker in head.workers)]
             raise (_HeadExited if exited else EngineError)(
                 f"{exc}\n" + "\n".join(log_tail(log) for log in logs)) from None
         raise
