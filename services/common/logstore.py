@@ -24,14 +24,13 @@ from nats.js import api
 from nats.js import errors as js_errors
 
 from irisfed.services.common.objects import (
-    _NO_PEERS_FOR_PLACEMENT,
-    _STREAM_NAME_IN_USE,
     MAX_REPLICAS,
     NATS_AWAY,
     ObjectStoreError,
     StoreMissing,
     StoreUnavailable,
     bucket,
+    creation_refused,
 )
 from irisfed.shared.logs import END_HEADER, OFFSET_HEADER, Piece, peer_logs_subjects
 from irisfed.shared.users import DEFAULT_USER
@@ -64,12 +63,7 @@ async def ensure_log_streams(nc: Client, prefix: str, peers: Iterable[str], repl
                 try:
                     await js.add_stream(config)
                 except js_errors.BadRequestError as exc:
-                    if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
-                        raise StoreUnavailable(f"creating log stream {name} failed: the NATS cluster does not have "
-                                               f"{replicas} nodes ready for its replicas (still starting, or "
-                                               f"fewer nodes)") from exc
-                    if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
-                        raise
+                    creation_refused(exc, f"log stream {name}", replicas)
                 continue
             if info.config.max_age != float(ttl_s):
                 info.config.max_age = float(ttl_s)

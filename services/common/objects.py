@@ -198,6 +198,18 @@ def _boundary(what: str, bucket_name: str):
         raise ObjectStoreError(f"{what} failed in the object store (bucket {bucket_name}): {exc}") from exc
 
 
+def creation_refused(exc: js_errors.BadRequestError, what: str, replicas: int) -> None:
+    """JetStream refused to create ``what`` (a bucket or a stream): return when a
+    concurrent call created it first; StoreUnavailable when the cluster does not have
+    the nodes for its replicas yet (one just started has not all of them current); else
+    ``exc`` again."""
+    if exc.err_code == _NO_PEERS_FOR_PLACEMENT:
+        raise StoreUnavailable(f"creating {what} failed: the NATS cluster does not have {replicas} nodes ready "
+                               f"for its replicas (still starting, or fewer nodes)") from exc
+    if exc.err_code != _STREAM_NAME_IN_USE:
+        raise exc
+
+
 async def ensure_buckets(nc: Client, prefix: str = "irisfed", replicas: int = 1,
                          output_ttl_s: float = 7 * 86400, users: Iterable[str] = (),
                          wait_s: float = 0.0, peers: Iterable[str] = (), log_ttl_s: float = 7 * 86400) -> None:
@@ -241,12 +253,7 @@ async def _ensure_buckets(nc: Client, prefix: str, replicas: int, output_ttl_s: 
                 try:
                     await js.create_object_store(name, config=config)
                 except js_errors.BadRequestError as exc:
-                    if exc.err_code == _NO_PEERS_FOR_PLACEMENT:  # a cluster just started: its nodes not all current
-                        raise StoreUnavailable(f"creating bucket {name} failed: the NATS cluster does not have "
-                                               f"{replicas} nodes ready for its replicas (still starting, or "
-                                               f"fewer nodes)") from exc
-                    if exc.err_code != _STREAM_NAME_IN_USE:  # else a concurrent call created it first
-                        raise
+                    creation_refused(exc, f"bucket {name}", replicas)
                 continue
             if ttl is not None and info.config.max_age != ttl:
                 info.config.max_age = ttl
