@@ -220,14 +220,18 @@ async def test_an_interactive_job_preempts_one_batch_job_which_runs_again_once(f
 
 async def test_a_preempted_run_that_exits_0_when_killed_is_never_reported(federation, tmp_path):
     """Invariant 11's fencing: the victim's first run traps the kill and exits 0 (a
-    success, were it reported); nothing of its epoch 1 is ever written as an end."""
+    success, were it reported); nothing of its epoch 1 is ever written as an end.
+
+    The urgent job holds the slot until the note is read: the victim's next start on
+    gpu-west (in that slot) begins a new sync of the job, which clears the note."""
     runs = await start_gpu_west(federation, tmp_path)
     pids = await submit_batch(federation, runs, ["batch-0", "batch-1"], exit_on_term=True)
+    urgent_release = tmp_path / "urgent-release"
     try:
-        await federation.submit({"job_id": "urgent", "command": runs.quick(), "constraints": GPU})
+        await federation.submit({"job_id": "urgent", "command": runs.batch(release=urgent_release),
+                                 "constraints": GPU})
         victim = await wait_preemption(federation, "urgent")
         await wait_for(lambda: returns(not alive(pids[victim])), f"{victim}'s run to end")
-        await succeeded_once(federation, "urgent")
 
         async def recorded():
             rows = await federation.store.sync_state_get(victim)
@@ -235,6 +239,8 @@ async def test_a_preempted_run_that_exits_0_when_killed_is_never_reported(federa
             return next((n for n in notes if "stale copy killed" in n), None)
         note = await wait_for(recorded, "gpu-west to record that it killed its stale copy")
         assert "epoch 1" in note, note
+        urgent_release.touch()
+        await succeeded_once(federation, "urgent")
 
         runs.release.touch()
         for job_id in ("batch-0", "batch-1"):

@@ -7,11 +7,13 @@ listed and never killed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,36 @@ async def test_an_agent_killed_between_marking_and_learning_the_pid_still_finds_
     assert await backend.list_runs() == [LiveRun("job", 4, str(process.pid))]
     assert await backend.kill_run(LiveRun("job", 4, str(process.pid)))
     await wait_for(lambda: returns(process.poll() is not None), "the run to die")
+
+
+async def test_a_launch_cancelled_after_its_process_started_leaves_nothing_running(tmp_path, launched):
+    """Its agent stopping while a run starts (the process exists, its record is being
+    written): the caller never gets the run, so the backend ends its whole group, writes
+    no exit code (the next agent hands the job back) and leaves no live record."""
+    backend = SubprocessBackend(tmp_path)
+    gate = threading.Event()
+    record_started = backend._record_started
+
+    def held(run_dir, record):
+        gate.wait(timeout=60)
+        record_started(run_dir, record)
+    backend._record_started = held
+    background = tmp_path / "background"
+    launch = asyncio.create_task(backend.launch(RunSpec(
+        "cut", 1, ["sh", "-c", f"sleep 300 & echo $! > {background}; wait"])))
+
+    async def started():
+        return next((r.pid for r in backend._active.values() if r.pid), None)
+    pid = await wait_for(started, "the run's process to start")
+    launched.append(pid)
+    child = int(await wait_for(lambda: returns(background.exists() and background.read_text().strip()),
+                               "the run's background child"))
+    launch.cancel()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await launch
+    await wait_for(lambda: returns(not alive(pid) and not alive(child)), "the run's process group to end")
+    assert (tmp_path / "cut" / "epoch-1" / "exit").read_text() == "stopped with its agent before it was handed over\n"
+    later = SubprocessBackend(tmp_path)
+    assert await later.list_runs() == []
+    assert await later.adopt(LiveRun("cut", 1, str(pid))) is None  # no exit code: handed back

@@ -447,7 +447,8 @@ class SubprocessBackend:
             stat = _proc_stat(process.pid)  # our unreaped child: readable even if it ended
             record = replace(record, pid=process.pid, start_ticks=stat[1] if stat else 0)
             self._active[record.key] = record
-            await asyncio.to_thread(self._record_started, run_dir, record)
+            written = asyncio.ensure_future(asyncio.to_thread(self._record_started, run_dir, record))
+            await asyncio.shield(written)
         except OSError as exc:
             # A run we cannot find again could outlive us unseen: never leave it running.
             with contextlib.suppress(ProcessLookupError):
@@ -455,6 +456,15 @@ class SubprocessBackend:
             await process.wait()
             self.mark_ended(record, "killed: its record could not be written")
             raise LaunchError(f"cannot record the run of {spec.command[0]!r}: {exc.strerror or exc}") from exc
+        except asyncio.CancelledError:
+            # Our caller went away (its agent stopping) before the run was handed over:
+            # nobody would ever stop it. It goes as its agent's other runs go, and its
+            # next start hands the job back (no exit code recorded).
+            _kill_group(process.pid)
+            with contextlib.suppress(Exception):
+                await written  # the record's files, so that its end is written after them
+            self.mark_ended(record, "stopped with its agent before it was handed over")
+            raise
         return _ProcessRun(process, run_dir, self, record)
 
     # ------------------------------------------------------------ runs left behind
