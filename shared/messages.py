@@ -463,21 +463,32 @@ class JobEvent(Struct, frozen=True):
 class FetchRequest(Struct, frozen=True):
     """``<prefix>.fetch.<peer_id>`` (only that peer's agent may publish it; its reply
     subject an inbox of that agent's): send me the workspace of job_id, which is
-    assigned to that peer under ``epoch``. The router answers on the reply subject with
-    the workspace's bytes, one message per chunk (header ``FETCH_PART: chunk``), then
-    one ``FETCH_PART: end`` message: a FetchEnd, or an ErrorReply. The bytes are the
-    reader's to verify against the digest the end names."""
+    assigned to that peer under ``epoch``, from stream sequence ``from_seq`` on (0: from
+    its start). The router checks, then has the object store send a window of the
+    workspace's chunks straight to the reply subject (a batched direct get: each chunk
+    a message with header ``Nats-Sequence``, the window ended by a status 204 message
+    whose ``Nats-Last-Sequence`` is where to go on from and ``Nats-Num-Pending`` how many
+    chunks remain, or by a status 404: none left), and sends one ``FETCH_PART: end``
+    message of its own: a FetchEnd, or an ErrorReply (then no window comes). The two
+    may arrive in either order. The bytes are the reader's to verify against the digest
+    the end names; it asks again with ``from_seq`` for the next window."""
 
     job_id: str
     epoch: int
+    from_seq: int = 0
 
 
 class FetchEnd(Struct, frozen=True):
-    """The last message of a fetch: every chunk of workspace ``digest`` was sent."""
+    """The router's answer to a FetchRequest: a window of workspace ``digest``'s chunks
+    is on its way; the workspace is ``size`` bytes, and ``sha256`` is the object
+    store's own record of its chunks' SHA-256 (``SHA-256=<base64url>``; "" when none):
+    bytes that match it but not the digest are what the store holds, not a transfer's
+    garbling."""
 
     job_id: str
     digest: str
     size: int
+    sha256: str = ""
 
 
 FETCH_PART = "Irisfed-Part"  # header of every message answering a FetchRequest: "chunk" or "end"

@@ -7,7 +7,7 @@ Roles and what they may do (``P`` is the subject prefix):
 | producer (the user ``default``) | P.submit, P.cancel, P.read.* (its own jobs' logs), own objects | _INBOX_producer.> (its replies), P.uevents.default.> (its jobs' events) |
 | user-U (each configured user U) | P.submit.U, P.cancel.U, P.read.*.U, own objects | _INBOX_user-U.> (its replies), P.uevents.U.> (its jobs' events) |
 | operator | P.submit, P.cancel, P.operator.cancel, P.operator.read.*, P.tick.ping, all objects, log reads | P.events.*, P.uevents.>, P.heartbeat.*, _INBOX_operator.> |
-| router | P.assign.*, P.cancel.*, P.events.*, P.uevents.>, P.tick.wake, workspace and log reads, _INBOX_agent-*.> (workspaces sent), replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.fetch.*, P.read.>, P.operator.read.*, _INBOX_router.> |
+| router | P.assign.*, P.cancel.*, P.events.*, P.uevents.>, P.tick.wake, workspace and log reads, _INBOX_agent-*.> (a fetch's end), replies | P.submit(.*), P.cancel(.*), P.operator.cancel, P.heartbeat.*, P.fetch.*, P.read.>, P.operator.read.*, _INBOX_router.> |
 | tick | P.assign.*, P.cancel.* (preemption kills), P.events.*, P.uevents.>, replies | P.heartbeat.*, P.tick.wake, P.tick.ping |
 | agent-X | P.heartbeat.X, P.events.*, P.uevents.>, P.fetch.X, outputs at X (write), P.logs.X.> and X's log stream (read, purge) | P.assign.X, P.cancel.X, _INBOX_agent-X.> |
 
@@ -16,8 +16,8 @@ else of JetStream. Each user has its own workspaces bucket and, at each peer, a 
 of its outputs from there; "own objects" is writing its workspaces and reading them
 and its outputs, no other user's. An agent reads no workspace bucket: it asks on
 ``P.fetch.X`` (which only agent X may publish) and the router, for a job assigned to
-X only, sends the bytes to agent X's inbox (which only the router and X's own replies
-reach). It writes outputs only at its peer, where readers look only for runs Postgres
+X only, has the store send the bytes to agent X's inbox (which only the router, the
+store's answers to the router's requests and X's own replies reach). It writes outputs only at its peer, where readers look only for runs Postgres
 says that peer owned (docs/decisions.md, "The object store's rights").
 | web | P.operator.cancel (an operator's cancel), P.operator.read.*, log reads | P.events.*, P.uevents.>, P.heartbeat.*, _INBOX_web.> |
 | admin | everything | everything |

@@ -30,7 +30,8 @@ import json
 import os
 import re
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.client import Client
@@ -46,6 +47,11 @@ OUTPUTS = "irisfed-outputs"
 KINDS = ("workspaces", "outputs", "logs")  # logs: a peer's log stream (logstore.py), named alike
 MAX_REPLICAS = 3
 CHUNKS_PER_GET = 32  # chunks a read asks for at once (nats-py's chunks are 128 KiB: 4 MiB)
+# What ``send_chunks`` asks the store to send at once: bounded by bytes (the reader asks
+# for the next window only when one ended, so a reader never has more than this on its
+# way), and by count only as the server requires a batch size.
+WINDOW_BYTES = 8 * 1024 * 1024
+WINDOW_CHUNKS_MAX = 10_000
 MIN_RATE = 1024 * 1024  # bytes/s a put is given beyond timeout_s: 1 MiB/s, a slow link's worst
 _STREAM_NOT_FOUND, _STREAM_NAME_IN_USE = 10059, 10058  # JetStream error codes
 _NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: no suitable peers for placement (too few nodes current)
@@ -54,6 +60,18 @@ _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
 _USER = re.compile(USER_ID_PATTERN)
 _PEER = re.compile(PEER_ID_PATTERN)
+
+
+@dataclass(frozen=True)
+class ChunkSource:
+    """Where a stored object's chunks are: its bucket's stream and chunk subject, its
+    recorded size and the store's own record of their SHA-256 (``SHA-256=<base64url>``,
+    or "" when it has none)."""
+
+    stream: str
+    subject: str
+    size: int
+    sha256: str
 
 
 class ObjectStoreError(Exception):
@@ -160,7 +178,7 @@ class _Bounded(io.RawIOBase):
         return n or 0
 
 
-def _store_digest(raw_sha256: bytes) -> str:
+def store_digest(raw_sha256: bytes) -> str:
     """How JetStream's object store records an object's SHA-256 (``ObjectInfo.digest``)."""
     return "SHA-256=" + base64.urlsafe_b64encode(raw_sha256).decode()
 
@@ -305,11 +323,10 @@ class ObjectStore:
     async def _get(self, kind: str, what: str, object_name: str, max_bytes: int | None = None) -> bytes:
         return (await self._get_hashed(kind, what, object_name, max_bytes))[0]
 
-    async def _get_hashed(self, kind: str, what: str, object_name: str, max_bytes: int | None = None,
-                          each: Callable[[bytes], Awaitable[None]] | None = None) -> tuple[bytes, bytes]:
-        """An object's bytes and their SHA-256 (hashed chunk by chunk as they arrive; with
-        ``each``, every chunk handed to it as it comes and no bytes kept: the bytes
-        returned are then empty), read chunk by chunk from its own stream: never through a link
+    async def _get_hashed(self, kind: str, what: str, object_name: str,
+                          max_bytes: int | None = None) -> tuple[bytes, bytes]:
+        """An object's bytes and their SHA-256 (hashed chunk by chunk as they arrive),
+        read chunk by chunk from its own stream: never through a link
         (an object pointing elsewhere is refused: a bucket's writer could aim it at a
         bucket only the reader may read), never more than its recorded size or
         ``max_bytes`` (refused before anything is read, or as soon as more arrives). Each
@@ -318,15 +335,10 @@ class ObjectStore:
         chunks that end before the recorded size are a DigestMismatch at once. No
         consumer is made: readers need no right to create one (a consumer delivers to
         any subject its creator names, docs/decisions.md "The object store's rights")."""
-        store = await self._store(kind)
         name = self._names[kind]
+        info = await self._info(kind, what, object_name, max_bytes)
         with _boundary(what, name):
-            info = await asyncio.wait_for(store.get_info(object_name), self._timeout_s)
-            if info.is_link():
-                raise ObjectMissing(f"{what} failed: the object is a link to another bucket, which is refused")
             size = info.size or 0
-            if max_bytes is not None and size > max_bytes:
-                raise ObjectTooLarge(f"{what} failed: it holds {size:,} bytes, over the {max_bytes:,} allowed")
             if size == 0:
                 return b"", hashlib.sha256(b"").digest()
             sink = io.BytesIO()
@@ -338,18 +350,26 @@ class ObjectStore:
                                          f"{size:,} bytes recorded")
                 got += len(data)
                 sha.update(data)
-                if each is None:
-                    sink.write(data)
-                else:
-                    await each(data)
+                sink.write(data)
                 if got == size:
                     break
             if got < size:
                 raise DigestMismatch(f"{what} failed: the stored chunks end at {got:,} of the "
                                      f"{size:,} bytes recorded")
-            if info.digest and info.digest != _store_digest(sha.digest()):
+            if info.digest and info.digest != store_digest(sha.digest()):
                 raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
             return sink.getvalue(), sha.digest()
+
+    async def _info(self, kind: str, what: str, object_name: str, max_bytes: int | None):
+        """An object's info, refused as ``_get_hashed`` says (a link; over ``max_bytes``)."""
+        store = await self._store(kind)
+        with _boundary(what, self._names[kind]):
+            info = await asyncio.wait_for(store.get_info(object_name), self._timeout_s)
+        if info.is_link():
+            raise ObjectMissing(f"{what} failed: the object is a link to another bucket, which is refused")
+        if max_bytes is not None and (info.size or 0) > max_bytes:
+            raise ObjectTooLarge(f"{what} failed: it holds {info.size:,} bytes, over the {max_bytes:,} allowed")
+        return info
 
     async def _chunks(self, stream: str, subject: str) -> AsyncIterator[bytes]:
         """The messages on ``subject`` of ``stream`` in order, CHUNKS_PER_GET at a time: a
@@ -394,7 +414,7 @@ class ObjectStore:
                                     lambda store: store.get_info(workspace_object(digest)))
         except ObjectMissing:
             info = None
-        if info is not None and info.size == len(data) and info.digest == _store_digest(raw):
+        if info is not None and info.size == len(data) and info.digest == store_digest(raw):
             return digest, len(data), False
         await self._call("workspaces", f"storing workspace {digest}",
                          lambda store: store.put(workspace_object(digest), data), len(data))
@@ -410,14 +430,11 @@ class ObjectStore:
             return None
         return None if info.is_link() else info.size
 
-    async def get_workspace(self, digest: str, max_bytes: int | None = None,
-                            each: Callable[[bytes], Awaitable[None]] | None = None) -> bytes:
-        """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it;
-        with ``each``, each chunk handed to it as it comes (``b""`` returned): a relay
-        keeps no copy, and raises once the bytes turn out not to be the digest's."""
+    async def get_workspace(self, digest: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of workspace ``digest`` (at most ``max_bytes``), verified against it."""
         what = f"fetching workspace {digest}"
         try:
-            data, raw = await self._get_hashed("workspaces", what, workspace_object(digest), max_bytes, each)
+            data, raw = await self._get_hashed("workspaces", what, workspace_object(digest), max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
         except DigestMismatch:
@@ -427,6 +444,31 @@ class ObjectStore:
         if actual != digest:
             raise DigestMismatch(f"the object stored as workspace {digest} holds other bytes ({actual})")
         return data
+
+    async def workspace_source(self, digest: str, max_bytes: int | None = None) -> ChunkSource:
+        """Where the chunks of workspace ``digest`` are (refused as ``get_workspace``
+        refuses before reading: not stored, a link, over ``max_bytes``), for
+        ``send_chunks``."""
+        name = self._names["workspaces"]
+        try:
+            info = await self._info("workspaces", f"fetching workspace {digest}", workspace_object(digest), max_bytes)
+        except ObjectMissing:
+            raise ObjectMissing(f"workspace {digest} is not in the object store") from None
+        return ChunkSource(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}", info.size or 0, info.digest or "")
+
+    async def send_chunks(self, source: ChunkSource, reply: str, from_seq: int = 1,
+                          window_bytes: int = WINDOW_BYTES) -> None:
+        """Have the store send ``source``'s chunks from stream sequence ``from_seq`` on,
+        at most ``window_bytes`` of them (one chunk at least), straight to ``reply``: a
+        batched direct get answered there, each chunk a message with its
+        ``Nats-Sequence``, then a status message: 204 (the window's end; its
+        ``Nats-Num-Pending`` says how many chunks remain, ``Nats-Last-Sequence`` where it
+        stopped) or 404 (no chunk at or after ``from_seq``). The bytes never pass through
+        this client; the reader verifies them."""
+        request = json.dumps({"seq": max(1, from_seq), "next_by_subj": source.subject, "batch": WINDOW_CHUNKS_MAX,
+                              "max_bytes": window_bytes}).encode()
+        with _boundary(f"sending {source.subject}", source.stream.removeprefix("OBJ_")):
+            await self._nc.publish(f"$JS.API.DIRECT.GET.{source.stream}", request, reply=reply)
 
     async def delete_workspace(self, digest: str) -> bool:
         """Remove workspace ``digest``; False if it was not there."""

@@ -64,12 +64,13 @@ class RunFiles:
         self._object_stores: dict[str, ObjectStore] = {}  # per user: each has its own buckets
 
     async def fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None,
-                              sink: Callable[[bytes], None]) -> None:
-        """Workspace ``digest`` for run ``job``, chunk by chunk into ``sink``: sent by the
-        router (only for a job assigned here: this agent may read no workspace bucket)."""
+                              sink: Callable[[bytes], None]) -> str:
+        """Workspace ``digest`` for run ``job``, chunk by chunk into ``sink``: sent on the
+        router's word (only for a job assigned here: this agent may read no workspace
+        bucket); the store's record of the chunks' SHA-256."""
         if job is None:
             raise ObjectMissing(f"workspace {digest}: no run to fetch it for")
-        await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
+        return await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
                                    self.max_workspace_bytes, sink)
 
     async def remove_copies(self, run: Run, backend: Backend | None) -> None:

@@ -1,5 +1,5 @@
 """A peer's workspaces (docs/design.md §3.5): fetched once per user and digest (sent by
-the router, which reads the user's bucket for a job assigned here: agents read no
+the object store on the router's word, for a job assigned here: agents read no
 workspace bucket), verified, unpacked into a bounded on-disk cache, copied fresh for
 each run.
 
@@ -14,13 +14,14 @@ folder, removed at the next start, and never runs it. Trees are evicted least re
 bytes pass ``max_bytes``, never while a run holds one (``acquire``/``release``).
 
 What fails, and how the job ends (``WorkspaceUnusable`` carries the reason):
-- the archive refused (``WorkspaceRefused``), a stored copy the router found corrupt,
-  or a workspace no longer in the store: the job fails, not retried — retrying would
-  not make the bytes good;
+- the archive refused (``WorkspaceRefused``), an object that holds other bytes than
+  its digest (they match the store's own record of them), over the cap, or a
+  workspace no longer in the store: the job fails, not retried — retrying would not
+  make the bytes good;
 - the store unreachable for now (``StoreUnavailable``/``StoreMissing``), or bytes that
-  arrived but are not the digest's (garbled or lost on the way: the router verified
-  its copy as it read it): a launch error like any other, so the job is handed back
-  while retries remain.
+  arrived but match neither the digest nor the store's record (garbled on the way, or
+  chunks damaged in the store: the agent cannot tell which): a launch error like any
+  other, so the job is handed back while retries remain.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ from irisfed.services.common.objects import (
     ObjectMissing,
     ObjectTooLarge,
     StoreUnavailable,
+    store_digest,
 )
 from irisfed.shared.errors import ErrorCode
-from irisfed.shared.messages import FETCH_PART, FetchRequest, encoder
+from irisfed.shared.messages import FETCH_PART, FetchEnd, FetchRequest, encoder
 from irisfed.shared.users import DEFAULT_USER, USER_ID_PATTERN
 from irisfed.shared.workspace import DIGEST_RE, WorkspaceRefused, unpack_stream
 
@@ -64,7 +66,9 @@ DEFAULT_CACHE_MB = 4096
 
 
 Sink = Callable[[bytes], None]  # takes a fetch's chunks in order
-Fetch = Callable[[str, str, Job | None, Sink], Awaitable[None]]
+# A fetch: (digest, user, job, sink) → the store's own record of the chunks' SHA-256
+# (``SHA-256=<base64url>``; None or "" when it has none).
+Fetch = Callable[[str, str, Job | None, Sink], Awaitable[str | None]]
 
 
 class WorkspaceUnusable(Exception):
@@ -88,6 +92,7 @@ class _Feed:
         self._ended = False
         self.sha = hashlib.sha256()
         self.size = 0
+        self.stored: str | None = None  # the store's record of the bytes' SHA-256, once the fetch ended
 
     def put(self, chunk: bytes) -> None:
         self._chunks.put(chunk)
@@ -223,7 +228,7 @@ class WorkspaceCache:
         feed = _Feed()
         unpacking = asyncio.ensure_future(asyncio.to_thread(self._unpack, feed, path, digest))
         try:
-            await self.fetch(digest, user, job, feed.put)
+            feed.stored = await self.fetch(digest, user, job, feed.put)
         except BaseException as exc:
             feed.end(ok=False)  # the thread stops and drops its partial folder
             unpacking.add_done_callback(_ignore_result)
@@ -249,9 +254,14 @@ class WorkspaceCache:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
         def check() -> None:
-            if f"sha256:{feed.sha.hexdigest()}" != digest:
-                raise StoreUnavailable(f"fetching workspace {digest}: the {feed.size:,} bytes that came are "
-                                       f"not the workspace")
+            actual = feed.sha.digest()
+            if f"sha256:{actual.hex()}" == digest:
+                return
+            if feed.stored and feed.stored == store_digest(actual):  # what the store holds: for good
+                raise WorkspaceRefused(f"the object stored as workspace {digest} holds other bytes "
+                                       f"(sha256:{actual.hex()})")
+            raise StoreUnavailable(f"fetching workspace {digest}: the {feed.size:,} bytes that came are "
+                                   f"not the workspace")
         try:
             stats = unpack_stream(feed, path, check=check, max_files=self.max_files,
                                   max_bytes=self.max_unpacked_bytes)
@@ -290,46 +300,78 @@ def _ignore_result(future: asyncio.Future) -> None:
         future.exception()  # the failed fetch's error is the one raised
 
 
-FETCH_IDLE_S = 30.0  # how long a fetch waits for the router's next message before giving up
+FETCH_IDLE_S = 30.0  # how long a fetch waits for the next message before giving up
+_STATUS, _LAST_SEQUENCE, _NUM_PENDING = "Status", "Nats-Last-Sequence", "Nats-Num-Pending"
 
 
 async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_bytes: int, sink: Sink,
-                               idle_s: float = FETCH_IDLE_S) -> int:
+                               idle_s: float = FETCH_IDLE_S) -> str:
     """Workspace ``digest`` of ``job`` (its id and epoch), asked of the router on
-    ``subject`` (``P.fetch.<peer>``) and received on an inbox of our own, chunk by chunk
-    (docs/design.md §3.5), each handed to ``sink`` as it comes; the bytes received, once
-    the router's end names ``digest`` and that many bytes (the caller checks they are
-    the digest's, as it reads them). The router's refusals: ObjectMissing (the workspace
-    is gone from the store), DigestMismatch (corrupt there, over the cap, or bytes that
-    are not the digest's), StoreUnavailable (no router answered within ``idle_s``, a
-    message lost, the job not this peer's now, or the router busy: retried as a launch
-    error)."""
+    ``subject`` (``P.fetch.<peer>``) window by window, received on an inbox of our own
+    (docs/design.md §3.5; the messages: ``FetchRequest``), each chunk handed to ``sink``
+    as it comes; returns the store's own record of the chunks' SHA-256 once every byte
+    the router's end names came (the caller checks they are the digest's, as it reads
+    them). The router's refusals: ObjectMissing (the workspace is gone from the
+    store), DigestMismatch (over the cap, or more chunks than the workspace's size),
+    StoreUnavailable (nothing came within ``idle_s``, chunks missing, the job not this
+    peer's now, or the router busy: retried as a launch error)."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, pending_bytes_limit=max_bytes + 4 * 2**20)
+    size = 0
     try:
-        await nc.publish(subject, encoder.encode(FetchRequest(job[0], job[1])), reply=inbox)
-        size = 0
+        from_seq = 0
         while True:
-            try:
-                msg = await sub.next_msg(timeout=idle_s)
-            except nats.errors.TimeoutError:
-                raise StoreUnavailable(f"fetching workspace {digest}: the router sent nothing for "
-                                       f"{idle_s:g} s") from None
-            if (msg.headers or {}).get(FETCH_PART) == "chunk":
-                size += len(msg.data)
-                if size > max_bytes:
-                    raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
-                sink(msg.data)
-                continue
-            return _fetched(msg.data, digest, size)
+            await nc.publish(subject, encoder.encode(FetchRequest(job[0], job[1], from_seq)), reply=inbox)
+            end, left, next_seq, size = await _window(sub, digest, max_bytes, size, sink, idle_s)
+            if size == end.size:
+                return end.sha256
+            if left == 0 or next_seq <= from_seq:
+                raise StoreUnavailable(f"fetching workspace {digest}: the store's chunks ended at {size:,} of "
+                                       f"{end.size:,} bytes")
+            from_seq = next_seq
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
-def _fetched(end: bytes, digest: str, size: int) -> int:
-    """``size`` once the router's end message ``end`` says it sent all ``size`` bytes of
-    ``digest``; else the error its end tells of."""
+async def _window(sub, digest: str, max_bytes: int, size: int, sink: Sink,
+                  idle_s: float) -> tuple[FetchEnd, int | None, int, int]:
+    """One window of a fetch: its chunks to ``sink`` until both the router's end and
+    the store's status came (either first), or every byte the end names. Returns the
+    end, the chunks the store says remain (None: unknown), the sequence to go on from,
+    and the bytes received so far (``size`` before)."""
+    end: FetchEnd | None = None
+    left: int | None = None
+    closed = False
+    next_seq = 0
+    while end is None or not closed and size < end.size:
+        try:
+            msg = await sub.next_msg(timeout=idle_s)
+        except nats.errors.TimeoutError:
+            raise StoreUnavailable(f"fetching workspace {digest}: nothing came for {idle_s:g} s") from None
+        headers = msg.headers or {}
+        if headers.get(FETCH_PART) == "end":
+            end = _fetched(msg.data, digest)
+        elif status := headers.get(_STATUS):
+            if status not in ("204", "404"):
+                raise StoreUnavailable(f"fetching workspace {digest}: the store answered {status} "
+                                       f"{headers.get('Description', '')}".rstrip())
+            closed = True
+            left = int(headers.get(_NUM_PENDING, 0)) if status == "204" else 0
+            next_seq = int(headers.get(_LAST_SEQUENCE, next_seq - 1)) + 1 if status == "204" else next_seq
+        else:
+            size += len(msg.data)
+            if size > max_bytes:
+                raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
+            next_seq = int(headers.get("Nats-Sequence", 0)) + 1
+            sink(msg.data)
+        if end is not None and size > end.size:
+            raise DigestMismatch(f"workspace {digest}: the store sent more than its {end.size:,} bytes")
+    return end, left, next_seq, size
+
+
+def _fetched(end: bytes, digest: str) -> FetchEnd:
+    """The router's end message ``end`` for ``digest``; else the error it tells of."""
     try:
         answer = msgspec.json.decode(end)
     except msgspec.DecodeError:
@@ -342,10 +384,10 @@ def _fetched(end: bytes, digest: str, size: int) -> int:
         if error.get("code") == ErrorCode.INVALID_REQUEST:
             raise DigestMismatch(message)
         raise StoreUnavailable(f"fetching workspace {digest}: {message}")
-    if not isinstance(answer, dict) or answer.get("digest") != digest:
+    try:
+        fetched = msgspec.convert(answer, FetchEnd)
+    except msgspec.ValidationError:
+        raise StoreUnavailable(f"fetching workspace {digest}: the router's end is not a fetch's end") from None
+    if fetched.digest != digest:
         raise StoreUnavailable(f"fetching workspace {digest}: the router answered for another workspace")
-    if answer.get("size") != size:
-        # A chunk lost on the way (the router's stored copy was verified as it was read).
-        raise StoreUnavailable(f"fetching workspace {digest}: {size:,} bytes came, not the workspace "
-                               f"({answer.get('size')!r} bytes)")
-    return size
+    return fetched

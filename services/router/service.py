@@ -21,6 +21,7 @@ then leaves that path: a task of its own reads what placing it needs from Postgr
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -154,9 +155,13 @@ class _Pending:
 # Submits naming a workspace, waiting on the object store at once, past which the next
 # is answered `unavailable` (a hung store must not hold a router's memory).
 WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
-# An agent's workspace fetches answered at once (each sends one workspace, at most
-# max_workspace_mb, chunk by chunk); past that it is told `unavailable` and retries.
+# An agent's workspace fetches answered at once (each has the store send one window of a
+# workspace); past that it is told `unavailable` and retries.
 FETCHES_PER_PEER = 16
+# A fetch's reply subject: one inbox, all of its tokens plain. The store sends the
+# workspace's chunks there on the router's word, so nothing else (a stream's subject, a
+# wildcard) may be named.
+INBOX_RE = re.compile(r"_INBOX[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)+")
 
 
 class Router(Service):
@@ -572,7 +577,7 @@ class Router(Service):
         Answered from a task of its own: the bytes take as long as they take, and hold up
         nothing else; at most FETCHES_PER_PEER at once per peer, past that `unavailable`."""
         peer_id = self.subjects.fetch_peer(msg.subject)
-        if self._forged_reply(msg) or peer_id not in self.peer_ids or not (msg.reply or "").startswith("_INBOX"):
+        if self._forged_reply(msg) or peer_id not in self.peer_ids or not INBOX_RE.fullmatch(msg.reply or ""):
             return  # the chunks go only to an inbox (with NATS users: the asking agent's own)
         tasks = self._fetches.setdefault(peer_id, set())
         if len(tasks) >= FETCHES_PER_PEER:

@@ -11,12 +11,11 @@ workspace never reach this module.
 
 Then, when the job's peer starts it, that peer's agent asks the router for the
 workspace (``WorkspaceRelay``): agents may read no workspace bucket, so the router,
-which checks the job is that peer's now, reads it and sends it on.
+which checks the job is that peer's now, has the store send it to that agent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections import OrderedDict
 
@@ -25,7 +24,7 @@ from nats.aio.client import Client
 
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.objects import (
-    DigestMismatch,
+    WINDOW_BYTES,
     ObjectMissing,
     ObjectStore,
     ObjectStoreError,
@@ -55,8 +54,7 @@ from irisfed.shared.users import STORED_JOB_ID_PATTERN
 
 REMEMBERED = 4096  # digests known stored, most recently used kept
 REMEMBERED_STORES = 256  # users whose bucket handle the relay keeps open
-MIN_MESSAGE_BYTES = 128 * 1024  # a relay message's size even under a server's tiny max_payload
-CHUNK, END = {FETCH_PART: "chunk"}, {FETCH_PART: "end"}
+END = {FETCH_PART: "end"}
 MAX_FETCH_REQUEST_BYTES = 1024  # a job id and an epoch
 STORED_JOB_ID_RE = re.compile(STORED_JOB_ID_PATTERN)
 log = EventLogger("router.workspaces")
@@ -120,46 +118,19 @@ def fetch_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
     return None
 
 
-class Gathered:
-    """Chunks gathered in order into messages of at most ``limit`` bytes (a chunk over
-    the limit alone goes as it is: the store's chunks are far smaller than a message)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.pending = bytearray()
-
-    def add(self, chunk: bytes) -> bytes | None:
-        """Take ``chunk``; the message to send first when it does not fit beside the others."""
-        full = None
-        if self.pending and len(self.pending) + len(chunk) > self.limit:
-            full = self.rest()
-        self.pending.extend(chunk)
-        return full
-
-    def rest(self) -> bytes | None:
-        """What is gathered and not sent yet (None: nothing)."""
-        if not self.pending:
-            return None
-        message = bytes(self.pending)
-        self.pending.clear()
-        return message
-
-
 class WorkspaceRelay:
-    """Sends a job's workspace to the agent of the job's peer, chunk by chunk, on the
-    inbox that agent named (docs/design.md §3.5): agents may read no workspace bucket,
-    so the router, which checks the job is that peer's now, reads it for them. Nothing
-    is kept: the chunks go out as they are read from the user's bucket (gathered into
-    messages of up to the server's ``max_payload``), so a workspace costs the router one
-    read, never a whole copy in memory; at most ``concurrency`` relays run at once, and
-    the others wait their turn."""
+    """Has the object store send a job's workspace to the agent of the job's peer, on
+    the inbox that agent named (docs/design.md §3.5): agents may read no workspace
+    bucket, so the router, which checks the job is that peer's now, asks the store to
+    send it there, a window at a time (``ObjectStore.send_chunks``: the bytes go from
+    the NATS servers to the agent and never through the router, which reads only the
+    object's info). The agent asks for each next window the same way, checked again."""
 
-    def __init__(self, nc: Client, prefix: str, db, max_bytes: int, timeout_s: float = 30.0,
-                 concurrency: int = 4) -> None:
+    def __init__(self, nc: Client, prefix: str, db, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.nc, self.prefix, self.db = nc, prefix, db
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
-        self.slots = asyncio.Semaphore(concurrency)
-        self.relays = 0  # workspaces relayed whole (tests and the bench read it)
+        self.window_bytes = WINDOW_BYTES  # what the store sends for one request
+        self.relays = 0  # windows the store was asked to send (tests and the bench read it)
         self.stores: OrderedDict[str, ObjectStore] = OrderedDict()  # per user, most recently used kept
 
     def _store(self, user: str) -> ObjectStore:
@@ -170,14 +141,17 @@ class WorkspaceRelay:
         return store
 
     async def answer(self, peer_id: str, data: bytes, reply: str) -> None:
-        """Answer ``peer_id``'s fetch request ``data`` on ``reply``: the chunks, then the
-        end (a FetchEnd, or an ErrorReply saying in one line why not)."""
+        """Answer ``peer_id``'s fetch request ``data`` on ``reply`` (an inbox: the
+        caller's check): a window of chunks from the store and, of our own, the end (a
+        FetchEnd, or an ErrorReply saying in one line why not)."""
         try:
             if len(data) > MAX_FETCH_REQUEST_BYTES:
                 raise InvalidRequest(f"fetch: the request is over {MAX_FETCH_REQUEST_BYTES} bytes")
             request = decode_internal(FetchRequest, data)
             if not STORED_JOB_ID_RE.fullmatch(request.job_id):
                 raise InvalidRequest("fetch: job_id is not a job id")
+            if request.from_seq < 0:
+                raise InvalidRequest("fetch: from_seq must be 0 or more")
             end = encoder.encode(await self.relay(peer_id, request, reply))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             end = error_reply(ErrorCode.INVALID_REQUEST, f"fetch: {exc}")
@@ -189,40 +163,31 @@ class WorkspaceRelay:
         await self.end(reply, end)
 
     async def end(self, reply: str, body: bytes) -> None:
-        """A fetch's last message (the asker times out and asks again if it is lost)."""
+        """A fetch's end message (the asker times out and asks again if it is lost)."""
         try:
             await self.nc.publish(reply, body, headers=END)
         except Exception as exc:  # noqa: BLE001 - the asker times out and asks again
             log.warning("fetch_end_not_sent", error=repr(exc))
 
     async def relay(self, peer_id: str, request: FetchRequest, reply: str) -> FetchEnd:
-        """Send the chunks to ``reply``; the end message is the caller's. Raise Forbidden
-        (not this peer's job now), NotFound (the workspace is gone from the store),
-        InvalidRequest (corrupt there, or over the cap: the chunks sent are not the
-        digest's, which the reader finds too) or Unavailable (retry later)."""
+        """Have the store send the window from ``request.from_seq`` to ``reply``; the end
+        message is the caller's. Raise Forbidden (not this peer's job now), NotFound (the
+        workspace is gone from the store), InvalidRequest (over the cap) or Unavailable
+        (retry later)."""
         row = await self.db.job_get(request.job_id)
         why = fetch_refusal(row, peer_id, request.epoch)
         if why is not None:
             raise Forbidden(f"fetch: {why}")
-        digest, size = row.spec["workspace"]["digest"], int(row.spec["workspace"].get("size", 0))
+        digest = row.spec["workspace"]["digest"]
         store = self._store(row.user_id)
-        # The store's chunks (128 KiB) go out gathered up to the server's largest message:
-        # a fraction of the messages to route, parse and wake the agent for.
-        gathered = Gathered(max(MIN_MESSAGE_BYTES, self.nc.max_payload - 4096))
-
-        async def send(chunk: bytes) -> None:
-            if (message := gathered.add(chunk)) is not None:
-                await self.nc.publish(reply, message, headers=CHUNK)
         try:
-            async with self.slots:
-                await store.get_workspace(digest, self.max_bytes, each=send)
-                if (message := gathered.rest()) is not None:
-                    await self.nc.publish(reply, message, headers=CHUNK)
+            source = await store.workspace_source(digest, self.max_bytes)
+            await store.send_chunks(source, reply, request.from_seq, self.window_bytes)
         except ObjectMissing as exc:
             raise NotFound(f"fetch: {exc}") from None
-        except (DigestMismatch, ObjectTooLarge) as exc:
+        except ObjectTooLarge as exc:
             raise InvalidRequest(f"fetch: {exc}") from None
         except ObjectStoreError as exc:
             raise Unavailable(f"fetch: {exc}") from None
         self.relays += 1
-        return FetchEnd(request.job_id, digest, size)
+        return FetchEnd(request.job_id, digest, source.size, source.sha256)

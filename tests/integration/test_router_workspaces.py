@@ -9,8 +9,19 @@ import json
 
 import pytest
 
-from irisfed.services.common.objects import ObjectStore, ensure_buckets
+from irisfed.services.common.objects import (
+    ObjectStore,
+    StoreUnavailable,
+    bucket,
+    ensure_buckets,
+    workspace_object,
+)
 from irisfed.services.common.store import Store
+from irisfed.services.peer_agent.workspaces import (
+    WorkspaceCache,
+    WorkspaceUnusable,
+    fetch_through_router,
+)
 from irisfed.shared.messages import FETCH_PART
 from irisfed.shared.workspace import digest_of
 from tests.infra.archives import archive, member
@@ -116,22 +127,27 @@ def _assigned(router: RouterThread, peer: str, **fields) -> str:
 
 
 async def _fetch_async(router: RouterThread, peer: str, job_id: str, epoch: int = 1,
-                       body: bytes | None = None, reply: str | None = None) -> tuple[bytes, dict]:
-    """What the router sends for a fetch: the chunks joined, and the end's JSON."""
+                       body: bytes | None = None, reply: str | None = None, from_seq: int = 0) -> tuple[bytes, dict]:
+    """What one fetch request brings: the store's chunks joined (one window), and the
+    router's end as JSON."""
     inbox = router.client.new_inbox()
     sub = await router.client.subscribe(inbox)
     try:
         await router.client.publish(f"{router.prefix}.fetch.{peer}",
-                                    body or json.dumps({"job_id": job_id, "epoch": epoch}).encode(),
+                                    body or json.dumps({"job_id": job_id, "epoch": epoch,
+                                                        "from_seq": from_seq}).encode(),
                                     reply=reply or inbox)
-        data = b""
-        while True:
+        data, end, closed = b"", None, False
+        while end is None or ("error" not in end and not closed):
             msg = await sub.next_msg(timeout=10)
-            if msg.headers[FETCH_PART] == "chunk":
-                data += msg.data
+            headers = msg.headers or {}
+            if headers.get(FETCH_PART) == "end":
+                end = json.loads(msg.data)
+            elif "Status" in headers:
+                closed = True
             else:
-                assert msg.headers[FETCH_PART] == "end"
-                return data, json.loads(msg.data)
+                data += msg.data
+        return data, end
     finally:
         await sub.unsubscribe()
 
@@ -154,7 +170,8 @@ def test_a_workspace_is_sent_only_to_the_peer_its_job_is_assigned_to(ws_router):
     plain = _assigned(ws_router, "gpu-west")
     assert _fetch(ws_router, "gpu-west", plain)[1]["error"]["message"] == f"fetch: job {plain} has no workspace"
     data, end = _fetch(ws_router, "gpu-west", job_id)
-    assert end == {"job_id": job_id, **workspace}
+    assert {k: end[k] for k in ("job_id", "digest", "size")} == {"job_id": job_id, **workspace}
+    assert end["sha256"].startswith("SHA-256=")  # the store's own record of the bytes
     assert data == BIG  # in several chunks, in order
     assert ws_router.router.relay.relays == 1
 
@@ -163,7 +180,9 @@ def test_bad_fetch_requests_are_refused_in_one_line(ws_router):
     _store(ws_router, DATA)
     for body, why in ((b"x" * 2000, "the request is over 1024 bytes"), (b"{", "fetch: "),
                       (json.dumps({"job_id": "../../etc", "epoch": 1}).encode(), "job_id is not a job id"),
-                      (json.dumps({"job_id": "a\u0000b", "epoch": 1}).encode(), "NUL")):
+                      (json.dumps({"job_id": "a\u0000b", "epoch": 1}).encode(), "NUL"),
+                      (json.dumps({"job_id": "job-1", "epoch": 1, "from_seq": -1}).encode(),
+                       "from_seq must be 0 or more")):
         data, end = _fetch(ws_router, "gpu-west", "-", body=body)
         assert data == b"" and end["error"]["code"] == "invalid_request" and why in end["error"]["message"], end
 
@@ -209,3 +228,64 @@ def test_a_workspace_gone_from_the_store_is_not_found_and_a_forged_reply_subject
     data, end = _fetch(ws_router, "gpu-west", job_id)
     assert data == b"" and end["error"]["code"] == "not_found"
     assert "is not in the object store" in end["error"]["message"]
+
+
+def test_a_workspace_comes_window_by_window_and_only_its_own_chunks(ws_router):
+    """The agent's fetch asks for each next window from where the last one stopped;
+    whatever sequence it names, the store sends only the chunks of the job's own
+    workspace (another stored before it, and one after, never come)."""
+    before, after = archive(member("before.bin", data=b"b" * 300_000)), archive(member("after.bin", data=b"a" * 50))
+    _store(ws_router, before)
+    _store(ws_router, BIG)
+    _store(ws_router, after)
+    workspace = {"digest": digest_of(BIG), "size": len(BIG)}
+    job_id = _assigned(ws_router, "gpu-west", workspace=workspace)
+    data, end = _fetch(ws_router, "gpu-west", job_id, from_seq=1)  # the stream's very first message
+    assert data == BIG and end["size"] == len(BIG)
+
+    ws_router.router.relay.window_bytes = 200_000  # two 128 KiB chunks at most: several windows
+    relays = ws_router.router.relay.relays
+    chunks: list[bytes] = []
+    stored = ws_router.run(fetch_through_router(ws_router.client, f"{ws_router.prefix}.fetch.gpu-west",
+                                                (job_id, 1), workspace["digest"], 2**20, chunks.append))
+    assert b"".join(chunks) == BIG and stored == end["sha256"]
+    chunks_stored = -(-len(BIG) // (128 * 1024))
+    assert 1 < ws_router.router.relay.relays - relays <= chunks_stored  # several windows, each a chunk or two
+
+
+def test_other_bytes_under_a_digest_fail_the_job_for_good_and_garbled_ones_are_retried(ws_router, tmp_path):
+    """Bytes that match the store's own record of them but not the digest are what the
+    store holds: the agent refuses the workspace (the job fails). Bytes that match
+    neither could have been garbled on the way: tried again (a launch error)."""
+
+    digest = _stored_then_overwritten(ws_router)
+    job_id = _assigned(ws_router, "gpu-west", workspace={"digest": digest, "size": len(DATA)})
+
+    async def fetch(digest, user, job, sink):
+        return await fetch_through_router(ws_router.client, f"{ws_router.prefix}.fetch.gpu-west", job, digest,
+                                          2**20, sink)
+
+    async def acquire(root, fetcher):
+        cache = await WorkspaceCache(root, fetcher, max_bytes=2**20, max_files=100, max_unpacked_bytes=2**20).open()
+        await cache.acquire(digest, job=(job_id, 1))
+    with pytest.raises(WorkspaceUnusable, match="holds other bytes"):
+        ws_router.run(acquire(tmp_path / "a", fetch))
+    assert not any((tmp_path / "a").rglob("train.py"))
+
+    async def garbled(digest, user, job, sink):
+        await fetch(digest, user, job, lambda chunk: sink(bytes([chunk[0] ^ 0xFF]) + chunk[1:]))
+        return "SHA-256=not-what-came"
+    with pytest.raises(StoreUnavailable, match="not the workspace"):
+        ws_router.run(acquire(tmp_path / "b", garbled))
+
+
+def _stored_then_overwritten(router: RouterThread) -> str:
+    """DATA's digest, the object under its name then overwritten with other bytes."""
+    _store(router, DATA)
+    digest = digest_of(DATA)
+
+    async def overwrite():
+        raw = await router.client.jetstream().object_store(bucket(router.prefix, "workspaces"))
+        await raw.put(workspace_object(digest), DATA[:-1] + bytes([DATA[-1] ^ 1]))
+    router.run(overwrite())
+    return digest

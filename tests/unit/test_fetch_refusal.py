@@ -1,7 +1,6 @@
 """Which peer may be sent a job's workspace (pure: ``fetch_refusal`` on a job row):
 only the peer the job is assigned to or running on, under that very epoch, and only
-for a job that names a workspace; and how the relay gathers the store's chunks into
-messages."""
+for a job that names a workspace."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from irisfed.services.router.workspaces import Gathered, fetch_refusal
+from irisfed.services.router.workspaces import fetch_refusal
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow
 
@@ -43,13 +42,3 @@ def test_anyone_else_may_not(job, peer, epoch):
 def test_a_job_without_a_workspace_has_nothing_to_stage(workspace):
     assert fetch_refusal(row(workspace=workspace), "gpu", 3) == "job alice:j has no workspace"
     assert fetch_refusal(None, "gpu", 3) == "no such job"
-
-
-def test_chunks_are_gathered_in_order_into_messages_within_the_limit():
-    chunks = [bytes([i]) * 128 for i in range(20)] + [b"z" * 1500, b"tail"]
-    gathered = Gathered(1000)
-    messages = [m for m in (gathered.add(c) for c in chunks) if m is not None]
-    messages.append(gathered.rest())
-    assert gathered.rest() is None  # nothing twice
-    assert b"".join(messages) == b"".join(chunks)
-    assert [len(m) for m in messages] == [896, 896, 768, 1500, 4]  # seven chunks a message; the big one alone

@@ -121,7 +121,12 @@ async def test_an_agents_fetches_past_the_bound_are_told_to_retry_and_others_go_
     assert relayed.count("gpu-west") == router_service.FETCHES_PER_PEER and relayed.count("tpu-east") == 1
     assert [e["code"] for e in ended] == ["unavailable"] * 2 and "in progress; retry" in ended[0]["message"]
     for ignored in (fetch("nobody"), fetch("gpu-west", reply="irisfed.assign.gpu-west"),
-                    fetch("gpu-west", reply="$O.irisfed-workspaces.C.x"), fetch("gpu-west", reply="")):
-        await router.on_fetch(ignored)  # not a peer, or a reply subject that is not an inbox: dropped
+                    fetch("gpu-west", reply="$O.irisfed-workspaces.C.x"), fetch("gpu-west", reply=""),
+                    fetch("gpu-west", reply="_INBOX.>"), fetch("gpu-west", reply="_INBOX_agent-gpu-west.*"),
+                    fetch("gpu-west", reply="_INBOX.a b"), fetch("gpu-west", reply="_INBOX"),
+                    fetch("gpu-west", reply="_INBOX..x")):
+        # Not a peer, or a reply subject that is not one plain inbox (the store would send
+        # the chunks wherever it names): dropped.
+        await router.on_fetch(ignored)
     assert len(ended) == 2 and relayed.count("gpu-west") == router_service.FETCHES_PER_PEER
     await router.close()
