@@ -30,6 +30,8 @@ log = EventLogger("bus")
 # on (nats-py's default is 30 s); then the connection closes, cancelling them: a
 # producer left without its answer retries, as it would after a crash.
 DRAIN_TIMEOUT_S = 2.0
+STREAM_HEADER = "Nats-Stream"  # on every message JetStream sends out of a stream (from_jetstream)
+STATUS_HEADER = "Status"  # on the server's own answers (a direct get that found nothing)
 
 
 async def connect_client(url: str, **options) -> Client:
@@ -121,10 +123,14 @@ def user_event(subjects: Subjects, event: JobEvent) -> tuple[str, JobEvent]:
 
 
 def from_jetstream(msg) -> bool:
-    """Whether ``msg`` was delivered by a JetStream consumer (its reply an ack subject),
-    not published by a client: nothing of the federation's comes that way, and a
-    consumer delivers to any subject its creator names (the server does not check the
-    creator may publish there), so every handler drops such a message unread."""
+    """Whether ``msg`` was sent by JetStream out of a stream, not published by a client:
+    delivered by a consumer (its reply an ack subject) or a direct get's answer (its
+    ``Nats-Stream`` header, or a ``Status`` one when it found nothing). Nothing of the federation's comes either way, and the
+    server checks neither against the asker's rights: a consumer delivers to any
+    subject its creator names, and a direct get answers on any reply subject, so a user
+    could store a message in its own bucket and have it answered onto
+    ``P.submit.<another user>``. Every handler drops such a message unread."""
     reply = getattr(msg, "reply", "") or ""
-    return reply.startswith("$JS.")
+    headers = getattr(msg, "headers", None) or {}
+    return reply.startswith("$JS.") or STREAM_HEADER in headers or STATUS_HEADER in headers
 

@@ -49,6 +49,9 @@ from irisfed.services.common.private import write_private
 from irisfed.shared.nats_urls import inbox_prefix
 from irisfed.shared.users import DEFAULT_USER, USER_ROLE_PREFIX
 
+AGENT_ROLE_PREFIX = "agent-"  # peer P's agent's NATS user is `agent-P`
+SERVICE_ROLES = ("producer", "operator", "router", "tick", "web")  # and admin, who may do anything
+
 
 @dataclass(frozen=True)
 class Permissions:

@@ -58,6 +58,7 @@ _NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: no suitable peers for placement (t
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 _NUMBER = re.compile(r"[0-9]+")
+_NUID = re.compile(r"[A-Za-z0-9]{1,64}")  # an object's chunk subject token (nats-py: a 22-letter NUID)
 _USER = re.compile(USER_ID_PATTERN)
 _PEER = re.compile(PEER_ID_PATTERN)
 
@@ -454,6 +455,8 @@ class ObjectStore:
             info = await self._info("workspaces", f"fetching workspace {digest}", workspace_object(digest), max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
+        if not _NUID.fullmatch(info.nuid or ""):  # its bucket's writer wrote the metadata: a wildcard stays out
+            raise DigestMismatch(f"the object stored as workspace {digest} names no chunks of its own")
         return ChunkSource(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}", info.size or 0, info.digest or "")
 
     async def send_chunks(self, source: ChunkSource, reply: str, from_seq: int = 1,

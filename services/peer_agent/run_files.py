@@ -41,6 +41,10 @@ from irisfed.shared.subjects import Subjects
 from irisfed.shared.users import split_job_id
 
 log = EventLogger("peer-agent")
+# Workspaces fetched at once: the store sends each a window (WINDOW_BYTES) at a time, all
+# into the agent's one connection, whose pending bytes nats-server caps (64 MiB by
+# default) before it drops the agent as a slow consumer. The others wait their turn.
+FETCHES_AT_ONCE = 4
 
 
 def _remove_workspace_copies(output_dirs: list[tuple[int, Path]]) -> None:
@@ -62,6 +66,7 @@ class RunFiles:
         self.max_workspace_bytes = max_workspace_bytes
         self.retry_pause_s = retry_pause_s  # Postgres or the store away: the pause before trying again
         self._object_stores: dict[str, ObjectStore] = {}  # per user: each has its own buckets
+        self._fetching = asyncio.Semaphore(FETCHES_AT_ONCE)
 
     async def fetch_workspace(self, digest: str, user: str, job: tuple[str, int] | None,
                               sink: Callable[[bytes], None]) -> str:
@@ -70,8 +75,9 @@ class RunFiles:
         bucket); the store's record of the chunks' SHA-256."""
         if job is None:
             raise ObjectMissing(f"workspace {digest}: no run to fetch it for")
-        return await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
-                                   self.max_workspace_bytes, sink)
+        async with self._fetching:
+            return await fetch_through_router(self.nc, self.subjects.fetch(self.peer_id), job, digest,
+                                              self.max_workspace_bytes, sink)
 
     async def remove_copies(self, run: Run, backend: Backend | None) -> None:
         """An ended run's copies of its workspace: on the peer's disk they are only waste."""

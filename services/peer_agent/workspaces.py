@@ -301,7 +301,16 @@ def _ignore_result(future: asyncio.Future) -> None:
 
 
 FETCH_IDLE_S = 30.0  # how long a fetch waits for the next message before giving up
-_STATUS, _LAST_SEQUENCE, _NUM_PENDING = "Status", "Nats-Last-Sequence", "Nats-Num-Pending"
+# The router busy (its fetches for this peer, or this peer's windows a second, at their
+# bound; the store away for a moment): the window is asked again after a pause, up to
+# BUSY_TRIES times in a row before the fetch fails (a launch error, retried later).
+BUSY_PAUSE_S, BUSY_TRIES = 0.25, 40
+
+
+class _Busy(StoreUnavailable):
+    """The router answered `unavailable`: no window comes; ask again later."""
+_STATUS, _SEQUENCE = "Status", "Nats-Sequence"
+_LAST_SEQUENCE, _NUM_PENDING = "Nats-Last-Sequence", "Nats-Num-Pending"
 
 
 async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_bytes: int, sink: Sink,
@@ -319,10 +328,18 @@ async def fetch_through_router(nc, subject: str, job: Job, digest: str, max_byte
     sub = await nc.subscribe(inbox, pending_bytes_limit=max_bytes + 4 * 2**20)
     size = 0
     try:
-        from_seq = 0
+        from_seq, busy = 0, 0
         while True:
             await nc.publish(subject, encoder.encode(FetchRequest(job[0], job[1], from_seq)), reply=inbox)
-            end, left, next_seq, size = await _window(sub, digest, max_bytes, size, sink, idle_s)
+            try:
+                end, left, next_seq, size = await _window(sub, digest, max_bytes, size, sink, idle_s)
+            except _Busy:  # no window comes: asked again after a pause, a few times
+                busy += 1
+                if busy >= BUSY_TRIES:
+                    raise
+                await asyncio.sleep(BUSY_PAUSE_S)
+                continue
+            busy = 0
             if size == end.size:
                 return end.sha256
             if left == 0 or next_seq <= from_seq:
@@ -350,24 +367,42 @@ async def _window(sub, digest: str, max_bytes: int, size: int, sink: Sink,
         except nats.errors.TimeoutError:
             raise StoreUnavailable(f"fetching workspace {digest}: nothing came for {idle_s:g} s") from None
         headers = msg.headers or {}
-        if headers.get(FETCH_PART) == "end":
-            end = _fetched(msg.data, digest)
+        # A stored chunk keeps the headers its writer gave it (the job's own user may
+        # plant any), so what the server adds to every chunk decides first.
+        if _SEQUENCE in headers:
+            if not msg.data:
+                raise StoreUnavailable(f"fetching workspace {digest}: the store sent an empty chunk")
+            size += len(msg.data)
+            if size > max_bytes:
+                raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
+            next_seq = _number(headers, _SEQUENCE, digest) + 1
+            sink(msg.data)
         elif status := headers.get(_STATUS):
             if status not in ("204", "404"):
                 raise StoreUnavailable(f"fetching workspace {digest}: the store answered {status} "
                                        f"{headers.get('Description', '')}".rstrip())
             closed = True
-            left = int(headers.get(_NUM_PENDING, 0)) if status == "204" else 0
-            next_seq = int(headers.get(_LAST_SEQUENCE, next_seq - 1)) + 1 if status == "204" else next_seq
+            if status == "204":
+                left = _number(headers, _NUM_PENDING, digest)
+                next_seq = _number(headers, _LAST_SEQUENCE, digest) + 1
+            else:
+                left = 0
+        elif headers.get(FETCH_PART) == "end":
+            end = _fetched(msg.data, digest)
         else:
-            size += len(msg.data)
-            if size > max_bytes:
-                raise DigestMismatch(f"workspace {digest} is over the {max_bytes:,} bytes allowed")
-            next_seq = int(headers.get("Nats-Sequence", 0)) + 1
-            sink(msg.data)
+            raise StoreUnavailable(f"fetching workspace {digest}: a message that is neither a chunk nor an end came")
         if end is not None and size > end.size:
             raise DigestMismatch(f"workspace {digest}: the store sent more than its {end.size:,} bytes")
     return end, left, next_seq, size
+
+
+def _number(headers: dict, name: str, digest: str) -> int:
+    """Header ``name`` of a store's message, a whole number; StoreUnavailable if not."""
+    try:
+        return int(headers[name])
+    except (KeyError, ValueError):
+        raise StoreUnavailable(f"fetching workspace {digest}: the store's {name} is missing or not a number") \
+            from None
 
 
 def _fetched(end: bytes, digest: str) -> FetchEnd:
@@ -383,6 +418,8 @@ def _fetched(end: bytes, digest: str) -> FetchEnd:
             raise ObjectMissing(message)
         if error.get("code") == ErrorCode.INVALID_REQUEST:
             raise DigestMismatch(message)
+        if error.get("code") == ErrorCode.UNAVAILABLE:
+            raise _Busy(f"fetching workspace {digest}: {message}")
         raise StoreUnavailable(f"fetching workspace {digest}: {message}")
     try:
         fetched = msgspec.convert(answer, FetchEnd)

@@ -21,7 +21,6 @@ then leaves that path: a task of its own reads what placing it needs from Postgr
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +51,7 @@ from irisfed.services.router.plan import (
 )
 from irisfed.services.router.reads import Reads
 from irisfed.services.router.requests import Requests
-from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceRelay
+from irisfed.services.router.workspaces import WorkspaceCheck, WorkspaceRelay, fetch_inbox
 from irisfed.shared.clock import Clock
 from irisfed.shared.config import FederationConfig
 from irisfed.shared.errors import (
@@ -158,10 +157,6 @@ WORKSPACE_SUBMITS_WAITING_AT_MOST = 1000
 # An agent's workspace fetches answered at once (each has the store send one window of a
 # workspace); past that it is told `unavailable` and retries.
 FETCHES_PER_PEER = 16
-# A fetch's reply subject: one inbox, all of its tokens plain. The store sends the
-# workspace's chunks there on the router's word, so nothing else (a stream's subject, a
-# wildcard) may be named.
-INBOX_RE = re.compile(r"_INBOX[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)+")
 
 
 class Router(Service):
@@ -262,9 +257,9 @@ class Router(Service):
         """A request whose reply subject is one of the federation's own (``P.cancel.<peer>``,
         ``P.assign.<peer>``, another user's ``P.submit.<user>``) or a system one (``$O.``
         object store chunks, ``$JS.`` API): the router may publish there, so answering
-        would let a requester speak (or write) through it; or one a JetStream consumer
-        delivered (``from_jetstream``). Dropped unanswered."""
-        if msg.reply and (msg.reply.startswith((self._own_subjects, "$")) or from_jetstream(msg)):
+        would let a requester speak (or write) through it; or a message JetStream sent
+        out of a stream, whatever its reply (``from_jetstream``). Dropped unanswered."""
+        if from_jetstream(msg) or msg.reply and msg.reply.startswith((self._own_subjects, "$")):
             metrics.SUBMIT_ERRORS.labels(ErrorCode.FORBIDDEN).inc()
             log.warning("request_reply_subject_refused", subject=msg.subject, reply=msg.reply[:200])
             return True
@@ -572,12 +567,13 @@ class Router(Service):
     # ------------------------------------------------------------ workspaces sent to peers
 
     async def on_fetch(self, msg: Msg) -> None:
-        """An agent asks for its job's workspace (``P.fetch.<peer>``: only that peer's
-        agent may publish there, and the router sends only to that agent's inboxes).
-        Answered from a task of its own: the bytes take as long as they take, and hold up
-        nothing else; at most FETCHES_PER_PEER at once per peer, past that `unavailable`."""
+        """An agent asks for a window of its job's workspace (``P.fetch.<peer>``: only that
+        peer's agent may publish there; the store sends the bytes to the reply subject,
+        which must be one plain inbox). Answered from a task of its own, so a slow
+        Postgres or store holds up nothing else; at most FETCHES_PER_PEER at once per
+        peer, past that `unavailable`."""
         peer_id = self.subjects.fetch_peer(msg.subject)
-        if self._forged_reply(msg) or peer_id not in self.peer_ids or not INBOX_RE.fullmatch(msg.reply or ""):
+        if self._forged_reply(msg) or peer_id not in self.peer_ids or not fetch_inbox(msg.reply or "", peer_id):
             return  # the chunks go only to an inbox (with NATS users: the asking agent's own)
         tasks = self._fetches.setdefault(peer_id, set())
         if len(tasks) >= FETCHES_PER_PEER:

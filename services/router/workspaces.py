@@ -17,14 +17,18 @@ which checks the job is that peer's now, has the store send it to that agent.
 from __future__ import annotations
 
 import re
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import msgspec
 from nats.aio.client import Client
 
 from irisfed.services.common.log import EventLogger
+from irisfed.services.common.nats_auth import AGENT_ROLE_PREFIX, SERVICE_ROLES
 from irisfed.services.common.objects import (
     WINDOW_BYTES,
+    DigestMismatch,
     ObjectMissing,
     ObjectStore,
     ObjectStoreError,
@@ -49,12 +53,17 @@ from irisfed.shared.messages import (
     encoder,
     error_reply,
 )
+from irisfed.shared.nats_urls import DEFAULT_INBOX_PREFIX, inbox_prefix
 from irisfed.shared.records import JobRow
-from irisfed.shared.users import STORED_JOB_ID_PATTERN
+from irisfed.shared.users import STORED_JOB_ID_PATTERN, USER_ROLE_PREFIX
 
 REMEMBERED = 4096  # digests known stored, most recently used kept
 REMEMBERED_STORES = 256  # users whose bucket handle the relay keeps open
 END = {FETCH_PART: "end"}
+# Windows of a workspace a peer may have the store send (WindowBudget): 512 MiB/s on
+# average at 8 MiB a window, above what an agent unpacks, and twice that at once.
+WINDOWS_PER_S_PER_PEER = 64.0
+WINDOWS_AT_ONCE_PER_PEER = 128.0
 MAX_FETCH_REQUEST_BYTES = 1024  # a job id and an epoch
 STORED_JOB_ID_RE = re.compile(STORED_JOB_ID_PATTERN)
 log = EventLogger("router.workspaces")
@@ -102,6 +111,26 @@ class WorkspaceCheck:
             self.known.popitem(last=False)
 
 
+# A fetch's reply subject: one subject, all of its tokens plain (no wildcard, nothing of
+# a stream's), below an inbox prefix that is not another role's.
+_PLAIN_SUBJECT_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+")
+_OTHERS_INBOXES = tuple(inbox_prefix(role) for role in (*SERVICE_ROLES, AGENT_ROLE_PREFIX, USER_ROLE_PREFIX))
+
+
+def fetch_inbox(reply: str, peer_id: str) -> bool:
+    """Whether ``reply`` may receive ``peer_id``'s workspace. The store sends the chunks
+    wherever the router's direct get names, unchecked by the server, so: an inbox
+    (``_INBOX...``), all its tokens plain, and not one of another role's (another
+    agent's, a user's, a service's): with NATS users each role reads only its own
+    prefix, and the asking agent's own, ``_INBOX_agent-<peer>``, is taken; a deployment
+    whose agents use another NATS user (its own choice) gets its inbox served too."""
+    if _PLAIN_SUBJECT_RE.fullmatch(reply) is None or not reply.startswith(DEFAULT_INBOX_PREFIX):
+        return False
+    if reply.startswith(f"{inbox_prefix(f'{AGENT_ROLE_PREFIX}{peer_id}')}."):
+        return True
+    return not reply.startswith(_OTHERS_INBOXES)
+
+
 def fetch_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
     """Why ``peer_id`` may not have the workspace of ``row`` for its run of ``epoch``
     (None: it may). Only the peer the job is assigned to, or running on, under that very
@@ -118,6 +147,28 @@ def fetch_refusal(row: JobRow | None, peer_id: str, epoch: int) -> str | None:
     return None
 
 
+class WindowBudget:
+    """How many windows each peer may have the store send: ``rate`` a second on average,
+    ``burst`` at once (a token bucket per peer). A window costs the router one small
+    request but the store and the network up to WINDOW_BYTES, so a peer asking again and
+    again (a hostile agent) is told to wait rather than served without end."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.left: dict[str, tuple[float, float]] = {}  # peer -> (windows left, when counted)
+
+    def take(self, peer_id: str) -> bool:
+        """Spend one of ``peer_id``'s windows; False when it has none left now."""
+        now = self.clock()
+        left, then = self.left.get(peer_id, (self.burst, now))
+        left = min(self.burst, left + (now - then) * self.rate)
+        if left < 1:
+            self.left[peer_id] = (left, now)
+            return False
+        self.left[peer_id] = (left - 1, now)
+        return True
+
+
 class WorkspaceRelay:
     """Has the object store send a job's workspace to the agent of the job's peer, on
     the inbox that agent named (docs/design.md §3.5): agents may read no workspace
@@ -130,6 +181,7 @@ class WorkspaceRelay:
         self.nc, self.prefix, self.db = nc, prefix, db
         self.max_bytes, self.timeout_s = max_bytes, timeout_s
         self.window_bytes = WINDOW_BYTES  # what the store sends for one request
+        self.budget = WindowBudget(WINDOWS_PER_S_PER_PEER, WINDOWS_AT_ONCE_PER_PEER)
         self.relays = 0  # windows the store was asked to send (tests and the bench read it)
         self.stores: OrderedDict[str, ObjectStore] = OrderedDict()  # per user, most recently used kept
 
@@ -179,13 +231,16 @@ class WorkspaceRelay:
         if why is not None:
             raise Forbidden(f"fetch: {why}")
         digest = row.spec["workspace"]["digest"]
+        if not self.budget.take(peer_id):
+            raise Unavailable(f"fetch: {peer_id} asked for more than {WINDOWS_PER_S_PER_PEER:g} windows a second; "
+                              f"retry")
         store = self._store(row.user_id)
         try:
             source = await store.workspace_source(digest, self.max_bytes)
             await store.send_chunks(source, reply, request.from_seq, self.window_bytes)
         except ObjectMissing as exc:
             raise NotFound(f"fetch: {exc}") from None
-        except ObjectTooLarge as exc:
+        except (DigestMismatch, ObjectTooLarge) as exc:
             raise InvalidRequest(f"fetch: {exc}") from None
         except ObjectStoreError as exc:
             raise Unavailable(f"fetch: {exc}") from None

@@ -274,14 +274,15 @@ class Tick(Service):
             raise
 
     async def on_wake(self, msg: Msg) -> None:
-        self.wake.set()
+        if not from_jetstream(msg):
+            self.wake.set()
 
     async def on_reconnect(self) -> None:
         self.view.mark_healthy()
         self.wake.set()
 
     async def on_ping(self, msg: Msg) -> None:
-        if msg.reply:
+        if msg.reply and not from_jetstream(msg):
             await msg.respond(str(self.runs).encode())
 
     async def run_woken(self) -> TickResult:

@@ -37,6 +37,7 @@ from typing import Any
 import nats
 import uvicorn
 
+from irisfed.services.common.bus import from_jetstream
 from irisfed.services.common.log import EventLogger
 from irisfed.services.common.logstore import LogStore
 from irisfed.services.common.peer_view import PeerView
@@ -240,12 +241,17 @@ class WebService(Service):
 
     def on_event(self, msg: Any) -> None:
         """``events.<job>``: that job moved (the subject says which, by its stored id as one
-        token: shared.subjects.job_token; the body is not needed)."""
+        token: shared.subjects.job_token; the body is not needed). One JetStream sent out
+        of a stream is dropped, as every handler drops it (``from_jetstream``)."""
+        if from_jetstream(msg):
+            return
         job_id = job_of_token(msg.subject[len(self.subjects.events("")):])
         if JOB_ID.fullmatch(job_id):
             self.broker.job_changed(job_id)
 
     async def on_heartbeat(self, msg: Any) -> None:
+        if from_jetstream(msg):  # not a peer's own publish
+            return
         _, change = self.view.receive(msg.subject, msg.data, log)
         if change.recorded:
             self.broker.peers_changed()

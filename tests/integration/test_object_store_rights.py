@@ -13,6 +13,7 @@ import pytest
 from irisfed.services.common.bus import connect_client
 from irisfed.services.common.objects import ObjectStore, ObjectStoreError, ensure_buckets
 from irisfed.tooling.servers import start_secured_nats
+from tests.infra.secured_nats import until
 
 PREFIX = "acme"
 ARCHIVE = b"workspace bytes of alice" * 100
@@ -152,3 +153,32 @@ async def test_no_role_but_admin_may_make_a_consumer_that_delivers_elsewhere(as_
             with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
                 await nc.request(subject, json.dumps(config).encode(), timeout=0.5)
     assert await admin.jetstream().consumers_info(stream) == []  # none was made
+
+
+async def test_a_direct_get_answers_on_any_subject_so_every_handler_drops_its_answer(as_role):
+    """A direct get is answered on whatever reply subject its asker names, unchecked by
+    the server: a user may store a message in its own bucket and have it answered onto
+    another user's submit subject (or a peer's heartbeat, or a cancel). Such an answer
+    carries the stream's name, which is how every handler knows it for no client's
+    publish and drops it (``from_jetstream``)."""
+    import json
+
+    from irisfed.services.common.bus import from_jetstream
+
+    admin, alice = await as_role("admin"), await as_role("user-alice")
+    heard = []
+
+    async def hear(msg) -> None:
+        heard.append(msg)
+    for subject in ("acme.submit.bob", "acme.heartbeat.gpu", "acme.cancel.bob"):
+        await admin.subscribe(subject, cb=hear)
+    await admin.flush()
+    forged = json.dumps({"command": ["sh", "-c", "echo pwned"], "job_id": "x"}).encode()
+    await alice.jetstream().publish("$O.acme-workspaces-alice.C.planted", forged)  # its own bucket: allowed
+    for reply in ("acme.submit.bob", "acme.heartbeat.gpu", "acme.cancel.bob"):
+        await alice.publish("$JS.API.DIRECT.GET.OBJ_acme-workspaces-alice",
+                            json.dumps({"last_by_subj": "$O.acme-workspaces-alice.C.planted"}).encode(), reply=reply)
+    await alice.flush()
+    await until(lambda: len(heard) == 3, what=lambda: [msg.subject for msg in heard])
+    assert sorted(msg.subject for msg in heard) == ["acme.cancel.bob", "acme.heartbeat.gpu", "acme.submit.bob"]
+    assert [(msg.data, from_jetstream(msg)) for msg in heard] == [(forged, True)] * 3, [msg.headers for msg in heard]

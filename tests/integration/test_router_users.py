@@ -136,3 +136,32 @@ def test_a_reply_subject_inside_the_federation_is_never_answered(database_url, s
         assert json.loads(router.reply_to("submit.alice", {"job_id": "f1", "command": ["true"]}))["job_id"] == "f1"
     finally:
         router.close()
+
+
+def test_a_submit_the_store_answered_onto_another_users_subject_makes_no_job(database_url, servers):
+    """A user may store any bytes in its own bucket and have a direct get answered onto
+    ``P.submit.<another user>``: the router drops what JetStream sent out of a stream,
+    so no job is made in that user's name (tests/integration/test_object_store_rights.py
+    shows the server delivers it)."""
+    from irisfed.services.common.objects import bucket, ensure_buckets
+
+    router = RouterThread(database_url, servers.nats_url, users=USERS)
+    try:
+        store = _home(router)
+        chunks = f"$O.{bucket(router.prefix, 'workspaces', 'alice')}"
+
+        async def forge() -> None:
+            await ensure_buckets(router.client, router.prefix, users=["alice", "bob"])
+            await router.client.jetstream().publish(  # stored before it is asked for
+                f"{chunks}.C.planted", json.dumps({"job_id": "forged", "command": ["true"]}).encode())
+            await router.client.publish(f"$JS.API.DIRECT.GET.OBJ_{bucket(router.prefix, 'workspaces', 'alice')}",
+                                        json.dumps({"last_by_subj": f"{chunks}.C.planted"}).encode(),
+                                        reply=f"{router.prefix}.submit.bob")
+            await router.client.flush()
+        router.run(forge())
+        # Bob's own submit after it: answered, so the router has read what came before.
+        assert json.loads(router.reply_to("submit.bob", {"job_id": "own", "command": ["true"]}))["job_id"] == "own"
+        assert router.run(store.job_get("bob:forged")) is None
+        assert router.run(store.job_get("bob:own")) is not None
+    finally:
+        router.close()

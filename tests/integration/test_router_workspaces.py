@@ -5,10 +5,12 @@ same; a store that is missing says so. Real nats-server with JetStream, real Pos
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 
+from irisfed.services.common.bus import connect_client
 from irisfed.services.common.objects import (
     ObjectStore,
     StoreUnavailable,
@@ -35,8 +37,19 @@ BIG = archive(*(member(f"part-{i}.bin", data=bytes([i]) * 200_000) for i in rang
 @pytest.fixture
 def ws_router(database_url, servers):
     running = RouterThread(database_url, servers.nats_url, max_workspace_mb=1)
+    running.servers = servers  # each peer's agent asks with its own NATS user (and inbox)
     yield running
     running.close()
+
+
+@contextlib.asynccontextmanager
+async def agent_of(router: RouterThread, peer: str):
+    """A NATS client as ``peer``'s agent: its own user and inbox, as a real agent asks."""
+    nc = await connect_client(router.servers.nats_url_for(f"agent-{peer}"))
+    try:
+        yield nc
+    finally:
+        await nc.close()
 
 
 def _store(router: RouterThread, data: bytes, buckets: bool = True) -> None:
@@ -130,13 +143,18 @@ async def _fetch_async(router: RouterThread, peer: str, job_id: str, epoch: int 
                        body: bytes | None = None, reply: str | None = None, from_seq: int = 0) -> tuple[bytes, dict]:
     """What one fetch request brings: the store's chunks joined (one window), and the
     router's end as JSON."""
-    inbox = router.client.new_inbox()
-    sub = await router.client.subscribe(inbox)
+    async with agent_of(router, peer) as nc:
+        return await _ask(nc, router, peer, job_id, epoch, body, reply, from_seq)
+
+
+async def _ask(nc, router: RouterThread, peer: str, job_id: str, epoch: int, body: bytes | None, reply: str | None,
+               from_seq: int) -> tuple[bytes, dict]:
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
     try:
-        await router.client.publish(f"{router.prefix}.fetch.{peer}",
-                                    body or json.dumps({"job_id": job_id, "epoch": epoch,
-                                                        "from_seq": from_seq}).encode(),
-                                    reply=reply or inbox)
+        await nc.publish(f"{router.prefix}.fetch.{peer}",
+                         body or json.dumps({"job_id": job_id, "epoch": epoch, "from_seq": from_seq}).encode(),
+                         reply=reply or inbox)
         data, end, closed = b"", None, False
         while end is None or ("error" not in end and not closed):
             msg = await sub.next_msg(timeout=10)
@@ -206,19 +224,22 @@ def test_a_workspace_gone_from_the_store_is_not_found_and_a_forged_reply_subject
     job_id = _assigned(ws_router, "gpu-west", workspace=workspace)
 
     async def forged() -> list:
-        """Requests whose reply subject is not an inbox (an object store chunk subject,
-        a peer's assignments): answering would write there through the router."""
+        """Requests whose reply subject is not the asking agent's inbox (an object store
+        chunk subject, a peer's assignments, another agent's or a user's inbox): the
+        store would send the chunks there on the router's word."""
         heard = []
 
         async def hear(msg) -> None:
             heard.append(msg)
         subs = [await ws_router.client.subscribe(subject, cb=hear)
-                for subject in ("$O.>", f"{ws_router.prefix}.assign.>", "elsewhere.>")]
-        for reply in (f"$O.{ws_router.prefix}-workspaces.C.planted", f"{ws_router.prefix}.assign.gpu-west",
-                      "elsewhere.x"):
-            await ws_router.client.publish(f"{ws_router.prefix}.fetch.gpu-west",
-                                           json.dumps({"job_id": job_id, "epoch": 1}).encode(), reply=reply)
-        await ws_router.client.flush()
+                for subject in ("$O.>", f"{ws_router.prefix}.assign.>", "elsewhere.>", "_INBOX_agent-tpu-east.>",
+                                "_INBOX_user-alice.>")]
+        async with agent_of(ws_router, "gpu-west") as agent:  # a hostile agent, with its own rights
+            for reply in (f"$O.{ws_router.prefix}-workspaces.C.planted", f"{ws_router.prefix}.assign.gpu-west",
+                          "elsewhere.x", "_INBOX_agent-tpu-east.leak", "_INBOX_user-alice.leak"):
+                await agent.publish(f"{ws_router.prefix}.fetch.gpu-west",
+                                    json.dumps({"job_id": job_id, "epoch": 1}).encode(), reply=reply)
+            await agent.flush()
         assert (await _fetch_async(ws_router, "gpu-west", job_id))[0] == DATA  # answered after them
         for sub in subs:
             await sub.unsubscribe()
@@ -246,8 +267,11 @@ def test_a_workspace_comes_window_by_window_and_only_its_own_chunks(ws_router):
     ws_router.router.relay.window_bytes = 200_000  # two 128 KiB chunks at most: several windows
     relays = ws_router.router.relay.relays
     chunks: list[bytes] = []
-    stored = ws_router.run(fetch_through_router(ws_router.client, f"{ws_router.prefix}.fetch.gpu-west",
-                                                (job_id, 1), workspace["digest"], 2**20, chunks.append))
+    async def fetch():
+        async with agent_of(ws_router, "gpu-west") as nc:
+            return await fetch_through_router(nc, f"{ws_router.prefix}.fetch.gpu-west", (job_id, 1),
+                                              workspace["digest"], 2**20, chunks.append)
+    stored = ws_router.run(fetch())
     assert b"".join(chunks) == BIG and stored == end["sha256"]
     chunks_stored = -(-len(BIG) // (128 * 1024))
     assert 1 < ws_router.router.relay.relays - relays <= chunks_stored  # several windows, each a chunk or two
@@ -262,8 +286,8 @@ def test_other_bytes_under_a_digest_fail_the_job_for_good_and_garbled_ones_are_r
     job_id = _assigned(ws_router, "gpu-west", workspace={"digest": digest, "size": len(DATA)})
 
     async def fetch(digest, user, job, sink):
-        return await fetch_through_router(ws_router.client, f"{ws_router.prefix}.fetch.gpu-west", job, digest,
-                                          2**20, sink)
+        async with agent_of(ws_router, "gpu-west") as nc:
+            return await fetch_through_router(nc, f"{ws_router.prefix}.fetch.gpu-west", job, digest, 2**20, sink)
 
     async def acquire(root, fetcher):
         cache = await WorkspaceCache(root, fetcher, max_bytes=2**20, max_files=100, max_unpacked_bytes=2**20).open()
@@ -289,3 +313,42 @@ def _stored_then_overwritten(router: RouterThread) -> str:
         await raw.put(workspace_object(digest), DATA[:-1] + bytes([DATA[-1] ^ 1]))
     router.run(overwrite())
     return digest
+
+
+def test_a_peer_asking_for_window_after_window_is_told_to_wait(ws_router):
+    """A window costs the router a small request but the store up to 8 MiB: past its
+    budget a peer is told `unavailable` (its agent asks again after a pause), another
+    peer is not held up."""
+    from irisfed.services.router.workspaces import WindowBudget
+
+    _store(ws_router, DATA)
+    workspace = {"digest": digest_of(DATA), "size": len(DATA)}
+    west, east = (_assigned(ws_router, peer, workspace=workspace) for peer in ("gpu-west", "tpu-east"))
+    ws_router.router.relay.budget = WindowBudget(rate=0.001, burst=2)
+    answers = [_fetch(ws_router, "gpu-west", west) for _ in range(3)]
+    assert [data == DATA for data, _ in answers] == [True, True, False]
+    assert answers[2][1]["error"]["code"] == "unavailable" and "windows a second" in answers[2][1]["error"]["message"]
+    assert _fetch(ws_router, "tpu-east", east)[0] == DATA
+
+
+def test_an_object_whose_metadata_names_a_wildcard_for_its_chunks_is_refused(ws_router):
+    """A user writes its own bucket's metadata too: an object naming ``>`` as its chunks
+    would have the store send every chunk of that bucket. Refused, the job's for good."""
+    import base64
+
+    _store(ws_router, DATA)  # the bucket exists
+    digest = digest_of(b"never stored as chunks")
+    name = workspace_object(digest)
+    stream_bucket = bucket(ws_router.prefix, "workspaces")
+    meta = {"name": name, "bucket": stream_bucket, "nuid": ">", "size": 10, "chunks": 1,
+            "digest": "SHA-256=" + "A" * 43 + "=", "mtime": "2026-12-08T00:00:00Z"}
+
+    async def plant():
+        subject = f"$O.{stream_bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
+        await ws_router.client.publish(subject, json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})
+        await ws_router.client.flush()
+    ws_router.run(plant())
+    job_id = _assigned(ws_router, "gpu-west", workspace={"digest": digest, "size": 10})
+    data, end = _fetch(ws_router, "gpu-west", job_id)
+    assert data == b"" and end["error"]["code"] == "invalid_request", end
+    assert "names no chunks of its own" in end["error"]["message"]

@@ -354,8 +354,7 @@ async def test_a_user_hears_the_events_of_every_id_it_may_submit(secured_nats, j
         await publish_event(agent, Subjects("irisfed"), JobEvent(f"alice:{job_id}", "running", "home", 1,
                                                                  datetime.now(UTC)))
         await agent.flush()
-        with contextlib.suppress(TimeoutError):
-            await _until(lambda: heard, timeout=2)
+        await _until(lambda: heard, timeout=30)  # heard at once; a slow machine is given time
         assert heard == [job_id], errors
     finally:
         await agent.close()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from irisfed.services.router.workspaces import fetch_refusal
+from irisfed.services.router.workspaces import fetch_inbox, fetch_refusal
 from irisfed.shared.lifecycle import JobState
 from irisfed.shared.records import JobRow
 
@@ -42,3 +42,17 @@ def test_anyone_else_may_not(job, peer, epoch):
 def test_a_job_without_a_workspace_has_nothing_to_stage(workspace):
     assert fetch_refusal(row(workspace=workspace), "gpu", 3) == "job alice:j has no workspace"
     assert fetch_refusal(None, "gpu", 3) == "no such job"
+
+
+@pytest.mark.parametrize(("reply", "sent"), [
+    ("_INBOX_agent-gpu.AbC123", True), ("_INBOX_agent-gpu.a.b", True),  # the asking agent's own
+    ("_INBOX.AbC123", True),  # the default prefix: NATS users off (with them, only the admin reads it)
+    ("_INBOX_admin.x", True), ("_INBOX_irisfed.x", True),  # an agent run as a NATS user of the operator's choice
+    ("_INBOX_agent-gpu-west.x", False), ("_INBOX_agent-cpu.x", False),  # another peer's agent
+    ("_INBOX_user-alice.x", False), ("_INBOX_router.x", False), ("_INBOX_web.x", False), ("_INBOX_tick.x", False),
+    ("_INBOX_producer.x", False), ("_INBOX_operator.x", False), ("_INBOX_agent-gpu", False),
+    ("_INBOX_agent-gpu.>", False), ("_INBOX_agent-gpu.*", False), ("_INBOX_agent-gpu..x", False),
+    ("_INBOX_agent-gpu.a b", False), ("$O.acme-workspaces.C.x", False), ("acme.submit.bob", False), ("", False),
+])
+def test_the_chunks_go_only_to_the_asking_agents_inbox(reply, sent):
+    assert fetch_inbox(reply, "gpu") is sent

@@ -95,6 +95,31 @@ async def test_a_message_a_jetstream_consumer_delivered_is_dropped_unread():
     await router.close()
 
 
+async def test_a_direct_gets_answer_is_dropped_unread_whatever_its_reply():
+    """A direct get is answered on any subject its asker names, with no reply subject
+    and the stream's name in its headers: a submit or cancel that came that way is no
+    client's, and is neither run nor answered."""
+    from irisfed.services.common.bus import from_jetstream
+
+    router = Router(make_config(), pool=None, nc=None)
+    forged = submit()
+    forged.reply, forged.headers = "", {"Nats-Stream": "OBJ_irisfed-workspaces-alice", "Nats-Sequence": "7"}
+    await router.on_submit(forged)
+    assert router.queue.empty() and forged.answers == []
+    cancels = []
+
+    async def cancel(*args, **kwargs):
+        cancels.append(args)
+    router.requests.cancel = cancel
+    forged.subject = "irisfed.cancel"
+    await router.requests.on_cancel(forged)
+    await asyncio.sleep(0)
+    assert cancels == [] and forged.answers == []
+    assert from_jetstream(forged) and not from_jetstream(SimpleNamespace(reply="", headers={"X": "1"}))
+    assert from_jetstream(SimpleNamespace(reply="", headers={"Status": "404"}))  # a get that found nothing
+    await router.close()
+
+
 def fetch(peer: str, reply: str = "_INBOX_agent-gpu-west.x") -> SimpleNamespace:
     return SimpleNamespace(subject=f"irisfed.fetch.{peer}", data=b'{"job_id": "j", "epoch": 1}', reply=reply,
                            headers=None)
@@ -124,9 +149,10 @@ async def test_an_agents_fetches_past_the_bound_are_told_to_retry_and_others_go_
                     fetch("gpu-west", reply="$O.irisfed-workspaces.C.x"), fetch("gpu-west", reply=""),
                     fetch("gpu-west", reply="_INBOX.>"), fetch("gpu-west", reply="_INBOX_agent-gpu-west.*"),
                     fetch("gpu-west", reply="_INBOX.a b"), fetch("gpu-west", reply="_INBOX"),
-                    fetch("gpu-west", reply="_INBOX..x")):
-        # Not a peer, or a reply subject that is not one plain inbox (the store would send
-        # the chunks wherever it names): dropped.
+                    fetch("gpu-west", reply="_INBOX..x"), fetch("gpu-west", reply="_INBOX_agent-tpu-east.x"),
+                    fetch("gpu-west", reply="_INBOX_user-alice.x"), fetch("gpu-west", reply="_INBOX_router.x")):
+        # Not a peer, or a reply subject that is not one plain inbox of the asking agent's
+        # (the store would send the chunks wherever it names): dropped.
         await router.on_fetch(ignored)
     assert len(ended) == 2 and relayed.count("gpu-west") == router_service.FETCHES_PER_PEER
     await router.close()
