@@ -27,7 +27,7 @@ import nats
 from irisfed.errors import InternalError, IrisfedClientError, UnavailableError, error_for
 from irisfed.settings import Retry
 from irisfed.shared.messages import CancelReply, DryRunReply, ErrorReply, SubmitReply, decode_reply
-from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
+from irisfed.shared.nats_urls import guard_headers, inbox_prefix_for_url, server_list
 from irisfed.shared.redact import redact
 
 log = logging.getLogger("irisfed.client")
@@ -90,6 +90,7 @@ async def connect_nats(url: str, name: str, reconnected: Callable[[], Awaitable[
         raise UnavailableError(f"cannot reach NATS at {redact(url)}: {redact(cause) or type(cause).__name__}") \
             from None
     nc.options["max_reconnect_attempts"] = -1  # connected: from now on ride out any outage
+    guard_headers(nc)  # a header no one can read never stops its read loop
     return nc
 
 

@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from irisfed.services.common import metrics
 from irisfed.services.common.log import EventLogger
 from irisfed.shared.messages import JobEvent, encoder
-from irisfed.shared.nats_urls import inbox_prefix_for_url, server_list
+from irisfed.shared.nats_urls import guard_headers, inbox_prefix_for_url, server_list
 from irisfed.shared.redact import redact
 from irisfed.shared.seen import scrub
 from irisfed.shared.subjects import Subjects
@@ -30,13 +30,16 @@ log = EventLogger("bus")
 # on (nats-py's default is 30 s); then the connection closes, cancelling them: a
 # producer left without its answer retries, as it would after a crash.
 DRAIN_TIMEOUT_S = 2.0
-STREAM_HEADER = "Nats-Stream"  # on every message JetStream sends out of a stream (from_jetstream)
+SERVER_HEADERS = "Nats-"  # what JetStream adds to every message it sends out of a stream (from_jetstream)
 STATUS_HEADER = "Status"  # on the server's own answers (a direct get that found nothing)
 
 
 async def connect_client(url: str, **options) -> Client:
-    """One connection attempt with ``url``'s user and its inbox prefix (``options`` go to nats-py)."""
-    return await nats.connect(server_list(url), inbox_prefix=inbox_prefix_for_url(url), **options)
+    """One connection attempt with ``url``'s user and its inbox prefix (``options`` go to
+    nats-py), whose read loop no unreadable header stops (``guard_headers``)."""
+    nc = await nats.connect(server_list(url), inbox_prefix=inbox_prefix_for_url(url), **options)
+    guard_headers(nc)
+    return nc
 
 
 async def connect_nats(
@@ -124,13 +127,16 @@ def user_event(subjects: Subjects, event: JobEvent) -> tuple[str, JobEvent]:
 
 def from_jetstream(msg) -> bool:
     """Whether ``msg`` was sent by JetStream out of a stream, not published by a client:
-    delivered by a consumer (its reply an ack subject) or a direct get's answer (its
-    ``Nats-Stream`` header, or a ``Status`` one when it found nothing). Nothing of the federation's comes either way, and the
+    delivered by a consumer (its reply an ack subject) or a direct get's answer (the
+    ``Nats-Stream``, ``Nats-Sequence``... headers the server adds, or a ``Status`` one
+    when it found nothing; every ``Nats-`` header counts, since a stored header the
+    server appends to may swallow its first line). No publisher of ours sets one on a
+    message a handler hears. Nothing of the federation's comes either way, and the
     server checks neither against the asker's rights: a consumer delivers to any
     subject its creator names, and a direct get answers on any reply subject, so a user
     could store a message in its own bucket and have it answered onto
     ``P.submit.<another user>``. Every handler drops such a message unread."""
     reply = getattr(msg, "reply", "") or ""
     headers = getattr(msg, "headers", None) or {}
-    return reply.startswith("$JS.") or STREAM_HEADER in headers or STATUS_HEADER in headers
+    return reply.startswith("$JS.") or any(key == STATUS_HEADER or key.startswith(SERVER_HEADERS) for key in headers)
 

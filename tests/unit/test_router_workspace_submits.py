@@ -156,3 +156,29 @@ async def test_an_agents_fetches_past_the_bound_are_told_to_retry_and_others_go_
         await router.on_fetch(ignored)
     assert len(ended) == 2 and relayed.count("gpu-west") == router_service.FETCHES_PER_PEER
     await router.close()
+
+
+def test_any_header_the_server_adds_marks_a_message_as_jetstreams():
+    """A stored header that the server appends to can swallow its ``Nats-Stream`` line:
+    every ``Nats-`` header counts, and an unreadable header (``guard_headers``) too."""
+    from irisfed.services.common.bus import from_jetstream
+    from irisfed.shared.nats_urls import MALFORMED_HEADERS
+
+    glued = {"X": "abNats-Stream: OBJ_irisfed-workspaces-alice", "Nats-Sequence": "3"}
+    for headers in (glued, {"Nats-Time-Stamp": "x"}, dict(MALFORMED_HEADERS)):
+        assert from_jetstream(SimpleNamespace(reply="", headers=headers)), headers
+    for headers in (None, {}, {"traceparent": "00-1-2-01"}):
+        assert not from_jetstream(SimpleNamespace(reply="", headers=headers)), headers
+
+
+async def test_a_header_no_one_can_read_becomes_a_status_instead_of_an_error():
+    from irisfed.shared.nats_urls import MALFORMED_HEADERS, guard_headers
+
+    class Client:
+        async def _process_headers(self, headers):
+            return {"ok": headers.decode()}
+
+    nc = Client()
+    guard_headers(nc)
+    assert await nc._process_headers(b"fine") == {"ok": "fine"}
+    assert await nc._process_headers(b"\xff") == MALFORMED_HEADERS

@@ -461,9 +461,11 @@ class SubprocessBackend:
             # nobody would ever stop it. It goes as its agent's other runs go, and its
             # next start hands the job back (no exit code recorded).
             _kill_group(process.pid)
-            with contextlib.suppress(Exception):
-                await written  # the record's files, so that its end is written after them
-            self.mark_ended(record, "stopped with its agent before it was handed over")
+            try:
+                with contextlib.suppress(Exception):
+                    await written  # the record's files, so that its end is written after them
+            finally:  # even when cancelled again meanwhile
+                self.mark_ended(record, "stopped with its agent before it was handed over")
             raise
         return _ProcessRun(process, run_dir, self, record)
 
