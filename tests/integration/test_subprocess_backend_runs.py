@@ -175,3 +175,25 @@ async def test_a_launch_cancelled_after_its_process_started_leaves_nothing_runni
     later = SubprocessBackend(tmp_path)
     assert await later.list_runs() == []
     assert await later.adopt(LiveRun("cut", 1, str(pid))) is None  # no exit code: handed back
+
+
+async def test_what_a_run_left_running_when_its_leader_ended_unwatched_is_killed(tmp_path, launched):
+    """The agent was away (killed) when a run's first process ended, leaving a child in
+    its process group: the next agent kills that child (it holds the run's devices and
+    room) and records the end without an exit code."""
+    backend = SubprocessBackend(tmp_path)
+    background = tmp_path / "background"
+    run = await backend.launch(RunSpec("left", 1, ["sh", "-c", f"sleep 300 & echo $! > {background}"]))
+    launched.append(run.process.pid)
+    child = int(await wait_for(lambda: returns(background.exists() and background.read_text().strip()),
+                               "the run's background child"))
+    await wait_for(lambda: returns(not alive(run.process.pid)), "the run's first process to end")
+    assert alive(child)
+
+    later = SubprocessBackend(tmp_path)  # the next agent: it never saw the run end
+    assert await later.list_runs() == []
+    await wait_for(lambda: returns(not alive(child)), "what the run left running to be killed")
+    assert (tmp_path / "left" / "epoch-1" / "exit").read_text() == (
+        "ended while no agent watched it; what it left running was killed\n")
+    assert await later.adopt(LiveRun("left", 1, str(run.process.pid))) is None  # handed back
+    await run.process.wait()

@@ -555,7 +555,7 @@ class SubprocessBackend:
                 continue
             pid = self._alive_pid(record)
             if pid is None:
-                self.mark_ended(record, "ended while no agent watched it")
+                self._ended_unwatched(record)
                 continue
             live.setdefault((record.job_id, record.epoch), LiveRun(record.job_id, record.epoch, str(pid)))
             alive.append(record)
@@ -583,6 +583,33 @@ class SubprocessBackend:
             return None  # the pid now names another process: not ours, never killed
         return record.pid
 
+    def _ended_unwatched(self, record: _RunRecord) -> None:
+        """A run whose leader ended while no agent watched it: what it left running in its
+        process group (a child in the background, holding its devices) goes too, as it
+        would have had an agent seen the end."""
+        left = False
+        if record.pid and (not record.boot_id or record.boot_id == self.boot_id):
+            left = any(self._group_members_of(record))
+            if left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(record.pid, signal.SIGKILL)
+        self.mark_ended(record, "ended while no agent watched it" + ("; what it left running was killed" if left
+                                                                      else ""))
+
+    @staticmethod
+    def _group_members_of(record: _RunRecord):
+        """Live processes of the run's process group started for its job and epoch."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            stat = None
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                stat = (fields[0], int(fields[2]))  # state, process group (fields 3 and 5)
+            if stat is not None and stat[1] == record.pid and stat[0] not in ("Z", "X") and \
+                    _environ_names(int(entry.name), record.job_id, record.epoch, record.task):
+                yield int(entry.name)
+
     @staticmethod
     def _find_by_environment(job_id: str, epoch: int, task: int = -1) -> int | None:
         """A session leader started for (job, epoch, task); scans /proc (only after a rare crash)."""
@@ -609,7 +636,7 @@ class SubprocessBackend:
                 continue
             pid = self._alive_pid(record)  # checked again right before the signal
             if pid is None:
-                self.mark_ended(record, "ended while no agent watched it")
+                self._ended_unwatched(record)
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
