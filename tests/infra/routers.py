@@ -7,6 +7,8 @@ import json
 import threading
 import uuid
 
+import nats.errors
+
 from irisfed.services.common import db as dbmod
 from irisfed.services.common.bus import connect_client
 from irisfed.services.router.service import Router
@@ -33,6 +35,19 @@ class RouterThread:
         self.client = await connect_client(nats_url)
         self.router = Router(make_config(subject_prefix=self.prefix, **self.config), self.pool, self.service_nc)
         await self.router.start()
+        await self.heard()
+
+    async def heard(self) -> None:
+        """Wait until the router answers on its subjects (as the e2e tests' ``wait_router``):
+        a cancel of a job that never was, answered ``not_found``."""
+        body = json.dumps({"job_id": "readiness-probe"}).encode()
+        for _ in range(600):
+            try:
+                await self.client.request(f"{self.prefix}.cancel", body, timeout=5)
+                return
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"the router of {self.prefix} never answered")
 
     async def _reply(self, subject: str, data: bytes, timeout: float) -> bytes:
         return (await self.client.request(f"{self.prefix}.{subject}", data, timeout=timeout)).data

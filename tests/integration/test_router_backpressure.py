@@ -38,6 +38,7 @@ class ProxiedRouter(RouterThread):
         self.router = (Router(config, self.pool, self.service_nc) if self.settings is None
                        else Router(config, self.pool, self.service_nc, self.settings))
         await self.router.start()
+        await self.heard()
 
     async def submit(self, body: dict, timeout: float = 30) -> dict:
         reply = await self.client.request(f"{self.prefix}.submit", json.dumps(body).encode(), timeout=timeout)
