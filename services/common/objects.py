@@ -336,16 +336,15 @@ class ObjectStore:
         chunks that end before the recorded size are a DigestMismatch at once. No
         consumer is made: readers need no right to create one (a consumer delivers to
         any subject its creator names, docs/decisions.md "The object store's rights")."""
-        name = self._names[kind]
-        info = await self._info(kind, what, object_name, max_bytes)
-        with _boundary(what, name):
-            size = info.size or 0
+        source = await self._source(kind, what, object_name, max_bytes)
+        with _boundary(what, self._names[kind]):
+            size = source.size
             if size == 0:
                 return b"", hashlib.sha256(b"").digest()
             sink = io.BytesIO()
             sha = hashlib.sha256()
             got = 0
-            async for data in self._chunks(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}"):
+            async for data in self._chunks(source.stream, source.subject):
                 if got + len(data) > size:
                     raise DigestMismatch(f"{what} failed: the stored chunks hold more than the "
                                          f"{size:,} bytes recorded")
@@ -357,20 +356,25 @@ class ObjectStore:
             if got < size:
                 raise DigestMismatch(f"{what} failed: the stored chunks end at {got:,} of the "
                                      f"{size:,} bytes recorded")
-            if info.digest and info.digest != store_digest(sha.digest()):
+            if source.sha256 and source.sha256 != store_digest(sha.digest()):
                 raise DigestMismatch(f"{what} failed: the stored chunks do not match their recorded digest")
             return sink.getvalue(), sha.digest()
 
-    async def _info(self, kind: str, what: str, object_name: str, max_bytes: int | None):
-        """An object's info, refused as ``_get_hashed`` says (a link; over ``max_bytes``)."""
+    async def _source(self, kind: str, what: str, object_name: str, max_bytes: int | None) -> ChunkSource:
+        """Where an object's chunks are, refused as ``_get_hashed`` says (a link; over
+        ``max_bytes``; metadata naming anything but one plain token for its chunks: its
+        bucket's writer wrote it, and a wildcard would take every object's)."""
+        name = self._names[kind]
         store = await self._store(kind)
-        with _boundary(what, self._names[kind]):
+        with _boundary(what, name):
             info = await asyncio.wait_for(store.get_info(object_name), self._timeout_s)
         if info.is_link():
             raise ObjectMissing(f"{what} failed: the object is a link to another bucket, which is refused")
         if max_bytes is not None and (info.size or 0) > max_bytes:
             raise ObjectTooLarge(f"{what} failed: it holds {info.size:,} bytes, over the {max_bytes:,} allowed")
-        return info
+        if not _NUID.fullmatch(info.nuid or ""):
+            raise DigestMismatch(f"{what} failed: the object names no chunks of its own")
+        return ChunkSource(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}", info.size or 0, info.digest or "")
 
     async def _chunks(self, stream: str, subject: str) -> AsyncIterator[bytes]:
         """The messages on ``subject`` of ``stream`` in order, CHUNKS_PER_GET at a time: a
@@ -450,14 +454,11 @@ class ObjectStore:
         """Where the chunks of workspace ``digest`` are (refused as ``get_workspace``
         refuses before reading: not stored, a link, over ``max_bytes``), for
         ``send_chunks``."""
-        name = self._names["workspaces"]
         try:
-            info = await self._info("workspaces", f"fetching workspace {digest}", workspace_object(digest), max_bytes)
+            return await self._source("workspaces", f"fetching workspace {digest}", workspace_object(digest),
+                                      max_bytes)
         except ObjectMissing:
             raise ObjectMissing(f"workspace {digest} is not in the object store") from None
-        if not _NUID.fullmatch(info.nuid or ""):  # its bucket's writer wrote the metadata: a wildcard stays out
-            raise DigestMismatch(f"the object stored as workspace {digest} names no chunks of its own")
-        return ChunkSource(f"OBJ_{name}", f"$O.{name}.C.{info.nuid}", info.size or 0, info.digest or "")
 
     async def send_chunks(self, source: ChunkSource, reply: str, from_seq: int = 1,
                           window_bytes: int = WINDOW_BYTES) -> None:

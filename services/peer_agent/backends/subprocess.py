@@ -81,6 +81,18 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def _processes():
+    """(pid, state, process group, session) of every process /proc shows now."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            yield int(entry.name), fields[0], int(fields[2]), int(fields[3])  # fields 1, 3, 5, 6 of proc(5)
+        except (OSError, IndexError, ValueError):
+            continue
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -599,32 +611,16 @@ class SubprocessBackend:
     @staticmethod
     def _group_members_of(record: _RunRecord):
         """Live processes of the run's process group started for its job and epoch."""
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            stat = None
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                stat = (fields[0], int(fields[2]))  # state, process group (fields 3 and 5)
-            if stat is not None and stat[1] == record.pid and stat[0] not in ("Z", "X") and \
-                    _environ_names(int(entry.name), record.job_id, record.epoch, record.task):
-                yield int(entry.name)
+        for pid, state, group, _session in _processes():
+            if group == record.pid and state not in ("Z", "X") and \
+                    _environ_names(pid, record.job_id, record.epoch, record.task):
+                yield pid
 
     @staticmethod
     def _find_by_environment(job_id: str, epoch: int, task: int = -1) -> int | None:
         """A session leader started for (job, epoch, task); scans /proc (only after a rare crash)."""
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                session = int(fields[3])  # field 6
-            except (OSError, IndexError, ValueError):
-                continue
-            if session == pid and _environ_names(pid, job_id, epoch, task):
-                return pid
-        return None
+        return next((pid for pid, _state, _group, session in _processes()
+                     if session == pid and _environ_names(pid, job_id, epoch, task)), None)
 
     def _kill_recorded(self, job_id: str, epoch: int) -> bool:
         """Kill every recorded process of (job, epoch) — each task of a gang — still alive."""
